@@ -1,0 +1,237 @@
+"""The central contract: every alignment method turns a :class:`PairBatch` into an
+:class:`Alignment`.
+
+A method is an ``nn.Module`` whose learnable parts (projections W_v/W_t into the concept
+space, mass heads, anchors) are its state dict, which is what a checkpoint stores. Every
+method, OT or not, answers the same calls, so the UI, training and evaluation treat them
+alike and a new method is one module plus one :func:`register` line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class TransportPlan(Protocol):
+    """A (possibly factored) batch of plans ``[B, N, M]``."""
+
+    def dense(self) -> Tensor:
+        """Materialise the plan as ``[B, N, M]``."""
+        ...
+
+    def apply(self, v: Tensor) -> Tensor:
+        """Multiply the plan by ``v`` of shape ``[B, M, k]``, giving ``[B, N, k]``."""
+        ...
+
+
+@dataclass
+class DensePlan:
+    """A plan held as a dense tensor ``[B, N, M]``."""
+
+    matrix: Tensor
+
+    def dense(self) -> Tensor:
+        return self.matrix
+
+    def apply(self, v: Tensor) -> Tensor:
+        return torch.bmm(self.matrix, v)
+
+
+@dataclass
+class PairBatch:
+    """Backbone features for B (image, caption) pairs, before any method projection.
+
+    Attributes:
+        patches: ``[B, N, Dv]`` patch features (CLS dropped).
+        tokens: ``[B, M, Dt]`` text token features.
+        patch_mask: ``[B, N]`` bool, True for real patches.
+        token_mask: ``[B, M]`` bool, True for content tokens (no SOT/EOT/padding).
+        image_global: ``[B, E]`` pooled image embedding (model projection space).
+        text_global: ``[B, E]`` pooled text embedding.
+        grid: patch grid ``(H, W)`` with ``H * W == N``.
+        regions: optional ``[B, R, N]`` bool region masks on the patch grid (PowerCLIP).
+        nodes: optional ``[B, K, M]`` bool token sets of parse-tree nodes (PowerCLIP).
+        node_mask: optional ``[B, K]`` bool, True for real nodes.
+    """
+
+    patches: Tensor
+    tokens: Tensor
+    patch_mask: Tensor
+    token_mask: Tensor
+    image_global: Tensor
+    text_global: Tensor
+    grid: tuple[int, int]
+    regions: Tensor | None = None
+    nodes: Tensor | None = None
+    node_mask: Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return self.patches.shape[0]
+
+    def index(self, image_idx: Tensor, text_idx: Tensor) -> PairBatch:
+        """Pairs ``(image_idx[p], text_idx[p])`` gathered from this batch (for negatives)."""
+        return PairBatch(
+            patches=self.patches[image_idx],
+            tokens=self.tokens[text_idx],
+            patch_mask=self.patch_mask[image_idx],
+            token_mask=self.token_mask[text_idx],
+            image_global=self.image_global[image_idx],
+            text_global=self.text_global[text_idx],
+            grid=self.grid,
+            regions=None if self.regions is None else self.regions[image_idx],
+            nodes=None if self.nodes is None else self.nodes[text_idx],
+            node_mask=None if self.node_mask is None else self.node_mask[text_idx],
+        )
+
+
+@dataclass
+class Alignment:
+    """What every method returns for a batch of B pairs.
+
+    Attributes:
+        local_score: ``[B]`` the local score ``s_l`` (ConceptOT Eq. 8 for OT methods).
+        global_score: ``[B]`` cosine of the pooled embeddings ``s_g``.
+        plan: the patch-token plan (dense or factored).
+        row_marginal: ``[B, N]`` mass each patch kept (``plan @ 1``).
+        col_marginal: ``[B, M]`` mass each token kept (``plan^T @ 1``).
+        patch_mask, token_mask: validity masks of the pair.
+        row_reference, col_reference: ``[B, N]``/``[B, M]`` reference masses mu and nu the
+            method aimed for (``None`` when it has none).
+        marginal_error: ``[B]`` solver convergence measure, ``None`` for non-OT methods.
+        extras: method-specific tensors for views (anchor kernels, region matches, ...).
+    """
+
+    local_score: Tensor
+    global_score: Tensor
+    plan: TransportPlan
+    row_marginal: Tensor
+    col_marginal: Tensor
+    patch_mask: Tensor
+    token_mask: Tensor
+    row_reference: Tensor | None = None
+    col_reference: Tensor | None = None
+    marginal_error: Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def combined_score(self, lambda_local: float) -> Tensor:
+        """``s_g + lambda_l * s_l`` (ConceptOT App. G.4 reranking score)."""
+        return self.global_score + lambda_local * self.local_score
+
+    def heatmap(self, token_select: Tensor) -> Tensor:
+        """Phrase heatmap ``[B, N]``: the sum of the plan's columns over the selected tokens
+        (ConceptOT Sec. 2.6). ``token_select`` is a ``[B, M]`` (or ``[M]``) bool/float mask."""
+        sel = token_select.to(self.row_marginal.dtype)
+        if sel.dim() == 1:
+            sel = sel.unsqueeze(0).expand(self.row_marginal.shape[0], -1)
+        sel = sel * self.token_mask.to(sel.dtype)
+        return self.plan.apply(sel.unsqueeze(-1)).squeeze(-1)
+
+
+@dataclass
+class MethodConfig:
+    """Hyper-parameters shared by the methods (ConceptOT Tables 6-7 defaults).
+
+    Methods ignore the fields they do not use.
+    """
+
+    concept_dim: int = 256  # d_c
+    eps: float = 0.07  # entropic regularisation epsilon
+    tau_v: float = 0.2  # KL weight on the row (patch) marginal
+    tau_t: float = 0.2  # KL weight on the column (token) marginal
+    n_iters: int = 5  # Sinkhorn iterations L
+    rank: int = 32  # number of concept anchors r
+    kpp_reg: float = 1e-2  # lambda added to K_PP before factorising
+    lowrank_variant: str = "faithful"  # ConceptOT low-rank solver variant, chosen by name
+    trainable: bool = True  # False: training-free configuration (identity projections)
+    extra: dict[str, Any] = field(default_factory=dict)  # method-specific settings
+
+
+class Projection(nn.Module):
+    """Linear map into the concept space followed by L2 normalisation (ConceptOT Sec. 2.1):
+    ``z_i = W^T v_i / ||W^T v_i||``. With ``trainable=False`` it is the identity map
+    (training-free use of a frozen CLIP's own projected features)."""
+
+    def __init__(self, in_dim: int, out_dim: int, trainable: bool = True) -> None:
+        super().__init__()
+        self.linear: nn.Linear | None = (
+            nn.Linear(in_dim, out_dim, bias=False) if trainable else None
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.linear is not None:
+            x = self.linear(x)
+        return F.normalize(x, dim=-1)
+
+
+class AlignmentMethod(nn.Module):
+    """Base class of all methods. Subclasses set ``name``/``paper`` and implement
+    :meth:`align`.
+
+    Args:
+        patch_dim: width Dv of the patch features the method receives.
+        token_dim: width Dt of the token features.
+        config: shared hyper-parameters.
+    """
+
+    name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+
+    def __init__(self, patch_dim: int, token_dim: int, config: MethodConfig | None = None):
+        super().__init__()
+        self.config = config or MethodConfig()
+        self.patch_dim = patch_dim
+        self.token_dim = token_dim
+
+    def align(self, batch: PairBatch) -> Alignment:
+        raise NotImplementedError
+
+    def forward(self, batch: PairBatch) -> Alignment:
+        return self.align(batch)
+
+    def regulariser(self) -> Tensor:
+        """Extra training penalty of the method (e.g. ConceptOT's Omega_div); zero default."""
+        return torch.zeros((), device=self._device())
+
+    def fit_training_free(self, batch: PairBatch) -> None:
+        """Initialise the training-free configuration from features of a frozen model
+        (e.g. anchors by k-means of token embeddings). Default: nothing to fit."""
+
+    def _device(self) -> torch.device:
+        for p in self.parameters():
+            return p.device
+        return torch.device("cpu")
+
+
+def global_cosine(batch: PairBatch) -> Tensor:
+    """``[B]`` cosine similarity of the pooled embeddings (the global score s_g)."""
+    return (F.normalize(batch.image_global, dim=-1) * F.normalize(batch.text_global, dim=-1)).sum(
+        -1
+    )
+
+
+METHODS: dict[str, type[AlignmentMethod]] = {}
+
+
+def register(cls: type[AlignmentMethod]) -> type[AlignmentMethod]:
+    """Class decorator adding a method to :data:`METHODS` under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    METHODS[cls.name] = cls
+    return cls
+
+
+def build_method(
+    name: str, patch_dim: int, token_dim: int, config: MethodConfig | None = None
+) -> AlignmentMethod:
+    """Instantiate the registered method ``name``."""
+    try:
+        cls = METHODS[name]
+    except KeyError:
+        raise KeyError(f"unknown method {name!r}; known: {sorted(METHODS)}") from None
+    return cls(patch_dim, token_dim, config)
