@@ -1,0 +1,93 @@
+"""Heatmaps over the patch grid drawn on the image (matplotlib)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from otviz.viz.style import HEAT_CMAP, new_figure
+
+
+def draw_heatmap(
+    ax: Axes,
+    image: np.ndarray,
+    heat: np.ndarray,
+    *,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    cmap: str = HEAT_CMAP,
+    alpha: float = 0.6,
+    box: Sequence[float] | None = None,
+    title: str | None = None,
+):
+    """Draw ``image`` (``[H, W, 3]`` uint8) with ``heat`` (``[gh, gw]``) stretched over it.
+
+    ``box`` is an optional pixel box ``(x0, y0, x1, y1)`` (e.g. the weak-grounding box).
+    Returns the heat ``AxesImage`` (for a colour bar).
+    """
+    height, width = image.shape[:2]
+    ax.imshow(image, extent=(0, width, height, 0), interpolation="nearest")
+    mappable = ax.imshow(
+        heat,
+        extent=(0, width, height, 0),
+        cmap=cmap,
+        alpha=alpha,
+        vmin=vmin,
+        vmax=vmax,
+        interpolation="bilinear",
+    )
+    if box is not None:
+        x0, y0, x1, y1 = box
+        ax.add_patch(
+            Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor="#00e5ff", linewidth=2)
+        )
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title:
+        ax.set_title(title, fontsize=9)
+    return mappable
+
+
+def heatmap_grid_figure(
+    image: np.ndarray,
+    heats: Sequence[np.ndarray],
+    titles: Sequence[str],
+    *,
+    shared_scale: bool = True,
+    boxes: Sequence[Sequence[float] | None] | None = None,
+    columns: int = 4,
+    suptitle: str | None = None,
+    colorbar_label: str = "transported mass",
+) -> Figure:
+    """One panel per heatmap, on one colour scale (``shared_scale``) or one scale each."""
+    n = len(heats)
+    cols = max(1, min(columns, n))
+    rows = math.ceil(n / cols)
+    fig = new_figure(2.6 * cols + 0.6, 2.6 * rows + (0.4 if suptitle else 0.0))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    vmax = max(float(np.max(h)) for h in heats) if shared_scale and n else None
+    for k, ax in enumerate(axes.flat):
+        if k >= n:
+            ax.axis("off")
+            continue
+        mappable = draw_heatmap(
+            ax,
+            image,
+            heats[k],
+            vmin=0.0 if shared_scale else None,
+            vmax=vmax,
+            box=None if boxes is None else boxes[k],
+            title=titles[k],
+        )
+        if not shared_scale:
+            fig.colorbar(mappable, ax=ax, shrink=0.8)
+    if shared_scale and n:
+        fig.colorbar(mappable, ax=axes, shrink=0.8, label=colorbar_label)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
+    return fig
