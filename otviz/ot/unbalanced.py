@@ -27,6 +27,7 @@ from otviz.ot.sinkhorn import (
     log_scaling_iterations,
     masked_log,
     masked_log_kernel,
+    transport_cost,
 )
 
 
@@ -82,12 +83,21 @@ def sinkhorn_unbalanced_log(
 
     log_a = masked_log(a, row_mask)
     state = log_scaling_iterations(
-        log_k, log_a, masked_log(b, col_mask), alpha_a, alpha_b, n_iters, tol, row_error
+        log_k,
+        log_a,
+        masked_log(b, col_mask),
+        alpha_a,
+        alpha_b,
+        n_iters,
+        tol,
+        row_error,
+        row_mask,
+        col_mask,
     )
     plan = torch.exp(log_k + state.log_u[:, :, None] + state.log_v[:, None, :])
     # log (K v)_i = log (P 1)_i - log u_i
     log_kv = safe_log(plan.sum(2)) - state.log_u
     residual = _max_abs(state.log_u - alpha_a * (log_a - log_kv), row_mask)
     log_u, log_v = finalise_scalings(state, row_mask, col_mask)
-    transport = (plan * cost.masked_fill(plan == 0, 0.0)).sum((1, 2))
+    transport = transport_cost(plan, cost, row_mask, col_mask)
     return SolverResult(plan, log_u, log_v, residual, state.n_iters, transport)
