@@ -1,0 +1,243 @@
+"""PowerCLIP powerset alignment (PowerCLIP Eq. 1-16, App. A-B).
+
+Region embeddings (Eq. 1-2), phrase embeddings from parse-tree leaves (Eq. 3-4), the exact
+region-set-to-tree (R2T, Eq. 6/42) and tree-to-region-set (T2R, Eq. 7/21) aggregations by
+enumerating the powerset of the region masks, and their linear-time Non-Linear Aggregator
+approximations NLA-T1 (Eq. 14, Theorem 1) and NLA-T2 (Eq. 15, Theorem 2).
+
+Every aggregator takes the region-node score tensor ``q [..., R, K]`` with
+``q[..., m, B] = <phi(I | R_m), p_B>`` (Eq. 18, the bilinear expansion of Eq. 5:
+``Q_{A,B} = sum_{m in A} q[m, B]``) and optional validity masks ``region_mask [..., R]`` and
+``node_mask [..., K]`` (broadcastable), so the same code scores a batch of pairs
+(``[B, R, K]``) or a whole ``C x C`` similarity matrix (``[C, C, R, K]``).
+
+Masked regions count as absent: for the exact aggregators a padded region contributes
+``q = 0`` and only duplicates every subset ``2^{#pad}`` times, which changes neither a maximum
+nor the subset average; the NLAs drop its terms explicitly. Masked nodes are excluded from
+every maximum, sum and node count ``K_j``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+MAX_EXACT_REGIONS = 12
+
+
+def region_embeddings(patches: Tensor, regions: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-region embeddings ``phi(I | R_m) = r_m / ||r_m||``, ``r_m = sum_n R_mn v_n`` (Eq. 2).
+
+    Args:
+        patches: ``[B, N, d]`` (projected) patch embeddings ``v_n``.
+        regions: ``[B, R, N]`` bool region masks; an empty mask is an absent region.
+
+    Returns:
+        ``([B, R, d] embeddings (zero for empty regions), [B, R] bool validity)``.
+    """
+    valid = regions.any(-1)
+    pooled = regions.to(patches.dtype) @ patches
+    return F.normalize(pooled, dim=-1) * valid[..., None].to(patches.dtype), valid
+
+
+def leaf_partition(nodes: Tensor, token_mask: Tensor | None = None) -> Tensor:
+    """``[B, M, M]`` bool: tokens ``m, m'`` lie in the same leaf token mask ``P_{m'}``.
+
+    A leaf is a maximal group of tokens that belong to exactly the same tree nodes (the atoms
+    of the node sets). With word-level pre-terminal nodes a leaf is one word (all its BPE
+    tokens); with phrase-level leaves, e.g. an NP "a dog" without word nodes, the leaf is the
+    phrase, as in PowerCLIP's example (Sec. 3.3). Tokens in no node belong to no leaf.
+
+    Args:
+        nodes: ``[B, K, M]`` bool token sets of the (valid) tree nodes.
+        token_mask: optional ``[B, M]`` bool validity of tokens.
+    """
+    member = nodes if token_mask is None else nodes & token_mask[:, None, :]
+    sig = member.transpose(1, 2).to(torch.float64)  # [B, M, K] node memberships per token
+    shared = sig @ sig.transpose(1, 2)  # common memberships
+    count = sig.sum(-1)
+    covered = count > 0
+    same = (shared == count[:, :, None]) & (shared == count[:, None, :])
+    return same & covered[:, :, None] & covered[:, None, :]
+
+
+def phrase_embeddings(
+    tokens: Tensor,
+    nodes: Tensor,
+    node_mask: Tensor | None = None,
+    token_mask: Tensor | None = None,
+) -> Tensor:
+    """Phrase embeddings ``p_B = sum_{P_m' in Leaf(B)} psi(T | P_m')`` (Eq. 3) with
+    ``psi(T | P) = p / ||p||``, ``p = sum_{n in P} t_n`` (Eq. 4); leaves from
+    :func:`leaf_partition`.
+
+    Args:
+        tokens: ``[B, M, d]`` (projected) token embeddings.
+        nodes: ``[B, K, M]`` bool token sets of the tree nodes.
+        node_mask: optional ``[B, K]`` bool, True for real nodes.
+        token_mask: optional ``[B, M]`` bool, True for real tokens.
+
+    Returns:
+        ``[B, K, d]`` phrase embeddings (zero for masked or empty nodes).
+    """
+    if node_mask is not None:
+        nodes = nodes & node_mask[:, :, None]
+    if token_mask is not None:
+        nodes = nodes & token_mask[:, None, :]
+    same = leaf_partition(nodes).to(tokens.dtype)  # [B, M, M]
+    leaf_psi = F.normalize(same @ tokens, dim=-1)  # psi of each token's leaf, [B, M, d]
+    leaf_size = same.sum(-1).clamp_min(1.0)
+    # every token of a leaf carries 1/|leaf| of the leaf's psi, so each leaf counts once
+    return nodes.to(tokens.dtype) @ (leaf_psi / leaf_size[..., None])
+
+
+def region_node_scores(region_emb: Tensor, phrase_emb: Tensor) -> Tensor:
+    """``q[..., m, B] = <phi(I | R_m), p_B>`` (Eq. 10 summed over the leaves of B, Eq. 18).
+
+    Shapes broadcast like ``matmul``: ``[B, R, d] x [B, K, d] -> [B, R, K]`` for pairs, or
+    ``region_emb[:, None]`` against ``phrase_emb[None]`` for a ``[C, C, R, K]`` matrix.
+    """
+    return region_emb @ phrase_emb.transpose(-1, -2)
+
+
+def _mask_regions(q: Tensor, region_mask: Tensor | None) -> Tensor:
+    return q if region_mask is None else q * region_mask[..., :, None].to(q.dtype)
+
+
+def _node_mean(x: Tensor, node_mask: Tensor | None) -> Tensor:
+    """Mean of ``x [..., K]`` over valid nodes (0 when a tree has none)."""
+    if node_mask is None:
+        return x.mean(-1)
+    w = node_mask.to(x.dtype).expand_as(x)
+    return (x * w).sum(-1) / w.sum(-1).clamp_min(1.0)
+
+
+def subset_indicators(n_regions: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``[2^R, R]`` 0/1 rows: row ``s`` is the subset whose members are the set bits of ``s``
+    (row 0 is the empty set)."""
+    if n_regions > MAX_EXACT_REGIONS:
+        raise ValueError(
+            f"exact powerset enumeration supports at most {MAX_EXACT_REGIONS} regions, got "
+            f"{n_regions}; use the NLA approximations (nla_t1 / nla_t2)"
+        )
+    s = torch.arange(2**n_regions)
+    return ((s[:, None] >> torch.arange(n_regions)) & 1).to(dtype)
+
+
+def powerset_scores(q: Tensor, region_mask: Tensor | None = None) -> Tensor:
+    """All ``Q_{A,B} = <r_A, p_B> = sum_{m in A} q[m, B]`` (Eq. 1, 5, 19): ``[..., 2^R, K]``."""
+    q = _mask_regions(q, region_mask)
+    return subset_indicators(q.shape[-2], q.dtype).to(q.device) @ q
+
+
+def exact_t2r(
+    q: Tensor, region_mask: Tensor | None = None, node_mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Exact T2R similarity (Eq. 7/21-22): mean over nodes of the best region subset's score.
+
+    Returns:
+        ``(score [...], best [..., K, R] bool)``: the score and, per node, the members of its
+        best-matching subset (``argmax_A Q_{A,B}``; by Corollary 1 the regions with
+        ``q[m, B] > 0``).
+    """
+    qa = powerset_scores(q, region_mask)
+    best_val, best_idx = qa.max(-2)
+    best = subset_indicators(q.shape[-2]).to(q.device)[best_idx].bool()
+    if region_mask is not None:
+        best = best & region_mask[..., None, :]
+    return _node_mean(best_val, node_mask), best
+
+
+def exact_r2t(
+    q: Tensor, region_mask: Tensor | None = None, node_mask: Tensor | None = None
+) -> Tensor:
+    """Exact R2T similarity (Eq. 42-43): ``2^{-M} sum_A max_B Q_{A,B}``.
+
+    The main text's Eq. 6 prints the normaliser as ``1/(2M)``; App. B (Eq. 42) and the
+    Jensen bound Eq. 78 require ``1/2^M``, the mean over subsets, which is used here.
+    """
+    qa = powerset_scores(q, region_mask)
+    if node_mask is not None:
+        qa = qa.masked_fill(~node_mask[..., None, :], -torch.inf)
+    best = qa.amax(-1)
+    best = torch.where(torch.isfinite(best), best, torch.zeros_like(best))  # tree without nodes
+    return best.mean(-1)
+
+
+def nla_t1(
+    q: Tensor, tau: float, region_mask: Tensor | None = None, node_mask: Tensor | None = None
+) -> Tensor:
+    """NLA-T1 (Eq. 11-14, softplus): ``mean_B sum_m tau * softplus(q[m, B] / tau)``.
+
+    Equals ``mean_B tau * log sum_A exp(Q_{A,B} / tau)`` (App. A, Eq. 39), so it exceeds the
+    exact T2R by at most ``tau * M * log 2`` (Theorem 1); ``tau -> 0`` is exact (Cor. 1).
+    """
+    s1 = tau * F.softplus(q / tau)
+    if region_mask is not None:
+        s1 = s1 * region_mask[..., :, None].to(q.dtype)
+    return _node_mean(s1.sum(-2), node_mask)
+
+
+def log_cosh(x: Tensor) -> Tensor:
+    """Overflow-free ``log cosh x = |x| + log(1 + exp(-2|x|)) - log 2``."""
+    ax = x.abs()
+    return ax + F.softplus(-2.0 * ax) - math.log(2.0)
+
+
+def nla_t2(
+    q: Tensor,
+    tau: float,
+    alpha: float,
+    region_mask: Tensor | None = None,
+    node_mask: Tensor | None = None,
+) -> Tensor:
+    """NLA-T2 (Eq. 11-13, 15, tanh): with ``zeta_alpha(x) = x + alpha log cosh x``,
+    ``S3 = tau * log(K^{alpha-1} sum_B exp(sum_m zeta_alpha(q[m, B] / (2 tau))))``.
+
+    Evaluated in the log domain (the exp of layer 2 is folded into a log-sum-exp). It lies
+    within ``[Lambda(alpha) - tau Z, Lambda(alpha) + tau alpha log K]`` (Eq. 76) of the
+    interpolant ``Lambda(alpha)`` (Eq. 47), and ``Lambda(0) <= R2T <= Lambda(1)`` (Eq. 78).
+    """
+    x = q / (2.0 * tau)
+    s1 = x + alpha * log_cosh(x)
+    if region_mask is not None:
+        s1 = s1 * region_mask[..., :, None].to(q.dtype)
+    log_s2 = s1.sum(-2)  # [..., K], log of layer 2's output
+    if node_mask is None:
+        n_nodes = torch.full_like(log_s2[..., 0], log_s2.shape[-1])
+    else:
+        node_mask = node_mask.expand_as(log_s2)
+        log_s2 = log_s2.masked_fill(~node_mask, -torch.inf)
+        n_nodes = node_mask.to(q.dtype).sum(-1)
+    lse = torch.logsumexp(log_s2, dim=-1)
+    out = tau * (lse - (1.0 - alpha) * torch.log(n_nodes.clamp_min(1.0)))
+    return torch.where(n_nodes > 0, out, torch.zeros_like(out))
+
+
+def powerset_similarity(
+    q: Tensor,
+    tau: float = 1e-3,
+    alpha: float = 0.75,
+    region_mask: Tensor | None = None,
+    node_mask: Tensor | None = None,
+    exact: bool = False,
+) -> Tensor:
+    """``Q = R2T + T2R`` (Sec. 3.4, exact) or ``S = NLA-T1 + NLA-T2`` (Eq. 16)."""
+    if exact:
+        return exact_r2t(q, region_mask, node_mask) + exact_t2r(q, region_mask, node_mask)[0]
+    return nla_t1(q, tau, region_mask, node_mask) + nla_t2(q, tau, alpha, region_mask, node_mask)
+
+
+def triplet_loss(sim: Tensor, gamma: float) -> Tensor:
+    """``Phi_gamma(X) + Phi_gamma(X^T)`` (Eq. 8-9) for a ``[C, C]`` similarity matrix whose
+    diagonal holds the matched pairs: the mean hinge on the hardest negative per row."""
+
+    def phi(x: Tensor) -> Tensor:
+        eye = torch.eye(x.shape[0], dtype=torch.bool, device=x.device)
+        hardest = x.masked_fill(eye, -torch.inf).amax(1)
+        return F.relu(hardest - x.diagonal() + gamma).mean()
+
+    return phi(sim) + phi(sim.T)
