@@ -63,14 +63,23 @@ def heatmap_grid_figure(
     columns: int = 4,
     suptitle: str | None = None,
     colorbar_label: str = "transported mass",
+    cmap: str = HEAT_CMAP,
+    zero_floor: bool = True,
+    panel_size: float = 2.6,
 ) -> Figure:
-    """One panel per heatmap, on one colour scale (``shared_scale``) or one scale each."""
+    """One panel per heatmap, on one colour scale (``shared_scale``) or one scale each.
+
+    ``zero_floor`` starts the shared scale at 0 (masses); otherwise at the smallest value
+    (similarities, which can be negative)."""
     n = len(heats)
     cols = max(1, min(columns, n))
     rows = math.ceil(n / cols)
-    fig = new_figure(2.6 * cols + 0.6, 2.6 * rows + (0.4 if suptitle else 0.0))
+    fig = new_figure(panel_size * cols + 0.8, panel_size * rows + (0.4 if suptitle else 0.0))
     axes = fig.subplots(rows, cols, squeeze=False)
     vmax = max(float(np.max(h)) for h in heats) if shared_scale and n else None
+    vmin = None
+    if shared_scale and n:
+        vmin = 0.0 if zero_floor else min(float(np.min(h)) for h in heats)
     for k, ax in enumerate(axes.flat):
         if k >= n:
             ax.axis("off")
@@ -79,8 +88,9 @@ def heatmap_grid_figure(
             ax,
             image,
             heats[k],
-            vmin=0.0 if shared_scale else None,
+            vmin=vmin,
             vmax=vmax,
+            cmap=cmap,
             box=None if boxes is None else boxes[k],
             title=titles[k],
         )

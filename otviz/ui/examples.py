@@ -1,0 +1,26 @@
+"""The examples gallery shipped in ``examples/`` (world samples: PNG + caption)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+
+
+@dataclass(frozen=True)
+class Example:
+    image_path: Path
+    caption: str
+
+
+def load_examples(directory: Path = EXAMPLES_DIR) -> list[Example]:
+    """Examples listed in ``directory/captions.json``; none if the file is absent."""
+    index = directory / "captions.json"
+    if not index.exists():
+        return []
+    return [
+        Example(directory / item["file"], item["caption"])
+        for item in json.loads(index.read_text())
+    ]

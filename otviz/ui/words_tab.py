@@ -1,0 +1,110 @@
+"""The "Words" view: per-word patch-similarity heatmaps on the image, with a word picker.
+
+Callbacks are plain functions of plain values (testable without a browser); the tab only
+wires them to components.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+import numpy as np
+from matplotlib.figure import Figure
+
+from otviz.grounding import heatmap_boxes, patch_box_to_pixels
+from otviz.pipeline import Explainer, InputError
+from otviz.ui.examples import Example
+from otviz.viz.heatmaps import heatmap_grid_figure
+from otviz.viz.style import SIMILARITY_CMAP
+
+HOW_TO_READ = """**How to read this view.** Each panel shows how similar one caption word is to
+every image patch (cosine in the model's joint space; bright = similar), all on one colour
+scale. The large panel averages the words you pick; its cyan box is the weak-grounding box
+(patches above half the peak, ConceptOT Sec. 2.6)."""
+
+
+def word_choices(explainer: Explainer, image, caption: str) -> list[tuple[str, int]]:
+    """``(label, word index)`` for each caption word the model reads."""
+    encoded = explainer.encode(image, caption)
+    kept = {int(w) for w in encoded.features.token_word[0][encoded.features.token_mask[0]]}
+    return [(f"{w.text} ({k})", k) for k, w in enumerate(encoded.words) if k in kept]
+
+
+def words_figures(
+    explainer: Explainer, image, caption: str, picked: list[int] | None
+) -> tuple[Figure, Figure]:
+    """The grid of per-word maps and the picked phrase's map with its grounding box."""
+    encoded = explainer.encode(image, caption)
+    maps = explainer.word_similarity(encoded)
+    choices = word_choices(explainer, image, caption)
+    shown = [k for _, k in choices]
+    picked = [k for k in (picked or shown[:1]) if k in shown] or shown[:1]
+    grid_fig = heatmap_grid_figure(
+        encoded.image,
+        [maps[k].numpy() for k in shown],
+        [encoded.words[k].text for k in shown],
+        cmap=SIMILARITY_CMAP,
+        colorbar_label="cosine similarity",
+        zero_floor=False,
+    )
+    phrase = maps[picked].mean(0)
+    heat = (phrase - phrase.min()).reshape(1, -1)
+    box = heatmap_boxes(heat, encoded.grid)[0]
+    height, width = encoded.image.shape[:2]
+    pixel_box = patch_box_to_pixels(box, encoded.grid, (width, height)).tolist()
+    phrase_text = " ".join(encoded.words[k].text for k in sorted(picked))
+    phrase_fig = heatmap_grid_figure(
+        encoded.image,
+        [phrase.numpy()],
+        [f'"{phrase_text}"'],
+        boxes=[pixel_box],
+        cmap=SIMILARITY_CMAP,
+        colorbar_label="cosine similarity",
+        zero_floor=False,
+        panel_size=4.0,
+    )
+    return grid_fig, phrase_fig
+
+
+def build_words_tab(explainer: Explainer, examples: list[Example]) -> None:
+    """Add the Words view to the enclosing ``gr.Blocks``."""
+    with gr.Row():
+        with gr.Column(scale=1):
+            image = gr.Image(label="Image", type="numpy", image_mode="RGB", height=280)
+            caption = gr.Textbox(
+                label="Caption", placeholder="a small red circle above a blue star"
+            )
+            run = gr.Button("Show heatmaps", variant="primary")
+            picker = gr.CheckboxGroup(label="Words of the phrase", choices=[])
+            if examples:
+                gr.Examples(
+                    [[str(e.image_path), e.caption] for e in examples],
+                    inputs=[image, caption],
+                    label="Examples from the synthetic world",
+                )
+        with gr.Column(scale=2):
+            phrase_plot = gr.Plot(label="Phrase heatmap")
+            grid_plot = gr.Plot(label="Per-word heatmaps")
+    gr.Markdown(HOW_TO_READ)
+
+    def on_run(img: np.ndarray | None, text: str):
+        try:
+            choices = word_choices(explainer, img, text)
+            grid_fig, phrase_fig = words_figures(explainer, img, text, None)
+        except InputError as e:
+            raise gr.Error(str(e)) from None
+        return gr.CheckboxGroup(choices=choices, value=[choices[0][1]]), phrase_fig, grid_fig
+
+    def on_pick(img: np.ndarray | None, text: str, picked: list[int]):
+        if not picked:
+            return gr.skip(), gr.skip()
+        try:
+            grid_fig, phrase_fig = words_figures(explainer, img, text, picked)
+        except InputError as e:
+            raise gr.Error(str(e)) from None
+        return phrase_fig, grid_fig
+
+    run.click(on_run, [image, caption], [picker, phrase_plot, grid_plot])
+    caption.submit(on_run, [image, caption], [picker, phrase_plot, grid_plot])
+    picker.input(on_pick, [image, caption, picker], [phrase_plot, grid_plot])
+
+
