@@ -1,0 +1,165 @@
+"""Data types of the synthetic world: its configuration, scene objects, caption meanings and
+samples. Boxes are pixel integers ``(x0, y0, x1, y1)``, half-open, ``x`` to the right and
+``y`` downwards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from otviz.text.tree import Tree
+
+Box = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    """How scenes and captions are drawn.
+
+    Attributes:
+        image_size: square image side in pixels (80 with 8-px patches gives a 10x10 grid).
+        min_objects, max_objects: range of the number of objects in a scene (1..4).
+        count_bias: the number of objects ``n`` is drawn with probability proportional to
+            ``n ** count_bias``: 0 is uniform; the default 1 makes one-object scenes rarer
+            (10%), because a caption naming a single object is true of many images and
+            caps retrieval.
+        distractor_prob: chance that each object beyond the first is a distractor (rendered,
+            never mentioned by the caption).
+        relation_prob: chance that two consecutive mentioned objects are joined by a spatial
+            relation rather than listed by conjunction.
+        omit_size_prob: chance to drop the size word of an object whose colour and shape are
+            unique in the scene (the size word is kept whenever it is needed to refer).
+        there_is_prob: chance of the existential form "there is ...".
+        small_px, large_px: inclusive ranges of object side length in pixels.
+        margin: minimum gap in pixels between object boxes, and between a box and the border.
+        texture_contrast: maximum amplitude (0-255 scale) of the background texture.
+        pixel_noise: amplitude of the per-pixel grain added over the whole image.
+        colour_jitter: maximum per-channel offset of an object's colour from its palette RGB.
+        negatives: build the hard negatives of each sample (skip them for speed if unused).
+    """
+
+    image_size: int = 80
+    min_objects: int = 1
+    max_objects: int = 4
+    count_bias: float = 1.0
+    distractor_prob: float = 0.25
+    relation_prob: float = 0.7
+    omit_size_prob: float = 0.2
+    there_is_prob: float = 0.2
+    small_px: tuple[int, int] = (14, 18)
+    large_px: tuple[int, int] = (24, 30)
+    margin: int = 2
+    texture_contrast: float = 16.0
+    pixel_noise: float = 5.0
+    colour_jitter: int = 12
+    negatives: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_objects <= self.max_objects <= 4:
+            raise ValueError("need 1 <= min_objects <= max_objects <= 4")
+        if not (0 < self.small_px[0] <= self.small_px[1] < self.large_px[0] <= self.large_px[1]):
+            raise ValueError("size ranges must be positive, ordered and disjoint")
+        if self.image_size // 2 < self.large_px[1] + 2 * self.margin:
+            raise ValueError("image_size too small: four large objects must fit in a 2x2 grid")
+
+
+@dataclass(frozen=True)
+class SceneObject:
+    """One rendered object. ``mentioned`` is False for distractors."""
+
+    shape: str
+    colour: str
+    size: str
+    box: Box
+    mentioned: bool = True
+
+
+@dataclass(frozen=True)
+class Description:
+    """A noun phrase's meaning: colour and shape, and size unless the caption omits it."""
+
+    colour: str
+    shape: str
+    size: str | None = None
+
+    def matches(self, obj: SceneObject) -> bool:
+        return (
+            obj.shape == self.shape
+            and obj.colour == self.colour
+            and (self.size is None or obj.size == self.size)
+        )
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One conjunct: a described object, optionally related to a second one (the landmark),
+    e.g. ``subject`` = red circle, ``relation`` = "left_of", ``landmark`` = blue star."""
+
+    subject: Description
+    relation: str | None = None
+    landmark: Description | None = None
+
+
+@dataclass(frozen=True)
+class Meaning:
+    """The structured semantics a caption is generated from: a conjunction of clauses, read
+    existentially (distinct objects exist that fit every description and relation).
+    ``there_is`` only selects the surface form "there is ..."."""
+
+    clauses: tuple[Clause, ...]
+    there_is: bool = False
+
+    def descriptions(self) -> list[Description]:
+        """Every noun phrase's description, in caption (word) order."""
+        out: list[Description] = []
+        for c in self.clauses:
+            out.append(c.subject)
+            if c.landmark is not None:
+                out.append(c.landmark)
+        return out
+
+    def relations(self) -> list[tuple[int, str, int]]:
+        """``(subject, relation, landmark)`` as indices into :meth:`descriptions`."""
+        out, k = [], 0
+        for c in self.clauses:
+            if c.landmark is not None and c.relation is not None:
+                out.append((k, c.relation, k + 1))
+                k += 2
+            else:
+                k += 1
+        return out
+
+
+@dataclass(frozen=True)
+class Phrase:
+    """A noun phrase naming one object: words ``[start, end)``, its text, the index of the
+    object in ``Sample.objects`` and that object's gold box."""
+
+    start: int
+    end: int
+    text: str
+    object_index: int
+    box: Box
+
+
+@dataclass
+class Sample:
+    """One image-caption pair with its ground truth.
+
+    ``words`` equals ``[w.text for w in split_words(caption)]``; ``tree`` has exactly these
+    leaves; ``phrases`` has one entry per noun phrase naming an object, in word order;
+    ``negatives`` maps categories of ``NEGATIVE_CATEGORIES`` to captions false for the image.
+    """
+
+    image: np.ndarray
+    caption: str
+    words: list[str]
+    tree: Tree
+    phrases: list[Phrase]
+    objects: list[SceneObject]
+    negatives: dict[str, str]
+    meaning: Meaning
+    split: str = "train"
+    index: int = 0
+    negative_meanings: dict[str, Meaning] = field(default_factory=dict)
