@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from otviz.world.grammar import article
 from otviz.world.render import render_scene
 from otviz.world.scene import place_boxes
 from otviz.world.types import SceneObject, WorldConfig
@@ -55,7 +56,7 @@ class ClassificationView:
         seed: int = 0,
         config: WorldConfig | None = None,
         distractors: bool = False,
-        template: str = "a photo of a {}",
+        template: str = "a photo of {}",
     ):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
@@ -84,8 +85,11 @@ class ClassificationView:
         return f"{name} object" if self.task == "colour" else name
 
     def prompt(self, c: int | str) -> str:
-        """The zero-shot text prompt of class ``c``, e.g. "a photo of a red circle"."""
-        return self.template.format(self.class_text(c))
+        """The zero-shot text prompt of class ``c``: the template filled with the class's
+        noun phrase and its article, e.g. "a photo of a red circle", "a photo of an orange
+        object"."""
+        text = self.class_text(c)
+        return self.template.format(f"{article(text)} {text}")
 
     def prompts(self) -> list[str]:
         return [self.prompt(k) for k in range(len(self.classes))]

@@ -6,12 +6,12 @@ Grammar (every caption is lower case, no final period)::
     COORD  -> CONJ | CONJ and CONJ | CONJ , CONJ , ... , CONJ and CONJ
     CONJ   -> NP | NP PP
     PP     -> above NP | below NP | to the left of NP | to the right of NP
-    NP     -> a [small | large] COLOUR SHAPE
+    NP     -> a|an [small | large] COLOUR SHAPE
 
 Tree conventions (Penn-Treebank tags; the bracketing is a function of the words alone, so a
 deterministic parser can reproduce it):
 
-* Leaves are pre-terminals: ``DT`` (a, the), ``JJ`` (sizes and colours), ``NN`` (shapes,
+* Leaves are pre-terminals: ``DT`` (a, an, the), ``JJ`` (sizes and colours), ``NN`` (shapes,
   and left/right), ``IN`` (above, below, of), ``TO`` (to), ``CC`` (and), ``,`` (comma),
   ``EX`` (there), ``VBZ`` (is).
 * A base noun phrase is flat: ``(NP (DT a) (JJ small) (JJ red) (NN circle))``. These are
@@ -58,6 +58,11 @@ class Realisation:
         return caption_text(self.words)
 
 
+def article(next_word: str) -> str:
+    """The indefinite article before ``next_word``: "an" before a vowel, else "a"."""
+    return "an" if next_word[0] in "aeiou" else "a"
+
+
 def caption_text(words: list[str]) -> str:
     """Join words with spaces, a comma sticking to the word before it."""
     return " ".join(words).replace(" ,", ",")
@@ -82,7 +87,7 @@ class _Builder:
 
     def base_np(self, d: Description) -> Tree | None:
         start = len(self.words)
-        kids = [self.leaf("DT", "a")]
+        kids = [self.leaf("DT", article(d.size or d.colour))]
         if d.size is not None:
             kids.append(self.leaf("JJ", d.size))
         kids.append(self.leaf("JJ", d.colour))
