@@ -11,6 +11,8 @@ class ``k`` of ``C`` gets ``n_max * imbalance ** (-k / (C - 1))`` images.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from otviz.world.grammar import article
@@ -47,7 +49,12 @@ def long_tailed_counts(
 
 
 class ClassificationView:
-    """Single-object images labelled by shape, colour or colour-shape pair."""
+    """Single-object images labelled by shape, colour or colour-shape pair.
+
+    ``distractors`` adds one or two objects of other classes to each image. ``template``
+    receives each class's noun phrase with its article ("a red circle", "an orange object";
+    a colour class is named "<colour> object").
+    """
 
     def __init__(
         self,
@@ -107,7 +114,7 @@ class ClassificationView:
         image, objects = self._render(label, rng)
         return image, label, objects
 
-    def batch(self, indices) -> tuple[np.ndarray, np.ndarray]:
+    def batch(self, indices: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
         """Images ``uint8 [n, H, W, 3]`` and labels ``int64 [n]`` of ``indices``."""
         pairs = [self.sample(int(i)) for i in indices]
         return _stack(pairs, self.config.image_size)

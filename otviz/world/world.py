@@ -55,7 +55,7 @@ class World:
         self.seed = seed
         self._counts = np.arange(self.config.min_objects, self.config.max_objects + 1)
         weights = self._counts.astype(float) ** self.config.count_bias
-        self._count_p = weights / weights.sum()
+        self._count_cdf = np.cumsum(weights[:-1]) / weights.sum()
         compositional = split == "compositional"
         self.pairs = ALL_PAIRS if compositional else SEEN_PAIRS
         self.forbidden_pairs = frozenset() if compositional else frozenset(HELD_OUT_PAIRS)
@@ -101,7 +101,7 @@ class World:
 
     def _scene(self, rng: np.random.Generator) -> list[SceneObject]:
         cfg = self.config
-        n = int(rng.choice(self._counts, p=self._count_p))
+        n = int(self._counts[np.searchsorted(self._count_cdf, rng.random(), side="right")])
         size_ids = rng.integers(len(SIZES), size=n).tolist()
         sides = [
             int(rng.integers(lo, hi + 1))
@@ -124,7 +124,10 @@ class World:
         """A colour-shape pair per object, no (colour, shape, size) repeated; in the
         compositional split one mentioned object gets a held-out pair."""
         pairs: list[tuple[str, str]] = []
-        forced = int(rng.choice(np.flatnonzero(mentioned))) if self.split == "compositional" else -1
+        forced = -1
+        if self.split == "compositional":
+            candidates = np.flatnonzero(mentioned)
+            forced = int(candidates[rng.integers(len(candidates))])
         taken: set[tuple[str, str, str]] = set()
         for k, size in enumerate(sizes):
             pool = HELD_OUT_PAIRS if k == forced else self.pairs
