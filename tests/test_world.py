@@ -187,6 +187,7 @@ def test_negatives_are_false_and_minimal(test_samples):
             m = s.negative_meanings[cat]
             assert realise(m).caption == neg != s.caption
             assert not is_true(m, s.objects)
+            assert len(set(m.descriptions())) == len(m.descriptions())
             words = [w.text for w in split_words(neg)]
             if cat == "replace_rel":
                 assert m.descriptions() == s.meaning.descriptions()

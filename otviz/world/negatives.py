@@ -10,9 +10,9 @@ A negative is a minimal edit of the caption's meaning, realised with the same su
 * ``add_obj``: a conjunct naming a colour-shape pair absent from the scene inserted.
 
 Candidate edits are tried in random order and the first one that :func:`is_true` rejects
-over all scene objects (distractors included), and that names no forbidden colour-shape
-pair, is kept. A category with no such edit (no relation to replace, a single noun phrase
-to swap, ...) is left out.
+over all scene objects (distractors included), that names no forbidden colour-shape pair
+and that does not repeat a noun phrase ("a red star and a red star"), is kept. A category
+with no such edit (no relation to replace, a single noun phrase to swap, ...) is left out.
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ def _attribute_edits(
         yield _with_descriptions(meaning, new)
 
 
-def _replace_obj(meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]):
+def _replace_obj(
+    meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]
+) -> Iterator[Meaning]:
     edits = [
         ((k, "shape", s),)
         for k, d in enumerate(meaning.descriptions()) for s in SHAPES if s != d.shape
@@ -68,7 +70,9 @@ def _replace_obj(meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneOb
     return _attribute_edits(meaning, rng, edits)
 
 
-def _replace_att(meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]):
+def _replace_att(
+    meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]
+) -> Iterator[Meaning]:
     descs = meaning.descriptions()
     edits = [((k, "colour", c),) for k, d in enumerate(descs) for c in COLOURS if c != d.colour]
     edits += [
@@ -86,16 +90,22 @@ def _swaps(descs: Sequence[Description], attribute: str) -> list[tuple[tuple[int
     ]
 
 
-def _swap_obj(meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]):
+def _swap_obj(
+    meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]
+) -> Iterator[Meaning]:
     return _attribute_edits(meaning, rng, _swaps(meaning.descriptions(), "shape"))
 
 
-def _swap_att(meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]):
+def _swap_att(
+    meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]
+) -> Iterator[Meaning]:
     descs = meaning.descriptions()
     return _attribute_edits(meaning, rng, _swaps(descs, "colour") + _swaps(descs, "size"))
 
 
-def _replace_rel(meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]):
+def _replace_rel(
+    meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]
+) -> Iterator[Meaning]:
     clauses = meaning.clauses
     edits = [
         (k, r)
@@ -107,7 +117,9 @@ def _replace_rel(meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneOb
         yield Meaning(clauses[:k] + (changed,) + clauses[k + 1 :], meaning.there_is)
 
 
-def _add_obj(meaning: Meaning, rng: np.random.Generator, objects: Sequence[SceneObject]):
+def _add_obj(
+    meaning: Meaning, rng: np.random.Generator, objects: Sequence[SceneObject]
+) -> Iterator[Meaning]:
     present = {(o.colour, o.shape) for o in objects}
     clauses = meaning.clauses
     for colour, shape in _shuffled([p for p in ALL_PAIRS if p not in present], rng):
@@ -137,9 +149,10 @@ def hard_negatives(
     out: dict[str, Meaning] = {}
     for category, candidates in _CATEGORIES.items():
         for negative in candidates(meaning, rng, objects):
-            if any((d.colour, d.shape) in forbidden_pairs for d in negative.descriptions()):
+            descs = negative.descriptions()
+            if any((d.colour, d.shape) in forbidden_pairs for d in descs):
                 continue
-            if not is_true(negative, objects):
+            if len(set(descs)) == len(descs) and not is_true(negative, objects):
                 out[category] = negative
                 break
     return out
