@@ -1,0 +1,128 @@
+"""Weak phrase grounding metrics (ConceptOT Sec. 2.6) and anchor diversity (ConceptOT
+Fig. 4).
+
+A phrase heatmap ``h_i(J) = sum_{j in J} Pi_ij`` over the patch grid (``Alignment.heatmap``)
+is scored against the phrase's gold pixel box in two ways:
+
+* pointing game: is the centre of the hottest patch inside the gold box?
+* box: threshold the heatmap at a fraction of its peak, take the enclosing patch envelope
+  (:func:`otviz.grounding.heatmap_boxes`), scale it to pixels and measure its IoU with the
+  gold box; ``hit@0.5`` is the share of IoU >= 0.5.
+
+Boxes are ``(x0, y0, x1, y1)`` in pixels, half-open like the world's boxes (a point ``x``
+is inside when ``x0 <= x < x1``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from otviz.grounding import heatmap_boxes, patch_box_to_pixels
+
+
+def phrase_token_select(token_word: Tensor, token_mask: Tensor, spans: Tensor) -> Tensor:
+    """``[n, L]`` bool: the content tokens whose caption word lies in ``[start, end)``.
+
+    Args:
+        token_word: ``[n, L]`` word index of each token position (-1: none).
+        token_mask: ``[n, L]`` bool, True for content tokens.
+        spans: ``[n, 2]`` word spans ``(start, end)`` (e.g. a world ``Phrase``'s
+            ``start``/``end``), one per row.
+    """
+    start, end = spans[:, :1], spans[:, 1:]
+    return (token_word >= start) & (token_word < end) & token_mask
+
+
+def pointing_hits(
+    heatmaps: Tensor, grid: tuple[int, int], gold_boxes: Tensor, image_size: tuple[int, int]
+) -> Tensor:
+    """``[n]`` bool: the centre of each heatmap's hottest patch lies inside its gold box.
+
+    The first maximum wins ties between patches; a flat heatmap (max == min, e.g. all zero)
+    points nowhere and counts as a miss.
+
+    Args:
+        heatmaps: ``[n, N]`` over the ``(H, W)`` patch grid, row-major.
+        grid: ``(H, W)``.
+        gold_boxes: ``[n, 4]`` pixel boxes.
+        image_size: ``(width, height)`` in pixels.
+    """
+    _, w = grid
+    peak = heatmaps.argmax(dim=1)
+    col, row = peak % w, peak // w
+    cell = patch_box_to_pixels(torch.stack([col, row, col + 1, row + 1], dim=1), grid, image_size)
+    cx, cy = (cell[:, 0] + cell[:, 2]) / 2, (cell[:, 1] + cell[:, 3]) / 2
+    gold = gold_boxes.to(torch.float64).cpu()
+    inside = (gold[:, 0] <= cx) & (cx < gold[:, 2]) & (gold[:, 1] <= cy) & (cy < gold[:, 3])
+    flat = heatmaps.amax(dim=1) == heatmaps.amin(dim=1)
+    return inside & ~flat.cpu()
+
+
+def pointing_game(
+    heatmaps: Tensor, grid: tuple[int, int], gold_boxes: Tensor, image_size: tuple[int, int]
+) -> float:
+    """Pointing-game accuracy: the share of :func:`pointing_hits`."""
+    return float(pointing_hits(heatmaps, grid, gold_boxes, image_size).float().mean())
+
+
+def box_iou(a: Tensor, b: Tensor) -> Tensor:
+    """``[n]`` IoU of the paired boxes ``a[i]``, ``b[i]`` (``[n, 4]`` each, ``x0, y0, x1,
+    y1``). Empty boxes (zero union) have IoU 0."""
+    a, b = a.to(torch.float64), b.to(torch.float64)
+    iw = (torch.minimum(a[:, 2], b[:, 2]) - torch.maximum(a[:, 0], b[:, 0])).clamp(min=0)
+    ih = (torch.minimum(a[:, 3], b[:, 3]) - torch.maximum(a[:, 1], b[:, 1])).clamp(min=0)
+    inter = iw * ih
+
+    def area(x: Tensor) -> Tensor:
+        return (x[:, 2] - x[:, 0]).clamp(min=0) * (x[:, 3] - x[:, 1]).clamp(min=0)
+
+    union = area(a) + area(b) - inter
+    return torch.where(union > 0, inter / union.clamp(min=1e-12), torch.zeros_like(union))
+
+
+def grounding_scores(
+    heatmaps: Tensor,
+    grid: tuple[int, int],
+    gold_boxes: Tensor,
+    image_size: tuple[int, int],
+    threshold: float = 0.5,
+) -> dict[str, float]:
+    """Pointing game, mean IoU and hit@0.5 of heatmap boxes (ConceptOT Sec. 2.6).
+
+    Args:
+        heatmaps: ``[n, N]`` phrase heatmaps.
+        grid: patch grid ``(H, W)``.
+        gold_boxes: ``[n, 4]`` gold pixel boxes.
+        image_size: ``(width, height)``.
+        threshold: fraction of the peak a patch must reach to join the predicted box.
+
+    Returns:
+        ``{"pointing", "mean_iou", "hit@0.5", "n"}``.
+    """
+    if heatmaps.shape[0] != gold_boxes.shape[0]:
+        raise ValueError(f"{heatmaps.shape[0]} heatmaps but {gold_boxes.shape[0]} gold boxes")
+    if heatmaps.shape[0] == 0:
+        raise ValueError("no heatmaps")
+    heat = heatmaps.detach().float().cpu()
+    pred = patch_box_to_pixels(heatmap_boxes(heat, grid, threshold), grid, image_size)
+    iou = box_iou(pred, gold_boxes.cpu())
+    return {
+        "pointing": pointing_game(heat, grid, gold_boxes, image_size),
+        "mean_iou": float(iou.mean()),
+        "hit@0.5": float((iou >= 0.5).double().mean()),
+        "n": float(heat.shape[0]),
+    }
+
+
+def mean_offdiag_cosine(anchors: Tensor) -> float:
+    """Mean cosine similarity between distinct anchors, ``1/(r(r-1)) sum_{i != j}
+    cos(p_i, p_j)`` (ConceptOT Fig. 4 reports 0.19 for its 32 anchors; lower is more
+    diverse)."""
+    if anchors.dim() != 2 or anchors.shape[0] < 2:
+        raise ValueError(f"need anchors [r >= 2, d], got {tuple(anchors.shape)}")
+    p = F.normalize(anchors.detach().double(), dim=1)
+    gram = p @ p.T
+    r = p.shape[0]
+    return float((gram.sum() - gram.diagonal().sum()) / (r * (r - 1)))
