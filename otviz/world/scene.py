@@ -14,7 +14,7 @@ import numpy as np
 
 from otviz.world.types import Box
 
-_TRIES = 24
+_TRIES = 32
 
 
 def boxes_overlap(a: Box, b: Box, margin: int = 0) -> bool:
@@ -54,22 +54,23 @@ def place_boxes(
     sides: Sequence[int], rng: np.random.Generator, size: int, margin: int
 ) -> list[Box]:
     """Square boxes of the given sides inside a ``size x size`` image, pairwise at least
-    ``margin`` apart and ``margin`` from the border. Rejection sampling first; if a box
-    does not fit, all boxes are laid out in random cells of a 2x2 grid instead (this always
-    fits up to four boxes, as :class:`WorldConfig` checks)."""
-    boxes: list[Box] = []
-    for side in sides:
+    ``margin`` apart and ``margin`` from the border. Rejection sampling, largest box first;
+    if a box does not fit, all boxes are laid out in random cells of a 2x2 grid instead
+    (this always fits up to four boxes, as :class:`WorldConfig` checks)."""
+    boxes: dict[int, Box] = {}
+    for k in sorted(range(len(sides)), key=lambda k: -sides[k]):
+        side = sides[k]
         hi = size - margin - side + 1
         xs = rng.integers(margin, hi, _TRIES)
         ys = rng.integers(margin, hi, _TRIES)
         for x, y in zip(xs.tolist(), ys.tolist(), strict=True):
             box = (x, y, x + side, y + side)
-            if not any(boxes_overlap(box, other, margin) for other in boxes):
-                boxes.append(box)
+            if not any(boxes_overlap(box, other, margin) for other in boxes.values()):
+                boxes[k] = box
                 break
         else:
             return _grid_layout(sides, rng, size, margin)
-    return boxes
+    return [boxes[k] for k in range(len(sides))]
 
 
 def _grid_layout(
