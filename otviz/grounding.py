@@ -21,7 +21,7 @@ def heatmap_boxes(heat: Tensor, grid: tuple[int, int], threshold: float = 0.5) -
     """
     h, w = grid
     maps = heat.reshape(heat.shape[0], h, w)
-    peak = maps.flatten(1).amax(dim=1).clamp_min(torch.finfo(maps.dtype).tiny)
+    peak = maps.flatten(1).amax(dim=1)
     keep = maps >= threshold * peak[:, None, None]
     rows, cols = keep.any(dim=2), keep.any(dim=1)
     ys = torch.arange(h, device=heat.device)
