@@ -1,4 +1,11 @@
-"""Alignment methods, one module each, behind the contract of :mod:`otviz.methods.base`."""
+"""Alignment methods, one module each, behind the contract of :mod:`otviz.methods.base`.
+
+Importing this package imports every module in it, so each ``@register``-ed method is in
+:data:`METHODS` (a new method is one new module; no list to edit here).
+"""
+
+import importlib
+import pkgutil
 
 from otviz.methods.base import (
     METHODS,
@@ -21,3 +28,6 @@ __all__ = [
     "build_method",
     "register",
 ]
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

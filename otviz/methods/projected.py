@@ -1,0 +1,156 @@
+"""Shared pieces of the patch-token methods: projection into the concept space, cheap plan
+types for the non-OT methods, the plan-weighted score and the Alignment assembly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from otviz.methods.base import (
+    Alignment,
+    AlignmentMethod,
+    DensePlan,
+    MethodConfig,
+    PairBatch,
+    Projection,
+    TransportPlan,
+    global_cosine,
+)
+from otviz.methods.masses import uniform_masses
+from otviz.ot.costs import cosine_similarity
+
+
+class ProjectedMethod(AlignmentMethod):
+    """A method that maps patches and tokens into the concept space (ConceptOT Sec. 2.1):
+    ``z_i = W_v^T v_i / ||.||``, ``y_j = W_t^T t_j / ||.||``. In the training-free
+    configuration (``config.trainable=False``) both maps are the identity followed by L2
+    normalisation, so the caller passes features already in one space (equal widths)."""
+
+    def __init__(self, patch_dim: int, token_dim: int, config: MethodConfig | None = None):
+        super().__init__(patch_dim, token_dim, config)
+        trainable = self.config.trainable
+        if not trainable and patch_dim != token_dim:
+            raise ValueError(
+                f"training-free {self.name or type(self).__name__} needs patch and token "
+                f"features in one space; got widths {patch_dim} and {token_dim}"
+            )
+        self.concept_dim = self.config.concept_dim if trainable else patch_dim
+        self.proj_v = Projection(patch_dim, self.concept_dim, trainable)
+        self.proj_t = Projection(token_dim, self.concept_dim, trainable)
+
+    def project(self, batch: PairBatch) -> tuple[Tensor, Tensor]:
+        """``(z [B, N, d_c], y [B, M, d_c])`` unit-norm concept features."""
+        return self.proj_v(batch.patches), self.proj_t(batch.tokens)
+
+
+@dataclass
+class OuterPlan:
+    """Rank-one plan ``row ⊗ col`` (uniform plans of the non-transport baselines)."""
+
+    row: Tensor  # [B, N]
+    col: Tensor  # [B, M]
+
+    def dense(self) -> Tensor:
+        return self.row[:, :, None] * self.col[:, None, :]
+
+    def apply(self, v: Tensor) -> Tensor:
+        return self.row[:, :, None] * (self.col[:, None, :] @ v)
+
+
+@dataclass
+class AssignmentPlan:
+    """Plan with one entry per column: mass ``weight[b, j]`` at row ``index[b, j]`` (FILIP's
+    argmax matches). ``apply`` is a scatter, ``O(M k)``."""
+
+    index: Tensor  # [B, M] long
+    weight: Tensor  # [B, M]
+    n_rows: int
+
+    def dense(self) -> Tensor:
+        b, m = self.index.shape
+        out = self.weight.new_zeros(b, self.n_rows, m)
+        return out.scatter_(1, self.index[:, None, :], self.weight[:, None, :])
+
+    def apply(self, v: Tensor) -> Tensor:
+        b, _, k = v.shape
+        out = v.new_zeros(b, self.n_rows, k)
+        src = self.weight[:, :, None] * v
+        return out.scatter_add_(1, self.index[:, :, None].expand(-1, -1, k), src)
+
+
+def uniform_plan(batch: PairBatch) -> OuterPlan:
+    """Product of the uniform distributions over valid patches and tokens."""
+    dtype = batch.patches.dtype
+    return OuterPlan(
+        uniform_masses(batch.patch_mask, dtype), uniform_masses(batch.token_mask, dtype)
+    )
+
+
+def plan_weighted_score(plan: Tensor, sim: Tensor) -> Tensor:
+    """``sum_ij P_ij s_ij / sum_ij P_ij`` (ConceptOT Eq. 8 in dense form), ``[B]``."""
+    mass = plan.sum((1, 2))
+    return (plan * sim).sum((1, 2)) / mass.clamp_min(torch.finfo(mass.dtype).tiny)
+
+
+def build_alignment(
+    batch: PairBatch,
+    plan: TransportPlan,
+    local_score: Tensor,
+    row_marginal: Tensor | None = None,
+    col_marginal: Tensor | None = None,
+    row_reference: Tensor | None = None,
+    col_reference: Tensor | None = None,
+    marginal_error: Tensor | None = None,
+    extras: dict[str, Any] | None = None,
+) -> Alignment:
+    """Fill an :class:`Alignment`; marginals not given are ``plan @ 1`` and ``plan^T @ 1``
+    (the latter from a dense plan, so factored plans should pass theirs)."""
+    if row_marginal is None:
+        ones = batch.token_mask.to(local_score.dtype).unsqueeze(-1)
+        row_marginal = plan.apply(ones).squeeze(-1)
+    if col_marginal is None:
+        col_marginal = plan.dense().sum(1)
+    return Alignment(
+        local_score=local_score,
+        global_score=global_cosine(batch),
+        plan=plan,
+        row_marginal=row_marginal,
+        col_marginal=col_marginal,
+        patch_mask=batch.patch_mask,
+        token_mask=batch.token_mask,
+        row_reference=row_reference,
+        col_reference=col_reference,
+        marginal_error=marginal_error,
+        extras=extras or {},
+    )
+
+
+def masked_similarity(z: Tensor, y: Tensor, batch: PairBatch, fill: float) -> Tensor:
+    """``[B, N, M]`` cosines with ``fill`` on pairs involving a masked patch or token."""
+    sim = cosine_similarity(z, y)
+    valid = batch.patch_mask[:, :, None] & batch.token_mask[:, None, :]
+    return sim.masked_fill(~valid, fill)
+
+
+def dense_plan_alignment(
+    batch: PairBatch,
+    plan: Tensor,
+    sim: Tensor,
+    row_reference: Tensor,
+    col_reference: Tensor,
+    marginal_error: Tensor,
+) -> Alignment:
+    """Alignment of a dense OT plan scored by Eq. 8 (dense form)."""
+    return build_alignment(
+        batch,
+        DensePlan(plan),
+        plan_weighted_score(plan, sim),
+        row_marginal=plan.sum(2),
+        col_marginal=plan.sum(1),
+        row_reference=row_reference,
+        col_reference=col_reference,
+        marginal_error=marginal_error,
+    )
