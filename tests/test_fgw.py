@@ -53,6 +53,8 @@ def test_isoftmax_reaches_its_fixed_point():
     _, _, cost, d1, d2 = _problem(2)
     res = fgw_isoftmax(cost, d1, d2, alpha0=0.02, eps=0.5, n_iters=60)
     again = torch.softmax(-linearised_cost(cost, d1, d2, res.plan, 0.02) / 0.5, dim=2)
+    raw = cost - 0.02 * d1 @ (res.plan / 7) @ d2.transpose(1, 2)  # mass 7: Eq. 12, alpha0 / 7
+    assert torch.allclose(linearised_cost(cost, d1, d2, res.plan, 0.02), raw)
     assert torch.allclose(res.plan, again, atol=1e-10)
     assert bool((res.marginal_error < 1e-12).all())
     assert not torch.allclose(res.plan, torch.softmax(-cost / 0.5, dim=2), atol=1e-3)
@@ -139,7 +141,7 @@ def test_graph_structure_resolves_an_ambiguous_image():
     odd = torch.tensor([[0.5, 0.5, 0.7]], dtype=DT)
     emb = torch.cat([imgs, odd])
     soft = zero_shot_predict(emb, cls, "softmax", eps=0.01)
-    fgw = zero_shot_predict(emb, cls, "fgw_isoftmax", eps=0.01, alpha0=0.01, n_iters=5)
+    fgw = zero_shot_predict(emb, cls, "fgw_isoftmax", eps=0.01, alpha0=0.1, n_iters=5)
     assert float(soft.scores[-1, 0]) == pytest.approx(0.5, abs=1e-9)
     assert int(fgw.labels[-1]) == 0 and float(fgw.scores[-1, 0]) > 0.9
     assert torch.equal(fgw.labels[:9], soft.labels[:9])

@@ -62,7 +62,7 @@ def zero_shot_predict(
     class_emb: Tensor,
     method: Literal["softmax", "fgw_isoftmax", "fgw_pgd"] = "softmax",
     eps: float = 0.01,
-    alpha0: float = 1e-4,
+    alpha0: float = 0.01,
     n_iters: int = 3,
     structure: Structure = "similarity",
 ) -> Prediction:
@@ -73,9 +73,8 @@ def zero_shot_predict(
         image_emb: ``[n, d]``; class_emb: ``[K, d]``.
         method: the inference rule.
         eps: entropic regularisation / temperature.
-        alpha0: weight of the Gromov term. ``<D1, P D2 P^T>`` grows with ``n``, so it should
-            shrink with the batch (OT-CLIP App. D.2 re-tunes it per batch size); the default
-            is App. B's ``a1 * a2 = 0.01 * 0.01``.
+        alpha0: weight of the Gromov term, for the unit-mass plan (:mod:`otviz.ot.fgw`), so
+            it does not need re-tuning with ``n``; default OT-CLIP Table 7's ``a1 = 0.01``.
         n_iters: linearisation steps (Table 7: 3-5).
         structure: ``"similarity"`` (App. B code) or ``"distance"`` (Eq. 10) for D1, D2.
     """

@@ -14,6 +14,14 @@ iterates the linearisation of OT-CLIP Eq. 12,
 and re-solves an entropic problem with the cost ``C^(l)``: a row softmax (FGW-ISoftmax),
 a KL mirror step from ``P^(l)`` (FGW-PGD, Eq. 13) or (generalized) Sinkhorn.
 
+One deviation: the plan inside the structural term is scaled to unit mass,
+``C^(l) = C - alpha0 D1 (P / 1^T P 1) D2^T``. For a fixed total mass ``n`` (``C(1)``,
+``U(1, b)``) this only rescales ``alpha0`` by ``1 / n``, so one ``alpha0`` serves every batch
+size (OT-CLIP App. D.2 re-tunes it per batch size), and with unit-mass marginals it is
+Eq. 12 verbatim (the POT cross-check). For relaxed marginals it keeps the shift bounded by
+``alpha0 max |D1| max |D2|``; with the raw plan, mass attracts more mass through the term
+and the unbalanced iteration runs away.
+
 ``D1 [B, N, N]`` and ``D2 [B, M, M]`` compare the rows (images) and columns (classes or
 texts) among themselves. OT-CLIP Eq. 10 calls them cosine *distance* matrices while its
 pseudocode (App. A.3, B.1-B.2) uses the cosine *similarity* ``f f^T``; both are offered by
@@ -47,10 +55,12 @@ def structure_matrix(x: Tensor, kind: Structure = "similarity") -> Tensor:
 
 
 def linearised_cost(cost: Tensor, d1: Tensor, d2: Tensor, plan: Tensor, alpha0: float) -> Tensor:
-    """``C - alpha0 D1 P D2^T`` (OT-CLIP Eq. 12, the structural cost of Eq. 10)."""
+    """``C - alpha0 D1 P^ D2^T`` with ``P^ = P / 1^T P 1`` (OT-CLIP Eq. 12 with the structural
+    cost of Eq. 10, for the unit-mass plan; see the module docstring)."""
     if alpha0 == 0.0:
         return cost
-    return cost - alpha0 * d1 @ plan @ d2.transpose(-1, -2)
+    mass = plan.sum((-2, -1), keepdim=True).clamp_min(torch.finfo(plan.dtype).tiny)
+    return cost - alpha0 * d1 @ (plan / mass) @ d2.transpose(-1, -2)
 
 
 def structure_term(d1: Tensor, d2: Tensor, plan: Tensor) -> Tensor:
@@ -144,7 +154,7 @@ def fgw_pgd(
     col_mask: Tensor | None = None,
 ) -> SolverResult:
     """FGromov OT-PGD (OT-CLIP Eq. 13, App. B.2): KL-projected (mirror) gradient steps
-    ``P <- Proj_{C(a)}^KL(P * exp(-G / eps))`` with the gradient ``G = C - alpha0 D1 P D2^T``
+    ``P <- Proj_{C(a)}^KL(P * exp(-G / eps))`` with the gradient ``G = C - alpha0 D1 P^ D2^T``
     of the non-entropic part and step size ``1 / eps``; the KL projection onto ``C(a)`` is a
     row normalisation. Starts from the softmax prediction ``softmax(-C / eps)`` (App. B.2
     starts from ``softmax(-C)``), so with ``alpha0 = 0`` the l-th iterate is
