@@ -1,0 +1,424 @@
+"""Image-caption datasets from folders, and the synthetic world behind the same protocol.
+
+Formats read:
+
+* COCO captions: ``annotations/captions_<split>.json`` with ``images`` (``id``,
+  ``file_name``) and ``annotations`` (``image_id``, ``caption``); images in
+  ``<root>/<split>/`` unless another ``image_dir`` is given.
+* Karpathy split: ``dataset_coco.json`` (also Flickr8k/30k) with ``images`` each holding
+  ``split``, ``filename``, optional ``filepath`` and ``sentences[].raw``; image paths are
+  ``image_root / filepath / filename``.
+* CSV: rows ``path,caption`` (a header row ``path,caption`` is optional; quoted fields as in
+  RFC 4180), paths relative to the CSV file's folder.
+
+Every dataset is a list of (image, caption) pairs, several pairs may share an image (COCO
+has five captions per image). Images with no caption are dropped. Pairs are ordered image by
+image, so an image's captions are contiguous. Loaders check that every image file exists
+(:class:`MissingFilesError` lists the first few that do not), that the annotation file
+parses (:class:`MalformedDatasetError` says where it does not), and that something is left
+(:class:`EmptyDatasetError`).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from PIL import Image
+
+from otviz.backbone import to_rgb
+from otviz.world import Sample, World, WorldConfig
+
+_SHOWN = 5  # missing paths listed in an error message
+_PATH_HEADERS = {"path", "image", "file", "filename", "filepath", "image_path"}
+_CAPTION_HEADERS = {"caption", "text", "sentence"}
+
+
+class DatasetError(ValueError):
+    """A dataset cannot be read."""
+
+
+class MissingFilesError(DatasetError, FileNotFoundError):
+    """Image or annotation files are missing; ``missing`` lists them all."""
+
+    def __init__(self, what: str, missing: Sequence[Path | str]) -> None:
+        self.missing = [Path(p) for p in missing]
+        shown = ", ".join(str(p) for p in self.missing[:_SHOWN])
+        more = f" (and {len(self.missing) - _SHOWN} more)" if len(self.missing) > _SHOWN else ""
+        super().__init__(f"{what}: {len(self.missing)} file(s) missing: {shown}{more}")
+
+
+class MalformedDatasetError(DatasetError):
+    """An annotation file does not parse or lacks required fields."""
+
+
+class EmptyDatasetError(DatasetError):
+    """A dataset (or the requested split) has no image-caption pair."""
+
+
+@runtime_checkable
+class ImageCaptionDataset(Protocol):
+    """What training and evaluation need from a dataset of (image, caption) pairs.
+
+    ``len(ds)`` is the number of pairs; ``n_images`` the number of distinct images;
+    ``item(i)`` the pair ``i`` as (an image path / PIL image, caption); ``image_of(i)`` the
+    image index of pair ``i``; ``groups()[j]`` the pair indices of image ``j`` (the ground
+    truth of :func:`otviz.eval.retrieval.recall_at_k`); ``fingerprint()`` a JSON-able
+    identity of the data that changes when the data changes (for caches)."""
+
+    @property
+    def n_images(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def item(self, i: int) -> tuple[Any, str]: ...
+
+    def image_of(self, i: int) -> int: ...
+
+    def groups(self) -> list[list[int]]: ...
+
+    def fingerprint(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class CaptionFolder:
+    """Image files with captions (what the folder loaders return).
+
+    Attributes:
+        image_paths: one path per image.
+        captions: one caption per pair.
+        pair_image: image index of each pair (non-decreasing).
+        source: where the pairs came from (annotation file, format, split).
+    """
+
+    image_paths: list[Path]
+    captions: list[str]
+    pair_image: list[int]
+    source: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.captions:
+            raise EmptyDatasetError(f"no image-caption pairs in {self.source}")
+        if len(self.captions) != len(self.pair_image):
+            raise ValueError("one image index per caption needed")
+
+    @property
+    def n_images(self) -> int:
+        return len(self.image_paths)
+
+    def __len__(self) -> int:
+        return len(self.captions)
+
+    def item(self, i: int) -> tuple[Path, str]:
+        """Pair ``i`` as (image path, caption)."""
+        return self.image_paths[self.pair_image[i]], self.captions[i]
+
+    def image_of(self, i: int) -> int:
+        return self.pair_image[i]
+
+    def load_image(self, j: int) -> Image.Image:
+        """Image ``j`` as an RGB PIL image (raises ``ImageInputError`` if unreadable)."""
+        return to_rgb(self.image_paths[j])
+
+    def groups(self) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in self.image_paths]
+        for i, j in enumerate(self.pair_image):
+            out[j].append(i)
+        return out
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Source, captions and each image's path, size and modification time (hashed), so
+        an edited, replaced or touched image file changes it."""
+        h = hashlib.sha256()
+        for p in self.image_paths:
+            st = p.stat()
+            h.update(f"{p.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        captions = hashlib.sha256(json.dumps([self.captions, self.pair_image]).encode())
+        return {
+            "kind": "folder",
+            "source": self.source,
+            "images": h.hexdigest(),
+            "captions": captions.hexdigest(),
+        }
+
+
+# --------------------------------------------------------------------- loaders
+def load_coco_captions(
+    annotation_file: str | os.PathLike,
+    image_dir: str | os.PathLike | None = None,
+    check_files: bool = True,
+) -> CaptionFolder:
+    """A COCO captions file (``captions_<split>.json``).
+
+    ``image_dir`` defaults to ``<parent of the annotations folder>/<split>`` where the file
+    is ``.../annotations/captions_<split>.json``."""
+    path = Path(annotation_file)
+    data = _read_json(path)
+    if image_dir is None:
+        image_dir = _coco_image_dir(path)
+    image_dir = Path(image_dir)
+    images = _list_field(data, "images", path)
+    annotations = _list_field(data, "annotations", path)
+    order: dict[Any, int] = {}
+    files: list[str] = []
+    for k, im in enumerate(images):
+        im_id, name = _fields(im, ("id", "file_name"), path, f"images[{k}]")
+        order[im_id] = len(files)
+        files.append(str(name))
+    by_image: dict[int, list[str]] = {}
+    for k, ann in enumerate(annotations):
+        im_id, caption = _fields(ann, ("image_id", "caption"), path, f"annotations[{k}]")
+        if im_id not in order:
+            raise MalformedDatasetError(f"{path}: annotations[{k}] refers to unknown image {im_id}")
+        by_image.setdefault(order[im_id], []).append(_caption(caption, path, f"annotations[{k}]"))
+    kept = sorted(by_image)
+    return _build(
+        [image_dir / files[j] for j in kept],
+        [by_image[j] for j in kept],
+        {"format": "coco", "file": str(path.resolve()), "image_dir": str(image_dir.resolve())},
+        check_files,
+    )
+
+
+def load_karpathy(
+    json_file: str | os.PathLike,
+    image_root: str | os.PathLike,
+    split: str | Sequence[str] = "test",
+    check_files: bool = True,
+) -> CaptionFolder:
+    """A Karpathy split file (``dataset_coco.json``, ``dataset_flickr30k.json``).
+
+    ``split``: one split name or several (e.g. ``("train", "restval")``)."""
+    path = Path(json_file)
+    root = Path(image_root)
+    splits = (split,) if isinstance(split, str) else tuple(split)
+    data = _read_json(path)
+    images = _list_field(data, "images", path)
+    paths, captions, seen = [], [], set()
+    for k, im in enumerate(images):
+        where = f"images[{k}]"
+        im_split, name, sentences = _fields(im, ("split", "filename", "sentences"), path, where)
+        seen.add(im_split)
+        if im_split not in splits:
+            continue
+        if not isinstance(sentences, list):
+            raise MalformedDatasetError(f"{path}: {where}.sentences is not a list")
+        texts = [
+            _caption(_fields(s, ("raw",), path, f"{where}.sentences[{n}]")[0], path, where)
+            for n, s in enumerate(sentences)
+        ]
+        if texts:
+            paths.append(root / str(im.get("filepath", "")) / str(name))
+            captions.append(texts)
+    if not paths:
+        raise EmptyDatasetError(
+            f"{path}: no captioned image in split(s) {list(splits)}; splits present: "
+            f"{sorted(seen)}"
+        )
+    source = {
+        "format": "karpathy",
+        "file": str(path.resolve()),
+        "image_root": str(root.resolve()),
+        "split": list(splits),
+    }
+    return _build(paths, captions, source, check_files)
+
+
+def load_caption_csv(csv_file: str | os.PathLike, check_files: bool = True) -> CaptionFolder:
+    """A CSV of ``path,caption`` rows; rows naming the same file share one image."""
+    path = Path(csv_file)
+    if not path.is_file():
+        raise MissingFilesError("caption CSV", [path])
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            rows = [(n, r) for n, r in enumerate(csv.reader(f, strict=True), start=1) if r]
+    except (csv.Error, UnicodeDecodeError) as e:
+        raise MalformedDatasetError(f"{path}: not a readable CSV: {e}") from e
+    if rows and _is_header(rows[0][1]):
+        rows = rows[1:]
+    index: dict[Path, int] = {}
+    paths: list[Path] = []
+    captions: list[list[str]] = []
+    for n, row in rows:
+        if len(row) != 2:
+            raise MalformedDatasetError(
+                f"{path}, line {n}: expected 2 fields (path,caption), got {len(row)}: {row[:3]}"
+            )
+        if not row[0].strip():
+            raise MalformedDatasetError(f"{path}, line {n}: empty image path")
+        image = (path.parent / row[0].strip()).resolve()
+        if image not in index:
+            index[image] = len(paths)
+            paths.append(image)
+            captions.append([])
+        captions[index[image]].append(_caption(row[1], path, f"line {n}"))
+    source = {"format": "csv", "file": str(path.resolve())}
+    return _build(paths, captions, source, check_files)
+
+
+def load_image_captions(
+    path: str | os.PathLike,
+    split: str | Sequence[str] = "test",
+    image_root: str | os.PathLike | None = None,
+    check_files: bool = True,
+) -> CaptionFolder:
+    """Any of the formats, recognised from ``path``: a ``.csv`` file; a JSON file with
+    ``annotations`` (COCO) or with ``sentences`` in its images (Karpathy; images under
+    ``image_root``, default the JSON's folder); or a folder holding exactly one of
+    ``annotations/captions_<split>.json``, ``dataset_*.json``, ``*.csv``."""
+    p = Path(path)
+    if p.is_dir():
+        p = _find_annotation(p, split)
+    if p.suffix.lower() == ".csv":
+        return load_caption_csv(p, check_files)
+    data = _read_json(p)
+    if isinstance(data, dict) and "annotations" in data:
+        return load_coco_captions(p, image_root, check_files)
+    if isinstance(data, dict) and isinstance(data.get("images"), list):
+        return load_karpathy(p, image_root or p.parent, split, check_files)
+    raise MalformedDatasetError(f"{p}: neither COCO captions nor a Karpathy split file")
+
+
+# --------------------------------------------------------------------- the world
+class WorldDataset:
+    """Samples ``0..n-1`` of ``World(config, split, seed)`` as an
+    :class:`ImageCaptionDataset` (one caption per image, rendered on the fly).
+
+    ``sample(i)`` gives the full :class:`~otviz.world.Sample` (phrases with gold boxes,
+    objects, hard negatives) for grounding and the probe."""
+
+    def __init__(
+        self, n: int, split: str = "test", seed: int = 0, config: WorldConfig | None = None
+    ) -> None:
+        if n < 1:
+            raise EmptyDatasetError("a world dataset needs n >= 1")
+        self.world = World(config, split=split, seed=seed)
+        self.n = n
+
+    @property
+    def n_images(self) -> int:
+        return self.n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def sample(self, i: int) -> Sample:
+        if not 0 <= i < self.n:
+            raise IndexError(f"sample {i} outside [0, {self.n})")
+        return self.world.sample(i)
+
+    def item(self, i: int) -> tuple[Image.Image, str]:
+        s = self.sample(i)
+        return Image.fromarray(s.image), s.caption
+
+    def image_of(self, i: int) -> int:
+        return i
+
+    def groups(self) -> list[list[int]]:
+        return [[i] for i in range(self.n)]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Config (without ``negatives``, which does not change images or captions), split,
+        seed, n and a hash of the world's source code (a code change may change renders)."""
+        config = dataclasses.asdict(self.world.config)
+        config.pop("negatives")
+        return {
+            "kind": "world",
+            "config": config,
+            "split": self.world.split,
+            "seed": self.world.seed,
+            "n": self.n,
+            "code": _world_code_hash(),
+        }
+
+
+# --------------------------------------------------------------------- helpers
+def _build(
+    paths: list[Path], captions: list[list[str]], source: dict[str, Any], check_files: bool
+) -> CaptionFolder:
+    if check_files:
+        missing = [p for p in paths if not p.is_file()]
+        if missing:
+            raise MissingFilesError(f"images of {source.get('file', source)}", missing)
+    flat = [c for group in captions for c in group]
+    pair_image = [j for j, group in enumerate(captions) for _ in group]
+    return CaptionFolder(paths, flat, pair_image, source)
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise MissingFilesError("annotation file", [path])
+    try:
+        return json.loads(path.read_text(encoding="utf-8-sig"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MalformedDatasetError(f"{path}: not valid JSON: {e}") from e
+
+
+def _list_field(data: Any, key: str, path: Path) -> list[Any]:
+    if not isinstance(data, dict) or not isinstance(data.get(key), list):
+        raise MalformedDatasetError(f"{path}: no list {key!r} at the top level")
+    return data[key]
+
+
+def _fields(entry: Any, keys: tuple[str, ...], path: Path, where: str) -> tuple[Any, ...]:
+    if not isinstance(entry, dict):
+        raise MalformedDatasetError(f"{path}: {where} is not an object")
+    missing = [k for k in keys if k not in entry]
+    if missing:
+        raise MalformedDatasetError(f"{path}: {where} lacks {missing}")
+    return tuple(entry[k] for k in keys)
+
+
+def _caption(value: Any, path: Path, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise MalformedDatasetError(f"{path}: {where}: caption is empty or not text")
+    return value.strip()
+
+
+def _is_header(row: list[str]) -> bool:
+    cells = [c.strip().lower() for c in row]
+    return len(cells) == 2 and cells[0] in _PATH_HEADERS and cells[1] in _CAPTION_HEADERS
+
+
+def _coco_image_dir(annotation_file: Path) -> Path:
+    stem = annotation_file.stem
+    if not stem.startswith("captions_"):
+        raise DatasetError(
+            f"cannot infer the image folder of {annotation_file}; pass image_dir"
+        )
+    root = annotation_file.parent
+    if root.name == "annotations":
+        root = root.parent
+    return root / stem[len("captions_") :]
+
+
+def _find_annotation(folder: Path, split: str | Sequence[str]) -> Path:
+    names = [split] if isinstance(split, str) else list(split)
+    found = [folder / "annotations" / f"captions_{s}.json" for s in names]
+    found = [p for p in found if p.is_file()]
+    found += sorted(folder.glob("dataset_*.json")) + sorted(folder.glob("*.csv"))
+    if len(found) != 1:
+        what = "no" if not found else "several"
+        raise DatasetError(
+            f"{folder}: {what} caption annotation file(s) found "
+            f"{[str(p) for p in found]}; pass the file itself"
+        )
+    return found[0]
+
+
+@functools.cache
+def _world_code_hash() -> str:
+    import otviz.world
+
+    h = hashlib.sha256()
+    for f in sorted(Path(otviz.world.__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
