@@ -6,7 +6,8 @@ import ot
 import pytest
 import torch
 
-from otviz.ot.divergence import cosine_cost, ot_value, sinkhorn_divergence, uniform_marginal
+from otviz.methods.masses import uniform_masses
+from otviz.ot.divergence import normalised_cosine_cost, ot_value, sinkhorn_divergence
 
 DT = torch.float64
 
@@ -46,7 +47,7 @@ def test_positive_when_only_weights_differ():
 def test_ot_value_matches_pot():
     x, y, a, b = _clouds(1, b=2)
     eps = 0.1
-    cost = cosine_cost(x, y)
+    cost = normalised_cosine_cost(x, y)
     sharp, res = ot_value(cost, a, b, eps, "sharp", n_iters=500)
     ent, _ = ot_value(cost, a, b, eps, "entropic", n_iters=500)
     for i in range(2):
@@ -62,8 +63,8 @@ def test_masks_equal_dropping_entries():
     x, y, a, b = _clouds(2, b=1, n=6, m=5)
     x_mask = torch.tensor([[True] * 4 + [False] * 2])
     y_mask = torch.tensor([[True] * 3 + [False] * 2])
-    a_m = uniform_marginal(x_mask, DT)
-    b_m = uniform_marginal(y_mask, DT)
+    a_m = uniform_masses(x_mask, DT)
+    b_m = uniform_masses(y_mask, DT)
     res = sinkhorn_divergence(x, y, a_m, b_m, 0.2, x_mask=x_mask, y_mask=y_mask)
     ref = sinkhorn_divergence(x[:, :4], y[:, :3], a_m[:, :4], b_m[:, :3], 0.2)
     assert torch.allclose(res.value, ref.value)
@@ -73,11 +74,11 @@ def test_masks_equal_dropping_entries():
 
 def test_self_marginals_override():
     x, y, a, b = _clouds(4, b=2)
-    ua = uniform_marginal(torch.ones_like(a, dtype=torch.bool), DT)
-    ub = uniform_marginal(torch.ones_like(b, dtype=torch.bool), DT)
+    ua = uniform_masses(torch.ones_like(a, dtype=torch.bool), DT)
+    ub = uniform_masses(torch.ones_like(b, dtype=torch.bool), DT)
     res = sinkhorn_divergence(x, y, a, b, 0.5, a_self=ua, b_self=ub)
-    wxx, _ = ot_value(cosine_cost(x, x), ua, ua, 0.5)
-    cross, _ = ot_value(cosine_cost(x, y), a, b, 0.5)
+    wxx, _ = ot_value(normalised_cosine_cost(x, x), ua, ua, 0.5)
+    cross, _ = ot_value(normalised_cosine_cost(x, y), a, b, 0.5)
     assert torch.allclose(res.self_x, wxx) and torch.allclose(res.cross, cross)
 
 

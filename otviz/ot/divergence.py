@@ -23,21 +23,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from otviz.ot.costs import cosine_cost
 from otviz.ot.result import SolverResult
 from otviz.ot.sinkhorn import sinkhorn_log, transport_cost
 
 Objective = Literal["sharp", "entropic"]
 
 
-def cosine_cost(x: Tensor, y: Tensor) -> Tensor:
-    """``[B, N, M]`` cosine dissimilarity ``1 - cos(x_n, y_m)`` (QC-Align design 1)."""
-    return 1.0 - F.normalize(x, dim=-1) @ F.normalize(y, dim=-1).transpose(1, 2)
-
-
-def uniform_marginal(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """``[B, N]`` uniform probability vector over the True entries of ``mask``."""
-    w = mask.to(dtype)
-    return w / w.sum(-1, keepdim=True).clamp_min(1.0)
+def normalised_cosine_cost(x: Tensor, y: Tensor) -> Tensor:
+    """``[B, N, M]`` cosine dissimilarity ``1 - cos(x_n, y_m)`` of raw features (QC-Align
+    design 1)."""
+    return cosine_cost(F.normalize(x, dim=-1), F.normalize(y, dim=-1))
 
 
 def _entropy_term(plan: Tensor, a: Tensor, b: Tensor) -> Tensor:
@@ -115,8 +111,13 @@ def sinkhorn_divergence(
     """
     a_self = a if a_self is None else a_self
     b_self = b if b_self is None else b_self
-    cross, res = ot_value(cosine_cost(x, y), a, b, eps, objective, n_iters, x_mask, y_mask)
-    wxx, rxx = ot_value(cosine_cost(x, x), a_self, a_self, eps, objective, n_iters, x_mask, x_mask)
-    wyy, ryy = ot_value(cosine_cost(y, y), b_self, b_self, eps, objective, n_iters, y_mask, y_mask)
+    def solve(
+        p: Tensor, q: Tensor, mp: Tensor, mq: Tensor, pm: Tensor | None, qm: Tensor | None
+    ) -> tuple[Tensor, SolverResult]:
+        return ot_value(normalised_cosine_cost(p, q), mp, mq, eps, objective, n_iters, pm, qm)
+
+    cross, res = solve(x, y, a, b, x_mask, y_mask)
+    wxx, rxx = solve(x, x, a_self, a_self, x_mask, x_mask)
+    wyy, ryy = solve(y, y, b_self, b_self, y_mask, y_mask)
     err = torch.stack([res.marginal_error, rxx.marginal_error, ryy.marginal_error]).amax(0)
     return DivergenceResult(cross - 0.5 * (wxx + wyy), cross, wxx, wyy, res.plan, err)
