@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -38,6 +40,7 @@ class ConceptOT(ProjectedMethod):
 
     name = "conceptot"
     paper = "ConceptOT Eq. 1-8, Alg. 1"
+    uses_rank: ClassVar[bool] = True  # the benchmark sweeps config.rank
 
     def __init__(self, patch_dim: int, token_dim: int, config: MethodConfig | None = None):
         super().__init__(patch_dim, token_dim, config)
