@@ -174,6 +174,9 @@ def test_fingerprint_tracks_file_changes(tmp_path):
     data["annotations"][0]["caption"] = "b changed"
     ann.write_text(json.dumps(data))
     assert load_coco_captions(ann).fingerprint()["captions"] != first["captions"]
+    png.unlink()  # deleted after loading: the fingerprint says which file is gone
+    with pytest.raises(MissingFilesError, match="b.png"):
+        load_coco_captions(ann, check_files=False).fingerprint()
 
 
 def test_world_dataset_protocol():

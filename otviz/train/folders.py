@@ -138,9 +138,16 @@ class CaptionFolder:
         """Source, captions and each image's path, size and modification time (hashed), so
         an edited, replaced or touched image file changes it."""
         h = hashlib.sha256()
+        missing = []
         for p in self.image_paths:
-            st = p.stat()
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                missing.append(p)
+                continue
             h.update(f"{p.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        if missing:
+            raise MissingFilesError(f"images of {self.source.get('file', self.source)}", missing)
         captions = hashlib.sha256(json.dumps([self.captions, self.pair_image]).encode())
         return {
             "kind": "folder",
