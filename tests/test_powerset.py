@@ -28,17 +28,14 @@ DT = torch.float64
 
 
 def _random_nodes(gen: torch.Generator, batch: int, n_tokens: int, n_spans: int) -> torch.Tensor:
-    """Word nodes (one per token) plus random contiguous phrase spans: ``[B, L + S, L]``."""
+    """Word nodes (one per token) plus random contiguous phrase spans (at least two tokens):
+    ``[B, L + S, L]``."""
     idx = torch.arange(n_tokens)
-    out = []
-    for _ in range(batch):
-        rows = [idx == i for i in range(n_tokens)]
-        for _ in range(n_spans):
-            s = int(torch.randint(0, n_tokens - 1, (1,), generator=gen))
-            e = int(torch.randint(s + 2, n_tokens + 1, (1,), generator=gen))
-            rows.append((idx >= s) & (idx < e))
-        out.append(torch.stack(rows))
-    return torch.stack(out)
+    start = torch.randint(0, n_tokens - 1, (batch, n_spans), generator=gen)
+    length = 2 + (torch.rand(batch, n_spans, generator=gen) * (n_tokens - 1 - start)).long()
+    spans = (idx >= start[..., None]) & (idx < (start + length)[..., None])
+    words = torch.eye(n_tokens, dtype=torch.bool).expand(batch, -1, -1)
+    return torch.cat([words, spans], 1)
 
 
 def _random_q(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
@@ -187,6 +184,8 @@ def test_triplet_loss_matches_definition():
     cols = [max(0.3 - 0.9 + gamma, 0), max(0.7 - 0.5 + gamma, 0), max(0.8 - 0.6 + gamma, 0)]
     ref = sum(rows) / 3 + sum(cols) / 3
     assert float(triplet_loss(sim, gamma)) == pytest.approx(ref)
+    stacked = triplet_loss(torch.stack([sim, sim.T]), gamma)  # batched over leading dims
+    assert stacked.tolist() == pytest.approx([ref, ref])
 
 
 def test_exact_enumeration_size_guard():
@@ -195,17 +194,19 @@ def test_exact_enumeration_size_guard():
         subset_indicators(13)
 
 
-def _trial_losses(gen: torch.Generator, tau: float, alphas: list[float]) -> torch.Tensor:
+def _trial_losses(gen: torch.Generator, n_trials: int, tau: float, alphas: list[float]):
     """App. C protocol: random patch/token vectors, random boxes and trees; the triplet loss
-    (Eq. 8, gamma = 0.2) from exact and NLA similarities for one batch of C = 8 pairs."""
-    c, grid, n_tok, d = 8, (4, 4), 8, 32
-    patches = torch.randn(c, 16, d, generator=gen, dtype=DT)
-    tokens = torch.randn(c, n_tok, d, generator=gen, dtype=DT)
+    (Eq. 8, gamma = 0.2) from exact and NLA similarities, for ``n_trials`` independent batches
+    of C = 8 pairs: ``[1 + len(alphas), n_trials]``."""
+    t, c, grid, n_tok, d = n_trials, 8, (4, 4), 8, 32
+    patches = torch.randn(t * c, 16, d, generator=gen, dtype=DT)
+    tokens = torch.randn(t * c, n_tok, d, generator=gen, dtype=DT)
     seed = int(torch.randint(0, 10**6, (1,), generator=gen))
-    regions = random_boxes(grid, 6, seed=seed, batch_size=c)
-    nodes = _random_nodes(gen, c, n_tok, 4)
-    emb, valid = region_embeddings(patches, regions)
-    q = region_node_scores(emb[:, None], phrase_embeddings(tokens, nodes)[None])
+    regions = random_boxes(grid, 6, seed=seed, batch_size=t * c)
+    nodes = _random_nodes(gen, t * c, n_tok, 4)
+    emb = region_embeddings(patches, regions)[0].reshape(t, c, 6, d)
+    phr = phrase_embeddings(tokens, nodes).reshape(t, c, -1, d)
+    q = region_node_scores(emb[:, :, None], phr[:, None])  # [T, C, C, R, K]
     out = [triplet_loss(powerset_similarity(q, exact=True), 0.2)]
     out += [triplet_loss(powerset_similarity(q, tau, a), 0.2) for a in alphas]
     return torch.stack(out)
@@ -214,13 +215,12 @@ def _trial_losses(gen: torch.Generator, tau: float, alphas: list[float]) -> torc
 @pytest.mark.parametrize("tau", [0.01, 0.001])
 def test_nla_loss_correlates_with_exact_loss(tau):
     """App. C / Fig. 5: Pearson r >= 0.98 between exact and NLA losses for every alpha
-    (measured here: about 0.995 at alpha = 0 down to 0.982 at alpha = 1)."""
+    (measured here at tau = 0.001: 0.996 at alpha = 0 down to 0.985 at alpha = 1)."""
     alphas = [0.0, 0.25, 0.5, 0.75, 1.0]
-    gen = torch.Generator().manual_seed(2024)
-    res = torch.stack([_trial_losses(gen, tau, alphas) for _ in range(600)])
-    for i in range(len(alphas)):
-        r = torch.corrcoef(torch.stack([res[:, 0], res[:, i + 1]]))[0, 1]
-        assert float(r) >= 0.98, (alphas[i], float(r))
+    res = _trial_losses(torch.Generator().manual_seed(2024), 600, tau, alphas)
+    for i, alpha in enumerate(alphas):
+        r = torch.corrcoef(torch.stack([res[0], res[i + 1]]))[0, 1]
+        assert float(r) >= 0.98, (alpha, float(r))
 
 
 def test_gradcheck_nla_and_triplet():

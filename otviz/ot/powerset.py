@@ -232,12 +232,13 @@ def powerset_similarity(
 
 
 def triplet_loss(sim: Tensor, gamma: float) -> Tensor:
-    """``Phi_gamma(X) + Phi_gamma(X^T)`` (Eq. 8-9) for a ``[C, C]`` similarity matrix whose
-    diagonal holds the matched pairs: the mean hinge on the hardest negative per row."""
+    """``Phi_gamma(X) + Phi_gamma(X^T)`` (Eq. 8-9) for ``[..., C, C]`` similarity matrices
+    whose diagonals hold the matched pairs: the mean hinge on the hardest negative per row
+    (``[...]``, a scalar for one matrix)."""
+    eye = torch.eye(sim.shape[-1], dtype=torch.bool, device=sim.device)
 
     def phi(x: Tensor) -> Tensor:
-        eye = torch.eye(x.shape[0], dtype=torch.bool, device=x.device)
-        hardest = x.masked_fill(eye, -torch.inf).amax(1)
-        return F.relu(hardest - x.diagonal() + gamma).mean()
+        hardest = x.masked_fill(eye, -torch.inf).amax(-1)
+        return F.relu(hardest - x.diagonal(dim1=-2, dim2=-1) + gamma).mean(-1)
 
-    return phi(sim) + phi(sim.T)
+    return phi(sim) + phi(sim.transpose(-1, -2))
