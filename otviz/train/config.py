@@ -1,0 +1,126 @@
+"""Every knob of method-head training on a frozen backbone, in one dataclass.
+
+Defaults are the papers' (ConceptOT Tables 6-7 for the recipe and the transport solver,
+QC-Align's ``eps = 0.5`` and ``lambda = 0.5``, PowerCLIP's ``lambda = 0.2``, ``tau = 1e-3``,
+``alpha = 0.75`` and ``M = 10`` random boxes), except where this machine forces a choice
+(float32 on CPU instead of mixed precision, a synthetic-world training set). Every field is
+an ``int``/``float``/``str``/``bool``, so :func:`otviz.cli_args.add_dataclass_flags` turns
+each into a command-line flag (``--hard-negatives 2``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from otviz.methods.base import MethodConfig
+
+#: Fields that may change between a run and its resumption without changing the loss curve.
+RESUMABLE_CHANGES = frozenset(
+    {"out", "resume", "threads", "checkpoint_every", "log_every", "device", "cache_dir"}
+)
+
+
+@dataclass
+class TrainConfig:
+    """Training recipe of one method head (ConceptOT Sec. 2.4, 3.1, App. E Alg. 2).
+
+    The ``method`` is any name of :data:`otviz.methods.METHODS`; its loss is chosen by
+    :func:`otviz.train.losses.local_objective` (Eq. 9-10 for the patch-token methods, the
+    QCT loss for ``qc_align``, the powerset triplet loss for ``powerclip``).
+    """
+
+    method: str = "conceptot"
+    # ---------------------------------------------------------------- data and backbone
+    data: str = "world"  # "world", or an image-caption folder / CSV / COCO or Karpathy JSON
+    split: str = "train"  # split of a Karpathy / COCO folder (the world always trains on train)
+    n_train: int = 5000  # world samples (ignored for folders)
+    world_seed: int = 0
+    backbone: str = ""  # tiny-CLIP checkpoint dir ("" : the shipped checkpoints/tiny-clip)
+    open_clip_model: str = ""  # an open_clip name instead (e.g. ViT-B-16): real CLIP mode
+    pretrained: str = ""  # open_clip pretrained tag or weight file ("" : random init)
+    cache_dir: str = ".cache/otviz-features"  # frozen-backbone feature cache
+    # ---------------------------------------------------------------- optimisation (Table 6)
+    epochs: int = 3  # ConceptOT: 3 for transport methods, 8 for the simpler scorers
+    max_steps: int = 0  # > 0: stop after this many steps instead (epochs then unbounded)
+    batch_size: int = 64  # global batch (split over the processes under torchrun)
+    lr: float = 1e-4
+    weight_decay: float = 1e-2
+    warmup_frac: float = 0.05  # linear warm-up over this share of the steps, then cosine
+    grad_clip: float = 1.0  # max global gradient norm (0: no clipping)
+    seed: int = 0  # method initialisation, data order, region masks
+    # ---------------------------------------------------------------- transport (Table 7)
+    eps: float = 0.07
+    tau_v: float = 0.2
+    tau_t: float = 0.2
+    n_iters: int = 5  # Sinkhorn iterations L
+    rank: int = 32  # concept anchors r
+    concept_dim: int = 256  # d_c
+    kpp_reg: float = 1e-2
+    lowrank_variant: str = "faithful"
+    # ---------------------------------------------------------------- local loss (Eq. 9-10)
+    lambda_local: float = 0.5  # lambda_l (also QC-Align's lambda)
+    tau_local: float = 0.07  # tau_l
+    hard_negatives: int = 4  # K_h per direction
+    beta: float = 1e-3  # anchor diversity weight
+    # ---------------------------------------------------------------- QC-Align
+    qc_eps: float = 0.5  # QC-Align's Sinkhorn entropy (replaces eps for qc_align)
+    # ---------------------------------------------------------------- PowerCLIP
+    lambda_powerset: float = 0.2
+    powerset_tau: float = 1e-3
+    powerset_alpha: float = 0.75
+    powerset_gamma: float = 0.2  # triplet margin (the paper gives no value)
+    n_regions: int = 10  # random boxes per image (PowerCLIP-R, Sec. 3.2)
+    # ---------------------------------------------------------------- global term
+    train_global_head: bool = False  # a trainable linear head on the pooled embeddings
+    global_loss: str = "infonce"  # OT-CLIP kind of otviz.train.otclip_losses.KINDS
+    # ---------------------------------------------------------------- run control
+    out: str = "runs/method-head"  # run directory: head/ (the method) and state/ (resume)
+    resume: bool = True  # continue from out/state when it exists
+    checkpoint_every: int = 0  # steps between resume checkpoints (0: at each epoch's end)
+    log_every: int = 10  # steps between log lines
+    threads: int = 2  # torch CPU threads per process
+    device: str = "auto"  # "auto" (the local GPU under torchrun if any), "cpu", "cuda"
+
+    def method_config(self) -> MethodConfig:
+        """The :class:`MethodConfig` of the trained method (QC-Align's own ``eps``; the
+        PowerCLIP settings in ``extra``)."""
+        extra: dict[str, Any] = {}
+        if self.method == "powerclip":
+            extra = {
+                "tau": self.powerset_tau,
+                "alpha": self.powerset_alpha,
+                "gamma": self.powerset_gamma,
+                "n_regions": self.n_regions,
+            }
+        return MethodConfig(
+            concept_dim=self.concept_dim,
+            eps=self.qc_eps if self.method == "qc_align" else self.eps,
+            tau_v=self.tau_v,
+            tau_t=self.tau_t,
+            n_iters=self.n_iters,
+            rank=self.rank,
+            kpp_reg=self.kpp_reg,
+            lowrank_variant=self.lowrank_variant,
+            trainable=True,
+            extra=extra,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """Inverse of :meth:`to_dict`; unknown keys raise ``TypeError``."""
+        return cls(**values)
+
+    def resume_conflicts(self, saved: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+        """Fields that differ from a saved run's config and would change its loss curve:
+        ``{field: (saved, now)}``."""
+        now = self.to_dict()
+        return {
+            k: (saved.get(k), v)
+            for k, v in now.items()
+            if k not in RESUMABLE_CHANGES and saved.get(k) != v
+        }

@@ -1,0 +1,419 @@
+"""Train a method head on a frozen backbone (ConceptOT Sec. 2.4, 3.1, App. E Alg. 2).
+
+:func:`train_method` runs the recipe for any method of the registry: each step takes a
+global batch of B cached pairs, computes the global term and the ``[B, B]`` global scores,
+mines K_h hard negatives per direction (:mod:`otviz.train.negatives`), scores the
+positives and negatives in one batched method call and minimises Eq. 10 (or the method's
+own local loss, :mod:`otviz.train.losses`) with AdamW, gradient clipping and a warm-up +
+cosine schedule. Only the method's parameters (and an optional global head) train.
+
+Long runs: ``progress(step, total, metrics)`` after every step, ``stop`` (an Event or a
+callable) checked after every step, a resume checkpoint every epoch (or every
+``checkpoint_every`` steps), on stop and at the end; a later run with the same ``out``
+continues from it. Under ``torchrun`` the same entry point trains data-parallel
+(:mod:`otviz.train.distributed`); the loss curve equals the one-process curve.
+
+Command line (flags are the :class:`TrainConfig` fields)::
+
+    python -m otviz.train.loop --method conceptot --epochs 3 --out runs/conceptot
+    torchrun --nproc-per-node 2 -m otviz.train.loop --method dense_uot
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+import otviz.methods  # noqa: F401  (importing the package registers every method)
+from otviz.cli_args import add_dataclass_flags, dataclass_from_args
+from otviz.methods.base import METHODS, build_method
+from otviz.regions import random_boxes
+from otviz.train import distributed as D
+from otviz.train.config import TrainConfig
+from otviz.train.global_head import GlobalHead, check_global_loss
+from otviz.train.losses import POWERSET_TRIPLET, TrainObjective, local_weight
+from otviz.train.method_checkpoint import save_method_checkpoint
+from otviz.train.negatives import positive_mask
+from otviz.train.pairs import PairSource, build_source
+from otviz.train.schedule import warmup_cosine
+from otviz.train.train_state import (
+    has_train_state,
+    load_train_state,
+    save_train_state,
+    saved_config,
+)
+
+log = logging.getLogger("otviz.train")
+
+Progress = Callable[[int, int, dict[str, float]], None]
+Stop = threading.Event | Callable[[], bool] | None
+
+HEAD_DIR = "head"
+STATE_DIR = "state"
+
+
+class ResumeConflictError(ValueError):
+    """The run directory holds the state of a run with another recipe."""
+
+
+@dataclass
+class TrainResult:
+    """Outcome of :func:`train_method`.
+
+    Attributes:
+        method: the method name.
+        status: ``"finished"``, ``"stopped"`` (stop requested; resumable) or ``"skipped"``
+            (nothing to train).
+        message: one line for people.
+        steps, total_steps: optimiser steps done (including resumed ones) and planned.
+        epochs_done: complete passes over the data.
+        history: one record per step: step, epoch, loss (Eq. 10 on the global batch),
+            global, local, regulariser, lr, grad_norm, seconds.
+        notes: facts about the run worth knowing (e.g. a constant global term).
+        global_term_trains: whether ``L_global`` has a gradient (a global head).
+        head_checkpoint: the method-head checkpoint (finished runs).
+        state_checkpoint: the resume state.
+        seconds_per_step: mean wall time of the steps of this call.
+    """
+
+    method: str
+    status: str
+    message: str
+    steps: int = 0
+    total_steps: int = 0
+    epochs_done: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    global_term_trains: bool = False
+    head_checkpoint: str | None = None
+    state_checkpoint: str | None = None
+    seconds_per_step: float | None = None
+
+    def losses(self) -> list[float]:
+        return [h["loss"] for h in self.history]
+
+
+def _stop_requested(stop: Stop) -> bool:
+    if stop is None:
+        return False
+    if isinstance(stop, threading.Event):
+        return stop.is_set()
+    return bool(stop())
+
+
+def _permutation(n: int, seed: int, epoch: int) -> Tensor:
+    """The data order of ``epoch``: a function of (seed, epoch) only, so a resumed or a
+    multi-process run sees the same batches."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=gen)
+
+
+def _nothing_to_train(config: TrainConfig) -> str | None:
+    if config.method == "global_only" and not config.train_global_head:
+        return (
+            "global_only has nothing to train: its score is the frozen backbone's pooled "
+            "cosine and it has no parameters. Use --train-global-head to train a global "
+            "head with an OT-CLIP loss (--global-loss)."
+        )
+    return None
+
+
+def _validate(config: TrainConfig, info: D.DistInfo) -> None:
+    if config.method not in METHODS:
+        raise ValueError(f"unknown method {config.method!r}; known: {sorted(METHODS)}")
+    check_global_loss(config.global_loss)
+    if config.batch_size < max(2, info.world_size):
+        raise ValueError(
+            f"batch_size {config.batch_size} must be at least 2 and at least the number of "
+            f"processes ({info.world_size})"
+        )
+    if config.hard_negatives < 1:
+        raise ValueError("hard_negatives must be at least 1")
+
+
+def _check_resume(config: TrainConfig, state_dir: Path) -> None:
+    conflicts = config.resume_conflicts(saved_config(state_dir))
+    if conflicts:
+        shown = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in
+                          ((k, *v) for k, v in sorted(conflicts.items())))
+        raise ResumeConflictError(
+            f"{state_dir} holds a run with another recipe ({shown}); use another --out or "
+            "--no-resume to start over"
+        )
+
+
+def _regions(config: TrainConfig, grid: tuple[int, int], size: int, step: int) -> Tensor:
+    """PowerCLIP-R region masks of a step (random boxes, Sec. 3.2), seeded by the step."""
+    return random_boxes(grid, config.n_regions, seed=config.seed * 1_000_003 + step,
+                        batch_size=size)
+
+
+def train_method(
+    config: TrainConfig,
+    progress: Progress | None = None,
+    stop: Stop = None,
+    source: PairSource | None = None,
+) -> TrainResult:
+    """Train ``config.method`` on frozen-backbone features (see the module docstring).
+
+    Args:
+        config: the recipe.
+        progress: called on the main process after every step with ``(step, total,
+            metrics)``; metrics: loss, global, local, regulariser, lr, epoch, seconds.
+        stop: a ``threading.Event`` or a callable; when set / True after a step, the run
+            saves its state and returns with status ``"stopped"``.
+        source: the training pairs; default :func:`otviz.train.pairs.build_source` (the
+            configured backbone and data through the feature cache).
+
+    Returns:
+        A :class:`TrainResult` (status ``"skipped"`` with the reason when nothing trains).
+    """
+    torch.set_num_threads(max(1, config.threads))
+    reason = _nothing_to_train(config)
+    if reason is not None:
+        log.info(reason)
+        return TrainResult(config.method, "skipped", reason)
+    info = D.setup(config.device)
+    try:
+        return _train(config, info, progress, stop, source)
+    finally:
+        D.teardown(info)
+
+
+def _load_source(config: TrainConfig, info: D.DistInfo, source: PairSource | None) -> PairSource:
+    if source is not None:
+        return source
+    if not info.is_main:  # the main process fills the feature cache, the others read it
+        D.barrier(info)
+    built = build_source(config)
+    if info.is_main:
+        D.barrier(info)
+    return built
+
+
+def _train(
+    config: TrainConfig,
+    info: D.DistInfo,
+    progress: Progress | None,
+    stop: Stop,
+    source: PairSource | None,
+) -> TrainResult:
+    _validate(config, info)
+    data = _load_source(config, info, source)
+    spe = data.n_pairs // config.batch_size
+    if spe < 1:
+        raise ValueError(f"{data.n_pairs} pairs cannot fill one batch of {config.batch_size}")
+    total = config.max_steps if config.max_steps > 0 else config.epochs * spe
+    out = Path(config.out)
+    state_dir, head_dir = out / STATE_DIR, out / HEAD_DIR
+
+    torch.manual_seed(config.seed)
+    method = build_method(config.method, data.patch_dim, data.token_dim, config.method_config())
+    head = GlobalHead(data.embed_dim, data.logit_scale) if config.train_global_head else None
+    objective = TrainObjective(method, config, data.logit_scale, head, info.world_size)
+    objective.to(info.device)
+    params = [p for p in objective.parameters() if p.requires_grad]
+    if not params:
+        msg = f"{config.method} has no trainable parameters in this configuration; skipped"
+        return TrainResult(config.method, "skipped", msg)
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = warmup_cosine(optimizer, total, config.warmup_frac)
+
+    notes = [
+        f"{config.method}: local loss {objective.kind}, lambda {local_weight(config)}, "
+        f"{sum(p.numel() for p in params)} trainable parameters, {info.world_size} process(es)"
+    ]
+    if head is None:
+        notes.append(
+            "the global contrastive term is constant (frozen backbone, no trainable global "
+            "part): it is reported in the loss but has no gradient; --train-global-head "
+            "makes it train"
+        )
+    if objective.kind == POWERSET_TRIPLET and getattr(data, "nodes", None) is None:
+        notes.append("no parse trees in the data: PowerCLIP uses single tokens as nodes")
+    for n in notes:
+        log.info(n)
+
+    step, history = 0, []
+    if config.resume and has_train_state(state_dir):
+        _check_resume(config, state_dir)
+        saved = load_train_state(state_dir, objective, optimizer, scheduler)
+        step, history = int(saved["step"]), list(saved["history"])
+        notes.append(f"resumed from {state_dir} at step {step}")
+        log.info(notes[-1])
+
+    model = D.wrap(objective, info)
+    rows = torch.arange(config.batch_size, device=info.device)[D.shard(config.batch_size, info)]
+    lam = local_weight(config)
+    perm_epoch, perm = -1, None
+    times: list[float] = []
+
+    def save_state() -> None:
+        if info.is_main:
+            save_train_state(
+                state_dir,
+                objective,
+                optimizer,
+                scheduler,
+                {"step": step, "history": history},
+                config.to_dict(),
+            )
+        D.barrier(info)
+
+    while step < total:
+        t0 = time.perf_counter()
+        epoch, b = divmod(step, spe)
+        if epoch != perm_epoch:
+            perm_epoch, perm = epoch, _permutation(data.n_pairs, config.seed, epoch)
+        idx = perm[b * config.batch_size : (b + 1) * config.batch_size]
+        batch = data.pair_batch(idx, info.device)
+        if objective.kind == POWERSET_TRIPLET:
+            batch.regions = _regions(config, batch.grid, batch.size, step).to(info.device)
+        excluded = positive_mask(data.image_ids[idx], data.text_ids[idx]).to(info.device)
+
+        optimizer.zero_grad(set_to_none=True)
+        loss, terms = model(batch, excluded, rows)
+        loss.backward()
+        max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+
+        local = float(D.sum_all(terms.local_part, info))
+        g, reg = float(terms.global_loss), float(terms.regulariser)
+        record = {
+            "step": step + 1,
+            "epoch": epoch,
+            "loss": g + lam * local + config.beta * reg,
+            "global": g,
+            "local": local,
+            "regulariser": reg,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "seconds": time.perf_counter() - t0,
+        }
+        if not all(map(_finite, record.values())):
+            raise FloatingPointError(f"non-finite loss at step {step + 1}: {record}")
+        history.append(record)
+        times.append(record["seconds"])
+        step += 1
+        if info.is_main and progress is not None:
+            progress(step, total, record)
+        if info.is_main and config.log_every > 0 and step % config.log_every == 0:
+            log.info("step %d/%d loss %.4f local %.4f lr %.2e", step, total, record["loss"],
+                     local, lr)
+        every = config.checkpoint_every if config.checkpoint_every > 0 else spe
+        stop_now = step < total and D.any_all(_stop_requested(stop), info)
+        if step < total and (stop_now or step % every == 0):
+            save_state()
+        if stop_now:
+            return _result(config, "stopped", f"stopped at step {step}/{total}; resumable",
+                           step, total, spe, history, notes, head, state_dir, None, times)
+
+    save_state()
+    metrics = {"final_loss": history[-1]["loss"], "final_local": history[-1]["local"],
+               "steps": step, "epochs": step / spe} if history else {}
+    if info.is_main:
+        save_method_checkpoint(head_dir, method, data.identity, config.to_dict(), metrics, head)
+    D.barrier(info)
+    return _result(config, "finished", f"trained {config.method} for {step} steps", step,
+                   total, spe, history, notes, head, state_dir, head_dir, times)
+
+
+def _finite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")
+
+
+def _result(
+    config: TrainConfig,
+    status: str,
+    message: str,
+    step: int,
+    total: int,
+    spe: int,
+    history: list[dict[str, float]],
+    notes: list[str],
+    head: GlobalHead | None,
+    state_dir: Path,
+    head_dir: Path | None,
+    times: list[float],
+) -> TrainResult:
+    return TrainResult(
+        method=config.method,
+        status=status,
+        message=message,
+        steps=step,
+        total_steps=total,
+        epochs_done=step // spe,
+        history=history,
+        notes=notes,
+        global_term_trains=head is not None,
+        head_checkpoint=None if head_dir is None else str(head_dir),
+        state_checkpoint=str(state_dir),
+        seconds_per_step=sum(times) / len(times) if times else None,
+    )
+
+
+# --------------------------------------------------------------------- command line
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="otviz train", description="Train a method head on a frozen backbone."
+    )
+    add_dataclass_flags(parser, TrainConfig)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``otviz train``: flags from :class:`TrainConfig`; Ctrl-C stops after the current
+    step and saves a resumable state (a second Ctrl-C aborts)."""
+    from tqdm.auto import tqdm
+
+    args = build_parser().parse_args(argv)
+    config = dataclass_from_args(TrainConfig, args)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print("\nstopping after this step (Ctrl-C again to abort) ...", file=sys.stderr)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, on_signal)
+    bar: Any = None
+
+    def on_progress(step: int, total: int, metrics: dict[str, float]) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, initial=step - 1, desc=config.method, unit="step",
+                       disable=args.quiet)
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}", local=f"{metrics['local']:.4f}")
+
+    result = train_method(config, on_progress, stop)
+    if bar is not None:
+        bar.close()
+    print(result.message)
+    if result.head_checkpoint:
+        print(f"method head: {result.head_checkpoint}")
+    if result.seconds_per_step is not None:
+        print(f"{result.seconds_per_step:.3f} s/step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

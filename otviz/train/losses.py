@@ -1,0 +1,197 @@
+"""The training objective of a method head: Eq. 10 of ConceptOT and its per-method variants.
+
+``L = L_global + lambda * L_local + beta * method.regulariser()`` where ``L_local`` depends on
+the method (:func:`local_objective`):
+
+* ``local_contrastive`` (every patch-token method: Global+Patch, FILIP, Text-Attn, Balanced
+  OT, Dense UOT, ConceptOT, and any new one): the bidirectional local contrastive loss of
+  Eq. 9-10 over each positive and its K_h mined hard negatives per direction; all
+  ``B + 2 B K_h`` pairs of a step go through the method in one batched call;
+* ``qct`` (QC-Align): the batch mean of the Sinkhorn-divergence QCT loss over the positive
+  pairs (``L = L_global + lambda L_QCT``, QC-Align's only local term; no negatives);
+* ``powerset_triplet`` (PowerCLIP): the triplet loss ``Phi(S) + Phi(S^T)`` over the ``C x C``
+  NLA similarities of the batch (Eq. 8-9, 16), hardest negative over the whole batch.
+
+Sharding (data parallel): every process holds the whole global batch of features (cheap,
+cached) and mines on its full ``B x B`` score matrix, so the negatives are those of one
+process; each process scores the pairs of its share of the positives. Each objective
+returns ``local_part``, the process's share of ``L_local`` such that the shares sum to it;
+the process loss weights it by the number of processes, and DistributedDataParallel's
+gradient average then gives exactly the gradient of the one-process loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from otviz.methods.base import AlignmentMethod, PairBatch
+from otviz.train.config import TrainConfig
+from otviz.train.global_head import GlobalHead, global_term
+from otviz.train.negatives import HardNegatives, mine_hard_negatives
+
+LOCAL_CONTRASTIVE = "local_contrastive"
+QCT = "qct"
+POWERSET_TRIPLET = "powerset_triplet"
+
+#: Methods whose paper defines another local loss than ConceptOT's Eq. 9-10.
+_METHOD_OBJECTIVES = {"qc_align": QCT, "powerclip": POWERSET_TRIPLET}
+
+
+def local_objective(method_name: str) -> str:
+    """The local loss a method trains with (module docstring)."""
+    return _METHOD_OBJECTIVES.get(method_name, LOCAL_CONTRASTIVE)
+
+
+def local_weight(config: TrainConfig) -> float:
+    """``lambda`` of the method's local term (PowerCLIP's own, else ``lambda_local``)."""
+    if local_objective(config.method) == POWERSET_TRIPLET:
+        return config.lambda_powerset
+    return config.lambda_local
+
+
+def local_contrastive_loss(
+    positive: Tensor,
+    neg_text: Tensor,
+    neg_image: Tensor,
+    tau: float,
+    text_valid: Tensor | None = None,
+    image_valid: Tensor | None = None,
+) -> Tensor:
+    """Per-positive bidirectional local contrastive loss (ConceptOT Eq. 9 and its X->I twin),
+    ``[B]``: ``(l_{I->X}(i) + l_{X->I}(i)) / 2`` with
+
+    ``l_{I->X}(i) = -log e^{s(I_i, x_i)/tau} / (e^{s(I_i, x_i)/tau} + sum_{j in N_X(i)}
+    e^{s(I_i, x_j)/tau})``.
+
+    Its mean over the batch is ``(L^l_{I->X} + L^l_{X->I}) / 2`` of Eq. 10.
+
+    Args:
+        positive: ``[B]`` local scores ``s_l(I_i, x_i)``.
+        neg_text: ``[B, K]`` scores ``s_l(I_i, x_j)``, ``j in N_X(i)``.
+        neg_image: ``[B, K]`` scores ``s_l(I_j, x_i)``, ``j in N_I(i)``.
+        tau: local temperature ``tau_l``.
+        text_valid, image_valid: ``[B, K]`` bool masks of real negatives.
+    """
+
+    def one_way(neg: Tensor, valid: Tensor | None) -> Tensor:
+        logits = torch.cat([positive[:, None], neg], dim=1) / tau
+        if valid is not None:
+            keep = torch.cat([torch.ones_like(valid[:, :1]), valid], dim=1)
+            logits = logits.masked_fill(~keep, -torch.inf)
+        return -F.log_softmax(logits, dim=1)[:, 0]
+
+    return 0.5 * (one_way(neg_text, text_valid) + one_way(neg_image, image_valid))
+
+
+def negative_pairs(rows: Tensor, neg: HardNegatives) -> tuple[Tensor, Tensor]:
+    """``(image_idx, text_idx)`` of the ``S + 2 S K`` pairs scored for positives ``rows``:
+    the positives, then each image with its K hard captions, then each caption with its K
+    hard images (row-major), as indices into the batch."""
+    k = neg.text.shape[1]
+    rep = rows.repeat_interleave(k)
+    image_idx = torch.cat([rows, rep, neg.image[rows].reshape(-1)])
+    text_idx = torch.cat([rows, neg.text[rows].reshape(-1), rep])
+    return image_idx, text_idx
+
+
+@dataclass
+class StepTerms:
+    """Detached terms of one step on one process.
+
+    ``local_part`` is this process's share of ``L_local`` (the shares sum to it)."""
+
+    global_loss: Tensor
+    local_part: Tensor
+    regulariser: Tensor
+
+
+class TrainObjective(nn.Module):
+    """The trainable parts (method head, optional global head) and the loss of a step.
+
+    One ``forward`` computes a process's loss; wrapping this module in
+    DistributedDataParallel synchronises the gradients of everything that trains.
+
+    Args:
+        method: the method head.
+        config: the recipe (weights, temperatures, K_h, global loss kind).
+        logit_scale: the backbone's logit scale (the frozen global term's temperature).
+        head: optional trainable global head.
+        world_size: number of processes sharing the global batch.
+    """
+
+    def __init__(
+        self,
+        method: AlignmentMethod,
+        config: TrainConfig,
+        logit_scale: float,
+        head: GlobalHead | None = None,
+        world_size: int = 1,
+    ) -> None:
+        super().__init__()
+        self.method = method
+        self.head = head
+        self.config = config
+        self.logit_scale = logit_scale
+        self.world_size = world_size
+        self.kind = local_objective(method.name)
+        self._local: dict[str, Callable[[PairBatch, Tensor, Tensor, Tensor], Tensor]] = {
+            LOCAL_CONTRASTIVE: self._local_contrastive,
+            QCT: self._qct,
+            POWERSET_TRIPLET: self._powerset_triplet,
+        }
+
+    def forward(
+        self, batch: PairBatch, excluded: Tensor, rows: Tensor
+    ) -> tuple[Tensor, StepTerms]:
+        """Loss of this process and its detached terms.
+
+        Args:
+            batch: the whole global batch of B matched pairs.
+            excluded: ``[B, B]`` pairs that are no negatives (:func:`positive_mask`).
+            rows: this process's positives (indices into the batch).
+        """
+        cfg = self.config
+        g_loss, sim = global_term(
+            batch.image_global, batch.text_global, cfg.global_loss, self.logit_scale, self.head
+        )
+        local_part = self._local[self.kind](batch, sim, excluded, rows)
+        reg = self.method.regulariser()
+        loss = g_loss + local_weight(cfg) * self.world_size * local_part + cfg.beta * reg
+        return loss, StepTerms(g_loss.detach(), local_part.detach(), reg.detach())
+
+    # ------------------------------------------------------------------ local terms
+    def _local_contrastive(
+        self, batch: PairBatch, sim: Tensor, excluded: Tensor, rows: Tensor
+    ) -> Tensor:
+        """Eq. 9-10 over the positives ``rows``, their share of the batch mean."""
+        neg = mine_hard_negatives(sim, self.config.hard_negatives, excluded)
+        image_idx, text_idx = negative_pairs(rows, neg)
+        scores = self.method(batch.index(image_idx, text_idx)).local_score
+        s, k = rows.numel(), neg.text.shape[1]
+        pos, neg_text, neg_image = scores.split([s, s * k, s * k])
+        per_item = local_contrastive_loss(
+            pos,
+            neg_text.view(s, k),
+            neg_image.view(s, k),
+            self.config.tau_local,
+            neg.text_valid[rows],
+            neg.image_valid[rows],
+        )
+        return per_item.sum() / batch.size
+
+    def _qct(self, batch: PairBatch, sim: Tensor, excluded: Tensor, rows: Tensor) -> Tensor:
+        """QC-Align's ``L_QCT`` (mean over the batch's positive pairs), this share."""
+        return self.method.qct_loss(batch.index(rows, rows)) * (rows.numel() / batch.size)
+
+    def _powerset_triplet(
+        self, batch: PairBatch, sim: Tensor, excluded: Tensor, rows: Tensor
+    ) -> Tensor:
+        """PowerCLIP's triplet loss over the whole ``C x C`` batch (Eq. 8-9, 16). It is cheap
+        (region and phrase embeddings once per item), so every process computes all of it
+        and takes ``1 / world_size`` as its share."""
+        return self.method.powerset_loss(batch) / self.world_size

@@ -1,0 +1,232 @@
+"""Where training pairs come from: frozen-backbone features of a dataset, as PairBatches.
+
+A :class:`PairSource` is what the loop needs: ``pair_batch(indices)`` (matched pairs, with
+parse-tree nodes where the data has trees), the image and caption identity of every pair
+(for excluding false negatives), the feature widths, the backbone's logit scale and its
+identity (for checkpoints). Two implementations:
+
+* :class:`CachedPairs`: a :class:`~otviz.train.feature_cache.CachedFeatures` entry (the
+  synthetic world or an image-caption folder encoded once by the frozen backbone), built by
+  :func:`build_source`;
+* :class:`TensorPairs`: features already in memory (tests, benchmarks, the app's tensors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from otviz.methods.base import PairBatch
+from otviz.text.parse import batch_node_masks, parse_caption
+from otviz.text.tree import Tree
+from otviz.train.config import TrainConfig
+from otviz.train.negatives import caption_ids
+
+
+class PairSource(Protocol):
+    """Matched (image, caption) pairs ``0..n_pairs-1`` of a training set."""
+
+    n_pairs: int
+    patch_dim: int
+    token_dim: int
+    embed_dim: int
+    logit_scale: float
+    identity: dict[str, Any]
+    image_ids: Tensor  # [n_pairs] long: the image of each pair
+    text_ids: Tensor  # [n_pairs] long: equal for identical caption texts
+
+    def pair_batch(self, indices: Tensor, device: torch.device | str) -> PairBatch: ...
+
+
+@dataclass
+class TensorPairs:
+    """In-memory features; images may be shared by several pairs (``pair_image``).
+
+    Attributes:
+        patches: ``[n_images, N, Dv]``; tokens: ``[n, M, Dt]``; token_mask: ``[n, M]``;
+        image_global: ``[n_images, E]``; text_global: ``[n, E]``; pair_image: ``[n]`` long;
+        captions: ``n`` caption texts; grid: patch grid; nodes / node_mask: optional
+        ``[n, K, M]`` / ``[n, K]`` parse-tree nodes; logit_scale, identity: of the backbone.
+    """
+
+    patches: Tensor
+    tokens: Tensor
+    token_mask: Tensor
+    image_global: Tensor
+    text_global: Tensor
+    pair_image: Tensor
+    captions: list[str]
+    grid: tuple[int, int]
+    nodes: Tensor | None = None
+    node_mask: Tensor | None = None
+    logit_scale: float = 1.0 / 0.07
+    identity: dict[str, Any] = field(default_factory=lambda: {"name": "in-memory"})
+
+    def __post_init__(self) -> None:
+        self.image_ids = self.pair_image.long()
+        self.text_ids = caption_ids(self.captions)
+
+    @classmethod
+    def random(
+        cls,
+        n: int,
+        grid: tuple[int, int] = (4, 4),
+        n_tokens: int = 8,
+        patch_dim: int = 24,
+        token_dim: int = 20,
+        embed_dim: int = 16,
+        seed: int = 0,
+        n_captions: int | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> TensorPairs:
+        """Seeded Gaussian features of ``n`` pairs (one image each) for tests and timing:
+        caption lengths in ``[2, n_tokens - 2]`` after a start token, three parse nodes per
+        caption (the whole caption and its two halves), and ``n_captions`` distinct caption
+        texts (default ``n``; fewer gives duplicates)."""
+        g = torch.Generator().manual_seed(seed)
+        n_patches = grid[0] * grid[1]
+        lengths = torch.randint(2, max(3, n_tokens - 1), (n,), generator=g).tolist()
+        token_mask = torch.zeros(n, n_tokens, dtype=torch.bool)
+        nodes = torch.zeros(n, 3, n_tokens, dtype=torch.bool)
+        for i, length in enumerate(lengths):
+            token_mask[i, 1 : 1 + length] = True
+            nodes[i, 0, 1 : 1 + length] = True
+            nodes[i, 1, 1 : 1 + length // 2] = True
+            nodes[i, 2, 1 + length // 2 : 1 + length] = True
+        node_mask = nodes.any(-1)
+        return cls(
+            patches=torch.randn(n, n_patches, patch_dim, generator=g, dtype=dtype),
+            tokens=torch.randn(n, n_tokens, token_dim, generator=g, dtype=dtype),
+            token_mask=token_mask,
+            image_global=torch.randn(n, embed_dim, generator=g, dtype=dtype),
+            text_global=torch.randn(n, embed_dim, generator=g, dtype=dtype),
+            pair_image=torch.arange(n),
+            captions=[f"caption {i % (n_captions or n)}" for i in range(n)],
+            grid=grid,
+            nodes=nodes,
+            node_mask=node_mask,
+            identity={"name": "random", "seed": seed, "n": n},
+        )
+
+    @property
+    def n_pairs(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def patch_dim(self) -> int:
+        return self.patches.shape[-1]
+
+    @property
+    def token_dim(self) -> int:
+        return self.tokens.shape[-1]
+
+    @property
+    def embed_dim(self) -> int:
+        return self.image_global.shape[-1]
+
+    def pair_batch(self, indices: Tensor, device: torch.device | str = "cpu") -> PairBatch:
+        img = self.image_ids[indices]
+        return PairBatch(
+            patches=self.patches[img].to(device),
+            tokens=self.tokens[indices].to(device),
+            patch_mask=torch.ones(len(indices), self.patches.shape[1], dtype=torch.bool,
+                                  device=device),
+            token_mask=self.token_mask[indices].to(device),
+            image_global=self.image_global[img].to(device),
+            text_global=self.text_global[indices].to(device),
+            grid=self.grid,
+            nodes=None if self.nodes is None else self.nodes[indices].to(device),
+            node_mask=None if self.node_mask is None else self.node_mask[indices].to(device),
+        )
+
+
+class CachedPairs:
+    """Pairs of a feature-cache entry, with phrase nodes when ``trees`` are given.
+
+    Args:
+        features: the cached features.
+        identity: the backbone's fingerprint
+            (:func:`otviz.train.feature_cache.backbone_fingerprint`).
+        logit_scale: the backbone's logit scale.
+        trees: one constituency tree per pair (PowerCLIP), or None.
+    """
+
+    def __init__(
+        self,
+        features: Any,
+        identity: dict[str, Any],
+        logit_scale: float,
+        trees: list[Tree] | None = None,
+    ) -> None:
+        self.features = features
+        self.identity = identity
+        self.logit_scale = logit_scale
+        self.image_ids = torch.from_numpy(features.pair_image.astype("int64"))
+        self.text_ids = caption_ids(features.captions)
+        self.nodes = self.node_mask = None
+        if trees is not None:
+            # PowerCLIP's phrase nodes of every pair, padded to the largest K of the set
+            token_word = features.token_words(torch.arange(self.n_pairs))
+            self.nodes, self.node_mask = batch_node_masks(trees, token_word)
+
+    @property
+    def n_pairs(self) -> int:
+        return self.features.n_pairs
+
+    @property
+    def patch_dim(self) -> int:
+        return self.features.patches.shape[-1]
+
+    @property
+    def token_dim(self) -> int:
+        return self.features.tokens.shape[-1]
+
+    @property
+    def embed_dim(self) -> int:
+        return self.features.image_global.shape[-1]
+
+    def pair_batch(self, indices: Tensor, device: torch.device | str = "cpu") -> PairBatch:
+        batch = self.features.pair_batch(indices, device)
+        if self.nodes is not None:
+            batch.nodes = self.nodes[indices].to(device)
+            batch.node_mask = self.node_mask[indices].to(device)
+        return batch
+
+
+def build_source(
+    config: TrainConfig, progress: Callable[[int, int], None] | None = None
+) -> CachedPairs:
+    """The frozen backbone's cached features of the configured data.
+
+    Backbone: the tiny-CLIP checkpoint ``config.backbone`` (default: the shipped one) or the
+    open_clip model ``config.open_clip_model`` with ``config.pretrained``. Data: the world's
+    train split (``n_train`` samples, ``world_seed``) or an image-caption folder. Trees
+    (gold ones for the world, parsed captions for folders) only for PowerCLIP.
+    """
+    from otviz.backbone import Backbone
+    from otviz.train.feature_cache import FeatureCache, backbone_fingerprint
+    from otviz.train.folders import WorldDataset, load_image_captions
+
+    if config.open_clip_model:
+        backbone = Backbone.from_pretrained(config.open_clip_model, config.pretrained or None)
+    elif config.backbone:
+        backbone = Backbone.from_checkpoint(config.backbone)
+    else:
+        backbone = Backbone.from_checkpoint()
+    if config.data == "world":
+        dataset: Any = WorldDataset(config.n_train, split="train", seed=config.world_seed)
+    else:
+        dataset = load_image_captions(config.data, split=config.split)
+    features = FeatureCache(config.cache_dir).get_or_build(backbone, dataset, progress=progress)
+    trees = None
+    if config.method == "powerclip":
+        if isinstance(dataset, WorldDataset):
+            trees = [dataset.sample(i).tree for i in range(len(dataset))]
+        else:
+            trees = [parse_caption(c).tree for c in features.captions]
+    scale = float(backbone.model.logit_scale.exp())
+    return CachedPairs(features, backbone_fingerprint(backbone), scale, trees)
