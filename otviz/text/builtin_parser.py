@@ -241,16 +241,17 @@ class _Parser:
         while j < self.end and (self.cls[j].number or self._decimal_point(j)):
             tagged.append((j, "CD" if self.cls[j].number else "."))
             j += 1
-        body, kinds = self._np_body(j, has_det=bool(tagged))
+        singular = any(self.low[k] in _SINGULAR_DETS for k, _ in tagged)
+        body, kinds = self._np_body(j, bool(tagged), singular)
         if not body and not tagged:
             return None, i
-        self._note_unknown_verb(tagged, body, kinds)
         tagged += self._body_tags(body, kinds)
         return _node("NP", self._leaves(tagged)), (body[-1] if body else tagged[-1][0]) + 1
 
-    def _np_body(self, j: int, has_det: bool) -> tuple[list[int], list[str]]:
+    def _np_body(self, j: int, has_det: bool, singular: bool) -> tuple[list[int], list[str]]:
         """Indices of the modifiers and head of a base NP from ``j``, and their kinds
-        (``noun``, ``adj``, ``part``, ``rb``, ``cc``); the last is never ``rb``/``cc``."""
+        (``noun``, ``adj``, ``part``, ``rb``, ``cc``); the last is never ``rb``/``cc``.
+        ``singular``: the NP has a singular determiner (``a``, ``each``, ...)."""
         body: list[int] = []
         kinds: list[str] = []
         while j < self.end:
@@ -275,6 +276,9 @@ class _Parser:
                 after_noun and w in ADJECTIVES and not self._open(j + 1)
             ) or self.verb_override.get(j):
                 break
+            elif after_noun and singular and self._unlisted_verb(j, body[-1]):
+                self.verb_override[j] = "VBZ"
+                break
             else:
                 kind = "adj" if c.adjective else "noun"
             body.append(j)
@@ -298,25 +302,18 @@ class _Parser:
             return None  # a man rides / two dogs play
         return "noun"  # a skate park, a bus stop
 
-    def _note_unknown_verb(
-        self, tagged: list[tuple[int, str]], body: list[int], kinds: list[str]
-    ) -> None:
-        """``a woman slices a tomato``: an unlisted ``-s`` word after a singular noun with a
-        singular determiner, before a determiner/preposition/end, is a verb."""
-        j = (body[-1] if body else -1) + 1
-        if (
-            not body
-            or kinds[-1] != "noun"
-            or self.cls[body[-1]].plural
-            or j >= self.end
-            or not any(self.low[k] in _SINGULAR_DETS for k, _ in tagged)
-        ):
-            return
+    def _unlisted_verb(self, j: int, noun: int) -> bool:
+        """``a woman sweeps the floor``: an unlisted ``-s`` word after the singular noun at
+        ``noun``, before a determiner, preposition, conjunction or the end, is a verb."""
         c = self.cls[j]
-        if c.plural and c.verb is None and not c.adjective and "'" not in self.low[j]:
-            nxt = self.cls[j + 1].closed if j + 1 < self.end else "."
-            if nxt in _CLAUSE_EDGE:
-                self.verb_override[j] = "VBZ"
+        nxt = self.cls[j + 1].closed if j + 1 < self.end else "."
+        return (
+            c.plural
+            and c.verb is None
+            and not c.adjective
+            and not self.cls[noun].plural
+            and nxt in _CLAUSE_EDGE
+        )
 
     def _body_tags(self, body: list[int], kinds: list[str]) -> list[tuple[int, str]]:
         out = []

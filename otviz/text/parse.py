@@ -22,7 +22,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from otviz.text.benepar_parser import benepar_available, parse_with_benepar, try_download_benepar
+from otviz.text.benepar_parser import (
+    benepar_available,
+    load_parser,
+    parse_with_benepar,
+    try_download_benepar,
+)
 from otviz.text.builtin_parser import parse_words
 from otviz.text.tree import Tree
 from otviz.text.words import Word, split_words
@@ -41,7 +46,7 @@ __all__ = [
 PARSERS: tuple[str, ...] = ("auto", "benepar", "builtin")
 
 log = logging.getLogger(__name__)
-_benepar_failed = False  # set when benepar is installed but fails to load or run
+_benepar_failed = False  # set when benepar is installed but its model fails to load
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,8 @@ def parse_caption(caption: str, parser: str = "auto") -> ParseResult:
         caption: any string (an empty one, or one without words, gives the childless root
             ``Tree("S", 0, 0)``).
         parser: ``"builtin"``, ``"benepar"`` (raises RuntimeError where its model is not
-            installed) or ``"auto"``: benepar where available and working, else builtin.
+            installed) or ``"auto"``: benepar where its model is installed and loads (a
+            caption benepar fails on falls back alone), else builtin.
     """
     global _benepar_failed
     if parser not in PARSERS:
@@ -78,10 +84,15 @@ def parse_caption(caption: str, parser: str = "auto") -> ParseResult:
         return ParseResult(parse_with_benepar(words), "benepar", words)
     if words and parser == "auto" and not _benepar_failed and benepar_available():
         try:
-            return ParseResult(parse_with_benepar(words), "benepar", words)
+            load_parser()
         except Exception as exc:  # noqa: BLE001 - fall back to the built-in parser
             _benepar_failed = True
-            log.warning("benepar failed (%s); using the built-in parser from now on", exc)
+            log.warning("benepar did not load (%s); using the built-in parser", exc)
+        else:
+            try:
+                return ParseResult(parse_with_benepar(words), "benepar", words)
+            except Exception as exc:  # noqa: BLE001 - this caption only
+                log.warning("benepar failed on %r (%s); built-in parse", caption[:80], exc)
     return ParseResult(parse_words(words), "builtin", words)
 
 
