@@ -13,15 +13,16 @@ Two variants, chosen by name:
 
 ``"faithful"`` -- Algorithm 1 with the stabilisation of Sec. 2.5 / App. H:
 
-* sub-kernels formed in the log domain and exponentiated after subtracting their maximum
-  (per problem, see :class:`otviz.ot.sinkhorn.ShiftedKernel`), the shift carried exactly in
-  the log-scalings;
+* sub-kernels ``K_ZP`` and ``K_YP = K_PY^T`` formed in the log domain and exponentiated
+  after subtracting each patch's / token's row maximum (:class:`AnchorKernel`); the shifts
+  are carried exactly in the log domain, so the iterates are unchanged by them;
 * ``K_PP + lambda I`` factorised once (batched Cholesky, ``cholesky_ex``) into its inverse;
   problems whose Cholesky fails use the pseudo-inverse (the least-squares solution), so
   every solve in the iterations, the score and the heatmap is robust;
 * updates ``a <- (mu / (K~ b + 1e-8))^alpha_v`` (Alg. 1 lines 6-9; ``K~ b`` is clamped at 0
   first, because the inverse can make it negative, where Alg. 1's power is undefined) and
-  likewise for ``b``;
+  likewise for ``b``. The ``1e-8`` is absolute: next to kernel entries of ``e^{-1/eps}``
+  (``8e-7`` at eps = 0.07 for orthogonal vectors) it is not negligible;
 * log-scalings centred and clamped to ``[-20, 20]`` at each iteration. Unlike App. H we add
   the subtracted mean back after clamping: the paper's centring rescales the plan by a
   scalar per iteration, which leaves the ratio score of Eq. 8 unchanged but falsifies the
@@ -43,13 +44,14 @@ it needs no ``tanh``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from otviz.ot.result import SolverResult
-from otviz.ot.sinkhorn import NEG, ShiftedKernel, masked_log
+from otviz.ot.sinkhorn import NEG, masked_log
 from otviz.ot.unbalanced import damping_exponent
 
 VARIANTS = ("faithful", "positive")
@@ -103,6 +105,12 @@ class LowRankResult(SolverResult):
     mass: Tensor | None = None
 
 
+def _point_anchor_log_kernel(x: Tensor, anchors: Tensor, eps: float, mask: Tensor | None) -> Tensor:
+    """``[B, n, r]`` log Gibbs kernel ``-(1 - x_i . p_k) / eps``, :data:`NEG` on masked rows."""
+    log_k = (x @ anchors.transpose(-1, -2) - 1.0) / eps
+    return log_k if mask is None else log_k.masked_fill(~mask[:, :, None], NEG)
+
+
 def anchor_log_kernels(
     z: Tensor,
     y: Tensor,
@@ -114,13 +122,9 @@ def anchor_log_kernels(
     """Log Gibbs sub-kernels ``log K_ZP [B, N, r]`` and ``log K_PY [B, r, M]`` (Eq. 5, 7:
     ``-(1 - cos) / eps``), :data:`NEG` on masked patches / tokens. ``anchors`` is ``[r, d]``
     or ``[B, r, d]``."""
-    log_zp = (z @ anchors.transpose(-1, -2) - 1.0) / eps
-    log_py = (anchors @ y.transpose(1, 2) - 1.0) / eps
-    if row_mask is not None:
-        log_zp = log_zp.masked_fill(~row_mask[:, :, None], NEG)
-    if col_mask is not None:
-        log_py = log_py.masked_fill(~col_mask[:, None, :], NEG)
-    return log_zp, log_py
+    log_zp = _point_anchor_log_kernel(z, anchors, eps, row_mask)
+    log_yp = _point_anchor_log_kernel(y, anchors, eps, col_mask)
+    return log_zp, log_yp.transpose(1, 2)
 
 
 def regularised_anchor_gram(anchors: Tensor, eps: float, kpp_reg: float) -> Tensor:
@@ -161,49 +165,92 @@ def _hold(x: Tensor, mask: Tensor | None) -> Tensor:
     return x if mask is None else x.masked_fill(~mask, NEG)
 
 
+class AnchorKernel:
+    """A point-anchor Gibbs kernel ``K [B, n, r]`` held as ``exp(rho_i) * K^_ik`` with the
+    row maximum ``rho_i`` subtracted before exponentiation (App. H), so every row of ``K^``
+    has maximum 1 and ``rho`` is carried in the log domain.
+
+    Products with the kernel come in two kinds: exact log-sum-exps (the positive variant;
+    entries whose shifted sum underflows are recomputed by ``torch.logsumexp``) and linear
+    products in a shared log scale (the faithful variant, whose anchor vectors may be
+    negative after the inverse). Shifts are detached: results do not depend on them.
+    """
+
+    def __init__(self, log_k: Tensor) -> None:
+        self.log_k = log_k
+        self.shift = log_k.detach().amax(2)  # [B, n]
+        self.kernel = torch.exp(log_k - self.shift[:, :, None])
+        self.tiny = torch.finfo(log_k.dtype).tiny * 1e6
+
+    def _repair(self, out: Tensor, s: Tensor, exact: Callable[[], Tensor]) -> Tensor:
+        low = s <= self.tiny
+        return torch.where(low, exact(), out) if bool(low.any()) else out
+
+    def to_anchors(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``sum_i K_ik e^{h_i} = e^{scale} vec_k``: ``(vec [B, r], scale [B, 1])``."""
+        t = h + self.shift
+        m = t.detach().amax(1, keepdim=True)
+        return torch.bmm(torch.exp(t - m).unsqueeze(1), self.kernel).squeeze(1), m
+
+    def from_anchors(self, u: Tensor) -> Tensor:
+        """``[B, n]`` ``sum_k K^_ik u_k`` (multiply by ``e^{rho_i}`` for ``K u``)."""
+        return torch.bmm(self.kernel, u.unsqueeze(-1)).squeeze(-1)
+
+    def lse_to_anchors(self, h: Tensor) -> Tensor:
+        """``[B, r]`` ``LSE_i(log K_ik + h_i)``."""
+        vec, m = self.to_anchors(h)
+        out = m + torch.log(vec.clamp_min(self.tiny))
+        return self._repair(out, vec, lambda: torch.logsumexp(self.log_k + h[:, :, None], 1))
+
+    def lse_from_anchors(self, q: Tensor) -> Tensor:
+        """``[B, n]`` ``LSE_k(log K_ik + q_k)``."""
+        m = q.detach().amax(1, keepdim=True)
+        s = self.from_anchors(torch.exp(q - m))
+        out = self.shift + m + torch.log(s.clamp_min(self.tiny))
+        return self._repair(out, s, lambda: torch.logsumexp(self.log_k + q[:, None, :], 2))
+
+    def factor(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``diag(e^h) K = e^{scale} F``: ``(F [B, n, r], scale [B])``."""
+        t = h + self.shift
+        m = t.detach().amax(1, keepdim=True)
+        return torch.exp(t - m).unsqueeze(-1) * self.kernel, m.squeeze(1)
+
+
 class _FaithfulOps:
     """``log(K~ e^g + floor)`` and ``log(K~^T e^f + floor)`` through the inverse (Alg. 1)."""
 
-    def __init__(self, zp: ShiftedKernel, py: ShiftedKernel, inv: Tensor, floor: float) -> None:
-        self.zp, self.py, self.inv = zp, py, inv
+    def __init__(self, zp: AnchorKernel, yp: AnchorKernel, inv: Tensor, floor: float) -> None:
+        self.zp, self.yp, self.inv = zp, yp, inv
         self.log_floor = math.log(floor) if floor > 0 else None
-        self.tiny = zp.tiny
 
-    def _log(self, q: Tensor, shift: Tensor) -> Tensor:
-        out = shift + torch.log(q.clamp_min(self.tiny))
+    def _through(self, src: AnchorKernel, dst: AnchorKernel, h: Tensor) -> Tensor:
+        q, scale = src.to_anchors(h)  # Alg. 1 l. 6 / 10
+        u = (q.unsqueeze(1) @ self.inv).squeeze(1)  # l. 7 / 11 (inv symmetric)
+        s = dst.from_anchors(u)  # l. 8 / 12
+        out = dst.shift + scale + torch.log(s.clamp_min(dst.tiny))
         if self.log_floor is None:
             return out
         return torch.logaddexp(out, torch.full_like(out, self.log_floor))
 
-    def _mid(self, q: Tensor) -> Tensor:
-        # inv is symmetric: (inv q)^T = q^T inv, a single mm for shared anchors
-        return (q.unsqueeze(1) @ self.inv).squeeze(1)
-
     def row(self, g: Tensor) -> Tensor:
-        m = g.detach().amax(1, keepdim=True)
-        q = torch.bmm(self.py.kernel, torch.exp(g - m).unsqueeze(-1)).squeeze(-1)  # l. 6
-        q = torch.bmm(self.zp.kernel, self._mid(q).unsqueeze(-1)).squeeze(-1)  # l. 7-8
-        return self._log(q, m + self.zp.shift + self.py.shift)
+        return self._through(self.yp, self.zp, g)
 
     def col(self, f: Tensor) -> Tensor:
-        m = f.detach().amax(1, keepdim=True)
-        q = torch.bmm(torch.exp(f - m).unsqueeze(1), self.zp.kernel).squeeze(1)  # l. 10
-        q = torch.bmm(self._mid(q).unsqueeze(1), self.py.kernel).squeeze(1)  # l. 11-12
-        return self._log(q, m + self.zp.shift + self.py.shift)
+        return self._through(self.zp, self.yp, f)
 
 
 class _PositiveOps:
     """Exact log-domain ``log(K+ e^g)`` and ``log(K+^T e^f)`` for ``K+ = K_ZP diag(w) K_PY``."""
 
-    def __init__(self, zp: ShiftedKernel, py: ShiftedKernel, log_w: Tensor) -> None:
-        self.zp, self.py = zp, py
+    def __init__(self, zp: AnchorKernel, yp: AnchorKernel, log_w: Tensor) -> None:
+        self.zp, self.yp = zp, yp
         self.log_w = log_w if log_w.dim() == 2 else log_w.unsqueeze(0)
 
     def row(self, g: Tensor) -> Tensor:
-        return self.zp.row_lse(self.log_w + self.py.row_lse(g))
+        return self.zp.lse_from_anchors(self.log_w + self.yp.lse_to_anchors(g))
 
     def col(self, f: Tensor) -> Tensor:
-        return self.py.col_lse(self.log_w + self.zp.col_lse(f))
+        return self.yp.lse_from_anchors(self.log_w + self.zp.lse_to_anchors(f))
 
 
 def lowrank_uot(
@@ -249,18 +296,18 @@ def lowrank_uot(
         raise ValueError(f"unknown low-rank variant {variant!r}; known: {VARIANTS}")
     alpha_a = damping_exponent(tau_a, eps)
     alpha_b = damping_exponent(tau_b, eps)
-    log_zp, log_py = anchor_log_kernels(z, y, anchors, eps, row_mask, col_mask)
-    zp, py = ShiftedKernel(log_zp), ShiftedKernel(log_py)
+    zp = AnchorKernel(_point_anchor_log_kernel(z, anchors, eps, row_mask))  # [B, N, r]
+    yp = AnchorKernel(_point_anchor_log_kernel(y, anchors, eps, col_mask))  # [B, M, r]
     k_reg = regularised_anchor_gram(anchors, eps, kpp_reg)
     ops: _FaithfulOps | _PositiveOps
     if variant == "faithful":
         core = robust_inverse(k_reg)
-        ops = _FaithfulOps(zp, py, core, floor)
+        ops = _FaithfulOps(zp, yp, core, floor)
         bound = clamp
     else:
         w = 1.0 / k_reg.sum(-1)
         core = torch.diag_embed(w)
-        ops = _PositiveOps(zp, py, torch.log(w))
+        ops = _PositiveOps(zp, yp, torch.log(w))
         bound = None
 
     log_mu = masked_log(mu, row_mask)
@@ -274,7 +321,7 @@ def lowrank_uot(
     if row_mask is not None:
         residual = residual.masked_fill(~row_mask, 0.0)
 
-    plan = _factor_plan(zp, py, core, f, g)
+    plan = _factor_plan(zp, yp, core, f, g)
     score, mass = implicit_score(plan, z, y)
     log_u = f if row_mask is None else f.masked_fill(~row_mask, -float("inf"))
     log_v = g if col_mask is None else g.masked_fill(~col_mask, -float("inf"))
@@ -292,14 +339,11 @@ def lowrank_uot(
 
 
 def _factor_plan(
-    zp: ShiftedKernel, py: ShiftedKernel, core: Tensor, f: Tensor, g: Tensor
+    zp: AnchorKernel, yp: AnchorKernel, core: Tensor, f: Tensor, g: Tensor
 ) -> LowRankPlan:
-    mf = f.detach().amax(1, keepdim=True)
-    mg = g.detach().amax(1, keepdim=True)
-    left = torch.exp(f - mf).unsqueeze(-1) * zp.kernel
-    right = py.kernel * torch.exp(g - mg).unsqueeze(1)
-    log_scale = (mf + mg + zp.shift + py.shift).squeeze(1)
-    return LowRankPlan(left, core, right, log_scale)
+    left, scale_f = zp.factor(f)
+    right, scale_g = yp.factor(g)
+    return LowRankPlan(left, core, right.transpose(1, 2), scale_f + scale_g)
 
 
 def implicit_score(plan: LowRankPlan, z: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
