@@ -6,6 +6,7 @@ changing the phrase or the method does not re-encode.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -15,6 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from otviz.backbone import Backbone, ImageInput, TokenFeatures, to_rgb
+from otviz.methods import Alignment, PairBatch
+from otviz.regions import cell_layout, grid_cells, patch_means, random_boxes, segments
+from otviz.suite import MethodSuite
+from otviz.text.parse import ParseResult, batch_node_masks, parse_caption
 from otviz.text.words import Word
 
 MAX_CAPTION_CHARS = 1000
@@ -22,6 +27,9 @@ MAX_CAPTION_CHARS = 1000
 
 class InputError(ValueError):
     """Bad user input (no image, empty caption, unknown phrase); the message is for people."""
+
+
+REGION_KINDS: tuple[str, ...] = ("grid", "boxes", "segments")
 
 
 @dataclass
@@ -32,11 +40,15 @@ class Encoded:
         image: the RGB image as the user gave it (uint8 ``[H, W, 3]``), for drawing.
         caption: the caption.
         features: the backbone's features of the pair (batch of one).
+        parse: the caption's constituency tree and the parser that made it.
+        key: the cache key of the pair.
     """
 
     image: np.ndarray
     caption: str
     features: TokenFeatures
+    parse: ParseResult
+    key: tuple[str, str]
 
     @property
     def words(self) -> list[Word]:
@@ -59,6 +71,30 @@ class Encoded:
         return self.features.text.word_mask(0, list(word_indices)).unsqueeze(0)
 
 
+@dataclass
+class MethodRun:
+    """One method's alignment of one pair, with its wall time and provenance."""
+
+    name: str
+    alignment: Alignment
+    ms: float
+    source: str
+
+
+def region_masks(encoded: Encoded, kind: str, n_regions: int = 9, seed: int = 0) -> Tensor:
+    """``[R, N]`` region masks on the pair's patch grid: ``"grid"`` cells, seeded random
+    ``"boxes"`` (PowerCLIP Sec. 3.2) or colour ``"segments"`` (SLIC-like)."""
+    grid = encoded.grid
+    if kind == "grid":
+        return grid_cells(grid, *cell_layout(grid, n_regions))
+    if kind == "boxes":
+        return random_boxes(grid, n_regions, seed=seed)
+    if kind == "segments":
+        pixels = torch.tensor(encoded.image).permute(2, 0, 1).float() / 255
+        return segments(patch_means(pixels, grid), grid, n_regions)
+    raise InputError(f"unknown region kind {kind!r}; choose one of {REGION_KINDS}")
+
+
 class Explainer:
     """Encodes (image, caption) pairs with a backbone, with an LRU feature cache.
 
@@ -73,6 +109,8 @@ class Explainer:
         self.backbone = backbone
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple[str, str], Encoded] = OrderedDict()
+        self._projected: OrderedDict[tuple[str, str], TokenFeatures] = OrderedDict()
+        self._runs: OrderedDict[tuple[str, ...], MethodRun] = OrderedDict()
 
     def encode(self, image: ImageInput | None, caption: str | None) -> Encoded:
         """Encode one pair (cached). Raises :class:`InputError` on unusable input."""
@@ -92,19 +130,60 @@ class Explainer:
         features = self.backbone.encode([rgb], [caption])
         if not features.words[0] or not bool(features.token_mask.any()):
             raise InputError("the caption has no words the model can read")
-        encoded = Encoded(rgb, caption, features)
+        encoded = Encoded(rgb, caption, features, parse_caption(caption), key)
         self._cache[key] = encoded
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return encoded
 
+    def align(
+        self, encoded: Encoded, suite: MethodSuite, names: list[str], regions: str = "grid"
+    ) -> dict[str, MethodRun]:
+        """Run the named methods of ``suite`` on the pair (each result cached, so a phrase
+        change re-reads the plan without re-solving)."""
+        runs = {}
+        for name in names:
+            key = (*encoded.key, suite.label, name, regions)
+            run = self._runs.get(key)
+            if run is None:
+                entry = suite.methods[name]
+                batch = self.pair_batch(encoded, entry.space, regions)
+                start = time.perf_counter()
+                with torch.no_grad():
+                    alignment = entry.method(batch)
+                elapsed = 1000 * (time.perf_counter() - start)
+                run = MethodRun(name, alignment, elapsed, entry.source)
+                self._runs[key] = run
+                if len(self._runs) > self.cache_size * 16:
+                    self._runs.popitem(last=False)
+            runs[name] = run
+        return runs
+
+    def pair_batch(self, encoded: Encoded, space: str, regions: str = "grid") -> PairBatch:
+        """The method input of the pair: features in ``space``, region masks of kind
+        ``regions`` on the patch grid, and the caption's parse-tree nodes as token sets."""
+        feats = encoded.features if space == "width" else self.projected(encoded)
+        batch = feats.pair_batch()
+        batch.regions = region_masks(encoded, regions)[None]
+        batch.nodes, batch.node_mask = batch_node_masks([encoded.parse.tree], feats.token_word)
+        return batch
+
+    def projected(self, encoded: Encoded) -> TokenFeatures:
+        """The pair's features in the model's joint embedding space (cached)."""
+        cached = self._projected.get(encoded.key)
+        if cached is None:
+            cached = self.backbone.to_space(encoded.features, "projected")
+            self._projected[encoded.key] = cached
+            if len(self._projected) > self.cache_size:
+                self._projected.popitem(last=False)
+        return cached
+
     def word_similarity(self, encoded: Encoded) -> Tensor:
         """``[n_words, H, W]``: cosine similarity of each caption word with every patch, in
         the model's shared embedding space (a word of several BPE tokens takes their mean)."""
-        feats = encoded.features
-        patches, tokens = self.shared_space(feats)
-        patches = F.normalize(patches[0], dim=-1)
-        tokens = F.normalize(tokens[0], dim=-1)
+        feats = self.projected(encoded)
+        patches = F.normalize(feats.patches[0], dim=-1)
+        tokens = F.normalize(feats.tokens[0], dim=-1)
         word_of = feats.token_word[0]
         valid = feats.token_mask[0]
         h, w = feats.grid
@@ -114,16 +193,3 @@ class Explainer:
             if sel.any():
                 maps[k] = patches @ F.normalize(tokens[sel].mean(0), dim=-1)
         return maps.reshape(-1, h, w)
-
-    def shared_space(self, feats: TokenFeatures) -> tuple[Tensor, Tensor]:
-        """Patch and token features in the model's joint embedding space."""
-        if feats.space == "projected":
-            return feats.patches, feats.tokens
-        model = self.backbone.model
-        from otviz.backbone import _project, _text_projection
-
-        with torch.no_grad():
-            return (
-                _project(feats.patches, model.visual.proj),
-                _project(feats.tokens, _text_projection(model)),
-            )

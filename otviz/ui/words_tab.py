@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.pipeline import Explainer, InputError
-from otviz.ui.examples import Example
+from otviz.ui.context import AppContext, SharedInputs
 from otviz.viz.heatmaps import heatmap_grid_figure
 from otviz.viz.style import SIMILARITY_CMAP
 
@@ -65,46 +65,35 @@ def words_figures(
     return grid_fig, phrase_fig
 
 
-def build_words_tab(explainer: Explainer, examples: list[Example]) -> None:
-    """Add the Words view to the enclosing ``gr.Blocks``."""
+def build_words_tab(ctx: AppContext, shared: SharedInputs) -> None:
+    """Add the Words view to the enclosing ``gr.Blocks`` (inside its tab)."""
     with gr.Row():
         with gr.Column(scale=1):
-            image = gr.Image(label="Image", type="numpy", image_mode="RGB", height=280)
-            caption = gr.Textbox(
-                label="Caption", placeholder="a small red circle above a blue star"
-            )
-            run = gr.Button("Show heatmaps", variant="primary")
+            run = gr.Button("Show word heatmaps", variant="primary")
             picker = gr.CheckboxGroup(label="Words of the phrase", choices=[])
-            if examples:
-                gr.Examples(
-                    [[str(e.image_path), e.caption] for e in examples],
-                    inputs=[image, caption],
-                    label="Examples from the synthetic world",
-                )
-        with gr.Column(scale=2):
             phrase_plot = gr.Plot(label="Phrase heatmap")
+        with gr.Column(scale=2):
             grid_plot = gr.Plot(label="Per-word heatmaps")
     gr.Markdown(HOW_TO_READ)
 
-    def on_run(img: np.ndarray | None, text: str):
+    def on_run(img: np.ndarray | None, text: str, checkpoint: str):
         try:
+            explainer = ctx.explainer(checkpoint)
             choices = word_choices(explainer, img, text)
             grid_fig, phrase_fig = words_figures(explainer, img, text, None)
         except InputError as e:
             raise gr.Error(str(e)) from None
         return gr.CheckboxGroup(choices=choices, value=[choices[0][1]]), phrase_fig, grid_fig
 
-    def on_pick(img: np.ndarray | None, text: str, picked: list[int]):
+    def on_pick(img: np.ndarray | None, text: str, checkpoint: str, picked: list[int]):
         if not picked:
             return gr.skip(), gr.skip()
         try:
-            grid_fig, phrase_fig = words_figures(explainer, img, text, picked)
+            grid_fig, phrase_fig = words_figures(ctx.explainer(checkpoint), img, text, picked)
         except InputError as e:
             raise gr.Error(str(e)) from None
         return phrase_fig, grid_fig
 
-    run.click(on_run, [image, caption], [picker, phrase_plot, grid_plot])
-    caption.submit(on_run, [image, caption], [picker, phrase_plot, grid_plot])
-    picker.input(on_pick, [image, caption, picker], [phrase_plot, grid_plot])
-
-
+    inputs = [shared.image, shared.caption, shared.checkpoint]
+    run.click(on_run, inputs, [picker, phrase_plot, grid_plot])
+    picker.input(on_pick, [*inputs, picker], [phrase_plot, grid_plot])
