@@ -10,7 +10,9 @@ the method (:func:`local_objective`):
 * ``qct`` (QC-Align): the batch mean of the Sinkhorn-divergence QCT loss over the positive
   pairs (``L = L_global + lambda L_QCT``, QC-Align's only local term; no negatives);
 * ``powerset_triplet`` (PowerCLIP): the triplet loss ``Phi(S) + Phi(S^T)`` over the ``C x C``
-  NLA similarities of the batch (Eq. 8-9, 16), hardest negative over the whole batch.
+  NLA similarities of the batch (Eq. 8-9, 16), hardest negative over the whole batch;
+* ``none`` (Global-only): no local scorer, only the global term (which needs a trainable
+  global head to train anything).
 
 Sharding (data parallel): every process holds the whole global batch of features (cheap,
 cached) and mines on its full ``B x B`` score matrix, so the negatives are those of one
@@ -37,9 +39,10 @@ from otviz.train.negatives import HardNegatives, mine_hard_negatives
 LOCAL_CONTRASTIVE = "local_contrastive"
 QCT = "qct"
 POWERSET_TRIPLET = "powerset_triplet"
+NO_LOCAL = "none"
 
 #: Methods whose paper defines another local loss than ConceptOT's Eq. 9-10.
-_METHOD_OBJECTIVES = {"qc_align": QCT, "powerclip": POWERSET_TRIPLET}
+_METHOD_OBJECTIVES = {"qc_align": QCT, "powerclip": POWERSET_TRIPLET, "global_only": NO_LOCAL}
 
 
 def local_objective(method_name: str) -> str:
@@ -143,6 +146,7 @@ class TrainObjective(nn.Module):
             LOCAL_CONTRASTIVE: self._local_contrastive,
             QCT: self._qct,
             POWERSET_TRIPLET: self._powerset_triplet,
+            NO_LOCAL: lambda batch, sim, excluded, rows: sim.new_zeros(()),
         }
 
     def forward(

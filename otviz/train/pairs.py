@@ -228,5 +228,5 @@ def build_source(
             trees = [dataset.sample(i).tree for i in range(len(dataset))]
         else:
             trees = [parse_caption(c).tree for c in features.captions]
-    scale = float(backbone.model.logit_scale.exp())
+    scale = float(backbone.model.logit_scale.detach().exp())
     return CachedPairs(features, backbone_fingerprint(backbone), scale, trees)
