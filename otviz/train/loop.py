@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
 import threading
@@ -202,6 +203,142 @@ def _load_source(config: TrainConfig, info: D.DistInfo, source: PairSource | Non
     return built
 
 
+class _Run:
+    """The state of one training run on this process: the trainable objective, optimiser,
+    schedule, data order, progress and history."""
+
+    def __init__(self, config: TrainConfig, info: D.DistInfo, data: PairSource) -> None:
+        self.config, self.info, self.data = config, info, data
+        self.spe = data.n_pairs // config.batch_size
+        if self.spe < 1:
+            raise ValueError(f"{data.n_pairs} pairs cannot fill one batch of {config.batch_size}")
+        self.total = config.max_steps if config.max_steps > 0 else config.epochs * self.spe
+        self.state_dir = Path(config.out) / STATE_DIR
+        self.head_dir = Path(config.out) / HEAD_DIR
+        torch.manual_seed(config.seed)
+        method = build_method(config.method, data.patch_dim, data.token_dim,
+                              config.method_config())
+        head = GlobalHead(data.embed_dim, data.logit_scale) if config.train_global_head else None
+        self.objective = TrainObjective(method, config, data.logit_scale, head, info.world_size)
+        self.objective.to(info.device)
+        self.params = [p for p in self.objective.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=config.lr, weight_decay=config.weight_decay
+        ) if self.params else None
+        self.scheduler = None if self.optimizer is None else warmup_cosine(
+            self.optimizer, self.total, config.warmup_frac
+        )
+        self.step, self.history, self.times = 0, [], []
+        self.notes: list[str] = []
+        self._perm: tuple[int, Tensor] | None = None
+
+    def describe(self) -> None:
+        """Notes on what trains (and what cannot)."""
+        cfg, kind = self.config, self.objective.kind
+        n_params = sum(p.numel() for p in self.params)
+        self.note(f"{cfg.method}: local loss {kind}, lambda {local_weight(cfg)}, {n_params} "
+                  f"trainable parameters, {self.info.world_size} process(es)")
+        if self.objective.head is None:
+            self.note("the global contrastive term is constant (frozen backbone, no trainable "
+                      "global part): it is reported in the loss but has no gradient; "
+                      "--train-global-head makes it train")
+        if kind == POWERSET_TRIPLET and getattr(self.data, "nodes", None) is None:
+            self.note("no parse trees in the data: PowerCLIP uses single tokens as nodes")
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        log.info(text)
+
+    def resume(self) -> None:
+        """Continue from the saved state of this run directory, if any."""
+        if not (self.config.resume and has_train_state(self.state_dir)):
+            return
+        _check_resume(self.config, self.state_dir)
+        saved = load_train_state(self.state_dir, self.objective, self.optimizer, self.scheduler)
+        self.step, self.history = int(saved["step"]), list(saved["history"])
+        self.note(f"resumed from {self.state_dir} at step {self.step}")
+
+    def indices(self) -> Tensor:
+        """Pair indices of the current step's global batch."""
+        epoch, b = divmod(self.step, self.spe)
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, _permutation(self.data.n_pairs, self.config.seed, epoch))
+        size = self.config.batch_size
+        return self._perm[1][b * size : (b + 1) * size]
+
+    def train_step(self, model: torch.nn.Module, rows: Tensor) -> dict[str, float]:
+        """One optimiser step on the global batch; returns its record."""
+        cfg, dev, t0 = self.config, self.info.device, time.perf_counter()
+        idx = self.indices()
+        batch = self.data.pair_batch(idx, dev)
+        if self.objective.kind == POWERSET_TRIPLET:
+            batch.regions = _regions(cfg, batch.grid, batch.size, self.step).to(dev)
+        excluded = positive_mask(self.data.image_ids[idx], self.data.text_ids[idx]).to(dev)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, terms = model(batch, excluded, rows)
+        loss.backward()
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        local = float(D.sum_all(terms.local_part, self.info))
+        g, reg = float(terms.global_loss), float(terms.regulariser)
+        record = {
+            "step": self.step + 1,
+            "epoch": self.step // self.spe,
+            "loss": g + local_weight(cfg) * local + cfg.beta * reg,
+            "global": g,
+            "local": local,
+            "regulariser": reg,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "seconds": time.perf_counter() - t0,
+        }
+        if not all(math.isfinite(v) for v in record.values()):
+            raise FloatingPointError(f"non-finite loss at step {self.step + 1}: {record}")
+        self.history.append(record)
+        self.times.append(record["seconds"])
+        self.step += 1
+        return record
+
+    def checkpoint_due(self) -> bool:
+        every = self.config.checkpoint_every if self.config.checkpoint_every > 0 else self.spe
+        return self.step % every == 0
+
+    def save_state(self) -> None:
+        if self.info.is_main:
+            save_train_state(self.state_dir, self.objective, self.optimizer, self.scheduler,
+                             {"step": self.step, "history": self.history},
+                             self.config.to_dict())
+        D.barrier(self.info)
+
+    def save_head(self) -> None:
+        last = self.history[-1] if self.history else {}
+        metrics = {"final_loss": last.get("loss"), "final_local": last.get("local"),
+                   "steps": self.step, "epochs": self.step / self.spe}
+        if self.info.is_main:
+            save_method_checkpoint(self.head_dir, self.objective.method, self.data.identity,
+                                   self.config.to_dict(), metrics, self.objective.head)
+        D.barrier(self.info)
+
+    def result(self, status: str, message: str) -> TrainResult:
+        return TrainResult(
+            method=self.config.method,
+            status=status,
+            message=message,
+            steps=self.step,
+            total_steps=self.total,
+            epochs_done=self.step // self.spe,
+            history=self.history,
+            notes=self.notes,
+            global_term_trains=self.objective.head is not None,
+            head_checkpoint=str(self.head_dir) if status == "finished" else None,
+            state_checkpoint=str(self.state_dir),
+            seconds_per_step=sum(self.times) / len(self.times) if self.times else None,
+        )
+
+
 def _train(
     config: TrainConfig,
     info: D.DistInfo,
@@ -210,160 +347,31 @@ def _train(
     source: PairSource | None,
 ) -> TrainResult:
     _validate(config, info)
-    data = _load_source(config, info, source)
-    spe = data.n_pairs // config.batch_size
-    if spe < 1:
-        raise ValueError(f"{data.n_pairs} pairs cannot fill one batch of {config.batch_size}")
-    total = config.max_steps if config.max_steps > 0 else config.epochs * spe
-    out = Path(config.out)
-    state_dir, head_dir = out / STATE_DIR, out / HEAD_DIR
-
-    torch.manual_seed(config.seed)
-    method = build_method(config.method, data.patch_dim, data.token_dim, config.method_config())
-    head = GlobalHead(data.embed_dim, data.logit_scale) if config.train_global_head else None
-    objective = TrainObjective(method, config, data.logit_scale, head, info.world_size)
-    objective.to(info.device)
-    params = [p for p in objective.parameters() if p.requires_grad]
-    if not params:
+    run = _Run(config, info, _load_source(config, info, source))
+    if run.optimizer is None:
         msg = f"{config.method} has no trainable parameters in this configuration; skipped"
         return TrainResult(config.method, "skipped", msg)
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    scheduler = warmup_cosine(optimizer, total, config.warmup_frac)
-
-    notes = [
-        f"{config.method}: local loss {objective.kind}, lambda {local_weight(config)}, "
-        f"{sum(p.numel() for p in params)} trainable parameters, {info.world_size} process(es)"
-    ]
-    if head is None:
-        notes.append(
-            "the global contrastive term is constant (frozen backbone, no trainable global "
-            "part): it is reported in the loss but has no gradient; --train-global-head "
-            "makes it train"
-        )
-    if objective.kind == POWERSET_TRIPLET and getattr(data, "nodes", None) is None:
-        notes.append("no parse trees in the data: PowerCLIP uses single tokens as nodes")
-    for n in notes:
-        log.info(n)
-
-    step, history = 0, []
-    if config.resume and has_train_state(state_dir):
-        _check_resume(config, state_dir)
-        saved = load_train_state(state_dir, objective, optimizer, scheduler)
-        step, history = int(saved["step"]), list(saved["history"])
-        notes.append(f"resumed from {state_dir} at step {step}")
-        log.info(notes[-1])
-
-    model = D.wrap(objective, info)
+    run.describe()
+    run.resume()
+    model = D.wrap(run.objective, info)
     rows = torch.arange(config.batch_size, device=info.device)[D.shard(config.batch_size, info)]
-    lam = local_weight(config)
-    perm_epoch, perm = -1, None
-    times: list[float] = []
-
-    def save_state() -> None:
-        if info.is_main:
-            save_train_state(
-                state_dir,
-                objective,
-                optimizer,
-                scheduler,
-                {"step": step, "history": history},
-                config.to_dict(),
-            )
-        D.barrier(info)
-
-    while step < total:
-        t0 = time.perf_counter()
-        epoch, b = divmod(step, spe)
-        if epoch != perm_epoch:
-            perm_epoch, perm = epoch, _permutation(data.n_pairs, config.seed, epoch)
-        idx = perm[b * config.batch_size : (b + 1) * config.batch_size]
-        batch = data.pair_batch(idx, info.device)
-        if objective.kind == POWERSET_TRIPLET:
-            batch.regions = _regions(config, batch.grid, batch.size, step).to(info.device)
-        excluded = positive_mask(data.image_ids[idx], data.text_ids[idx]).to(info.device)
-
-        optimizer.zero_grad(set_to_none=True)
-        loss, terms = model(batch, excluded, rows)
-        loss.backward()
-        max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-
-        local = float(D.sum_all(terms.local_part, info))
-        g, reg = float(terms.global_loss), float(terms.regulariser)
-        record = {
-            "step": step + 1,
-            "epoch": epoch,
-            "loss": g + lam * local + config.beta * reg,
-            "global": g,
-            "local": local,
-            "regulariser": reg,
-            "lr": lr,
-            "grad_norm": float(grad_norm),
-            "seconds": time.perf_counter() - t0,
-        }
-        if not all(map(_finite, record.values())):
-            raise FloatingPointError(f"non-finite loss at step {step + 1}: {record}")
-        history.append(record)
-        times.append(record["seconds"])
-        step += 1
+    while run.step < run.total:
+        record = run.train_step(model, rows)
         if info.is_main and progress is not None:
-            progress(step, total, record)
-        if info.is_main and config.log_every > 0 and step % config.log_every == 0:
-            log.info("step %d/%d loss %.4f local %.4f lr %.2e", step, total, record["loss"],
-                     local, lr)
-        every = config.checkpoint_every if config.checkpoint_every > 0 else spe
-        stop_now = step < total and D.any_all(_stop_requested(stop), info)
-        if step < total and (stop_now or step % every == 0):
-            save_state()
+            progress(run.step, run.total, record)
+        if info.is_main and config.log_every > 0 and run.step % config.log_every == 0:
+            log.info("step %d/%d loss %.4f local %.4f lr %.2e", run.step, run.total,
+                     record["loss"], record["local"], record["lr"])
+        if run.step == run.total:
+            break
+        stop_now = D.any_all(_stop_requested(stop), info)
+        if stop_now or run.checkpoint_due():
+            run.save_state()
         if stop_now:
-            return _result(config, "stopped", f"stopped at step {step}/{total}; resumable",
-                           step, total, spe, history, notes, head, state_dir, None, times)
-
-    save_state()
-    metrics = {"final_loss": history[-1]["loss"], "final_local": history[-1]["local"],
-               "steps": step, "epochs": step / spe} if history else {}
-    if info.is_main:
-        save_method_checkpoint(head_dir, method, data.identity, config.to_dict(), metrics, head)
-    D.barrier(info)
-    return _result(config, "finished", f"trained {config.method} for {step} steps", step,
-                   total, spe, history, notes, head, state_dir, head_dir, times)
-
-
-def _finite(x: float) -> bool:
-    return x == x and abs(x) != float("inf")
-
-
-def _result(
-    config: TrainConfig,
-    status: str,
-    message: str,
-    step: int,
-    total: int,
-    spe: int,
-    history: list[dict[str, float]],
-    notes: list[str],
-    head: GlobalHead | None,
-    state_dir: Path,
-    head_dir: Path | None,
-    times: list[float],
-) -> TrainResult:
-    return TrainResult(
-        method=config.method,
-        status=status,
-        message=message,
-        steps=step,
-        total_steps=total,
-        epochs_done=step // spe,
-        history=history,
-        notes=notes,
-        global_term_trains=head is not None,
-        head_checkpoint=None if head_dir is None else str(head_dir),
-        state_checkpoint=str(state_dir),
-        seconds_per_step=sum(times) / len(times) if times else None,
-    )
+            return run.result("stopped", f"stopped at step {run.step}/{run.total}; resumable")
+    run.save_state()
+    run.save_head()
+    return run.result("finished", f"trained {config.method} for {run.step} steps")
 
 
 # --------------------------------------------------------------------- command line
