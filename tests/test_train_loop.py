@@ -18,7 +18,7 @@ from otviz.methods.base import METHODS, build_method
 from otviz.regions import random_boxes
 from otviz.train.config import TrainConfig
 from otviz.train.global_head import GlobalHead
-from otviz.train.loop import ResumeConflictError, build_parser, train_method
+from otviz.train.loop import ResumeConflictError, build_parser, main, train_method
 from otviz.train.losses import (
     LOCAL_CONTRASTIVE,
     TrainObjective,
@@ -260,28 +260,52 @@ def test_config_fields_are_command_line_flags() -> None:
     assert config.lambda_local == 0.25 and config.eps == 0.07 and config.tau_local == 0.07
 
 
-def test_world_through_the_feature_cache_with_a_random_tiny_clip(tmp_path: Path) -> None:
+def random_tiny_clip(path: Path, seed: int) -> Path:
+    """A randomly initialised small tiny-CLIP checkpoint (no shipped weights needed)."""
+    from otviz.tiny_clip import create_tiny_clip, save_tiny_clip, tiny_clip_config
+
+    cfg = tiny_clip_config(embed_dim=32, vision_width=32, vision_layers=1, vision_heads=2,
+                           text_width=32, text_layers=1, text_heads=2)
+    save_tiny_clip(path, create_tiny_clip(cfg, seed=seed), cfg, {})
+    return path
+
+
+@pytest.fixture(scope="module")
+def world_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("world")
+    return {"backbone": str(random_tiny_clip(root / "bb", 0)), "cache_dir": str(root / "cache")}
+
+
+def test_world_through_the_feature_cache_with_a_random_tiny_clip(
+    tmp_path: Path, world_setup: dict[str, str]
+) -> None:
     """The default data path end to end: world samples encoded by a (random, tiny) backbone
     checkpoint into the feature cache, PowerCLIP trained with the world's gold trees; the
     head loads for that backbone and is refused by another."""
     from otviz.backbone import Backbone
-    from otviz.tiny_clip import create_tiny_clip, save_tiny_clip, tiny_clip_config
 
-    def backbone_at(path: Path, seed: int) -> Path:
-        cfg = tiny_clip_config(embed_dim=32, vision_width=32, vision_layers=1, vision_heads=2,
-                               text_width=32, text_layers=1, text_heads=2)
-        save_tiny_clip(path, create_tiny_clip(cfg, seed=seed), cfg, {})
-        return path
-
-    config = tiny(tmp_path, method="powerclip", max_steps=2, n_train=16,
-                  backbone=str(backbone_at(tmp_path / "bb", 0)),
-                  cache_dir=str(tmp_path / "cache"))
+    config = tiny(tmp_path, method="powerclip", max_steps=2, n_train=16, **world_setup)
     result = train_method(config)
     assert result.status == "finished" and result.steps == 2
     assert not any("no parse trees" in n for n in result.notes)
     backbone = Backbone.from_checkpoint(config.backbone)
     method = load_method_checkpoint(result.head_checkpoint, backbone)
     assert method.name == "powerclip"
-    other = Backbone.from_checkpoint(backbone_at(tmp_path / "other", 1))
+    other = Backbone.from_checkpoint(random_tiny_clip(tmp_path / "other", 1))
     with pytest.raises(CheckpointError, match="weights"):
         load_method_checkpoint(result.head_checkpoint, other)
+
+
+def test_command_line_entry(
+    tmp_path: Path, world_setup: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cli"
+    argv = ["--method", "dense_uot", "--n-train", "16", "--batch-size", "8", "--max-steps",
+            "2", "--concept-dim", "16", "--threads", "1", "--device", "cpu", "--quiet",
+            "--backbone", world_setup["backbone"], "--cache-dir", world_setup["cache_dir"],
+            "--out", str(out)]
+    assert main(argv) == 0
+    assert "trained dense_uot for 2 steps" in capsys.readouterr().out
+    assert head_meta(out / "head")["train_config"]["n_train"] == 16
+    assert main(["--method", "global_only", "--out", str(tmp_path / "g")]) == 0
+    assert "nothing to train" in capsys.readouterr().out

@@ -400,8 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
         print("\nstopping after this step (Ctrl-C again to abort) ...", file=sys.stderr)
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, on_signal)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, on_signal) if in_main_thread else None
     bar: Any = None
 
     def on_progress(step: int, total: int, metrics: dict[str, float]) -> None:
@@ -412,9 +412,13 @@ def main(argv: list[str] | None = None) -> int:
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['loss']:.4f}", local=f"{metrics['local']:.4f}")
 
-    result = train_method(config, on_progress, stop)
-    if bar is not None:
-        bar.close()
+    try:
+        result = train_method(config, on_progress, stop)
+    finally:
+        if bar is not None:
+            bar.close()
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
     print(result.message)
     if result.head_checkpoint:
         print(f"method head: {result.head_checkpoint}")
