@@ -1,0 +1,157 @@
+"""Files a view offers for download: figures (PNG), raw arrays (.npy + .csv) and JSON, written
+into one fresh temporary directory per request and handed to ``gr.File`` /
+``gr.DownloadButton`` as paths.
+
+Usage::
+
+    out = DownloadDir()                      # one per callback call
+    out.save_figure(fig, "heatmaps")         # -> .../heatmaps.png
+    out.save_array(plan, "plan", columns=tokens)   # -> [.../plan.npy, .../plan.csv]
+    out.save_json({"FILIP": {...}}, "scores")     # -> .../scores.json
+    return [str(p) for p in out.files]       # every file written, in order
+
+Directories live under one root in the system temp dir (which Gradio serves files from);
+those older than ``max_age_s`` are removed whenever a new one is made, so a long-running
+server does not fill its disk.
+"""
+
+from __future__ import annotations
+
+import csv as csvlib
+import json
+import math
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+from PIL import Image
+
+DOWNLOAD_ROOT = Path(tempfile.gettempdir()) / "otviz-downloads"
+MAX_AGE_S = 3600.0
+PNG_DPI = 120
+
+
+def _safe_name(name: str) -> str:
+    """A file stem with only ``[A-Za-z0-9._-]`` (no path separators, never empty)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")
+    return stem or "file"
+
+
+def _prune(root: Path, max_age_s: float) -> None:
+    """Remove request directories under ``root`` older than ``max_age_s`` seconds."""
+    cutoff = time.time() - max_age_s
+    for entry in root.glob("req-*"):
+        try:
+            if entry.is_dir() and entry.stat().st_mtime < cutoff:
+                shutil.rmtree(entry, ignore_errors=True)
+        except FileNotFoundError:  # pruned concurrently by another request
+            continue
+
+
+def _jsonable(obj: Any) -> Any:
+    """Plain JSON values from numpy / torch scalars and arrays; non-finite floats -> None."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "detach"):  # torch tensor
+        obj = obj.detach().cpu().numpy()
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)
+
+
+class DownloadDir:
+    """One request's download directory; every ``save_*`` appends to :attr:`files`.
+
+    Args:
+        root: parent of the request directories (default: ``<tmp>/otviz-downloads``).
+        max_age_s: request directories older than this are removed on creation.
+    """
+
+    def __init__(self, root: Path | None = None, max_age_s: float = MAX_AGE_S) -> None:
+        root = Path(root) if root is not None else DOWNLOAD_ROOT
+        root.mkdir(parents=True, exist_ok=True)
+        _prune(root, max_age_s)
+        self.path = Path(tempfile.mkdtemp(prefix="req-", dir=root))
+        self.files: list[Path] = []
+
+    def _target(self, name: str, suffix: str) -> Path:
+        path = self.path / f"{_safe_name(name)}{suffix}"
+        self.files.append(path)
+        return path
+
+    def save_figure(self, fig: Any, name: str, dpi: int = PNG_DPI) -> Path:
+        """Write a figure and return its path.
+
+        matplotlib ``Figure`` and images (PIL or ``[H, W, 3|4]`` uint8 arrays) become PNG;
+        a plotly figure becomes a self-contained interactive HTML file (no PNG renderer for
+        plotly is installed offline)."""
+        if isinstance(fig, Figure):
+            path = self._target(name, ".png")
+            fig.savefig(path, format="png", dpi=dpi)
+        elif isinstance(fig, (Image.Image, np.ndarray)):
+            path = self._target(name, ".png")
+            image = fig if isinstance(fig, Image.Image) else Image.fromarray(fig)
+            image.save(path, format="PNG")
+        elif hasattr(fig, "write_html"):
+            path = self._target(name, ".html")
+            fig.write_html(path, include_plotlyjs=True, full_html=True)
+        else:
+            raise TypeError(f"cannot save a {type(fig).__name__} as a figure")
+        return path
+
+    def save_array(
+        self,
+        array: Any,
+        name: str,
+        csv: bool = True,
+        columns: Sequence[str] | None = None,
+    ) -> list[Path]:
+        """Write ``array`` (numpy or torch, 1-D or 2-D) as ``.npy`` and, with ``csv``, as
+        ``.csv`` (optional header row ``columns``). Returns the paths written."""
+        values = _as_numpy(array)
+        if values.ndim not in (1, 2):
+            raise ValueError(f"expected a 1-D or 2-D array, got shape {values.shape}")
+        npy = self._target(name, ".npy")
+        np.save(npy, values, allow_pickle=False)
+        paths = [npy]
+        if csv:
+            paths.append(self._write_csv(values, name, columns))
+        return paths
+
+    def _write_csv(self, values: np.ndarray, name: str, columns: Sequence[str] | None) -> Path:
+        rows = values.reshape(-1, 1) if values.ndim == 1 else values
+        if columns is not None and len(columns) != rows.shape[1]:
+            raise ValueError(f"{len(columns)} column names for {rows.shape[1]} columns")
+        path = self._target(name, ".csv")
+        with path.open("w", newline="") as handle:
+            writer = csvlib.writer(handle)
+            if columns is not None:
+                writer.writerow(list(columns))
+            writer.writerows(rows.tolist())
+        return path
+
+    def save_json(self, obj: Any, name: str) -> Path:
+        """Write ``obj`` as indented JSON (numpy / torch values converted, NaN -> null)."""
+        path = self._target(name, ".json")
+        path.write_text(json.dumps(_jsonable(obj), indent=2, allow_nan=False))
+        return path
+
+
+def _as_numpy(array: Any) -> np.ndarray:
+    if hasattr(array, "detach"):
+        array = array.detach().cpu().numpy()
+    return np.asarray(array)
