@@ -1,0 +1,197 @@
+"""The embedded tiny CLIP: an open_clip ``CustomTextCLIP`` sized for the synthetic world.
+
+A ViT on 80 px images with 8 px patches (a 10 x 10 grid), open_clip's own BPE tokenizer
+(vocabulary 49408) with a short context, and a few million parameters. The config is
+registered with open_clip under :data:`TINY_CLIP_NAME`, so ``open_clip.create_model`` and
+``open_clip.get_tokenizer`` know it like any built-in architecture.
+
+Only the few hundred vocabulary rows the world's captions use are ever trained: training
+starts the other rows at exactly zero (:func:`restrict_token_rows`), where AdamW keeps them
+(zero gradient and zero weight give a zero update). The checkpoint stores just the non-zero
+rows of the token embedding (:func:`pack_state_dict`), which keeps it at a few MB and is
+exact: unpacking gives back the trained state dict bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import open_clip
+import torch
+from open_clip import factory as open_clip_factory
+from torch import Tensor, nn
+
+from otviz.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_state_dict_strict,
+    save_checkpoint,
+)
+
+TINY_CLIP_NAME = "otviz-tiny"
+CHECKPOINT_KIND = "otviz-tiny-clip"
+TOKENIZER_NAME = "open_clip.SimpleTokenizer(bpe_simple_vocab_16e6, clean=lower)"
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "tiny-clip"
+_EMBED_KEY = "text.token_embedding.weight"
+_ROWS_KEY = "text.token_embedding.rows"
+_IDS_KEY = "text.token_embedding.row_ids"
+
+
+def tiny_clip_config(
+    embed_dim: int = 128,
+    image_size: int = 80,
+    patch_size: int = 8,
+    vision_width: int = 128,
+    vision_layers: int = 6,
+    vision_heads: int = 4,
+    text_width: int = 128,
+    text_layers: int = 4,
+    text_heads: int = 4,
+    context_length: int = 32,
+    vision_pool: str = "avg",
+) -> dict[str, Any]:
+    """The open_clip model config (``custom_text``: text tower at ``model.text``).
+
+    ``vision_pool="avg"`` pools the image as the mean of its patch tokens (after
+    ``ln_post``), so the global image embedding is exactly the mean of the projected patch
+    tokens and every patch token is trained directly; ``"tok"`` uses the class token as
+    OpenAI CLIP does.
+    """
+    if vision_width % vision_heads or text_width % text_heads:
+        raise ValueError("widths must be divisible by their number of heads")
+    if vision_pool not in ("avg", "tok"):
+        raise ValueError(f"vision_pool must be 'avg' or 'tok', got {vision_pool!r}")
+    return {
+        "embed_dim": embed_dim,
+        "custom_text": True,
+        "vision_cfg": {
+            "image_size": image_size,
+            "patch_size": patch_size,
+            "width": vision_width,
+            "layers": vision_layers,
+            "head_width": vision_width // vision_heads,
+            "mlp_ratio": 4.0,
+            "pool_type": vision_pool,
+        },
+        "text_cfg": {
+            "context_length": context_length,
+            "vocab_size": 49408,
+            "width": text_width,
+            "heads": text_heads,
+            "layers": text_layers,
+        },
+    }
+
+
+def register_tiny_clip(cfg: dict[str, Any] | None = None, name: str | None = None) -> str:
+    """Register ``cfg`` (default: :func:`tiny_clip_config`) with open_clip and return its name.
+
+    The default config is registered as :data:`TINY_CLIP_NAME`; any other config under
+    ``otviz-tiny-<hash of the config>`` unless ``name`` is given, so custom sizes never
+    shadow the default.
+    """
+    cfg = tiny_clip_config() if cfg is None else cfg
+    if name is None:
+        name = TINY_CLIP_NAME if cfg == tiny_clip_config() else _config_name(cfg)
+    # open_clip's registry is a dict filled from JSON files; add_model_config only takes
+    # files, so the config dict goes straight in (later rescans keep it).
+    open_clip_factory._MODEL_CONFIGS[name] = copy.deepcopy(cfg)
+    return name
+
+
+def create_tiny_clip(cfg: dict[str, Any] | None = None, seed: int | None = None) -> nn.Module:
+    """A randomly initialised tiny CLIP built by ``open_clip.create_model`` (CPU, fp32)."""
+    name = register_tiny_clip(cfg)
+    if seed is not None:
+        torch.manual_seed(seed)
+    return open_clip.create_model(name, pretrained=None)
+
+
+def restrict_token_rows(model: nn.Module, used_ids: Tensor) -> None:
+    """Set the token-embedding rows of every id not in ``used_ids`` to exactly zero."""
+    weight = model.text.token_embedding.weight
+    keep = torch.zeros(weight.shape[0], dtype=torch.bool)
+    keep[used_ids.long().unique()] = True
+    with torch.no_grad():
+        weight[~keep.to(weight.device)] = 0.0
+
+
+def pack_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The model's state dict with the token embedding stored as its non-zero rows."""
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    weight = state.pop(_EMBED_KEY)
+    ids = (weight != 0).any(dim=1).nonzero().squeeze(1)
+    state[_ROWS_KEY] = weight[ids].contiguous()
+    state[_IDS_KEY] = ids
+    return state
+
+
+def unpack_state_dict(tensors: dict[str, Tensor], cfg: dict[str, Any]) -> dict[str, Tensor]:
+    """Inverse of :func:`pack_state_dict`."""
+    state = dict(tensors)
+    try:
+        rows, ids = state.pop(_ROWS_KEY), state.pop(_IDS_KEY)
+    except KeyError as e:
+        raise CheckpointError(f"tiny CLIP checkpoint lacks {e.args[0]}") from None
+    vocab, width = cfg["text_cfg"]["vocab_size"], cfg["text_cfg"]["width"]
+    if rows.dim() != 2 or rows.shape[1] != width or ids.shape != rows.shape[:1]:
+        raise CheckpointError(
+            f"token-embedding rows {tuple(rows.shape)} / ids {tuple(ids.shape)} do not fit "
+            f"width {width}"
+        )
+    if ids.numel() and (ids.min() < 0 or ids.max() >= vocab):
+        raise CheckpointError(f"token ids outside the vocabulary of {vocab}")
+    weight = torch.zeros(vocab, width, dtype=rows.dtype)
+    weight[ids.long()] = rows
+    state[_EMBED_KEY] = weight
+    return state
+
+
+def save_tiny_clip(
+    path: str | os.PathLike, model: nn.Module, cfg: dict[str, Any], meta: dict[str, Any]
+) -> Path:
+    """Save the model (packed) and ``meta`` (recipe, metrics, ...) as a checkpoint."""
+    full_meta = {
+        **meta,
+        "kind": CHECKPOINT_KIND,
+        "model_cfg": cfg,
+        "tokenizer": TOKENIZER_NAME,
+        "context_length": cfg["text_cfg"]["context_length"],
+        "preprocess_cfg": _jsonable(open_clip.get_model_preprocess_cfg(model)),
+    }
+    return save_checkpoint(path, pack_state_dict(model), full_meta)
+
+
+def load_tiny_clip(
+    path: str | os.PathLike = DEFAULT_CHECKPOINT,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Load a tiny CLIP checkpoint (offline). Raises :class:`CheckpointError` when the
+    checkpoint is missing, corrupt or not a tiny CLIP."""
+    tensors, meta = load_checkpoint(path, expect={"kind": CHECKPOINT_KIND})
+    cfg = meta.get("model_cfg")
+    if not isinstance(cfg, dict) or not {"vision_cfg", "text_cfg", "embed_dim"} <= set(cfg):
+        raise CheckpointError(f"checkpoint {path} has no valid 'model_cfg'")
+    try:
+        model = create_tiny_clip(cfg)
+    except (TypeError, ValueError, KeyError, AssertionError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {path}: cannot build its model config: {e}") from e
+    load_state_dict_strict(model, unpack_state_dict(tensors, cfg))
+    model.eval()
+    return model, meta
+
+
+def _config_name(cfg: dict[str, Any]) -> str:
+    digest = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{TINY_CLIP_NAME}-{digest}"
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=list))
+
+
+register_tiny_clip()
