@@ -284,9 +284,13 @@ def test_world_through_the_feature_cache_with_a_random_tiny_clip(
     head loads for that backbone and is refused by another."""
     from otviz.backbone import Backbone
 
-    config = tiny(tmp_path, method="powerclip", max_steps=2, n_train=16, **world_setup)
-    result = train_method(config)
+    config = tiny(tmp_path, method="powerclip", max_steps=2, n_train=16,
+                  backbone=world_setup["backbone"], cache_dir=str(tmp_path / "cache"))
+    calls = []
+    result = train_method(config, progress=lambda s, t, m: calls.append((s, t, sorted(m))))
     assert result.status == "finished" and result.steps == 2
+    encoding = [c for c in calls if c[2] == ["encoding"]]  # the cache was built: 16 pairs
+    assert encoding and encoding[-1][:2] == (16, 16) and calls[-1][:2] == (2, 2)
     assert not any("no parse trees" in n for n in result.notes)
     backbone = Backbone.from_checkpoint(config.backbone)
     method = load_method_checkpoint(result.head_checkpoint, backbone)

@@ -60,6 +60,8 @@ log = logging.getLogger("otviz.train")
 Progress = Callable[[int, int, dict[str, float]], None]
 Stop = threading.Event | Callable[[], bool] | None
 
+#: Key of the progress metrics while the feature cache is being built (step = pairs encoded).
+ENCODING = "encoding"
 HEAD_DIR = "head"
 STATE_DIR = "state"
 
@@ -172,6 +174,8 @@ def train_method(
         config: the recipe.
         progress: called on the main process after every step with ``(step, total,
             metrics)``; metrics: loss, global, local, regulariser, lr, epoch, seconds.
+            While the feature cache is built it is called with ``(pairs done, pairs,
+            {"encoding": 1.0})``.
         stop: a ``threading.Event`` or a callable; when set / True after a step, the run
             saves its state and returns with status ``"stopped"``.
         source: the training pairs; default :func:`otviz.train.pairs.build_source` (the
@@ -192,12 +196,18 @@ def train_method(
         D.teardown(info)
 
 
-def _load_source(config: TrainConfig, info: D.DistInfo, source: PairSource | None) -> PairSource:
+def _load_source(
+    config: TrainConfig, info: D.DistInfo, source: PairSource | None, progress: Progress | None
+) -> PairSource:
     if source is not None:
         return source
     if not info.is_main:  # the main process fills the feature cache, the others read it
         D.barrier(info)
-    built = build_source(config)
+    encoding = None
+    if info.is_main and progress is not None:
+        def encoding(done: int, total: int) -> None:
+            progress(done, total, {ENCODING: 1.0})
+    built = build_source(config, encoding)
     if info.is_main:
         D.barrier(info)
     return built
@@ -347,7 +357,7 @@ def _train(
     source: PairSource | None,
 ) -> TrainResult:
     _validate(config, info)
-    run = _Run(config, info, _load_source(config, info, source))
+    run = _Run(config, info, _load_source(config, info, source, progress))
     if run.optimizer is None:
         msg = f"{config.method} has no trainable parameters in this configuration; skipped"
         return TrainResult(config.method, "skipped", msg)
@@ -403,14 +413,20 @@ def main(argv: list[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, on_signal) if in_main_thread else None
     bar: Any = None
+    bar_phase = ""
 
     def on_progress(step: int, total: int, metrics: dict[str, float]) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = tqdm(total=total, initial=step - 1, desc=config.method, unit="step",
-                       disable=args.quiet)
-        bar.update(1)
-        bar.set_postfix(loss=f"{metrics['loss']:.4f}", local=f"{metrics['local']:.4f}")
+        nonlocal bar, bar_phase
+        phase = ENCODING if ENCODING in metrics else config.method
+        if bar is None or bar_phase != phase:
+            if bar is not None:
+                bar.close()
+            unit = "pair" if phase == ENCODING else "step"
+            bar, bar_phase = tqdm(total=total, desc=phase, unit=unit, disable=args.quiet), phase
+        bar.n = step
+        bar.refresh()
+        if ENCODING not in metrics:
+            bar.set_postfix(loss=f"{metrics['loss']:.4f}", local=f"{metrics['local']:.4f}")
 
     try:
         result = train_method(config, on_progress, stop)
