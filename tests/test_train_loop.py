@@ -182,8 +182,8 @@ def test_stop_and_resume_continue_the_same_curve(tmp_path: Path, method: str, ex
     config = tiny(tmp_path / "b", method=method, **extra)
     calls = []
     first = train_method(config, progress=lambda s, t, m: calls.append(s), source=source,
-                         stop=lambda: len(calls) >= 3)
-    assert first.status == "stopped" and first.steps == 3 and calls == [1, 2, 3]
+                         stop=lambda: len(calls) >= 4)  # in the middle of epoch 2
+    assert first.status == "stopped" and first.steps == 4 and calls == [1, 2, 3, 4]
     second = train_method(config, source=source)
     assert second.status == "finished" and second.steps == 6
     assert any("resumed" in n for n in second.notes)
