@@ -1,0 +1,433 @@
+"""Any open_clip model -> per-patch and per-token features with their caption words.
+
+:class:`Backbone` wraps an open_clip CLIP (``CLIP`` or ``CustomTextCLIP`` with a ViT image
+tower and a transformer text tower) and returns, for a batch of images and captions, a
+:class:`TokenFeatures`: patch tokens (CLS dropped) on their grid, text tokens with a validity
+mask, each token's caption word, and the pooled global embeddings. Two feature spaces:
+
+* ``space="width"``: the raw transformer outputs after the final LayerNorm (``ln_post`` /
+  ``ln_final``), what a trained method projects with its own W_v / W_t (ConceptOT Sec. 2.1);
+* ``space="projected"``: the same tokens through the model's own projections
+  (``visual.proj`` / ``text_projection``), the shared embedding space, for training-free use.
+
+The features come from open_clip's ``forward_intermediates`` (last block, final norm
+applied), which is the same as ``output_tokens=True`` on both towers and works for the
+standard ``CLIP`` class too, whose text tower has no ``output_tokens`` switch.
+
+Two ways to get one: :meth:`Backbone.from_checkpoint` (the embedded tiny CLIP, offline) and
+:meth:`Backbone.from_pretrained` (any open_clip name + pretrained tag or local weight file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import open_clip
+import open_clip.transformer
+import torch
+from open_clip.tokenizer import SimpleTokenizer
+from PIL import Image, ImageOps, UnidentifiedImageError
+from torch import Tensor, nn
+
+from otviz.methods.base import PairBatch
+from otviz.text.tokens import TokenBatch, TokenizationError, WordTokenizer
+from otviz.text.words import Word
+from otviz.tiny_clip import DEFAULT_CHECKPOINT, load_tiny_clip
+
+Space = Literal["width", "projected"]
+ImageInput = Image.Image | np.ndarray | str | os.PathLike | bytes
+
+
+class BackboneLoadError(RuntimeError):
+    """A backbone could not be built (unknown name, weights unreachable, unsupported tower)."""
+
+
+class ImageInputError(ValueError):
+    """An input is not a usable image."""
+
+
+class CaptionTooLongError(TokenizationError):
+    """A caption does not fit the model's context (raised only when truncation is refused)."""
+
+
+@dataclass
+class TokenFeatures:
+    """Backbone features of B (image, caption) pairs.
+
+    Attributes:
+        patches: ``[B, N, Dv]`` patch tokens (CLS dropped), row-major on ``grid``.
+        grid: ``(H, W)`` patch grid, ``H * W == N``.
+        tokens: ``[B, L, Dt]`` text token features at every context position.
+        token_mask: ``[B, L]`` bool, True for content tokens (no SOT/EOT/padding).
+        text: the tokenisation: ids ``[B, L]``, token -> word ``[B, L]``, words, char spans,
+            truncated words.
+        image_global: ``[B, E]`` pooled image embedding (model projection space).
+        text_global: ``[B, E]`` pooled text embedding.
+        space: ``"width"`` or ``"projected"``.
+    """
+
+    patches: Tensor
+    grid: tuple[int, int]
+    tokens: Tensor
+    token_mask: Tensor
+    text: TokenBatch
+    image_global: Tensor
+    text_global: Tensor
+    space: str
+
+    @property
+    def token_ids(self) -> Tensor:
+        return self.text.ids
+
+    @property
+    def token_word(self) -> Tensor:
+        """``[B, L]`` long: the caption word of each position, -1 for none."""
+        return self.text.token_word
+
+    @property
+    def words(self) -> list[list[Word]]:
+        return self.text.words
+
+    @property
+    def truncated(self) -> list[list[int]]:
+        """Per caption, the indices of the words the context length cut."""
+        return self.text.truncated
+
+    def pair_batch(self) -> PairBatch:
+        """The method-facing :class:`PairBatch` (no regions / parse-tree nodes)."""
+        B, N = self.patches.shape[:2]
+        return PairBatch(
+            patches=self.patches,
+            tokens=self.tokens,
+            patch_mask=torch.ones(B, N, dtype=torch.bool, device=self.patches.device),
+            token_mask=self.token_mask,
+            image_global=self.image_global,
+            text_global=self.text_global,
+            grid=self.grid,
+        )
+
+
+class Backbone:
+    """Features of an open_clip model, per patch and per caption token.
+
+    Args:
+        model: an open_clip ``CLIP`` / ``CustomTextCLIP`` with a ViT image tower.
+        tokenizer: the model's open_clip ``SimpleTokenizer``.
+        preprocess: the model's eval image transform (PIL RGB -> ``[3, H, W]`` tensor).
+        space: ``"width"`` or ``"projected"`` (see the module docstring).
+        name: a label for the UI / reports.
+        info: free-form provenance (checkpoint meta, pretrained tag).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: SimpleTokenizer,
+        preprocess: Callable[[Image.Image], Tensor],
+        space: Space = "width",
+        name: str = "",
+        info: dict[str, Any] | None = None,
+    ) -> None:
+        if space not in ("width", "projected"):
+            raise ValueError(f"space must be 'width' or 'projected', got {space!r}")
+        _check_supported(model)
+        self.model = model.eval()
+        self.words = WordTokenizer(tokenizer, context_length=model.context_length)
+        self.preprocess = preprocess
+        self.space = space
+        self.name = name
+        self.info = info or {}
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | os.PathLike = DEFAULT_CHECKPOINT, space: Space = "width"
+    ) -> Backbone:
+        """The embedded tiny CLIP from a checkpoint directory (offline; raises
+        :class:`otviz.checkpoint.CheckpointError` on a corrupt or foreign checkpoint)."""
+        model, meta = load_tiny_clip(path)
+        tokenizer = SimpleTokenizer(context_length=model.context_length)
+        return cls(model, tokenizer, _eval_transform(model), space, "otviz-tiny", meta)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name: str,
+        pretrained: str | None = None,
+        space: Space = "width",
+        device: str | torch.device = "cpu",
+        cache_dir: str | None = None,
+    ) -> Backbone:
+        """Any open_clip architecture ``name`` with weights ``pretrained`` (a tag such as
+        ``"openai"``, a local weight file, or ``None`` for random initialisation).
+
+        Raises :class:`BackboneLoadError` with what to do when the name is unknown or the
+        weights cannot be fetched.
+        """
+        if name not in open_clip.list_models() and not name.startswith(("hf-hub:", "local-dir:")):
+            raise BackboneLoadError(
+                f"unknown open_clip model {name!r}; see open_clip.list_models() for the names"
+            )
+        try:
+            model = open_clip.create_model(name, pretrained=pretrained, device=device,
+                                           cache_dir=cache_dir)
+            tokenizer = open_clip.get_tokenizer(name, cache_dir=cache_dir)
+        except Exception as e:  # open_clip wraps hub / network errors in RuntimeError
+            raise BackboneLoadError(_load_advice(name, pretrained, e)) from e
+        if not isinstance(tokenizer, SimpleTokenizer):
+            raise BackboneLoadError(
+                f"{name} uses {type(tokenizer).__name__}; otviz maps tokens to words only "
+                "for open_clip's BPE SimpleTokenizer (CLIP-family models)"
+            )
+        info = {"model_name": name, "pretrained": pretrained}
+        return cls(model, tokenizer, _eval_transform(model), space, name, info)
+
+    # ----------------------------------------------------------------- dimensions
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return tuple(self.model.visual.grid_size)  # type: ignore[return-value]
+
+    @property
+    def context_length(self) -> int:
+        return self.words.context_length
+
+    @property
+    def embed_dim(self) -> int:
+        return int(self.model.visual.output_dim)
+
+    @property
+    def patch_dim(self) -> int:
+        """Dv of :attr:`TokenFeatures.patches` in this backbone's space."""
+        width = self.model.visual.conv1.out_channels
+        return self.embed_dim if self.space == "projected" else int(width)
+
+    @property
+    def token_dim(self) -> int:
+        """Dt of :attr:`TokenFeatures.tokens` in this backbone's space."""
+        return self.embed_dim if self.space == "projected" else int(_text_width(self.model))
+
+    # ----------------------------------------------------------------- features
+    def image_tensor(self, images: list[ImageInput]) -> Tensor:
+        """``[B, 3, H, W]`` model input from any images (see :func:`to_rgb`)."""
+        if not images:
+            raise ImageInputError("no image given")
+        return torch.stack([self.preprocess(to_rgb(im)) for im in images]).to(self.device)
+
+    @torch.no_grad()
+    def encode(
+        self,
+        images: list[ImageInput],
+        captions: list[str],
+        batch_size: int = 64,
+        allow_truncation: bool = True,
+    ) -> TokenFeatures:
+        """Features of the pairs ``(images[i], captions[i])``.
+
+        With ``allow_truncation=False`` a caption longer than the context raises
+        :class:`CaptionTooLongError`; otherwise it is cut as open_clip cuts it and
+        :attr:`TokenFeatures.truncated` says which words were lost.
+        """
+        if len(images) != len(captions):
+            raise ValueError(f"{len(images)} images but {len(captions)} captions")
+        text = self.words(list(captions))
+        if not allow_truncation:
+            cut = [(i, t) for i, t in enumerate(text.truncated) if t]
+            if cut:
+                i, t = cut[0]
+                raise CaptionTooLongError(
+                    f"caption {i} is longer than the context of {self.context_length} tokens; "
+                    f"words cut: {[text.words[i][w].text for w in t]}"
+                )
+        parts = []
+        for s in range(0, len(captions), batch_size):
+            pixels = self.image_tensor(images[s : s + batch_size])
+            parts.append(self.forward_tensors(pixels, text.ids[s : s + batch_size]))
+        patches, tokens, img_g, txt_g = (torch.cat(p) for p in zip(*parts, strict=True))
+        return TokenFeatures(
+            patches=patches,
+            grid=self.grid,
+            tokens=tokens,
+            token_mask=text.mask.to(tokens.device),
+            text=text,
+            image_global=img_g,
+            text_global=txt_g,
+            space=self.space,
+        )
+
+    def forward_tensors(self, pixels: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(patches [B,N,Dv], tokens [B,L,Dt], image_global [B,E], text_global [B,E])`` for
+        preprocessed pixels and token ids (differentiable; no ``no_grad`` here)."""
+        out = self.model.forward_intermediates(
+            image=pixels,
+            text=ids.to(pixels.device),
+            image_indices=1,
+            text_indices=1,
+            normalize=False,
+            normalize_intermediates=True,
+            image_output_fmt="NLC",
+        )
+        patches = out["image_intermediates"][-1]
+        tokens = out["text_intermediates"][-1]
+        if self.space == "projected":
+            patches = _project(patches, self.model.visual.proj)
+            tokens = _project(tokens, _text_projection(self.model))
+        return patches, tokens, out["image_features"], out["text_features"]
+
+    def pair_batch(self, features: TokenFeatures) -> PairBatch:
+        """:meth:`TokenFeatures.pair_batch` (kept here so callers need only the backbone)."""
+        return features.pair_batch()
+
+    def to_space(self, features: TokenFeatures, space: Space) -> TokenFeatures:
+        """``features`` in ``space``: width features are mapped through the model's own
+        projections to the joint space; projected features cannot go back to width."""
+        if space == features.space:
+            return features
+        if space != "projected":
+            raise ValueError("projected features cannot be mapped back to the width space")
+        with torch.no_grad():
+            patches = _project(features.patches, self.model.visual.proj)
+            tokens = _project(features.tokens, _text_projection(self.model))
+        return dataclasses.replace(features, patches=patches, tokens=tokens, space="projected")
+
+    @torch.no_grad()
+    def encode_text(self, captions: list[str], space: Space | None = None) -> tuple[Tensor, Tensor]:
+        """Token features of captions alone: ``(tokens [B, L, Dt], token_mask [B, L])`` in
+        ``space`` (default: the backbone's own)."""
+        text = self.words(list(captions))
+        out = self.model.forward_intermediates(
+            text=text.ids.to(self.device), text_indices=1, normalize_intermediates=True
+        )
+        tokens = out["text_intermediates"][-1]
+        if (space or self.space) == "projected":
+            tokens = _project(tokens, _text_projection(self.model))
+        return tokens, text.mask.to(tokens.device)
+
+
+# --------------------------------------------------------------------- image input
+def to_rgb(image: ImageInput) -> Image.Image:
+    """Any upload as an 8-bit RGB PIL image, upright.
+
+    Accepts a PIL image, a numpy array (``[H, W]``, ``[H, W, 1|3|4]``; uint8, uint16, bool or
+    float in [0, 1]), a file path or encoded bytes. Applies the EXIF orientation, composites
+    transparency (RGBA, LA, palette with a transparent index) on white, scales 16- and
+    32-bit and float images to 8 bits. Raises :class:`ImageInputError` for anything else.
+    """
+    if isinstance(image, np.ndarray):
+        image = _array_to_pil(image)
+    elif isinstance(image, (str, os.PathLike, bytes, bytearray)):
+        image = _open(image)
+    if not isinstance(image, Image.Image):
+        raise ImageInputError(f"not an image: {type(image).__name__}")
+    if image.width < 1 or image.height < 1:
+        raise ImageInputError("empty image")
+    image = ImageOps.exif_transpose(image)
+    mode = image.mode
+    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        return _array_to_pil(np.asarray(image))
+    if mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    elif mode in ("LA", "La", "PA", "RGBa"):
+        image = image.convert("RGBA")
+    if image.mode == "RGBA":
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, image).convert("RGB")
+    return image.convert("RGB")
+
+
+def _array_to_pil(a: np.ndarray) -> Image.Image:
+    if a.ndim == 3 and a.shape[2] == 1:
+        a = a[:, :, 0]
+    if a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[2] not in (3, 4)) or a.size == 0:
+        raise ImageInputError(f"array of shape {a.shape} is not an image")
+    if a.dtype == np.bool_:
+        a = a.astype(np.uint8) * 255
+    elif a.dtype == np.uint16 or (a.dtype.kind in "iu" and a.max(initial=0) > 255):
+        a = (np.clip(a.astype(np.float64), 0, 65535) / 257.0).round().astype(np.uint8)
+    elif a.dtype.kind == "f":
+        finite = np.nan_to_num(a.astype(np.float64), nan=0.0, posinf=1.0, neginf=0.0)
+        scale = 255.0 if finite.max(initial=0.0) <= 1.0 else 1.0
+        a = (np.clip(finite * scale, 0, 255)).round().astype(np.uint8)
+    elif a.dtype != np.uint8:
+        a = np.clip(a, 0, 255).astype(np.uint8)
+    image = Image.fromarray(np.ascontiguousarray(a))
+    return to_rgb(image) if image.mode == "RGBA" else image.convert("RGB")
+
+
+def _open(source: str | os.PathLike | bytes | bytearray) -> Image.Image:
+    try:
+        if isinstance(source, (bytes, bytearray)):
+            image = Image.open(io.BytesIO(bytes(source)))
+        else:
+            image = Image.open(Path(source))
+        image.load()
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, ValueError) as e:
+        raise ImageInputError(f"cannot read an image from the input: {e}") from e
+    return image
+
+
+# --------------------------------------------------------------------- model helpers
+def _eval_transform(model: nn.Module) -> Callable[[Image.Image], Tensor]:
+    from open_clip.transform import PreprocessCfg, image_transform_v2
+
+    return image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), is_train=False)
+
+
+def _check_supported(model: nn.Module) -> None:
+    visual = getattr(model, "visual", None)
+    if not isinstance(visual, open_clip.transformer.VisionTransformer):
+        raise BackboneLoadError(
+            f"otviz needs a ViT image tower (patch tokens); got {type(visual).__name__}"
+        )
+    if visual.attn_pool is not None or visual.pool_type not in ("tok", "avg"):
+        raise BackboneLoadError(
+            "otviz supports ViT towers pooled by their class token or by patch averaging"
+        )
+    text = getattr(model, "text", model)
+    if not hasattr(text, "forward_intermediates") and not hasattr(model, "transformer"):
+        raise BackboneLoadError(f"text tower {type(text).__name__} gives no per-token features")
+
+
+def _text_width(model: nn.Module) -> int:
+    text = getattr(model, "text", None)
+    if text is not None:
+        return int(text.width)
+    return int(model.transformer.width)
+
+
+def _text_projection(model: nn.Module) -> Tensor | nn.Module | None:
+    text = getattr(model, "text", None)
+    return text.text_projection if text is not None else model.text_projection
+
+
+def _project(x: Tensor, proj: Tensor | nn.Module | None) -> Tensor:
+    if proj is None:
+        return x
+    if isinstance(proj, nn.Module):
+        return proj(x)
+    return x @ proj
+
+
+def _load_advice(name: str, pretrained: str | None, error: Exception) -> str:
+    tags = open_clip.list_pretrained_tags_by_model(name) if name in open_clip.list_models() else []
+    if pretrained and tags and pretrained not in tags and not os.path.isfile(pretrained):
+        return (
+            f"{pretrained!r} is neither a pretrained tag of {name} nor a local file; "
+            f"known tags: {tags}"
+        )
+    return (
+        f"could not load {name} with weights {pretrained!r}: {error}. The weights are fetched "
+        "from the internet (Hugging Face hub) on first use. Either connect this machine, or "
+        "download the weight file elsewhere and pass its local path as `pretrained`, or use "
+        "the embedded offline model: Backbone.from_checkpoint()."
+    )

@@ -1,0 +1,295 @@
+"""Train the embedded tiny CLIP from scratch on the synthetic world (CPU).
+
+Symmetric contrastive loss over the batch (CLIP's InfoNCE; OT-CLIP Sec. 3 reads it as
+entropic OT with one-sided marginals), AdamW with linear warm-up and cosine decay, held-out
+retrieval on the world's ``test`` split, and a checkpoint written atomically (safetensors +
+JSON with the recipe, the metrics and the training log). Other OT-CLIP loss kinds come from
+:mod:`otviz.train.otclip_losses` when it is installed.
+
+Command line (flags are the :class:`PretrainConfig` fields)::
+
+    python -m otviz.train.pretrain --steps 1500 --batch-size 128 --out checkpoints/tiny-clip
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from otviz.cli_args import add_dataclass_flags, dataclass_from_args
+from otviz.tiny_clip import (
+    TINY_CLIP_NAME,
+    create_tiny_clip,
+    restrict_token_rows,
+    save_tiny_clip,
+    tiny_clip_config,
+)
+from otviz.train.data import RenderedSplit, normalise, random_shift, render_split
+from otviz.world import World, WorldConfig, ambiguous_caption_share, retrieval_ceiling
+
+Progress = Callable[[int, int, dict[str, float]], None]
+
+
+@dataclass
+class PretrainConfig:
+    """Every knob of tiny-CLIP pre-training (defaults reproduce the shipped checkpoint)."""
+
+    steps: int = 1500  # optimiser steps (epochs = steps * batch_size / n_train)
+    batch_size: int = 128
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.05
+    seed: int = 0  # seeds torch and the world (train and test splits)
+    n_train: int = 40000  # world training samples, rendered once
+    n_test: int = 1000  # held-out world test pairs for retrieval
+    embed_dim: int = 128
+    vision_width: int = 128
+    vision_layers: int = 6
+    vision_heads: int = 4
+    text_width: int = 128
+    text_layers: int = 4
+    text_heads: int = 4
+    context_length: int = 32
+    vision_pool: str = "avg"  # "avg": image embedding = mean of patch tokens; "tok": CLS
+    loss: str = "infonce"  # or an OT-CLIP kind of otviz.train.otclip_losses
+    max_shift: int = 2  # augmentation: random translation in pixels (0: none)
+    threads: int = 2
+    eval_every: int = 250  # held-out retrieval every this many steps (0: only at the end)
+    out: str = "checkpoints/tiny-clip"  # checkpoint directory ("" : do not save)
+
+    def model_config(self) -> dict[str, Any]:
+        return tiny_clip_config(
+            embed_dim=self.embed_dim,
+            vision_width=self.vision_width,
+            vision_layers=self.vision_layers,
+            vision_heads=self.vision_heads,
+            text_width=self.text_width,
+            text_layers=self.text_layers,
+            text_heads=self.text_heads,
+            context_length=self.context_length,
+            vision_pool=self.vision_pool,
+        )
+
+
+def infonce_loss(image_emb: Tensor, text_emb: Tensor, logit_scale: Tensor) -> Tensor:
+    """Symmetric InfoNCE of CLIP on L2-normalised embeddings (matched pairs on the
+    diagonal): the mean of the image->text and text->image cross-entropies."""
+    logits = logit_scale * image_emb @ text_emb.T
+    target = torch.arange(logits.shape[0], device=logits.device)
+    return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target))
+
+
+def contrastive_loss(image_emb: Tensor, text_emb: Tensor, logit_scale: Tensor, kind: str) -> Tensor:
+    """The batch loss ``kind``: ``"infonce"`` here, any other kind from OT-CLIP's family
+    (:func:`otviz.train.otclip_losses.otclip_loss`)."""
+    if kind == "infonce":
+        return infonce_loss(image_emb, text_emb, logit_scale)
+    try:
+        from otviz.train.otclip_losses import otclip_loss
+    except ImportError as e:
+        raise ValueError(f"loss {kind!r} needs otviz.train.otclip_losses ({e})") from e
+    return otclip_loss(image_emb, text_emb, logit_scale, kind)
+
+
+@torch.no_grad()
+def embed_split(
+    model: nn.Module, data: RenderedSplit, mean, std, batch_size: int = 250
+) -> tuple[Tensor, Tensor]:
+    """L2-normalised global embeddings ``(images [n, E], texts [n, E])`` of a rendered split."""
+    was_training = model.training
+    model.eval()
+    imgs, txts = [], []
+    for s in range(0, len(data), batch_size):
+        imgs.append(model.encode_image(normalise(data.images[s : s + batch_size], mean, std),
+                                       normalize=True))
+        txts.append(model.encode_text(data.ids[s : s + batch_size], normalize=True))
+    model.train(was_training)
+    return torch.cat(imgs), torch.cat(txts)
+
+
+def retrieval_recalls(sim: Tensor, ks: tuple[int, ...] = (1, 5, 10)) -> dict[str, float]:
+    """Recall@k both ways for a square similarity ``[n_images, n_texts]`` whose matches are
+    on the diagonal (ties counted against the match)."""
+    correct = sim.diagonal()
+    out = {}
+    for name, s, c in (("i2t", sim, correct), ("t2i", sim.T, correct)):
+        rank = (s >= c.unsqueeze(1)).sum(1) - 1  # others scoring at least the match
+        for k in ks:
+            out[f"{name}_r{k}"] = float((rank < k).float().mean())
+    return out
+
+
+def pretrain(config: PretrainConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Train a tiny CLIP with ``config``; returns the final metrics (also saved with the
+    checkpoint in ``config.out`` unless it is empty)."""
+    _check_loss(config.loss)
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    world_cfg = WorldConfig(negatives=False)
+    cfg = config.model_config()
+    train = render_split("train", config.n_train, config.seed, config.context_length, world_cfg)
+    test = render_split("test", config.n_test, config.seed, config.context_length, world_cfg)
+    test_world = World(world_cfg, split="test", seed=config.seed)
+    test_samples = [test_world.sample(i) for i in range(config.n_test)]
+    ceiling = {
+        "ambiguous_caption_share": ambiguous_caption_share(test_samples),
+        "t2i_r1_ceiling": retrieval_ceiling(test_samples),
+    }
+    t_data = time.perf_counter() - t_start
+
+    model = create_tiny_clip(cfg, seed=config.seed)
+    restrict_token_rows(model, train.ids)
+    model.train()
+    pp = model.visual.preprocess_cfg
+    mean, std = tuple(pp["mean"]), tuple(pp["std"])
+    optimizer = _optimizer(model, config)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config))
+    gen = torch.Generator().manual_seed(config.seed)
+    order = torch.randperm(len(train), generator=gen)
+    cursor = 0
+    log: list[dict[str, float]] = []
+    metrics: dict[str, float] = {}
+    bar = tqdm(range(1, config.steps + 1), desc="pretrain", unit="step", mininterval=2.0)
+    t_train = time.perf_counter()
+    for step in bar:
+        if cursor + config.batch_size > len(order):
+            order, cursor = torch.randperm(len(train), generator=gen), 0
+        idx = order[cursor : cursor + config.batch_size]
+        cursor += config.batch_size
+        images = normalise(random_shift(train.images[idx], config.max_shift, gen), mean, std)
+        image_emb, text_emb, scale = model(images, train.ids[idx])
+        loss = contrastive_loss(image_emb, text_emb, scale, config.loss)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        with torch.no_grad():
+            model.logit_scale.clamp_(0, math.log(100))
+        entry = {"step": step, "loss": loss.item(), "lr": schedule.get_last_lr()[0],
+                 "logit_scale": scale.item()}
+        if step == config.steps or (config.eval_every and step % config.eval_every == 0):
+            image_all, text_all = embed_split(model, test, mean, std)
+            metrics = retrieval_recalls(image_all @ text_all.T)
+            entry.update(metrics)
+            tqdm.write(f"step {step}: loss {entry['loss']:.3f} " + " ".join(
+                f"{k} {v:.3f}" for k, v in metrics.items()))
+        log.append(entry)
+        bar.set_postfix(loss=f"{entry['loss']:.3f}")
+        if progress is not None:
+            progress(step, config.steps, entry)
+    train_time = time.perf_counter() - t_train
+    model.eval()
+    result: dict[str, Any] = {
+        **metrics,
+        **ceiling,
+        "n_test": config.n_test,
+        "final_loss": log[-1]["loss"],
+        "first_loss": log[0]["loss"],
+        "epochs": config.steps * config.batch_size / config.n_train,
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "data_time_s": t_data,
+        "train_time_s": train_time,
+        "wall_time_s": time.perf_counter() - t_start,
+        "cpu_time_s": time.process_time() - cpu_start,
+        "threads": config.threads,
+    }
+    if config.out:
+        meta = {
+            "model_name": TINY_CLIP_NAME,
+            "world": {"config": _world_meta(world_cfg), "version": _world_version()},
+            "recipe": dataclasses.asdict(config),
+            "command": command_line(config),
+            "metrics": result,
+            "log": log,
+        }
+        path = save_tiny_clip(config.out, model, cfg, meta)
+        result["checkpoint_bytes"] = sum(f.stat().st_size for f in Path(path).iterdir())
+    return result
+
+
+def _check_loss(kind: str) -> None:
+    if kind == "infonce":
+        return
+    from otviz.train.otclip_losses import KINDS
+
+    if kind not in KINDS:
+        raise ValueError(f"unknown loss {kind!r}; known: {list(KINDS)}")
+
+
+def command_line(config: PretrainConfig) -> str:
+    """The ``python -m otviz.train.pretrain`` command reproducing ``config`` (non-defaults)."""
+    default = PretrainConfig()
+    parts = ["python", "-m", "otviz.train.pretrain"]
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if value != getattr(default, f.name):
+            parts += ["--" + f.name.replace("_", "-"), str(value)]
+    return shlex.join(parts)
+
+
+def _optimizer(model: nn.Module, config: PretrainConfig) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on gains, biases, embeddings of positions/class and the
+    temperature (the usual CLIP split)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        flat = p.ndim < 2 or "logit_scale" in name or "positional" in name or "class_emb" in name
+        (no_decay if flat else decay).append(p)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr,
+        betas=(0.9, 0.98),
+        eps=1e-6,
+    )
+
+
+def _lr_lambda(config: PretrainConfig) -> Callable[[int], float]:
+    """Linear warm-up over ``warmup_steps``, then cosine decay to zero at ``steps``."""
+
+    def factor(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        span = max(1, config.steps - config.warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - config.warmup_steps) / span)))
+
+    return factor
+
+
+def _world_meta(cfg: WorldConfig) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+
+
+def _world_version() -> str:
+    import otviz.world as world
+
+    return str(getattr(world, "WORLD_VERSION", getattr(world, "__version__", "unversioned")))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Command-line entry: flags generated from :class:`PretrainConfig`."""
+    parser = argparse.ArgumentParser(prog="python -m otviz.train.pretrain",
+                                     description="Train the embedded tiny CLIP on the world.")
+    add_dataclass_flags(parser, PretrainConfig)
+    config = dataclass_from_args(PretrainConfig, parser.parse_args(argv))
+    metrics = pretrain(config)
+    for k, v in metrics.items():
+        print(f"{k}: {v}")
+    return metrics
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

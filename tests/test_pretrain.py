@@ -1,0 +1,129 @@
+"""Tiny-CLIP pre-training: the loss, the schedule, the retrieval metric, the CLI, and a
+smoke run that lowers the loss and writes a loadable checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shlex
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from otviz.backbone import Backbone
+from otviz.checkpoint import load_meta
+from otviz.tiny_clip import load_tiny_clip
+from otviz.train.pretrain import (
+    PretrainConfig,
+    _lr_lambda,
+    command_line,
+    contrastive_loss,
+    infonce_loss,
+    main,
+    pretrain,
+    retrieval_recalls,
+)
+
+SMOKE = dict(
+    steps=40, batch_size=32, lr=2e-3, warmup_steps=5, n_train=512, n_test=64,
+    embed_dim=32, vision_width=32, vision_layers=1, vision_heads=2, text_width=32,
+    text_layers=1, text_heads=2, eval_every=0, threads=1,
+)
+
+
+def test_infonce_matches_definition():
+    g = torch.Generator().manual_seed(0)
+    a = F.normalize(torch.randn(5, 8, generator=g), dim=-1)
+    b = F.normalize(torch.randn(5, 8, generator=g), dim=-1)
+    scale = torch.tensor(10.0)
+    logits = scale * a @ b.T
+    i2t = -torch.stack([logits[i].log_softmax(0)[i] for i in range(5)]).mean()
+    t2i = -torch.stack([logits[:, j].log_softmax(0)[j] for j in range(5)]).mean()
+    torch.testing.assert_close(infonce_loss(a, b, scale), (i2t + t2i) / 2)
+    # perfectly separated pairs at a high temperature: loss near zero
+    eye = torch.eye(5, 8)
+    assert infonce_loss(eye, eye, torch.tensor(100.0)) < 1e-6
+
+
+def test_loss_kinds():
+    """InfoNCE is ours; the other kinds are OT-CLIP's, whose own InfoNCE must agree."""
+    from otviz.train.otclip_losses import KINDS, otclip_loss
+
+    g = torch.Generator().manual_seed(1)
+    a = F.normalize(torch.randn(6, 8, generator=g), dim=-1)
+    b = F.normalize(torch.randn(6, 8, generator=g), dim=-1)
+    scale = torch.tensor(20.0)
+    torch.testing.assert_close(contrastive_loss(a, b, scale, "infonce"), infonce_loss(a, b, scale))
+    torch.testing.assert_close(otclip_loss(a, b, scale, "infonce"), infonce_loss(a, b, scale))
+    for kind in KINDS[1:]:
+        torch.testing.assert_close(contrastive_loss(a, b, scale, kind),
+                                   otclip_loss(a, b, scale, kind))
+    with pytest.raises(ValueError):
+        contrastive_loss(a, b, scale, "no-such-loss")
+
+
+def test_retrieval_recalls_by_hand():
+    sim = torch.tensor([[0.9, 0.1, 0.0], [0.8, 0.7, 0.0], [0.0, 0.95, 0.5]])
+    r = retrieval_recalls(sim, ks=(1, 2))
+    # image ranks of their captions: 0, 1 (0.8 > 0.7), 1 (0.95 > 0.5)
+    assert r["i2t_r1"] == pytest.approx(1 / 3) and r["i2t_r2"] == 1.0
+    # caption ranks of their images: col 0 -> 0, col 1 -> 1 (0.95 > 0.7), col 2 -> 0
+    assert r["t2i_r1"] == pytest.approx(2 / 3) and r["t2i_r2"] == 1.0
+    assert retrieval_recalls(torch.ones(3, 3), ks=(1,))["i2t_r1"] == 0.0  # ties count against
+
+
+def test_schedule_warmup_then_cosine():
+    f = _lr_lambda(PretrainConfig(steps=110, warmup_steps=10))
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0) and f(60) == pytest.approx(0.5)
+    assert f(110) == pytest.approx(0.0, abs=1e-12)
+    assert all(f(s) >= f(s + 1) for s in range(10, 110))
+    assert f(35) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.25)))
+
+
+def test_command_line_round_trip(monkeypatch):
+    config = PretrainConfig(steps=7, lr=3e-4, out="x y", max_shift=0)
+    cmd = command_line(config)
+    assert cmd.startswith("python -m otviz.train.pretrain ")
+    assert "--steps 7" in cmd and "--max-shift 0" in cmd and "'x y'" in cmd
+    seen = []
+
+    def fake_pretrain(c, progress=None):
+        seen.append(c)
+        return {}
+
+    monkeypatch.setattr("otviz.train.pretrain.pretrain", fake_pretrain)
+    main(shlex.split(cmd)[3:])
+    assert seen == [config]
+
+
+def test_pretrain_smoke(tmp_path):
+    calls = []
+    config = PretrainConfig(**SMOKE, out=str(tmp_path / "ck"))
+    metrics = pretrain(config, progress=lambda step, total, info: calls.append((step, info)))
+    assert [s for s, _ in calls] == list(range(1, 41))
+    losses = torch.tensor([info["loss"] for _, info in calls])
+    assert losses[-10:].mean() < losses[:5].mean() - 0.3  # it learns
+    for key in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r10", "ambiguous_caption_share",
+                "t2i_r1_ceiling", "wall_time_s", "checkpoint_bytes"):
+        assert key in metrics
+    assert 0 < metrics["t2i_r1_ceiling"] <= 1
+    # the checkpoint loads, as a model and as a backbone, and reproduces the metrics
+    meta = load_meta(tmp_path / "ck")
+    assert meta["recipe"] == dataclasses.asdict(config)
+    assert meta["metrics"]["i2t_r1"] == metrics["i2t_r1"]
+    assert meta["command"] == command_line(config)
+    model, _ = load_tiny_clip(tmp_path / "ck")
+    bb = Backbone.from_checkpoint(tmp_path / "ck")
+    assert bb.patch_dim == 32 and bb.grid == (10, 10)
+    from otviz.train.data import render_split
+    from otviz.train.pretrain import embed_split
+
+    test = render_split("test", 64, config.seed, config.context_length)
+    pp = model.visual.preprocess_cfg
+    img, txt = embed_split(model, test, tuple(pp["mean"]), tuple(pp["std"]))
+    assert retrieval_recalls(img @ txt.T)["i2t_r1"] == metrics["i2t_r1"]
