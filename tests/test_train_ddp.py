@@ -1,9 +1,11 @@
 """Data-parallel training: ``torchrun`` with 2 CPU processes (gloo, DistributedDataParallel)
-gives the loss curve of 1 process.
+gives the loss curve of 1 process, through the API and through the command-line entry.
 
-The test launches this file under ``python -m torch.distributed.run --nproc-per-node 2``;
-run as a script, it is the worker: it trains the cases below on the same seeded random
-features in every process and rank 0 writes the curves to a JSON file.
+The test launches this file under ``python -m torch.distributed.run --nproc-per-node 2``
+once (one start-up of two processes keeps it short); run as a script, it is the worker: it
+trains the cases below on the same seeded random features in every process (rank 0 writes
+the curves to a JSON file), then runs the command-line entry on the world through a random
+tiny-CLIP backbone and the feature cache.
 """
 
 from __future__ import annotations
@@ -63,30 +65,62 @@ def run_cases(out: Path) -> dict[str, dict]:
     return results
 
 
+def cli_args(root: Path) -> list[str]:
+    """Flags of a tiny command-line run on the world through a random tiny-CLIP backbone
+    (written by the test under ``root / "bb"``)."""
+    return ["--method", "dense_uot", "--n-train", "16", "--batch-size", "8", "--max-steps",
+            "3", "--concept-dim", "16", "--lr", "0.01", "--threads", "1", "--device", "cpu",
+            "--quiet", "--backbone", str(root / "bb"), "--cache-dir", str(root / "cache")]
+
+
 def worker(out: str) -> None:
-    """One torchrun process: the process group is created here (train_method then joins
-    it) and every case trains data-parallel."""
+    """One torchrun process: every case trains data-parallel in a process group created
+    here (train_method joins it); then the command-line entry runs as ``torchrun -m
+    otviz.train.loop`` would run it, creating its own group (rank 0 builds the feature
+    cache while the other waits)."""
     import torch.distributed as dist
 
+    from otviz.train.loop import main
+
     torch.set_num_threads(1)
+    root = Path(out)
     dist.init_process_group("gloo")
-    results = run_cases(Path(out) / "runs")
+    results = run_cases(root / "runs")
     if dist.get_rank() == 0:
-        (Path(out) / "ddp.json").write_text(json.dumps(results))
+        (root / "ddp.json").write_text(json.dumps(results))
     dist.destroy_process_group()
+    main([*cli_args(root), "--out", str(root / "cli-ddp")])
 
 
-def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
-    torch.set_num_threads(1)
+def torchrun(*args: str) -> str:
+    """Run ``torchrun --standalone --nproc-per-node 2 <args>``; its output."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", "2", __file__, str(tmp_path)]
+           "--nproc-per-node", "2", *args]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
+    from otviz.train.loop import main
+    from otviz.train.method_checkpoint import head_meta
+    from tests.test_train_loop import random_tiny_clip
+
+    torch.set_num_threads(1)
+    random_tiny_clip(tmp_path / "bb", 0)
+    stdout = torchrun(__file__, str(tmp_path))
+    assert stdout.count("trained dense_uot for 3 steps") == 2  # both processes finished
+
+    assert main([*cli_args(tmp_path), "--out", str(tmp_path / "cli-one")]) == 0
+    ddp_cli = head_meta(tmp_path / "cli-ddp" / "head")["metrics"]["final_loss"]
+    one_cli = head_meta(tmp_path / "cli-one" / "head")["metrics"]["final_loss"]
+    assert ddp_cli == pytest.approx(one_cli, rel=1e-5)
+
     ddp = json.loads((tmp_path / "ddp.json").read_text())
 
     single = run_cases(tmp_path / "single")
