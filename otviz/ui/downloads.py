@@ -125,6 +125,9 @@ class DownloadDir:
         values = _as_numpy(array)
         if values.ndim not in (1, 2):
             raise ValueError(f"expected a 1-D or 2-D array, got shape {values.shape}")
+        n_cols = 1 if values.ndim == 1 else values.shape[1]
+        if columns is not None and len(columns) != n_cols:
+            raise ValueError(f"{len(columns)} column names for {n_cols} columns")
         npy = self._target(name, ".npy")
         np.save(npy, values, allow_pickle=False)
         paths = [npy]
@@ -134,8 +137,6 @@ class DownloadDir:
 
     def _write_csv(self, values: np.ndarray, name: str, columns: Sequence[str] | None) -> Path:
         rows = values.reshape(-1, 1) if values.ndim == 1 else values
-        if columns is not None and len(columns) != rows.shape[1]:
-            raise ValueError(f"{len(columns)} column names for {rows.shape[1]} columns")
         path = self._target(name, ".csv")
         with path.open("w", newline="") as handle:
             writer = csvlib.writer(handle)

@@ -1,0 +1,596 @@
+"""The "Align" view: every method's phrase heatmap side by side, the transport plan of one
+method with its marginals, the solvers' convergence and a score table.
+
+Callbacks are plain functions of plain values (testable without a browser); the builder
+only wires them to components. Encoding and solving happen once per (image, caption,
+region kind): :class:`otviz.pipeline.Explainer` caches the features and every method's
+alignment, so a phrase, method, token, scale or lambda change only reads cached plans
+(``Alignment.heatmap``) and draws.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gradio as gr
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+from otviz.backbone import ImageInputError
+from otviz.grounding import heatmap_boxes, patch_box_to_pixels
+from otviz.pipeline import REGION_KINDS, Encoded, Explainer, InputError, MethodRun
+from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
+from otviz.text.parse import phrase_nodes
+from otviz.text.tokens import TokenizationError
+from otviz.text.words import split_words
+from otviz.ui.context import AppContext, SharedInputs
+from otviz.ui.downloads import DownloadDir
+from otviz.viz.panels import compose_heatmaps
+from otviz.viz.plans import convergence_figure, plan_matrix_figure, token_marginal_figure
+from otviz.viz.tables import ScoreRow, score_frame, score_records
+
+TAB_TITLE = "Align"
+SCORED_METHODS: tuple[str, ...] = ("global_only", *ALIGN_METHODS)
+DEFAULT_METHOD = "conceptot"
+DEFAULT_LAMBDA = 0.5
+USER_ERRORS = (InputError, ImageInputError, TokenizationError)
+_SPAN = re.compile(r"^span:(\d+):(\d+)$")
+
+HOW_TO_READ = """**How to read this view.** *Heatmaps:* for the chosen word or parse-tree
+phrase, each panel shows how much of the phrase's mass the method transports to each image
+patch (the sum of the plan's columns over the phrase's tokens, ConceptOT Sec. 2.6; bright =
+more mass); the cyan box encloses the patches above half the panel's peak (weak grounding).
+With *one colour scale* the panels compare in absolute mass; untick it to see each
+method's own pattern. *Transport plan:* rows are image patches (row-major on the patch grid;
+hover for the row and column), columns are the caption's BPE tokens; pick a token to see its
+column on the image. *Marginals:* how much mass each patch and token kept (plan row and
+column sums) against the reference masses mu and nu the method aimed for; "unmatched" is
+the part of mu a patch did not transport (unbalanced methods leave background unmatched).
+Global+Patch, FILIP, Text-Attn and PowerCLIP have no reference masses. *Scores:* global
+cosine s_g, local score s_l, their combination s_g + λ·s_l (ConceptOT App. G.4), the
+solver's final marginal error (blank without an OT solver) and the solve time."""
+
+
+# ----------------------------------------------------------------------- choices
+def phrase_choices(encoded: Encoded) -> list[tuple[str, str]]:
+    """``(label, value)`` for the caption's words, then its parse-tree phrases (spans of
+    two words or more, NP/PP/VP/... and the whole caption), each as ``"span:start:end"``
+    over word indices. Words the context length cut are left out."""
+    kept = _kept_words(encoded)
+    words = [
+        (f'word "{w.text}"', f"span:{k}:{k + 1}") for k, w in enumerate(encoded.words) if k in kept
+    ]
+    phrases = [
+        (f'{node.label} "{node.span_text()}"', f"span:{node.start}:{node.end}")
+        for node in phrase_nodes(encoded.parse.tree)
+        if node.end - node.start > 1 and any(k in kept for k in range(node.start, node.end))
+    ]
+    return words + phrases
+
+
+def default_phrase(choices: list[tuple[str, str]]) -> str:
+    """The first noun phrase if the parse has one, else the first word."""
+    for label, value in choices:
+        if label.startswith("NP "):
+            return value
+    return choices[0][1]
+
+
+def resolve_phrase(encoded: Encoded, phrase: str | None) -> list[int]:
+    """Word indices of ``phrase``: a picker value ``"span:start:end"`` or words typed by the
+    user, matched (case-insensitively) as a contiguous run of caption words."""
+    phrase = (phrase or "").strip()
+    if not phrase:
+        raise InputError("pick a word or phrase of the caption")
+    n = len(encoded.words)
+    span = _SPAN.match(phrase)
+    if span:
+        start, end = int(span.group(1)), int(span.group(2))
+        if not 0 <= start < end <= n:
+            raise InputError(f"the phrase {phrase!r} is not in the caption (it has {n} words)")
+        return list(range(start, end))
+    wanted = [w.text.lower() for w in split_words(phrase)]
+    have = [w.text.lower() for w in encoded.words]
+    for start in range(n - len(wanted) + 1):
+        if wanted and have[start : start + len(wanted)] == wanted:
+            return list(range(start, start + len(wanted)))
+    raise InputError(f'"{phrase}" is not in the caption "{encoded.caption}"')
+
+
+def token_labels(encoded: Encoded) -> tuple[torch.Tensor, list[str], list[str]]:
+    """The valid token positions ``[M]`` with each token's text (its characters in the
+    caption) and caption word."""
+    positions = torch.nonzero(encoded.features.token_mask[0]).flatten()
+    spans = encoded.features.text.captions[0].token_spans
+    word_of = encoded.features.token_word[0]
+    texts = [encoded.caption[s:e] for s, e in spans[: len(positions)]]
+    words = [encoded.words[int(w)].text if w >= 0 else "" for w in word_of[positions]]
+    return positions, texts, words
+
+
+def token_choices(encoded: Encoded) -> list[tuple[str, int]]:
+    """``(label, column)`` for every plan column (valid token)."""
+    _, texts, words = token_labels(encoded)
+    return [
+        (f"{j}: {t}" + ("" if t == w else f" ({w})"), j)
+        for j, (t, w) in enumerate(zip(texts, words, strict=True))
+    ]
+
+
+def method_choices() -> list[tuple[str, str]]:
+    return [(METHOD_LABELS[n], n) for n in ALIGN_METHODS]
+
+
+def _kept_words(encoded: Encoded) -> set[int]:
+    return {int(w) for w in encoded.features.token_word[0][encoded.features.token_mask[0]]}
+
+
+# ----------------------------------------------------------------------- computing
+def align_runs(
+    explainer: Explainer, suite: MethodSuite, encoded: Encoded, regions: str = "grid"
+) -> dict[str, MethodRun]:
+    """Every scored method's (cached) run on the pair. Only PowerCLIP reads regions, so the
+    others always run on ``"grid"`` and a region-kind change re-solves PowerCLIP alone."""
+    if regions not in REGION_KINDS:
+        raise InputError(f"unknown region kind {regions!r}; choose one of {REGION_KINDS}")
+    missing = [n for n in ALIGN_METHODS if n not in suite.methods]
+    if missing:
+        raise InputError(f"the checkpoint has no {', '.join(missing)}")
+    names = [n for n in SCORED_METHODS if n in suite.methods and n != "powerclip"]
+    runs = explainer.align(encoded, suite, names)
+    runs.update(explainer.align(encoded, suite, ["powerclip"], regions))
+    return {n: runs[n] for n in SCORED_METHODS if n in runs}
+
+
+def phrase_heatmaps(
+    runs: dict[str, MethodRun], encoded: Encoded, words: list[int]
+) -> dict[str, np.ndarray]:
+    """``[gh, gw]`` heatmap of the phrase per method: ``Alignment.heatmap`` of its tokens
+    (ConceptOT Sec. 2.6)."""
+    select = encoded.token_select(words)
+    return {
+        n: runs[n].alignment.heatmap(select)[0].reshape(encoded.grid).numpy() for n in ALIGN_METHODS
+    }
+
+
+def grounding_boxes(encoded: Encoded, heats: list[np.ndarray]) -> list[list[float]]:
+    """Pixel boxes of the thresholded heatmaps (ConceptOT Sec. 2.6 weak grounding)."""
+    flat = torch.from_numpy(np.stack([h.reshape(-1) for h in heats]))
+    boxes = heatmap_boxes(flat, encoded.grid)
+    height, width = encoded.image.shape[:2]
+    return patch_box_to_pixels(boxes, encoded.grid, (width, height)).tolist()
+
+
+@dataclass
+class PlanData:
+    """One method's plan restricted to the valid tokens, with its marginals.
+
+    Attributes:
+        plan: ``[N, M]`` patches x valid tokens.
+        row_marginal, row_reference: ``[N]`` kept patch mass and mu (``None``: no mu).
+        col_marginal, col_reference: ``[M]`` kept token mass and nu (``None``: no nu).
+        tokens, words: the text and caption word of each column.
+    """
+
+    plan: np.ndarray
+    row_marginal: np.ndarray
+    row_reference: np.ndarray | None
+    col_marginal: np.ndarray
+    col_reference: np.ndarray | None
+    tokens: list[str]
+    words: list[str]
+
+
+def plan_data(run: MethodRun, encoded: Encoded) -> PlanData:
+    """The run's plan and marginals on the pair's valid tokens."""
+    positions, texts, words = token_labels(encoded)
+    a = run.alignment
+
+    def ref(t: torch.Tensor | None, cols: bool) -> np.ndarray | None:
+        return None if t is None else (t[0, positions] if cols else t[0]).numpy()
+
+    return PlanData(
+        plan=a.plan.dense()[0][:, positions].numpy(),
+        row_marginal=a.row_marginal[0].numpy(),
+        row_reference=ref(a.row_reference, False),
+        col_marginal=a.col_marginal[0, positions].numpy(),
+        col_reference=ref(a.col_reference, True),
+        tokens=texts,
+        words=words,
+    )
+
+
+def score_rows(runs: dict[str, MethodRun], lambda_local: float) -> list[ScoreRow]:
+    """One row per scored method (Global-only first)."""
+    rows = []
+    for name, run in runs.items():
+        a = run.alignment
+        err = None if a.marginal_error is None else float(a.marginal_error[0])
+        rows.append(
+            ScoreRow.make(
+                name,
+                METHOD_LABELS[name],
+                float(a.global_score[0]),
+                float(a.local_score[0]),
+                float(lambda_local),
+                err,
+                run.ms,
+                run.source,
+            )
+        )
+    return rows
+
+
+# ----------------------------------------------------------------------- drawing
+def heatmap_grid_image(
+    encoded: Encoded, heats: dict[str, np.ndarray], phrase_text: str, shared_scale: bool
+) -> np.ndarray:
+    """The per-method heatmap panels with their grounding boxes, as one image."""
+    maps = [heats[n] for n in ALIGN_METHODS]
+    return compose_heatmaps(
+        encoded.image,
+        maps,
+        [METHOD_LABELS[n] for n in ALIGN_METHODS],
+        boxes=grounding_boxes(encoded, maps),
+        shared_scale=shared_scale,
+        colorbar_label=f'mass of "{phrase_text}"',
+    )
+
+
+def patch_marginal_image(encoded: Encoded, data: PlanData, label: str) -> np.ndarray:
+    """Kept patch mass on the image beside the reference mu and the unmatched part of mu."""
+    kept = data.row_marginal.reshape(encoded.grid)
+    if data.row_reference is None:
+        return compose_heatmaps(
+            encoded.image,
+            [kept],
+            [f"{label}: kept (no mu)"],
+            columns=1,
+            panel_px=200,
+            colorbar_label="patch mass",
+        )
+    mu = data.row_reference.reshape(encoded.grid)
+    return compose_heatmaps(
+        encoded.image,
+        [mu, kept, np.clip(mu - kept, 0.0, None)],
+        ["reference mu", f"{label}: kept", "unmatched (mu − kept)+"],
+        columns=3,
+        panel_px=160,
+        colorbar_label="patch mass",
+    )
+
+
+def token_map_image(encoded: Encoded, data: PlanData, column: int, label: str) -> np.ndarray:
+    """One plan column (a token's mass over the patches) on the image, with its box."""
+    heat = data.plan[:, column].reshape(encoded.grid)
+    return compose_heatmaps(
+        encoded.image,
+        [heat],
+        [f'{label}: "{data.tokens[column]}"'],
+        boxes=grounding_boxes(encoded, [heat]),
+        columns=1,
+        panel_px=224,
+        colorbar_label="token mass",
+    )
+
+
+# ----------------------------------------------------------------------- callbacks
+@dataclass
+class PlanView:
+    """What the plan side of the view shows for one method and token."""
+
+    plan: go.Figure
+    token_map: np.ndarray
+    patch_marginals: np.ndarray
+    token_marginals: go.Figure
+    data: PlanData
+
+
+@dataclass
+class AlignView:
+    """Everything one Align click shows."""
+
+    phrase_choices: list[tuple[str, str]]
+    phrase: str
+    token_choices: list[tuple[str, int]]
+    token: int
+    grid: np.ndarray
+    heats: dict[str, np.ndarray]
+    plan: PlanView
+    scores: pd.DataFrame
+    rows: list[ScoreRow]
+    convergence: go.Figure
+
+
+def _encode_and_align(
+    explainer: Explainer, suite: MethodSuite, image, caption: str | None, regions: str
+) -> tuple[Encoded, dict[str, MethodRun]]:
+    encoded = explainer.encode(image, caption)
+    return encoded, align_runs(explainer, suite, encoded, regions)
+
+
+def _phrase_grid(
+    encoded: Encoded, runs: dict[str, MethodRun], phrase: str | None, shared_scale: bool
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    words = resolve_phrase(encoded, phrase)
+    heats = phrase_heatmaps(runs, encoded, words)
+    text = " ".join(encoded.words[k].text for k in words)
+    return heatmap_grid_image(encoded, heats, text, shared_scale), heats
+
+
+def _plan_view(
+    encoded: Encoded, runs: dict[str, MethodRun], method: str, token: int | None
+) -> PlanView:
+    if method not in ALIGN_METHODS:
+        raise InputError(f"unknown method {method!r}")
+    data = plan_data(runs[method], encoded)
+    column = 0 if token is None else int(token)
+    if not 0 <= column < data.plan.shape[1]:
+        raise InputError(f"token {token} is not in the caption ({data.plan.shape[1]} tokens)")
+    label = METHOD_LABELS[method]
+    return PlanView(
+        plan=plan_matrix_figure(
+            data.plan,
+            encoded.grid,
+            data.tokens,
+            data.words,
+            f"{label}: transport plan (patches x tokens)",
+        ),
+        token_map=token_map_image(encoded, data, column, label),
+        patch_marginals=patch_marginal_image(encoded, data, label),
+        token_marginals=token_marginal_figure(
+            data.col_marginal, data.col_reference, data.tokens, f"{label}: token marginals vs nu"
+        ),
+        data=data,
+    )
+
+
+def phrase_view(
+    explainer: Explainer,
+    suite: MethodSuite,
+    image,
+    caption: str | None,
+    phrase: str | None,
+    regions: str = "grid",
+    shared_scale: bool = True,
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The phrase callback: the heatmap grid and the per-method heatmaps (cached features
+    and plans; nothing is re-encoded or re-solved)."""
+    encoded, runs = _encode_and_align(explainer, suite, image, caption, regions)
+    return _phrase_grid(encoded, runs, phrase, shared_scale)
+
+
+def plan_view(
+    explainer: Explainer,
+    suite: MethodSuite,
+    image,
+    caption: str | None,
+    method: str,
+    token: int | None = None,
+    regions: str = "grid",
+) -> PlanView:
+    """The method / token callback: plan matrix, token column map and marginals."""
+    encoded, runs = _encode_and_align(explainer, suite, image, caption, regions)
+    return _plan_view(encoded, runs, method, token)
+
+
+def scores_view(
+    explainer: Explainer,
+    suite: MethodSuite,
+    image,
+    caption: str | None,
+    lambda_local: float = DEFAULT_LAMBDA,
+    regions: str = "grid",
+) -> tuple[pd.DataFrame, list[ScoreRow]]:
+    """The lambda callback: the score table (display frame and full-precision rows)."""
+    _, runs = _encode_and_align(explainer, suite, image, caption, regions)
+    rows = score_rows(runs, lambda_local)
+    return score_frame(rows), rows
+
+
+def align_view(
+    explainer: Explainer,
+    suite: MethodSuite,
+    image,
+    caption: str | None,
+    method: str = DEFAULT_METHOD,
+    regions: str = "grid",
+    shared_scale: bool = True,
+    lambda_local: float = DEFAULT_LAMBDA,
+    phrase: str | None = None,
+    token: int | None = None,
+) -> AlignView:
+    """The Align click: encode and solve (cached), then every figure of the view. A
+    ``phrase`` / ``token`` still valid for this caption is kept, else the defaults."""
+    encoded, runs = _encode_and_align(explainer, suite, image, caption, regions)
+    phrases = phrase_choices(encoded)
+    if phrase not in {v for _, v in phrases}:
+        phrase = default_phrase(phrases)
+    tokens = token_choices(encoded)
+    if token not in {v for _, v in tokens}:
+        token = 0
+    grid, heats = _phrase_grid(encoded, runs, phrase, shared_scale)
+    rows = score_rows(runs, lambda_local)
+    errors = [r.marginal_error for r in rows if r.name in ALIGN_METHODS]
+    return AlignView(
+        phrase_choices=phrases,
+        phrase=phrase,
+        token_choices=tokens,
+        token=token,
+        grid=grid,
+        heats=heats,
+        plan=_plan_view(encoded, runs, method, token),
+        scores=score_frame(rows),
+        rows=rows,
+        convergence=convergence_figure([METHOD_LABELS[n] for n in ALIGN_METHODS], errors),
+    )
+
+
+def align_downloads(
+    explainer: Explainer,
+    suite: MethodSuite,
+    image,
+    caption: str | None,
+    phrase: str | None,
+    method: str = DEFAULT_METHOD,
+    regions: str = "grid",
+    shared_scale: bool = True,
+    lambda_local: float = DEFAULT_LAMBDA,
+    token: int | None = None,
+) -> list[str]:
+    """Files of the current view: the heatmap grid, marginal and token maps (PNG), the
+    phrase heatmaps, the plan and its marginals (.npy + .csv) and the scores (JSON)."""
+    encoded, runs = _encode_and_align(explainer, suite, image, caption, regions)
+    grid, heats = _phrase_grid(encoded, runs, phrase, shared_scale)
+    view = _plan_view(encoded, runs, method, token)
+    data, out = view.data, DownloadDir()
+    out.save_figure(grid, "phrase_heatmaps")
+    out.save_figure(view.patch_marginals, f"patch_marginals_{method}")
+    out.save_figure(view.token_map, f"token_map_{method}")
+    out.save_array(
+        np.stack([heats[n].reshape(-1) for n in ALIGN_METHODS], axis=1),
+        "phrase_heatmaps",
+        columns=[METHOD_LABELS[n] for n in ALIGN_METHODS],
+    )
+    out.save_array(data.plan, f"plan_{method}", columns=data.tokens)
+    nan_n, nan_m = np.full(data.plan.shape[0], np.nan), np.full(data.plan.shape[1], np.nan)
+    rows_ref = data.row_reference if data.row_reference is not None else nan_n
+    cols_ref = data.col_reference if data.col_reference is not None else nan_m
+    out.save_array(
+        np.stack([data.row_marginal, rows_ref], axis=1),
+        f"patch_marginals_{method}",
+        columns=["kept", "mu"],
+    )
+    out.save_array(
+        np.stack([data.col_marginal, cols_ref], axis=1),
+        f"token_marginals_{method}",
+        columns=["kept", "nu"],
+    )
+    words = resolve_phrase(encoded, phrase)
+    out.save_json(
+        {
+            "caption": encoded.caption,
+            "phrase": " ".join(encoded.words[k].text for k in words),
+            "method": method,
+            "regions": regions,
+            "grid": list(encoded.grid),
+            "tokens": data.tokens,
+            "token_words": data.words,
+            "lambda_local": lambda_local,
+            "scores": score_records(score_rows(runs, lambda_local)),
+        },
+        "scores",
+    )
+    return [str(p) for p in out.files]
+
+
+# ----------------------------------------------------------------------- the tab
+def _user_errors(fn: Callable) -> Callable:
+    """``fn`` with bad-input errors turned into a message in the page."""
+
+    def wrapped(*args):
+        try:
+            return fn(*args)
+        except USER_ERRORS as e:
+            raise gr.Error(str(e)) from None
+
+    return wrapped
+
+
+def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
+    """Add the Align view to the enclosing ``gr.Blocks`` (inside its tab)."""
+    with gr.Row():
+        run = gr.Button("Align", variant="primary", scale=1)
+        regions = gr.Radio(list(REGION_KINDS), value="grid", label="PowerCLIP regions", scale=2)
+        shared_scale = gr.Checkbox(True, label="One colour scale for all methods", scale=1)
+        lam = gr.Slider(
+            0.0, 2.0, DEFAULT_LAMBDA, step=0.05, scale=2, label="λ_l in combined = s_g + λ_l·s_l"
+        )
+    with gr.Row():
+        with gr.Column(scale=3):
+            phrase = gr.Dropdown(
+                label="Phrase (a word or a parse-tree phrase; or type words)",
+                choices=[],
+                allow_custom_value=True,
+            )
+            grid = gr.Image(label="Phrase heatmap per method", format="png", interactive=False)
+        with gr.Column(scale=2):
+            method = gr.Dropdown(method_choices(), value=DEFAULT_METHOD, label="Method")
+            plan = gr.Plot(label="Transport plan")
+            token = gr.Dropdown(label="Token (its plan column on the image)", choices=[])
+            token_map = gr.Image(label="Token column on the image", format="png", interactive=False)
+    with gr.Row():
+        patch_marginals = gr.Image(label="Patch marginals vs mu", format="png", interactive=False)
+        token_marginals = gr.Plot(label="Token marginals vs nu")
+    with gr.Row():
+        scores = gr.Dataframe(label="Scores per method", interactive=False)
+        convergence = gr.Plot(label="Solver convergence")
+    with gr.Row():
+        prepare = gr.Button("Prepare downloads")
+        files = gr.File(label="Downloads", file_count="multiple")
+    gr.Markdown(HOW_TO_READ)
+
+    def tools(checkpoint: str) -> tuple[Explainer, MethodSuite]:
+        return ctx.explainer(checkpoint), ctx.suite(checkpoint)
+
+    def on_align(img, text, checkpoint, meth, reg, scale, lam_l, phr, tok):
+        v = align_view(*tools(checkpoint), img, text, meth, reg, scale, lam_l, phr, tok)
+        return (
+            gr.Dropdown(choices=v.phrase_choices, value=v.phrase),
+            gr.Dropdown(choices=v.token_choices, value=v.token),
+            v.grid,
+            v.plan.plan,
+            v.plan.token_map,
+            v.plan.patch_marginals,
+            v.plan.token_marginals,
+            v.scores,
+            v.convergence,
+        )
+
+    def on_phrase(img, text, checkpoint, reg, scale, phr):
+        return phrase_view(*tools(checkpoint), img, text, phr, reg, scale)[0]
+
+    def on_plan(img, text, checkpoint, meth, tok, reg):
+        v = plan_view(*tools(checkpoint), img, text, meth, tok, reg)
+        return v.plan, v.token_map, v.patch_marginals, v.token_marginals
+
+    def on_token(img, text, checkpoint, meth, tok, reg):
+        return plan_view(*tools(checkpoint), img, text, meth, tok, reg).token_map
+
+    def on_lambda(img, text, checkpoint, lam_l, reg):
+        return scores_view(*tools(checkpoint), img, text, lam_l, reg)[0]
+
+    def on_download(img, text, checkpoint, phr, meth, reg, scale, lam_l, tok):
+        return align_downloads(*tools(checkpoint), img, text, phr, meth, reg, scale, lam_l, tok)
+
+    base = [shared.image, shared.caption, shared.checkpoint]
+    all_inputs = [*base, method, regions, shared_scale, lam, phrase, token]
+    all_outputs = [
+        phrase,
+        token,
+        grid,
+        plan,
+        token_map,
+        patch_marginals,
+        token_marginals,
+        scores,
+        convergence,
+    ]
+    run.click(_user_errors(on_align), all_inputs, all_outputs)
+    regions.input(_user_errors(on_align), all_inputs, all_outputs)
+    phrase.input(_user_errors(on_phrase), [*base, regions, shared_scale, phrase], grid)
+    shared_scale.input(_user_errors(on_phrase), [*base, regions, shared_scale, phrase], grid)
+    method.input(
+        _user_errors(on_plan),
+        [*base, method, token, regions],
+        [plan, token_map, patch_marginals, token_marginals],
+    )
+    token.input(_user_errors(on_token), [*base, method, token, regions], token_map)
+    lam.release(_user_errors(on_lambda), [*base, lam, regions], scores)
+    prepare.click(
+        _user_errors(on_download), [*base, phrase, method, regions, shared_scale, lam, token], files
+    )

@@ -1,0 +1,89 @@
+"""Score tables: one row per method with its global, local and combined scores, the solver's
+convergence, its wall time and where its heads came from."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+
+SCORE_COLUMNS: dict[str, str] = {
+    "label": "method",
+    "global_score": "global s_g",
+    "local_score": "local s_l",
+    "combined": "combined s_g + λ·s_l",
+    "marginal_error": "marginal error",
+    "ms": "ms",
+    "source": "heads",
+}
+
+
+@dataclass
+class ScoreRow:
+    """One method's scores for one (image, caption) pair.
+
+    ``combined = global_score + lambda_local * local_score`` (ConceptOT App. G.4);
+    ``marginal_error`` is ``None`` for methods without an OT solver.
+    """
+
+    name: str
+    label: str
+    global_score: float
+    local_score: float
+    lambda_local: float
+    combined: float
+    marginal_error: float | None
+    ms: float
+    source: str
+
+    @classmethod
+    def make(
+        cls,
+        name: str,
+        label: str,
+        global_score: float,
+        local_score: float,
+        lambda_local: float,
+        marginal_error: float | None,
+        ms: float,
+        source: str,
+    ) -> ScoreRow:
+        """A row with ``combined`` computed from the scores."""
+        combined = global_score + lambda_local * local_score
+        return cls(
+            name,
+            label,
+            global_score,
+            local_score,
+            lambda_local,
+            combined,
+            marginal_error,
+            ms,
+            source,
+        )
+
+
+def score_frame(rows: Sequence[ScoreRow], digits: int = 4) -> pd.DataFrame:
+    """The rows as a display table (numbers rounded to ``digits`` decimals; the marginal
+    error in scientific notation, blank where there is no solver)."""
+    records = []
+    for row in rows:
+        rec = {}
+        for key, title in SCORE_COLUMNS.items():
+            value = getattr(row, key)
+            if key == "marginal_error":
+                value = "" if value is None or not math.isfinite(value) else f"{value:.2e}"
+            elif key == "ms":
+                value = round(value, 1)
+            elif isinstance(value, float):
+                value = round(value, digits)
+            rec[title] = value
+        records.append(rec)
+    return pd.DataFrame.from_records(records, columns=list(SCORE_COLUMNS.values()))
+
+
+def score_records(rows: Sequence[ScoreRow]) -> list[dict]:
+    """The rows as plain dicts with full precision (for JSON export)."""
+    return [asdict(row) for row in rows]
