@@ -22,11 +22,12 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from otviz.backbone import Backbone
+from otviz.backbone import Backbone, ImageInputError
 from otviz.eval.grounding_metrics import mean_offdiag_cosine
 from otviz.methods.conceptot import ConceptOT
 from otviz.pipeline import InputError
 from otviz.suite import SuiteMethod
+from otviz.text.tokens import TokenizationError
 from otviz.ui.context import COMMON_CONCEPTS, EMBEDDED, AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
 from otviz.viz.anchors import (
@@ -61,6 +62,7 @@ MAX_WORDS = 100
 MAX_WORD_CHARS = 40
 _SEPARATORS = re.compile(r"[,;\n]+")
 _HAS_ALNUM = re.compile(r"[A-Za-z0-9]")
+USER_ERRORS = (InputError, ImageInputError, TokenizationError)  # shown as gr.Error
 
 
 def default_words(checkpoint: str) -> str:
@@ -299,7 +301,7 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
     def on_bank(checkpoint: str, text: str, proj: str):
         try:
             view = anchor_bank_view(ctx, checkpoint, text, proj)
-        except InputError as e:
+        except USER_ERRORS as e:
             raise gr.Error(str(e)) from None
         choices = [(str(k), int(k)) for k in range(len(view.order))]
         return (
@@ -310,7 +312,7 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
     def on_maps(img, text: str, checkpoint: str, top: int, pick: list[int], separate: bool):
         try:
             view = anchor_maps_view(ctx, checkpoint, img, text, top, pick, separate)
-        except InputError as e:
+        except USER_ERRORS as e:
             raise gr.Error(str(e)) from None
         return view.figure, view.files
 

@@ -1,0 +1,307 @@
+"""The "Phrases & regions" view: PowerCLIP's alignment of parse-tree nodes with region-mask
+subsets (PowerCLIP Eq. 1-16).
+
+The caption's constituency tree (and which parser made it) with a picker of its phrase
+nodes; the region masks on the image; the picked node's best-matching region subset (exact
+``argmax_A Q_{A,B}`` by enumeration, and PowerCLIP's own soft membership); and the exact
+T2R / R2T aggregations next to their NLA approximations on the same region-node scores.
+
+Callbacks are plain functions of plain values (testable without a browser); the builder
+only wires them to components.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import gradio as gr
+import numpy as np
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from otviz.backbone import ImageInputError
+from otviz.methods.powerclip import PowerCLIP
+from otviz.ot.powerset import (
+    MAX_EXACT_REGIONS,
+    exact_r2t,
+    exact_t2r,
+    nla_t1,
+    nla_t2,
+    powerset_scores,
+)
+from otviz.pipeline import REGION_KINDS, InputError
+from otviz.text.parse import phrase_nodes
+from otviz.text.tokens import TokenizationError
+from otviz.text.tree import Tree
+from otviz.ui.context import AppContext, SharedInputs
+from otviz.ui.downloads import DownloadDir
+from otviz.viz.regions import best_subset_figure, regions_figure
+from otviz.viz.trees import tree_figure
+
+HOW_TO_READ = """**How to read this view.** PowerCLIP (PowerSet alignment) scores an image
+against a caption by matching *sets* of image regions with the *phrases* of the caption's
+parse tree. **Tree**: every phrase node (pick one in the list) is one phrase B; the
+highlighted box and its subtree are the picked node. **Regions**: the masks the image is cut
+into (grid cells, seeded random boxes, or colour segments), numbered. **Best regions**: for
+the picked phrase, the region subset A that maximises the score Q(A, B) (left: exact, by
+enumerating all 2^M subsets; it is the set of regions with a positive score, Corollary 1)
+and PowerCLIP's soft version (right: bright = in the subset). **Table**: the exact
+tree-to-regions (T2R) and regions-to-tree (R2T) aggregations, computed by enumerating the
+powerset, next to the linear-time approximations PowerCLIP trains with (NLA-T1 and NLA-T2).
+NLA-T1 is never below T2R and exceeds it by at most tau * M * log 2 (Theorem 1); R2T lies
+between Lambda(0) and Lambda(1) (Eq. 78), which NLA-T2 interpolates with alpha."""
+
+BENEPAR_NOTE = (
+    "benepar's model (benepar_en3) is not installed here, so the built-in chunker made the "
+    "tree (it reproduces the synthetic world's gold trees exactly; ordinary captions get "
+    "NP / PP / VP chunks). A Space can fetch benepar_en3 at start-up with "
+    "`otviz.text.parse.try_download_benepar()`."
+)
+SUMMARY_HEADERS = ["aggregation", "exact", "approximation", "approx. value", "approx. - exact",
+                   "guarantee"]
+NODE_HEADERS = ["node", "label", "words", "exact A*", "Q(A*, B)", "method's best-subset score",
+                "method's soft members (> 0.5)"]
+MAX_TAU = 10.0
+USER_ERRORS = (InputError, ImageInputError, TokenizationError)  # shown as gr.Error
+
+
+def node_label(node: Tree) -> str:
+    """Picker text of a phrase node: ``"NP: a red circle"`` (cut at 60 characters)."""
+    text = f"{node.label}: {node.span_text()}"
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def powerset_summary(
+    q: Tensor, region_mask: Tensor, node_mask: Tensor, tau: float, alpha: float
+) -> dict[str, float | None]:
+    """Exact T2R / R2T (enumerated powerset; ``None`` above :data:`MAX_EXACT_REGIONS`
+    regions), NLA-T1 / NLA-T2 at ``tau`` and ``alpha``, the Theorem 1 bound
+    ``tau * M * log 2`` and the Eq. 78 bracket ``Lambda(0) = max_B Q_{all,B} / 2``,
+    ``Lambda(1) = max_{A,B} Q_{A,B}`` of R2T, all from one ``q [1, R, K]``."""
+    m = int(region_mask.sum())
+    out: dict[str, float | None] = {
+        "M": m,
+        "tau": tau,
+        "alpha": alpha,
+        "nla_t1": float(nla_t1(q, tau, region_mask, node_mask)[0]),
+        "nla_t2": float(nla_t2(q, tau, alpha, region_mask, node_mask)[0]),
+        "t1_bound": tau * m * math.log(2.0),
+        "t2r": None,
+        "r2t": None,
+        "lambda0": None,
+        "lambda1": None,
+    }
+    if q.shape[-2] <= MAX_EXACT_REGIONS:
+        qa = powerset_scores(q, region_mask)[0][:, node_mask[0]]  # [2^R, K_valid]
+        out["t2r"] = float(exact_t2r(q, region_mask, node_mask)[0][0])
+        out["r2t"] = float(exact_r2t(q, region_mask, node_mask)[0])
+        out["lambda0"] = float(qa[-1].max()) / 2.0
+        out["lambda1"] = float(qa.max())
+    return out
+
+
+def summary_rows(s: dict[str, float | None]) -> list[list]:
+    """The exact-vs-NLA table of :func:`powerset_summary` ("n/a" where not enumerated)."""
+
+    def num(x: float | None):
+        return "n/a" if x is None else round(x, 6)
+
+    def diff(a: float, b: float | None):
+        return "n/a" if b is None else round(a - b, 6)
+
+    total = None if s["t2r"] is None else s["t2r"] + s["r2t"]
+    bracket = (
+        "n/a" if s["lambda0"] is None
+        else f"Lambda(0) = {s['lambda0']:.4g} <= R2T <= Lambda(1) = {s['lambda1']:.4g} (Eq. 78)"
+    )
+    return [
+        ["T2R (Eq. 7)", num(s["t2r"]), "NLA-T1 (Eq. 14)", num(s["nla_t1"]),
+         diff(s["nla_t1"], s["t2r"]),
+         f"0 <= error <= tau M log 2 = {s['t1_bound']:.4g} (Theorem 1)"],
+        ["R2T (Eq. 6, 42)", num(s["r2t"]), "NLA-T2 (Eq. 15)", num(s["nla_t2"]),
+         diff(s["nla_t2"], s["r2t"]), bracket],
+        ["T2R + R2T", num(total), "S = NLA-T1 + NLA-T2 (Eq. 16)",
+         num(s["nla_t1"] + s["nla_t2"]), diff(s["nla_t1"] + s["nla_t2"], total), ""],
+    ]
+
+
+@dataclass
+class PhrasesView:
+    """Everything the view shows for one pair, region kind and picked node."""
+
+    parser: str
+    nodes: list[Tree]  # phrase_nodes of the tree, PowerCLIP's node order
+    choices: list[tuple[str, int]]  # picker entries of the nodes that kept a token
+    node: int  # the picked node (index into ``nodes``)
+    regions: np.ndarray  # [R, N] bool region masks
+    q: np.ndarray  # [R, K] region-node scores
+    exact_best: np.ndarray | None  # [K, R] bool exact best subsets (None above 12 regions)
+    soft_best: np.ndarray  # [K, R] the method's memberships (extras["node_best_regions"])
+    summary: dict[str, float | None]
+    summary_table: list[list]
+    node_table: list[list]
+    tree_figure: Figure
+    regions_figure: Figure
+    subset_figure: Figure
+    parser_note: str
+    files: list[str]
+
+
+def phrases_view(
+    ctx: AppContext,
+    checkpoint: str,
+    image,
+    caption: str | None,
+    regions: str = "grid",
+    node: int | None = None,
+    tau: float | None = None,
+) -> PhrasesView:
+    """Run PowerCLIP on the pair with ``regions`` masks (cached) and assemble the view for
+    phrase node ``node`` (default: the first); ``tau`` (default: the method's) sets the
+    temperature of the NLA column of the exact-vs-NLA table."""
+    if regions not in REGION_KINDS:
+        raise InputError(f"unknown region kind {regions!r}; choose one of {REGION_KINDS}")
+    explainer = ctx.explainer(checkpoint)
+    suite = ctx.suite(checkpoint)
+    entry = suite.methods.get("powerclip")
+    if entry is None or not isinstance(entry.method, PowerCLIP):
+        raise InputError(f"the checkpoint {checkpoint!r} has no PowerCLIP method")
+    method = entry.method
+    tau = method.tau if tau is None else float(tau)
+    if not 0.0 < tau <= MAX_TAU:
+        raise InputError(f"tau must be in (0, {MAX_TAU}], got {tau}")
+    encoded = explainer.encode(image, caption)
+    extras = explainer.align(encoded, suite, ["powerclip"], regions)["powerclip"].alignment.extras
+    nodes = phrase_nodes(encoded.parse.tree)
+    node_mask = extras["node_mask"][0]
+    choices = [(node_label(n), k) for k, n in enumerate(nodes) if bool(node_mask[k])]
+    node = choices[0][1] if node is None else int(node)
+    if node not in {k for _, k in choices}:
+        raise InputError(
+            f"no phrase node {node} in this caption: press Show to list its phrases"
+        )
+
+    q = extras["region_node_scores"]
+    region_mask = extras["region_mask"]
+    summary = powerset_summary(q, region_mask, extras["node_mask"], tau, method.alpha)
+    masks = extras["regions"][0].numpy()
+    exact_best = None
+    if q.shape[-2] <= MAX_EXACT_REGIONS:
+        exact_best = exact_t2r(q, region_mask, extras["node_mask"])[1][0].numpy()
+    soft_best = extras["node_best_regions"][0].double().numpy()
+    q0 = q[0].double().numpy()
+    node_table = _node_rows(nodes, node_mask, q0, exact_best, soft_best,
+                            extras["node_best_score"][0].double().numpy())
+
+    parser = encoded.parse.parser
+    soft_label = (
+        "PowerCLIP (exact mode)" if method.exact
+        else f"PowerCLIP's NLA membership sigmoid(q / tau), tau = {method.tau:g}"
+    )
+    tree_fig = tree_figure(
+        encoded.parse.tree, nodes[node], title=f"Constituency tree ({parser} parser)"
+    )
+    regions_fig = regions_figure(
+        encoded.image, masks, encoded.grid, title=f"{len(masks)} regions ({regions})"
+    )
+    subset_fig = best_subset_figure(
+        encoded.image, masks, encoded.grid,
+        None if exact_best is None else exact_best[node], soft_best[node],
+        nodes[node].span_text(), soft_label,
+    )
+    note = f"Tree made by the **{parser}** parser."
+    if parser == "builtin":
+        note += " " + BENEPAR_NOTE
+    summary_table = summary_rows(summary)
+
+    out = DownloadDir()
+    out.save_figure(tree_fig, "parse_tree")
+    out.save_figure(regions_fig, f"regions_{regions}")
+    out.save_figure(subset_fig, f"best_regions_node{node}")
+    out.save_array(q0, "region_node_scores", columns=[node_label(n) for n in nodes])
+    out.save_array(masks.astype(np.uint8), f"region_masks_{regions}")
+    out.save_json(
+        {
+            "caption": encoded.caption,
+            "parser": parser,
+            "tree": encoded.parse.tree.to_bracket(),
+            "nodes": [{"label": n.label, "start": n.start, "end": n.end,
+                       "words": n.span_text()} for n in nodes],
+            "regions": regions,
+            "summary": summary,
+            "per_node": [dict(zip(NODE_HEADERS, row, strict=True)) for row in node_table],
+        },
+        "powerset_scores",
+    )
+    return PhrasesView(
+        parser, nodes, choices, node, masks, q0, exact_best, soft_best, summary, summary_table,
+        node_table, tree_fig, regions_fig, subset_fig, note, [str(p) for p in out.files],
+    )
+
+
+def _node_rows(
+    nodes: list[Tree],
+    node_mask: Tensor,
+    q: np.ndarray,
+    exact_best: np.ndarray | None,
+    soft_best: np.ndarray,
+    soft_score: np.ndarray,
+) -> list[list]:
+    """Per valid node: its exact best subset and score ``Q(A*, B) = sum_{m in A*} q_mB``
+    next to the method's best-subset score and soft members."""
+    rows = []
+    for k, n in enumerate(nodes):
+        if not bool(node_mask[k]):
+            continue
+        if exact_best is None:
+            subset, score = "n/a", "n/a"
+        else:
+            chosen = np.flatnonzero(exact_best[k])
+            subset = "{" + ", ".join(map(str, chosen)) + "}"
+            score = round(float(q[chosen, k].sum()), 6)
+        soft = "{" + ", ".join(map(str, np.flatnonzero(soft_best[k] > 0.5))) + "}"
+        rows.append([k, n.label, n.span_text(), subset, score, round(float(soft_score[k]), 6),
+                     soft])
+    return rows
+
+
+def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
+    """Add the Phrases & regions view to the enclosing ``gr.Blocks`` (inside its tab)."""
+    with gr.Row():
+        with gr.Column(scale=1):
+            kind = gr.Radio(list(REGION_KINDS), value="grid", label="Regions")
+            picker = gr.Dropdown(choices=[], label="Phrase node")
+            tau = gr.Number(value=None, label="tau of the NLA column (empty: the method's)",
+                            minimum=0.0)
+            run = gr.Button("Show phrases & regions", variant="primary")
+            note = gr.Markdown()
+        with gr.Column(scale=2):
+            tree_plot = gr.Plot(label="Constituency tree")
+    with gr.Row():
+        regions_plot = gr.Plot(label="Region masks")
+        subset_plot = gr.Plot(label="Best-matching regions of the phrase")
+    summary = gr.Dataframe(headers=SUMMARY_HEADERS, label="Exact powerset vs NLA")
+    per_node = gr.Dataframe(headers=NODE_HEADERS, label="Best region subset per node")
+    files = gr.File(label="Downloads", file_count="multiple")
+    gr.Markdown(HOW_TO_READ)
+
+    def on_show(img, text: str, checkpoint: str, region_kind: str, k: int | None,
+                t: float | None, keep_node: bool):
+        try:
+            view = phrases_view(
+                ctx, checkpoint, img, text, region_kind, k if keep_node else None, t
+            )
+        except USER_ERRORS as e:
+            raise gr.Error(str(e)) from None
+        return (
+            gr.Dropdown(choices=view.choices, value=view.node), view.tree_figure,
+            view.regions_figure, view.subset_figure, view.summary_table, view.node_table,
+            view.parser_note, view.files,
+        )
+
+    inputs = [shared.image, shared.caption, shared.checkpoint, kind, picker, tau]
+    outputs = [picker, tree_plot, regions_plot, subset_plot, summary, per_node, note, files]
+    run.click(lambda *a: on_show(*a, False), inputs, outputs)
+    for control in (kind, picker, tau):
+        control.input(lambda *a: on_show(*a, True), inputs, outputs)

@@ -1,0 +1,165 @@
+"""Region masks on the patch grid drawn on the image (matplotlib): translucent fills in a
+qualitative colour per region, outlines along patch boundaries, region ids; and a node's
+best-matching region subset (PowerCLIP Eq. 7 / Corollary 1, and the NLA's soft version).
+
+Masks are bool ``[R, N]`` on an ``(H, W)`` patch grid, row-major (:mod:`otviz.regions`).
+Each region is drawn as an RGBA layer at patch resolution stretched over the image with
+nearest-neighbour interpolation, so a patch cell is coloured exactly when it is in the mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.collections import LineCollection
+from matplotlib.figure import Figure
+
+from otviz.viz.heatmaps import draw_heatmap
+from otviz.viz.style import HEAT_CMAP, new_figure
+
+FILL_ALPHA = 0.35
+
+
+def region_colours(n: int) -> np.ndarray:
+    """``[n, 3]`` RGB in [0, 1]: ``tab10`` up to 10 regions, ``tab20`` beyond (cycled)."""
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20"]
+    return np.array([cmap(k % cmap.N)[:3] for k in range(n)])
+
+
+def region_layer(mask: np.ndarray, grid: tuple[int, int], colour, alpha: float) -> np.ndarray:
+    """``[H, W, 4]`` RGBA layer on the patch grid: ``colour`` with opacity ``alpha`` on the
+    mask's patches, transparent elsewhere."""
+    cells = np.asarray(mask, dtype=bool).reshape(grid)
+    layer = np.zeros((*grid, 4))
+    layer[..., :3] = np.asarray(colour)[:3]
+    layer[..., 3] = np.where(cells, alpha, 0.0)
+    return layer
+
+
+def mask_outline(
+    mask: np.ndarray, grid: tuple[int, int], size: tuple[int, int]
+) -> list[list[tuple[float, float]]]:
+    """Pixel-space segments of the boundary of a patch mask: every side of a patch in the
+    mask whose neighbour across that side is not (``size`` is the image's ``(H, W)``)."""
+    gh, gw = grid
+    height, width = size
+    cells = np.pad(np.asarray(mask, dtype=bool).reshape(grid), 1)
+    sy, sx = height / gh, width / gw
+    segments = []
+    for y, x in zip(*np.nonzero(cells[1:-1, 1:-1]), strict=True):
+        x0, x1, y0, y1 = x * sx, (x + 1) * sx, y * sy, (y + 1) * sy
+        if not cells[y, x + 1]:  # above
+            segments.append([(x0, y0), (x1, y0)])
+        if not cells[y + 2, x + 1]:  # below
+            segments.append([(x0, y1), (x1, y1)])
+        if not cells[y + 1, x]:  # left
+            segments.append([(x0, y0), (x0, y1)])
+        if not cells[y + 1, x + 2]:  # right
+            segments.append([(x1, y0), (x1, y1)])
+    return segments
+
+
+def mask_centre(mask: np.ndarray, grid: tuple[int, int], size: tuple[int, int]):
+    """Pixel ``(x, y)`` of the mean of the mask's patch centres (``None`` when empty)."""
+    ys, xs = np.nonzero(np.asarray(mask, dtype=bool).reshape(grid))
+    if not len(ys):
+        return None
+    return (xs.mean() + 0.5) * size[1] / grid[1], (ys.mean() + 0.5) * size[0] / grid[0]
+
+
+def draw_regions(
+    ax: Axes,
+    image: np.ndarray | None,
+    masks: np.ndarray,
+    grid: tuple[int, int],
+    *,
+    size: tuple[int, int] | None = None,
+    shown: Sequence[int] | None = None,
+    fill: bool = True,
+    title: str | None = None,
+) -> None:
+    """Draw ``image`` (if given) and the ``shown`` regions (default all) of ``masks [R, N]``:
+    one RGBA layer per region in ``ax.images`` (after the image), its outline and its id.
+    ``size`` is the ``(H, W)`` of the drawing when there is no image."""
+    masks = np.asarray(masks, dtype=bool)
+    height, width = image.shape[:2] if image is not None else size
+    extent = (0, width, height, 0)
+    if image is not None:
+        ax.imshow(image, extent=extent, interpolation="nearest")
+    colours = region_colours(len(masks))
+    for m in range(len(masks)) if shown is None else shown:
+        if fill:
+            ax.imshow(
+                region_layer(masks[m], grid, colours[m], FILL_ALPHA),
+                extent=extent, interpolation="nearest",
+            )
+        outline = mask_outline(masks[m], grid, (height, width))
+        ax.add_collection(LineCollection(outline, colors=[colours[m]], linewidths=1.8))
+        centre = mask_centre(masks[m], grid, (height, width))
+        if centre is not None:
+            ax.text(
+                *centre, str(m), ha="center", va="center", fontsize=8, color="white",
+                bbox={"boxstyle": "circle,pad=0.15", "fc": colours[m], "ec": "none"},
+            )
+    ax.set_xlim(0, width)
+    ax.set_ylim(height, 0)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title:
+        ax.set_title(title, fontsize=9)
+
+
+def regions_figure(
+    image: np.ndarray, masks: np.ndarray, grid: tuple[int, int], title: str | None = None
+) -> Figure:
+    """All region masks on the image: translucent fills, outlines and ids."""
+    fig = new_figure(4.4, 4.4)
+    draw_regions(fig.subplots(), image, masks, grid, title=title)
+    return fig
+
+
+def soft_cover(masks: np.ndarray, membership: np.ndarray) -> np.ndarray:
+    """``[N]`` soft union ``1 - prod_m (1 - w_m R_mn)`` of the regions with memberships
+    ``w [R]`` in [0, 1] (the patch cover of a node's best subset, as PowerCLIP's plan in
+    :mod:`otviz.methods.powerclip` forms it)."""
+    masks = np.asarray(masks, dtype=np.float64)
+    return 1.0 - np.prod(1.0 - np.asarray(membership, dtype=np.float64)[:, None] * masks, axis=0)
+
+
+def best_subset_figure(
+    image: np.ndarray,
+    masks: np.ndarray,
+    grid: tuple[int, int],
+    exact_members: np.ndarray | None,
+    soft_members: np.ndarray,
+    phrase: str,
+    soft_label: str,
+) -> Figure:
+    """A node's best-matching region subset: the exact ``A* = argmax_A Q_{A,B}`` as filled
+    regions (``exact_members [R]`` bool; ``None`` when the powerset is too large to
+    enumerate), and the method's soft membership ``soft_members [R]`` as the heat of its
+    soft union over the patches, with the regions of membership > 0.5 outlined."""
+    fig = new_figure(8.6, 4.4)
+    ax_exact, ax_soft = fig.subplots(1, 2)
+    height, width = image.shape[:2]
+    if exact_members is None:
+        ax_exact.imshow(image, extent=(0, width, height, 0))
+        ax_exact.set_title("exact subset: too many regions to enumerate", fontsize=9)
+        ax_exact.set_xticks([])
+        ax_exact.set_yticks([])
+    else:
+        chosen = [int(m) for m in np.flatnonzero(exact_members)]
+        ids = "{" + ", ".join(map(str, chosen)) + "}" if chosen else "∅ (no region scores > 0)"
+        draw_regions(ax_exact, image, masks, grid, shown=chosen, title=f"exact A* = {ids}")
+    cover = soft_cover(masks, soft_members).reshape(grid)
+    mappable = draw_heatmap(
+        ax_soft, image, cover, vmin=0.0, vmax=1.0, cmap=HEAT_CMAP, title=soft_label
+    )
+    likely = [int(m) for m in np.flatnonzero(np.asarray(soft_members) > 0.5)]
+    draw_regions(ax_soft, None, masks, grid, size=(height, width), shown=likely, fill=False)
+    fig.colorbar(mappable, ax=ax_soft, shrink=0.8, label="soft membership of the subset")
+    fig.suptitle(f'Best-matching regions of "{phrase}"', fontsize=10)
+    return fig
