@@ -57,6 +57,8 @@ def save_checkpoint(
         tmp_meta = _temp_name(directory, META_FILE)
         try:
             tmp_meta.write_text(text + "\n", encoding="utf-8")
+            for tmp in (tmp_tensors, tmp_meta):  # temp files are private; checkpoints are not
+                os.chmod(tmp, 0o644)
             os.replace(tmp_tensors, directory / TENSORS_FILE)
             os.replace(tmp_meta, directory / META_FILE)
         finally:

@@ -53,7 +53,7 @@ def tiny_clip_config(
     text_layers: int = 4,
     text_heads: int = 4,
     context_length: int = 32,
-    vision_pool: str = "avg",
+    vision_pool: str = "tok",
 ) -> dict[str, Any]:
     """The open_clip model config (``custom_text``: text tower at ``model.text``).
 

@@ -43,6 +43,7 @@ def test_round_trip(tmp_path):
     for k, v in tensors.items():
         assert loaded[k].dtype == v.dtype and torch.equal(loaded[k], v)
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [META_FILE, TENSORS_FILE]
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in (tmp_path / "ck").iterdir())
 
 
 def test_overwrite_and_failed_save_keeps_previous(tmp_path):

@@ -15,7 +15,7 @@ import torch
 from open_clip.tokenizer import SimpleTokenizer
 from torch import Tensor
 
-from otviz.world import World, WorldConfig
+from otviz.world import Sample, World, WorldConfig
 
 
 @dataclass
@@ -42,15 +42,16 @@ def render_split(
     exactly as open_clip does (truncating at ``context_length``)."""
     if n < 1:
         raise ValueError("n must be positive")
-    config = config or WorldConfig(negatives=False)
-    world = World(config, split=split, seed=seed)
-    size = config.image_size
-    images = np.empty((n, size, size, 3), dtype=np.uint8)
-    captions = []
-    for i in range(n):
-        s = world.sample(i)
-        images[i] = s.image
-        captions.append(s.caption)
+    world = World(config or WorldConfig(negatives=False), split=split, seed=seed)
+    return split_from_samples([world.sample(i) for i in range(n)], context_length, tokenizer)
+
+
+def split_from_samples(
+    samples: list[Sample], context_length: int, tokenizer: SimpleTokenizer | None = None
+) -> RenderedSplit:
+    """Stack world samples into a :class:`RenderedSplit`."""
+    images = np.stack([s.image for s in samples])
+    captions = [s.caption for s in samples]
     tokenizer = tokenizer or SimpleTokenizer(context_length=context_length)
     ids = tokenizer(captions, context_length=context_length)
     return RenderedSplit(torch.from_numpy(images), ids, captions)

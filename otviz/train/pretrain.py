@@ -37,7 +37,13 @@ from otviz.tiny_clip import (
     save_tiny_clip,
     tiny_clip_config,
 )
-from otviz.train.data import RenderedSplit, normalise, random_shift, render_split
+from otviz.train.data import (
+    RenderedSplit,
+    normalise,
+    random_shift,
+    render_split,
+    split_from_samples,
+)
 from otviz.world import World, WorldConfig, ambiguous_caption_share, retrieval_ceiling
 
 Progress = Callable[[int, int, dict[str, float]], None]
@@ -63,7 +69,7 @@ class PretrainConfig:
     text_layers: int = 4
     text_heads: int = 4
     context_length: int = 32
-    vision_pool: str = "avg"  # "avg": image embedding = mean of patch tokens; "tok": CLS
+    vision_pool: str = "tok"  # "avg": image embedding = mean of patch tokens; "tok": CLS
     loss: str = "infonce"  # or an OT-CLIP kind of otviz.train.otclip_losses
     max_shift: int = 2  # augmentation: random translation in pixels (0: none)
     threads: int = 2
@@ -142,9 +148,9 @@ def pretrain(config: PretrainConfig, progress: Progress | None = None) -> dict[s
     world_cfg = WorldConfig(negatives=False)
     cfg = config.model_config()
     train = render_split("train", config.n_train, config.seed, config.context_length, world_cfg)
-    test = render_split("test", config.n_test, config.seed, config.context_length, world_cfg)
     test_world = World(world_cfg, split="test", seed=config.seed)
     test_samples = [test_world.sample(i) for i in range(config.n_test)]
+    test = split_from_samples(test_samples, config.context_length)
     ceiling = {
         "ambiguous_caption_share": ambiguous_caption_share(test_samples),
         "t2i_r1_ceiling": retrieval_ceiling(test_samples),
