@@ -233,8 +233,8 @@ def anchor_maps_view(
     explainer = ctx.explainer(checkpoint)
     entry = conceptot_entry(ctx, checkpoint)
     encoded = explainer.encode(image, caption)
-    alignment = explainer.align(encoded, ctx.suite(checkpoint), ["conceptot"])["conceptot"]
-    alignment = alignment.alignment
+    run = explainer.align(encoded, ctx.suite(checkpoint), ["conceptot"])["conceptot"]
+    alignment = run.alignment
     kernel = anchor_kernel_maps(alignment.extras["patch_anchor_cosine"][0], entry.method.config.eps)
     kernel = kernel.T.double().numpy()  # [r, N]
     mass = anchor_mass(alignment.plan)[0].double().numpy()
@@ -254,7 +254,7 @@ def anchor_maps_view(
         shared_scale=not per_map_scale,
         colorbar_label="anchor kernel K_ZP",
         cmap=HEAT_CMAP,
-        suptitle=f"Where the anchors are active: \"{encoded.caption[:60]}\"",
+        suptitle=f"Where the anchors are active: \"{_short(encoded.caption)}\"",
     )
     out = DownloadDir()
     out.save_figure(figure, "anchor_maps")
@@ -265,6 +265,10 @@ def anchor_maps_view(
         "anchor_mass",
     )
     return AnchorMapsView(kernel, mass, shown, figure, [str(p) for p in out.files])
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:

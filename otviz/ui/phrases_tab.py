@@ -108,7 +108,7 @@ def summary_rows(s: dict[str, float | None]) -> list[list]:
         return "n/a" if x is None else round(x, 6)
 
     def diff(a: float, b: float | None):
-        return "n/a" if b is None else round(a - b, 6)
+        return "n/a" if b is None else round(a - b, 6) + 0.0  # no "-0.0"
 
     total = None if s["t2r"] is None else s["t2r"] + s["r2t"]
     bracket = (
