@@ -54,13 +54,15 @@ def tiny_clip_config(
     text_heads: int = 4,
     context_length: int = 32,
     vision_pool: str = "tok",
+    vision_pos_embed: str = "learnable",
 ) -> dict[str, Any]:
     """The open_clip model config (``custom_text``: text tower at ``model.text``).
 
     ``vision_pool="avg"`` pools the image as the mean of its patch tokens (after
     ``ln_post``), so the global image embedding is exactly the mean of the projected patch
     tokens and every patch token is trained directly; ``"tok"`` uses the class token as
-    OpenAI CLIP does.
+    OpenAI CLIP does. ``vision_pos_embed="sin_cos_2d"`` fixes the patch position embeddings to
+    2-D sine-cosine codes instead of learning them.
     """
     if vision_width % vision_heads or text_width % text_heads:
         raise ValueError("widths must be divisible by their number of heads")
@@ -77,6 +79,7 @@ def tiny_clip_config(
             "head_width": vision_width // vision_heads,
             "mlp_ratio": 4.0,
             "pool_type": vision_pool,
+            "pos_embed_type": vision_pos_embed,
         },
         "text_cfg": {
             "context_length": context_length,

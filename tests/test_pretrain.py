@@ -90,6 +90,7 @@ def test_command_line_round_trip(monkeypatch):
     cmd = command_line(config)
     assert cmd.startswith("python -m otviz.train.pretrain ")
     assert "--steps 7" in cmd and "--max-shift 0" in cmd and "'x y'" in cmd
+    assert command_line(config, "otviz pretrain") == "otviz pretrain" + cmd.split("pretrain", 1)[1]
     seen = []
 
     def fake_pretrain(c, progress=None):
@@ -104,7 +105,9 @@ def test_command_line_round_trip(monkeypatch):
 def test_pretrain_smoke(tmp_path):
     calls = []
     config = PretrainConfig(**SMOKE, out=str(tmp_path / "ck"))
+    threads = torch.get_num_threads()
     metrics = pretrain(config, progress=lambda step, total, info: calls.append((step, info)))
+    assert torch.get_num_threads() == threads
     assert [s for s, _ in calls] == list(range(1, 41))
     losses = torch.tensor([info["loss"] for _, info in calls])
     assert losses[-10:].mean() < losses[:5].mean() - 0.3  # it learns

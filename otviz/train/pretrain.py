@@ -70,6 +70,7 @@ class PretrainConfig:
     text_heads: int = 4
     context_length: int = 32
     vision_pool: str = "tok"  # "avg": image embedding = mean of patch tokens; "tok": CLS
+    vision_pos_embed: str = "learnable"  # or "sin_cos_2d" (fixed 2-D patch positions)
     loss: str = "infonce"  # or an OT-CLIP kind of otviz.train.otclip_losses
     max_shift: int = 2  # augmentation: random translation in pixels (0: none)
     threads: int = 2
@@ -87,6 +88,7 @@ class PretrainConfig:
             text_heads=self.text_heads,
             context_length=self.context_length,
             vision_pool=self.vision_pool,
+            vision_pos_embed=self.vision_pos_embed,
         )
 
 
@@ -140,10 +142,19 @@ def retrieval_recalls(sim: Tensor, ks: tuple[int, ...] = (1, 5, 10)) -> dict[str
 
 def pretrain(config: PretrainConfig, progress: Progress | None = None) -> dict[str, Any]:
     """Train a tiny CLIP with ``config``; returns the final metrics (also saved with the
-    checkpoint in ``config.out`` unless it is empty)."""
+    checkpoint in ``config.out`` unless it is empty). ``progress(step, total, log_entry)`` is
+    called after every step. Torch's thread count is restored afterwards."""
     _check_loss(config.loss)
-    t_start, cpu_start = time.perf_counter(), time.process_time()
+    threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
+    try:
+        return _pretrain(config, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _pretrain(config: PretrainConfig, progress: Progress | None) -> dict[str, Any]:
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     torch.manual_seed(config.seed)
     world_cfg = WorldConfig(negatives=False)
     cfg = config.model_config()
@@ -219,6 +230,7 @@ def pretrain(config: PretrainConfig, progress: Progress | None = None) -> dict[s
             "world": {"config": _world_meta(world_cfg), "version": _world_version()},
             "recipe": dataclasses.asdict(config),
             "command": command_line(config),
+            "cli_command": command_line(config, "otviz pretrain"),
             "metrics": result,
             "log": log,
         }
@@ -236,10 +248,11 @@ def _check_loss(kind: str) -> None:
         raise ValueError(f"unknown loss {kind!r}; known: {list(KINDS)}")
 
 
-def command_line(config: PretrainConfig) -> str:
-    """The ``python -m otviz.train.pretrain`` command reproducing ``config`` (non-defaults)."""
+def command_line(config: PretrainConfig, program: str = "python -m otviz.train.pretrain") -> str:
+    """The command reproducing ``config`` (non-default fields as flags); ``program`` may be
+    ``"otviz pretrain"``, the CLI, whose flags are the same."""
     default = PretrainConfig()
-    parts = ["python", "-m", "otviz.train.pretrain"]
+    parts = shlex.split(program)
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if value != getattr(default, f.name):
