@@ -10,7 +10,9 @@ the method (:func:`local_objective`):
 * ``qct`` (QC-Align): the batch mean of the Sinkhorn-divergence QCT loss over the positive
   pairs (``L = L_global + lambda L_QCT``, QC-Align's only local term; no negatives);
 * ``powerset_triplet`` (PowerCLIP): the triplet loss ``Phi(S) + Phi(S^T)`` over the ``C x C``
-  NLA similarities of the batch (Eq. 8-9, 16), hardest negative over the whole batch;
+  NLA similarities of the batch (Eq. 8-9, 16), hardest negative over the whole batch (not
+  mined; :meth:`PowerCLIP.powerset_loss` does not exclude duplicate captions, so a duplicate
+  in a batch only caps its row's hinge at the margin);
 * ``none`` (Global-only): no local scorer, only the global term (which needs a trainable
   global head to train anything).
 
