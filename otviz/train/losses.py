@@ -11,8 +11,9 @@ the method (:func:`local_objective`):
   pairs (``L = L_global + lambda L_QCT``, QC-Align's only local term; no negatives);
 * ``powerset_triplet`` (PowerCLIP): the triplet loss ``Phi(S) + Phi(S^T)`` over the ``C x C``
   NLA similarities of the batch (Eq. 8-9, 16), hardest negative over the whole batch (not
-  mined; :meth:`PowerCLIP.powerset_loss` does not exclude duplicate captions, so a duplicate
-  in a batch only caps its row's hinge at the margin);
+  mined; :meth:`PowerCLIP.powerset_loss` does not exclude duplicate captions: a row whose
+  hardest "negative" is the same caption text has its hinge fixed at the margin, with no
+  gradient);
 * ``none`` (Global-only): no local scorer, only the global term (which needs a trainable
   global head to train anything).
 
