@@ -183,17 +183,20 @@ def train_method(
 
     Returns:
         A :class:`TrainResult` (status ``"skipped"`` with the reason when nothing trains).
+        The caller's torch thread count is restored afterwards.
     """
-    torch.set_num_threads(max(1, config.threads))
     reason = _nothing_to_train(config)
     if reason is not None:
         log.info(reason)
         return TrainResult(config.method, "skipped", reason)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, config.threads))
     info = D.setup(config.device)
     try:
         return _train(config, info, progress, stop, source)
     finally:
         D.teardown(info)
+        torch.set_num_threads(threads)
 
 
 def _load_source(
