@@ -28,8 +28,10 @@ from otviz.ui.align_tab import (
     TAB_TITLE,
     _user_errors,
     align_downloads,
+    align_runs,
     align_view,
     build_align_tab,
+    default_phrase,
     phrase_choices,
     phrase_view,
     plan_view,
@@ -86,8 +88,6 @@ def encoded(tools, sample):
 
 
 def _runs(tools, encoded, regions="grid"):
-    from otviz.ui.align_tab import align_runs
-
     return align_runs(*tools, encoded, regions)
 
 
@@ -257,6 +257,8 @@ def test_phrase_choices_are_words_and_parse_tree_phrases(encoded):
     for node in nps:
         label = values[f"span:{node.start}:{node.end}"]
         assert label.endswith(f'"{node.span_text()}"')
+    first = min(nps, key=lambda n: (n.start, n.end - n.start))  # the first base NP
+    assert default_phrase(choices) == f"span:{first.start}:{first.end}"
 
 
 def test_phrase_heatmaps_equal_alignment_heatmap(tools, sample, encoded, view):
