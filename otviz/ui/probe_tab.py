@@ -40,20 +40,21 @@ TRUE = "true"
 CUSTOM = "custom"
 
 TAB_TITLE = "Probe"
-HOW_TO_READ = """**How to read this view.** The first caption is yours (the *true* one); below
-it are automatic edits that change its meaning but keep its words (SugarCrepe categories:
-swap two adjectives, swap two nouns, replace a relation, add an absent object; an edit
-that does not apply is listed as skipped, with the reason) and the variants you typed.
-Every method scores every caption with **g + lambda_l * s_l**: the global cosine g of the
-pooled embeddings plus lambda_l times the method's local patch-token score s_l
-(Global-only has no local term). One panel per method, on its own scale: the dark bar and
-dashed line are the true caption; an edit whose bar passes the line fools the method. The
-matrix gives the margin *true minus edit*: a win (red) when strictly positive, a loss
-(blue) otherwise, a tie counting as a loss; colours are relative to each method's largest
-margin. The batch button runs the probe over the example gallery with the world's own hard
-negatives (each checked false for its scene) and gives accuracy per category; chance is
-0.5. Edits of a typed caption are not checked against the image: one can happen to be
-true (an added object that is really there)."""
+HOW_TO_READ = """**How to read this view.** The first caption is yours (the *true* one);
+below it are automatic edits that change its meaning but keep its words (SugarCrepe
+categories: swap two adjectives, swap two nouns, replace a relation, add an absent
+object; an edit that does not apply is listed as skipped, with the reason) and the
+variants you typed. Every method scores every caption with **g + lambda_l * s_l**: the
+global cosine g of the pooled embeddings plus lambda_l times the method's local
+patch-token score s_l (Global-only has no local term). One panel per method, its axis
+zoomed to its scores: the dark bar and dashed line are the true caption; an edit whose
+bar passes the line fools the method. The matrix gives the margin *true minus edit*: a
+win (red) when strictly positive, a loss (blue) otherwise, a tie counting as a loss;
+colours are relative to each method's largest margin. The batch button runs the probe
+over the example gallery with the world's own hard negatives (each checked false for its
+scene) and gives accuracy per category; chance is 0.5. Edits of a typed caption are not
+checked against the image: one can happen to be true (an added object that is really
+there)."""
 
 CAPTION_COLUMNS = ["label", "category", "caption", "note"]
 SCORE_COLUMNS = ["method", "caption", "global g", "local s_l", "combined", "true caption"]
@@ -478,6 +479,7 @@ def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
         on_run,
         [shared.image, shared.caption, shared.checkpoint, custom, lam],
         [summary, captions, scores, bars, matrix, files],
+        api_name="probe",
     )
     batch.click(on_batch, [shared.checkpoint, lam],
-                [batch_summary, batch_table, batch_plot, files])
+                [batch_summary, batch_table, batch_plot, files], api_name="probe_batch")

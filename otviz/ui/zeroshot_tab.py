@@ -66,19 +66,21 @@ MAX_CLASSES = 100
 MAX_PIXELS = 40_000_000
 CURVE_RATES: tuple[float, ...] = tuple(np.linspace(0.1, 1.0, 10).round(2))
 
-HOW_TO_READ = """**How to read this view.** Each image is classified into one of the class
-names, each turned into a prompt ("a photo of a {}"). *Softmax* is CLIP's rule: every
-image on its own, the class of highest cosine. The OT rules classify the whole set at
-once (OT-CLIP Sec. 4), so one image's label depends on the others: *FGW-ISoftmax* and
+HOW_TO_READ = """**How to read this view.** Each image is classified into one of the
+class names, each turned into a prompt ("a photo of a {}"). *Softmax* is CLIP's rule:
+every image on its own, the class of highest cosine. The OT rules classify the whole set
+at once (OT-CLIP Sec. 4), so one image's label depends on the others: *FGW-ISoftmax* and
 *FGW-PGD* match the image set to the class set while keeping their internal structure
 (fused Gromov-Wasserstein, Eq. 11-13); *OT + label prior* makes the classes receive the
 share of images the prior says (Eq. 14): give it the test set's label distribution, e.g.
-the long-tailed preset for a long-tailed batch. The selective rules accept only the share
-*rate* of images they trust most and reject the rest: by softmax confidence, by the mass
-an unbalanced OT plan keeps on each image (Eq. 15), or by the mass partial OT moves
-(Eq. 16). The curve shows accuracy on the accepted images as coverage grows; a good rule
-is accurate at low coverage. Accuracies need known labels (the world batch); uploads get
-predictions only. The temperature is the model's own (1 / logit scale)."""
+the long-tailed preset for a long-tailed batch (the uniform prior forces equal shares,
+which costs accuracy on a batch whose classes are not exactly balanced). The selective
+rules accept only the share *rate* of images they trust most and reject the rest: by
+softmax confidence, by the mass an unbalanced OT plan keeps on each image (Eq. 15), or
+by the mass partial OT moves (Eq. 16). The curve shows accuracy on the accepted images
+as coverage grows; a good rule is accurate at low coverage. Accuracies need known labels
+(the world batch); uploads get predictions only. The temperature is the model's own (1 /
+logit scale)."""
 
 
 # ----------------------------------------------------------------------- inputs
@@ -383,7 +385,7 @@ def prediction_table(run: ZeroShotRun) -> pd.DataFrame:
         table["true"] = [run.classes[k] for k in run.labels]
     for rule, pred in run.predictions.items():
         table[RULE_LABELS[rule]] = [run.classes[k] for k in pred.labels.tolist()]
-    table["softmax confidence"] = run.predictions["softmax"].confidence.numpy().round(3)
+    table["softmax confidence"] = run.predictions["softmax"].confidence.double().numpy().round(3)
     for rule, pred in run.selective.items():
         table[f"accepted by {SELECTIVE_RULES[rule]}"] = [
             "yes" if a else "no" for a in pred.accepted.tolist()
@@ -534,9 +536,12 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
     def on_task(name: str):
         return "\n".join(world_classes(name))
 
-    def on_run(checkpoint, *values):
+    def on_run(checkpoint, source_v, files_v, task_v, seed_v, n_v, layout_v, classes_v,
+               template_v, preset_v, prior_v, rate_v):
         try:
-            return zero_shot_view(ctx.explainer(checkpoint).backbone, *values)
+            return zero_shot_view(ctx.explainer(checkpoint).backbone, source_v, files_v, task_v,
+                                  seed_v, n_v, layout_v, classes_v, template_v, preset_v,
+                                  prior_v, rate_v)
         except InputError as e:
             raise gr.Error(str(e)) from None
 
@@ -546,4 +551,5 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
         [shared.checkpoint, source, files, task, seed, n_images, layout, classes, template,
          preset, prior_text, rate],
         [summary, table, acc_plot, sel_plot, gallery, downloads],
+        api_name="zero_shot",
     )

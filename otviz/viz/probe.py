@@ -29,10 +29,10 @@ def probe_scores_figure(
     ylabel: str = "g + lambda s_l",
     ncols: int = 3,
 ) -> Figure:
-    """Grouped bars, one panel per method with its own score axis (the methods' local
-    scores live on different scales): the score of every caption, caption 0 being the true
-    one (dark bar, dashed line across the panel); an edit whose bar passes the line fools
-    the method.
+    """Grouped bars, one panel per method with its own score axis zoomed to its scores
+    (the methods' scores live on different scales and edits move them little): the score
+    of every caption, caption 0 being the true one (dark bar, dashed line across the
+    panel); an edit whose bar passes the line fools the method.
 
     Args:
         methods: ``n`` method labels.
@@ -53,7 +53,9 @@ def probe_scores_figure(
             continue
         bars = ax.bar(range(k), scores[i], color=colours)
         ax.axhline(scores[i, 0], color=TRUE_COLOUR, linestyle="--", linewidth=0.8)
-        ax.axhline(0.0, color="grey", linewidth=0.5)
+        low, high = float(scores[i].min()), float(scores[i].max())
+        pad = 0.15 * (high - low) or 0.05 * max(abs(high), 1e-3)
+        ax.set_ylim(low - pad, high + pad)
         ax.set_title(methods[i], fontsize=8)
         ax.set_xticks([])
         ax.tick_params(labelsize=7)
