@@ -242,3 +242,26 @@ def test_gradcheck(variant: str) -> None:
         return res.score, res.factors.dense(), res.marginal_error
 
     assert torch.autograd.gradcheck(fn, (z, y, p))
+
+
+@pytest.mark.parametrize("variant", ["faithful", "positive"])
+def test_inference_mode_equals_autograd_mode(variant: str) -> None:
+    # without autograd the kernels are built in the product's memory: same numbers
+    z, y, mu, nu = _data(25)
+    z_scale = torch.rand(3, 9, dtype=DT) + 0.5
+    kw = dict(eps=0.3, tau_a=0.2, tau_b=0.2, variant=variant, z_scale=z_scale)
+    with_grad = lowrank_uot(z, y, _anchors(26, 4), mu, nu, **kw)
+    with torch.no_grad():
+        no_grad = lowrank_uot(z, y, _anchors(26, 4), mu, nu, **kw)
+    assert torch.allclose(with_grad.factors.dense(), no_grad.factors.dense(), rtol=1e-14)
+    assert torch.allclose(with_grad.score, no_grad.score, rtol=1e-14)
+
+
+def test_unnormalised_patches_with_scale_equal_normalised() -> None:
+    z, y, mu, nu = _data(27)
+    norms = torch.rand(3, 9, 1, dtype=DT) + 0.5
+    anchors = _anchors(28, 4)
+    unit = lowrank_uot(z, y, anchors, mu, nu, 0.3, 0.2, 0.2)
+    raw = lowrank_uot(z * norms, y, anchors, mu, nu, 0.3, 0.2, 0.2, z_scale=1 / norms[..., 0])
+    assert torch.allclose(unit.factors.dense(), raw.factors.dense())
+    assert torch.allclose(unit.score, raw.score)

@@ -211,7 +211,12 @@ def test_conceptot_uses_the_low_rank_solver(variant: str) -> None:
     expected = torch.tanh(ref.score) if variant == "faithful" else ref.score
     assert torch.allclose(out.local_score, expected)
     assert torch.allclose(out.plan.dense(), ref.factors.dense())
-    assert out.extras["token_anchor_cosine"].shape == (3, 5, 4)
+    # the anchor views: each patch's / token's best anchor has affinity 1
+    cos_zp = z @ anchors.T
+    affinity = torch.exp((cos_zp - cos_zp.amax(2, keepdim=True)) / cfg.eps)
+    valid = batch.patch_mask
+    assert torch.allclose(out.extras["patch_anchor_affinity"][valid], affinity[valid])
+    assert out.extras["token_anchor_affinity"].shape == (3, 5, 4)
 
 
 def test_anchor_diversity_formula() -> None:

@@ -162,3 +162,13 @@ def test_gradcheck() -> None:
         return r.plan, r.cost
 
     assert torch.autograd.gradcheck(fn, (cost, a, b))
+
+
+def test_inference_mode_equals_autograd_mode() -> None:
+    # without autograd the plan reuses the kernel's memory: same numbers
+    cost, a, b = _problem(11)
+    with_grad = sinkhorn_unbalanced_log(cost, a, b, 0.1, 0.3, 0.5, n_iters=7)
+    with torch.no_grad():
+        no_grad = sinkhorn_unbalanced_log(cost, a, b, 0.1, 0.3, 0.5, n_iters=7)
+    assert torch.equal(with_grad.plan, no_grad.plan)
+    assert torch.equal(with_grad.cost, no_grad.cost)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from otviz.methods.base import Alignment, PairBatch, register
 from otviz.methods.masses import uniform_masses
-from otviz.methods.projected import ProjectedMethod, dense_plan_alignment
-from otviz.ot.costs import cosine_similarity
+from otviz.methods.projected import ProjectedMethod, cosine_ot_alignment
+from otviz.ot.costs import cosine_cost
 from otviz.ot.sinkhorn import sinkhorn_log
 
 
@@ -19,12 +19,11 @@ class BalancedOT(ProjectedMethod):
     paper = "ConceptOT Sec. 3.2"
 
     def align(self, batch: PairBatch) -> Alignment:
-        z, y = self.project(batch)
-        sim = cosine_similarity(z, y)
+        z, z_scale, y = self.project_scaled(batch)
         a = uniform_masses(batch.patch_mask, z.dtype)
         b = uniform_masses(batch.token_mask, z.dtype)
         res = sinkhorn_log(
-            1.0 - sim,
+            cosine_cost(z, y, z_scale),
             a,
             b,
             self.config.eps,
@@ -32,4 +31,4 @@ class BalancedOT(ProjectedMethod):
             row_mask=batch.patch_mask,
             col_mask=batch.token_mask,
         )
-        return dense_plan_alignment(batch, res.plan, sim, a, b, res.marginal_error)
+        return cosine_ot_alignment(batch, res, a, b)

@@ -32,7 +32,11 @@ class ConceptOT(ProjectedMethod):
     forward pass), softplus reference masses (Eq. 1-2), ``config.n_iters`` iterations and the
     solver variant ``config.lowrank_variant``. Score: Eq. 8 evaluated implicitly, passed
     through ``tanh`` for the faithful variant (App. H) and raw for the positive one (already
-    a mean of cosines). The plan stays factored; ``extras`` carry the anchor views.
+    a mean of cosines). The plan stays factored; ``extras`` carry the anchor views: the unit
+    ``anchors [r, d_c]``, ``anchor_cosine [r, r]``, ``patch_anchor_affinity [B, N, r]`` and
+    ``token_anchor_affinity [B, M, r]`` (``K_ZP``, ``K_YP`` over each patch's / token's best
+    anchor, in ``(0, 1]``; cosines would cost another product with the features),
+    ``score_raw`` and ``transported_mass``.
 
     Training-free (``config.trainable=False``): identity projections, uniform masses and
     anchors from k-means of token embeddings (:meth:`fit_training_free`).
@@ -54,7 +58,7 @@ class ConceptOT(ProjectedMethod):
         return F.normalize(self.anchors, dim=-1)
 
     def align(self, batch: PairBatch) -> Alignment:
-        z, y = self.project(batch)
+        z, z_scale, y = self.project_scaled(batch)
         mu, nu = self.masses(batch)
         anchors = self.unit_anchors()
         cfg = self.config
@@ -72,6 +76,7 @@ class ConceptOT(ProjectedMethod):
             variant=cfg.lowrank_variant,
             row_mask=batch.patch_mask,
             col_mask=batch.token_mask,
+            z_scale=z_scale,
         )
         plan = res.factors
         score = stabilised_score(res.score) if cfg.lowrank_variant == "faithful" else res.score
@@ -80,8 +85,8 @@ class ConceptOT(ProjectedMethod):
         extras = {
             "anchors": anchors,
             "anchor_cosine": anchors @ anchors.T,
-            "patch_anchor_cosine": z @ anchors.T,
-            "token_anchor_cosine": y @ anchors.T,
+            "patch_anchor_affinity": res.extras["patch_anchor_affinity"],
+            "token_anchor_affinity": res.extras["token_anchor_affinity"],
             "score_raw": res.score,
             "transported_mass": res.mass,
         }

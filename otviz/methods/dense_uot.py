@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from otviz.methods.base import Alignment, MethodConfig, PairBatch, register
 from otviz.methods.masses import ReferenceMasses
-from otviz.methods.projected import ProjectedMethod, dense_plan_alignment
-from otviz.ot.costs import cosine_similarity
+from otviz.methods.projected import ProjectedMethod, cosine_ot_alignment
+from otviz.ot.costs import cosine_cost
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
 
 
@@ -23,12 +23,11 @@ class DenseUOT(ProjectedMethod):
         self.masses = ReferenceMasses(patch_dim, token_dim, self.config.trainable)
 
     def align(self, batch: PairBatch) -> Alignment:
-        z, y = self.project(batch)
+        z, z_scale, y = self.project_scaled(batch)
         mu, nu = self.masses(batch)
-        sim = cosine_similarity(z, y)
         cfg = self.config
         res = sinkhorn_unbalanced_log(
-            1.0 - sim,
+            cosine_cost(z, y, z_scale),
             mu,
             nu,
             cfg.eps,
@@ -38,4 +37,4 @@ class DenseUOT(ProjectedMethod):
             row_mask=batch.patch_mask,
             col_mask=batch.token_mask,
         )
-        return dense_plan_alignment(batch, res.plan, sim, mu, nu, res.marginal_error)
+        return cosine_ot_alignment(batch, res, mu, nu)

@@ -21,6 +21,7 @@ from otviz.methods.base import (
 )
 from otviz.methods.masses import uniform_masses
 from otviz.ot.costs import cosine_similarity
+from otviz.ot.result import SolverResult
 
 
 class ProjectedMethod(AlignmentMethod):
@@ -44,6 +45,17 @@ class ProjectedMethod(AlignmentMethod):
     def project(self, batch: PairBatch) -> tuple[Tensor, Tensor]:
         """``(z [B, N, d_c], y [B, M, d_c])`` unit-norm concept features."""
         return self.proj_v(batch.patches), self.proj_t(batch.tokens)
+
+    def project_scaled(self, batch: PairBatch) -> tuple[Tensor, Tensor, Tensor]:
+        """``(z_raw, z_scale, y)``: patch features before normalisation with their inverse
+        norms ``[B, N]`` (``z = z_raw * z_scale[..., None]``, as :meth:`project` gives it)
+        and unit-norm tokens. The patch tensor is the largest of a pair; the OT methods
+        only need it inside products, where the row scaling is applied to the result, so it
+        is never normalised in memory."""
+        linear = self.proj_v.linear
+        z_raw = batch.patches if linear is None else linear(batch.patches)
+        z_scale = 1.0 / torch.linalg.vector_norm(z_raw, dim=-1).clamp_min(1e-12)
+        return z_raw, z_scale, self.proj_t(batch.tokens)
 
 
 @dataclass
@@ -89,12 +101,6 @@ def uniform_plan(batch: PairBatch) -> OuterPlan:
     )
 
 
-def plan_weighted_score(plan: Tensor, sim: Tensor) -> Tensor:
-    """``sum_ij P_ij s_ij / sum_ij P_ij`` (ConceptOT Eq. 8 in dense form), ``[B]``."""
-    mass = plan.sum((1, 2))
-    return (plan * sim).sum((1, 2)) / mass.clamp_min(torch.finfo(mass.dtype).tiny)
-
-
 def build_alignment(
     batch: PairBatch,
     plan: TransportPlan,
@@ -135,15 +141,23 @@ def masked_similarity(z: Tensor, y: Tensor, batch: PairBatch, fill: float) -> Te
     return sim.masked_fill(~valid, fill)
 
 
+def plan_weighted_score(plan: Tensor, sim: Tensor) -> Tensor:
+    """``sum_ij P_ij s_ij / sum_ij P_ij`` (ConceptOT Eq. 8 in dense form), ``[B]``; the
+    numerator is a batched dot product (no ``[B, N, M]`` temporary)."""
+    num = torch.bmm(plan.flatten(1).unsqueeze(1), sim.flatten(1).unsqueeze(2)).view(-1)
+    mass = plan.sum((1, 2))
+    return num / mass.clamp_min(torch.finfo(mass.dtype).tiny)
+
+
 def dense_plan_alignment(
     batch: PairBatch,
     plan: Tensor,
     sim: Tensor,
-    row_reference: Tensor,
-    col_reference: Tensor,
-    marginal_error: Tensor,
+    row_reference: Tensor | None,
+    col_reference: Tensor | None,
+    marginal_error: Tensor | None,
 ) -> Alignment:
-    """Alignment of a dense OT plan scored by Eq. 8 (dense form)."""
+    """Alignment of a dense plan scored by Eq. 8 on the similarities ``sim``."""
     return build_alignment(
         batch,
         DensePlan(plan),
@@ -153,4 +167,24 @@ def dense_plan_alignment(
         row_reference=row_reference,
         col_reference=col_reference,
         marginal_error=marginal_error,
+    )
+
+
+def cosine_ot_alignment(
+    batch: PairBatch, res: SolverResult, row_reference: Tensor, col_reference: Tensor
+) -> Alignment:
+    """Alignment of a dense OT solve on the cosine cost ``C = 1 - z.y``, scored by Eq. 8 in
+    dense form, ``sum P_ij z_i.y_j / sum P_ij = 1 - <C, P> / sum P``, from the solver's
+    transport cost and marginals (no further pass over the plan)."""
+    rows = res.extras["row_marginal"]
+    mass = rows.sum(1)
+    return build_alignment(
+        batch,
+        DensePlan(res.plan),
+        1.0 - res.cost / mass.clamp_min(torch.finfo(mass.dtype).tiny),
+        row_marginal=rows,
+        col_marginal=res.extras["col_marginal"],
+        row_reference=row_reference,
+        col_reference=col_reference,
+        marginal_error=res.marginal_error,
     )

@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from otviz.ot.result import SolverResult
-from otviz.ot.sinkhorn import NEG, masked_log
+from otviz.ot.sinkhorn import NEG, effective_mask, masked_log
 from otviz.ot.unbalanced import damping_exponent
 
 VARIANTS = ("faithful", "positive")
@@ -59,18 +59,26 @@ VARIANTS = ("faithful", "positive")
 
 @dataclass
 class LowRankPlan:
-    """The plan ``exp(log_scale) * left @ core @ right`` held in factors.
+    """The plan ``diag(a) K_ZP C K_PY diag(b)`` held in factors, never materialised unless
+    :meth:`dense` is called.
+
+    With ``K_ZP = diag(e^rho) K^_ZP`` (row maxima ``rho`` taken out, App. H) the plan is
+    ``e^{log_scale} diag(u) K^_ZP C K^_YP^T diag(v)`` where ``u = e^{log a + rho - m_a}`` and
+    ``v = e^{log b + gamma - m_b}`` are at most 1 and ``log_scale = m_a + m_b``.
 
     Attributes:
-        left: ``[B, N, r]`` shifted ``diag(a) K_ZP``.
+        kernel_zp: ``[B, N, r]`` row-max-shifted ``K^_ZP``.
+        kernel_yp: ``[B, M, r]`` row-max-shifted ``K^_YP = K^_PY^T``.
         core: ``[r, r]`` or ``[B, r, r]``: ``K_PP,lambda^-1`` (faithful) or ``diag(w)``.
-        right: ``[B, r, M]`` shifted ``K_PY diag(b)``.
-        log_scale: ``[B]`` log of the factor the shifts removed.
+        u, v: ``[B, N]``, ``[B, M]`` the shifted scalings.
+        log_scale: ``[B]``.
     """
 
-    left: Tensor
+    kernel_zp: Tensor
+    kernel_yp: Tensor
     core: Tensor
-    right: Tensor
+    u: Tensor
+    v: Tensor
     log_scale: Tensor
 
     def _scale(self, x: Tensor) -> Tensor:
@@ -78,16 +86,20 @@ class LowRankPlan:
 
     def dense(self) -> Tensor:
         """Materialise ``[B, N, M]`` (on request only; the solver never does)."""
-        return self._scale(self.left @ (self.core @ self.right))
+        left = self.u.unsqueeze(-1) * self.kernel_zp
+        right = (self.v.unsqueeze(-1) * self.kernel_yp).transpose(1, 2)
+        return self._scale(left @ (self.core @ right))
 
     def apply(self, v: Tensor) -> Tensor:
         """``plan @ v`` for ``v [B, M, k]`` -> ``[B, N, k]`` in ``O((N + M) r k + r^2 k)``."""
-        return self._scale(self.left @ (self.core @ (self.right @ v)))
+        t = self.kernel_yp.transpose(1, 2) @ (self.v.unsqueeze(-1) * v)
+        return self._scale(self.u.unsqueeze(-1) * (self.kernel_zp @ (self.core @ t)))
 
     def apply_t(self, w: Tensor) -> Tensor:
         """``plan^T @ w`` for ``w [B, N, k]`` -> ``[B, M, k]``."""
-        core_t = self.core.transpose(-1, -2)
-        return self._scale(self.right.transpose(1, 2) @ (core_t @ (self.left.transpose(1, 2) @ w)))
+        t = self.kernel_zp.transpose(1, 2) @ (self.u.unsqueeze(-1) * w)
+        t = self.core.transpose(-1, -2) @ t
+        return self._scale(self.v.unsqueeze(-1) * (self.kernel_yp @ t))
 
 
 @dataclass
@@ -105,12 +117,6 @@ class LowRankResult(SolverResult):
     mass: Tensor | None = None
 
 
-def _point_anchor_log_kernel(x: Tensor, anchors: Tensor, eps: float, mask: Tensor | None) -> Tensor:
-    """``[B, n, r]`` log Gibbs kernel ``-(1 - x_i . p_k) / eps``, :data:`NEG` on masked rows."""
-    log_k = (x @ anchors.transpose(-1, -2) - 1.0) / eps
-    return log_k if mask is None else log_k.masked_fill(~mask[:, :, None], NEG)
-
-
 def anchor_log_kernels(
     z: Tensor,
     y: Tensor,
@@ -122,8 +128,8 @@ def anchor_log_kernels(
     """Log Gibbs sub-kernels ``log K_ZP [B, N, r]`` and ``log K_PY [B, r, M]`` (Eq. 5, 7:
     ``-(1 - cos) / eps``), :data:`NEG` on masked patches / tokens. ``anchors`` is ``[r, d]``
     or ``[B, r, d]``."""
-    log_zp = _point_anchor_log_kernel(z, anchors, eps, row_mask)
-    log_yp = _point_anchor_log_kernel(y, anchors, eps, col_mask)
+    log_zp = AnchorKernel(z, anchors, eps, row_mask).log_k()
+    log_yp = AnchorKernel(y, anchors, eps, col_mask).log_k()
     return log_zp, log_yp.transpose(1, 2)
 
 
@@ -166,21 +172,49 @@ def _hold(x: Tensor, mask: Tensor | None) -> Tensor:
 
 
 class AnchorKernel:
-    """A point-anchor Gibbs kernel ``K [B, n, r]`` held as ``exp(rho_i) * K^_ik`` with the
-    row maximum ``rho_i`` subtracted before exponentiation (App. H), so every row of ``K^``
-    has maximum 1 and ``rho`` is carried in the log domain.
+    """A point-anchor Gibbs kernel ``K [B, n, r]``, ``K_ik = exp((s_i x_i . p_k - 1) / eps)``
+    (``s_i`` the inverse norm of an unnormalised ``x_i``, else 1), held as
+    ``exp(rho_i) * K^_ik`` with the row maximum ``rho_i`` subtracted before exponentiation
+    (App. H): every row of ``K^`` has maximum 1 and ``rho`` is carried in the log domain.
+    ``K^`` comes from the product ``x P^T`` in one fused pass and an in-place ``exp``.
 
     Products with the kernel come in two kinds: exact log-sum-exps (the positive variant;
-    entries whose shifted sum underflows are recomputed by ``torch.logsumexp``) and linear
-    products in a shared log scale (the faithful variant, whose anchor vectors may be
-    negative after the inverse). Shifts are detached: results do not depend on them.
+    entries whose shifted sum underflows are recomputed by ``torch.logsumexp`` on the log
+    kernel, formed only then) and linear products in a shared log scale (the faithful
+    variant, whose anchor vectors may be negative after the inverse). The maxima are
+    detached: results do not depend on them.
     """
 
-    def __init__(self, log_k: Tensor) -> None:
-        self.log_k = log_k
-        self.shift = log_k.detach().amax(2)  # [B, n]
-        self.kernel = torch.exp(log_k - self.shift[:, :, None])
-        self.tiny = torch.finfo(log_k.dtype).tiny * 1e6
+    def __init__(
+        self,
+        x: Tensor,
+        anchors: Tensor,
+        eps: float,
+        mask: Tensor | None = None,
+        scale: Tensor | None = None,
+    ) -> None:
+        xp = x @ anchors.transpose(-1, -2)  # [B, n, r]
+        s = torch.ones_like(xp[..., 0]) if scale is None else scale
+        top = xp.detach().amax(2)
+        w = s / eps
+        self.shift = (top * s - 1.0) / eps  # rho: log K row maxima, [B, n]
+        if torch.is_grad_enabled():
+            kernel = torch.addcmul((-top * w).unsqueeze(-1), xp, w.unsqueeze(-1)).exp_()
+        else:  # reuse the product's memory
+            kernel = xp.sub_(top.unsqueeze(-1)).mul_(w.unsqueeze(-1)).exp_()
+        if mask is not None:
+            kernel = kernel.masked_fill(~mask[:, :, None], 0.0)
+            self.shift = self.shift.masked_fill(~mask, NEG)
+        self.kernel = kernel
+        self.tiny = torch.finfo(xp.dtype).tiny * 1e6
+        self._parts = (x, anchors, w, eps, mask)
+
+    def log_k(self) -> Tensor:
+        """``[B, n, r]`` the log kernel (:data:`NEG` on masked rows), formed on request."""
+        x, anchors, w, eps, mask = self._parts
+        xp = x @ anchors.transpose(-1, -2)
+        log_k = torch.addcmul(torch.full_like(xp[:1, :1, :1], -1.0 / eps), xp, w.unsqueeze(-1))
+        return log_k if mask is None else log_k.masked_fill(~mask[:, :, None], NEG)
 
     def _repair(self, out: Tensor, s: Tensor, exact: Callable[[], Tensor]) -> Tensor:
         low = s <= self.tiny
@@ -194,26 +228,27 @@ class AnchorKernel:
 
     def from_anchors(self, u: Tensor) -> Tensor:
         """``[B, n]`` ``sum_k K^_ik u_k`` (multiply by ``e^{rho_i}`` for ``K u``)."""
-        return torch.bmm(self.kernel, u.unsqueeze(-1)).squeeze(-1)
+        # u^T K^T is the fast orientation of a batched mat-vec on CPU
+        return torch.bmm(u.unsqueeze(1), self.kernel.transpose(1, 2)).squeeze(1)
 
     def lse_to_anchors(self, h: Tensor) -> Tensor:
         """``[B, r]`` ``LSE_i(log K_ik + h_i)``."""
         vec, m = self.to_anchors(h)
         out = m + torch.log(vec.clamp_min(self.tiny))
-        return self._repair(out, vec, lambda: torch.logsumexp(self.log_k + h[:, :, None], 1))
+        return self._repair(out, vec, lambda: torch.logsumexp(self.log_k() + h[:, :, None], 1))
 
     def lse_from_anchors(self, q: Tensor) -> Tensor:
         """``[B, n]`` ``LSE_k(log K_ik + q_k)``."""
         m = q.detach().amax(1, keepdim=True)
         s = self.from_anchors(torch.exp(q - m))
         out = self.shift + m + torch.log(s.clamp_min(self.tiny))
-        return self._repair(out, s, lambda: torch.logsumexp(self.log_k + q[:, None, :], 2))
+        return self._repair(out, s, lambda: torch.logsumexp(self.log_k() + q[:, None, :], 2))
 
-    def factor(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """``diag(e^h) K = e^{scale} F``: ``(F [B, n, r], scale [B])``."""
+    def scaling(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``diag(e^h) K = e^{scale} diag(u) K^``: ``(u [B, n] <= 1, scale [B])``."""
         t = h + self.shift
         m = t.detach().amax(1, keepdim=True)
-        return torch.exp(t - m).unsqueeze(-1) * self.kernel, m.squeeze(1)
+        return torch.exp(t - m), m.squeeze(1)
 
 
 class _FaithfulOps:
@@ -269,6 +304,7 @@ def lowrank_uot(
     col_mask: Tensor | None = None,
     clamp: float | None = 20.0,
     floor: float = 1e-8,
+    z_scale: Tensor | None = None,
 ) -> LowRankResult:
     """Low-rank generalized Sinkhorn with concept anchors (ConceptOT Algorithm 1, Eq. 3-8).
 
@@ -284,9 +320,15 @@ def lowrank_uot(
         row_mask, col_mask: optional validity masks of patches and tokens.
         clamp: bound of the centred log-scalings (faithful; ``None`` disables).
         floor: the ``1e-8`` of Alg. 1 lines 9 and 13 (faithful; 0 disables).
+        z_scale: optional ``[B, N]`` inverse norms when ``z`` comes unnormalised (the unit
+            patch features are ``z * z_scale[..., None]``; see
+            :meth:`otviz.methods.projected.ProjectedMethod.project_scaled`).
 
     Returns:
-        :class:`LowRankResult`: ``log_u``/``log_v`` the log-scalings ``log a``, ``log b`` for
+        :class:`LowRankResult` (``extras`` ``patch_anchor_affinity [B, N, r]`` and
+        ``token_anchor_affinity [B, M, r]``: ``K_ZP``, ``K_YP`` over their row maxima,
+        ``exp((cos - max_k cos) / eps)``, each patch's / token's best anchor at 1):
+        ``log_u``/``log_v`` the log-scalings ``log a``, ``log b`` for
         the unshifted sub-kernels (``-inf`` where masked), the factored plan, the raw Eq. 8
         score, the transported mass, ``cost = <C, P~>`` with ``C = 1 - z.y``, and
         ``marginal_error`` = the fixed-point residual ``max_i |log a_i - alpha_v (log mu_i -
@@ -296,8 +338,9 @@ def lowrank_uot(
         raise ValueError(f"unknown low-rank variant {variant!r}; known: {VARIANTS}")
     alpha_a = damping_exponent(tau_a, eps)
     alpha_b = damping_exponent(tau_b, eps)
-    zp = AnchorKernel(_point_anchor_log_kernel(z, anchors, eps, row_mask))  # [B, N, r]
-    yp = AnchorKernel(_point_anchor_log_kernel(y, anchors, eps, col_mask))  # [B, M, r]
+    row_mask, col_mask = effective_mask(row_mask), effective_mask(col_mask)
+    zp = AnchorKernel(z, anchors, eps, row_mask, z_scale)  # [B, N, r]
+    yp = AnchorKernel(y, anchors, eps, col_mask)  # [B, M, r]
     k_reg = regularised_anchor_gram(anchors, eps, kpp_reg)
     ops: _FaithfulOps | _PositiveOps
     if variant == "faithful":
@@ -322,7 +365,7 @@ def lowrank_uot(
         residual = residual.masked_fill(~row_mask, 0.0)
 
     plan = _factor_plan(zp, yp, core, f, g)
-    score, mass = implicit_score(plan, z, y)
+    score, mass = implicit_score(plan, z, y, z_scale)
     log_u = f if row_mask is None else f.masked_fill(~row_mask, -float("inf"))
     log_v = g if col_mask is None else g.masked_fill(~col_mask, -float("inf"))
     return LowRankResult(
@@ -335,26 +378,32 @@ def lowrank_uot(
         factors=plan,
         score=score,
         mass=mass,
+        extras={"patch_anchor_affinity": zp.kernel, "token_anchor_affinity": yp.kernel},
     )
 
 
 def _factor_plan(
     zp: AnchorKernel, yp: AnchorKernel, core: Tensor, f: Tensor, g: Tensor
 ) -> LowRankPlan:
-    left, scale_f = zp.factor(f)
-    right, scale_g = yp.factor(g)
-    return LowRankPlan(left, core, right.transpose(1, 2), scale_f + scale_g)
+    u, scale_f = zp.scaling(f)
+    v, scale_g = yp.scaling(g)
+    return LowRankPlan(zp.kernel, yp.kernel, core, u, v, scale_f + scale_g)
 
 
-def implicit_score(plan: LowRankPlan, z: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+def implicit_score(
+    plan: LowRankPlan, z: Tensor, y: Tensor, z_scale: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Eq. 8 without materialising the plan: ``Tr(Z^T diag(a) K_ZP C K_PY diag(b) Y)`` over
     ``1^T diag(a) K_ZP C K_PY diag(b) 1`` as ``[r, d]`` anchor-space products (``C`` the
-    core). Returns the ``[B]`` score and the ``[B]`` transported mass."""
-    right = plan.core @ (plan.right @ y)  # [B, r, d]: C K_PY diag(b) Y
-    right_mass = (plan.core @ plan.right.sum(2, keepdim=True)).squeeze(-1)  # [B, r]
-    left = plan.left.transpose(1, 2) @ z  # [B, r, d]: K_ZP^T diag(a) Z
+    core; ``z`` may come unnormalised with its inverse norms ``z_scale``). Returns the
+    ``[B]`` score and the ``[B]`` transported mass."""
+    v = plan.v.unsqueeze(1)  # [B, 1, M]
+    right = plan.core @ ((plan.kernel_yp.transpose(1, 2) * v) @ y)  # [B, r, d]
+    right_mass = (plan.core @ (v @ plan.kernel_yp).transpose(1, 2)).squeeze(-1)  # [B, r]
+    wz = plan.u if z_scale is None else plan.u * z_scale
+    left = (plan.kernel_zp * wz.unsqueeze(-1)).transpose(1, 2) @ z  # [B, r, d]
     num = (left * right).sum((1, 2))
-    den = (plan.left.sum(1) * right_mass).sum(1)
+    den = ((plan.u.unsqueeze(1) @ plan.kernel_zp).squeeze(1) * right_mass).sum(1)
     tiny = torch.finfo(den.dtype).tiny
     score = num / torch.where(den.abs() < tiny, torch.full_like(den, tiny), den)
     return score, den * torch.exp(plan.log_scale)

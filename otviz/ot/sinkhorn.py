@@ -41,6 +41,11 @@ class ScalingState:
     n_iters: int
 
 
+def effective_mask(mask: Tensor | None) -> Tensor | None:
+    """``mask``, or ``None`` when it masks nothing (skips needless passes over the data)."""
+    return None if mask is None or bool(mask.all()) else mask
+
+
 def masked_log_kernel(
     cost: Tensor, eps: float, row_mask: Tensor | None, col_mask: Tensor | None
 ) -> Tensor:
@@ -54,48 +59,99 @@ def masked_log_kernel(
 
 
 class ShiftedKernel:
-    """Exact log-sum-exp products with a log kernel, done as matrix-vector products.
+    """A batch of Gibbs kernels ``K = exp(shift) * K^`` for exact log-sum-exp products done as
+    matrix-vector products.
 
-    ``LSE_j(log K_ij + g_j) = s + m + log sum_j exp(log K_ij - s) exp(g_j - m)`` with the
-    per-problem maximum ``s`` of ``log K`` and ``m = max_j g_j`` (likewise for columns). The
-    shifted kernel is exponentiated once, so each Sinkhorn half-step costs one batched
-    mat-vec instead of an ``exp`` over ``[B, N, M]``. Every term of the sum is ``<= 1`` (no
-    overflow); a sum can only fall below the smallest normal float when the true shifted
-    log-sum-exp is below about ``log(tiny)`` (-73 in float32 with the margin used here, e.g.
-    cost ranges above ~70 eps), and such entries are recomputed by ``torch.logsumexp``, so
-    the result equals the plain log-domain one in every case. The shifts are detached: the
-    expression does not depend on them, so gradients are exact.
+    ``log K^ = log K - shift`` with the per-problem maximum ``shift [B, 1]`` of ``log K`` (so
+    ``K^ <= 1``, no overflow) is exponentiated once; then
+    ``LSE_j(log K_ij + g_j) = shift + m + log sum_j K^_ij exp(g_j - m)`` with
+    ``m = max_j g_j``, one batched mat-vec per Sinkhorn half-step instead of an ``exp`` over
+    ``[B, N, M]``. A sum can only fall below the smallest normal float (times 1e6) when the
+    true shifted log-sum-exp is below about -73 in float32 (cost ranges above ~70 eps);
+    such entries are recomputed by ``torch.logsumexp``, so results equal the plain
+    log-domain ones in every case. Shifts are detached: the results do not depend on them,
+    so gradients are exact.
+
+    Build it with :meth:`from_cost` (one fused pass ``(min C - C) / eps``).
     """
 
-    def __init__(self, log_k: Tensor) -> None:
-        self.log_k = log_k
-        self.shift = log_k.detach().amax((1, 2))[:, None]  # [B, 1]
-        self.kernel = torch.exp(log_k - self.shift[:, :, None])
-        self.tiny = torch.finfo(log_k.dtype).tiny * 1e6
+    def __init__(self, log_k_shifted: Callable[[], Tensor], kernel: Tensor, shift: Tensor):
+        self._log_k_shifted = log_k_shifted
+        self.kernel = kernel
+        self.shift = shift
+        self.tiny = torch.finfo(kernel.dtype).tiny * 1e6
+
+    @classmethod
+    def from_cost(
+        cls, cost: Tensor, eps: float, row_mask: Tensor | None, col_mask: Tensor | None
+    ) -> ShiftedKernel:
+        """Kernel of ``exp(-cost / eps)`` (zero on masked pairs): ``K^`` in one fused pass
+        ``(min C - C) / eps`` and an in-place ``exp``. The shifted log kernel itself is only
+        recomputed when an exact fallback needs it."""
+        c = cost.detach()
+        if row_mask is not None:
+            c = c.masked_fill(~row_mask[:, :, None], float("inf"))
+        if col_mask is not None:
+            c = c.masked_fill(~col_mask[:, None, :], float("inf"))
+        c_min = c.amin((1, 2))
+        c_min = torch.where(torch.isfinite(c_min), c_min, torch.zeros_like(c_min))
+
+        def log_k_shifted() -> Tensor:
+            log_ks = torch.add((c_min / eps)[:, None, None], cost, alpha=-1.0 / eps)
+            if row_mask is not None:
+                log_ks = log_ks.masked_fill(~row_mask[:, :, None], NEG)
+            if col_mask is not None:
+                log_ks = log_ks.masked_fill(~col_mask[:, None, :], NEG)
+            return log_ks
+
+        kernel = log_k_shifted().exp_()
+        return cls(log_k_shifted, kernel, (-c_min / eps)[:, None])
 
     def row_lse(self, g: Tensor) -> Tensor:
         """``[B, N]``: ``LSE_j(log K_ij + g_j)``."""
         m = g.detach().amax(1, keepdim=True)
-        s = torch.bmm(self.kernel, torch.exp(g - m).unsqueeze(-1)).squeeze(-1)
+        # x^T K^T is the fast orientation of a batched mat-vec on CPU
+        s = torch.bmm(torch.exp(g - m).unsqueeze(1), self.kernel.transpose(1, 2)).squeeze(1)
         out = self.shift + m + torch.log(s.clamp_min(self.tiny))
-        return self._repair(out, s, lambda: torch.logsumexp(self.log_k + g[:, None, :], dim=2))
+        return self._repair(
+            out, s, lambda: torch.logsumexp(self._log_k_shifted() + g[:, None, :], 2)
+        )
 
     def col_lse(self, f: Tensor) -> Tensor:
         """``[B, M]``: ``LSE_i(log K_ij + f_i)``."""
         m = f.detach().amax(1, keepdim=True)
         s = torch.bmm(torch.exp(f - m).unsqueeze(1), self.kernel).squeeze(1)
         out = self.shift + m + torch.log(s.clamp_min(self.tiny))
-        return self._repair(out, s, lambda: torch.logsumexp(self.log_k + f[:, :, None], dim=1))
+        return self._repair(
+            out, s, lambda: torch.logsumexp(self._log_k_shifted() + f[:, :, None], 1)
+        )
 
     def _repair(self, out: Tensor, s: Tensor, exact: Callable[[], Tensor]) -> Tensor:
         low = s <= self.tiny
         if bool(low.any()):
-            return torch.where(low, exact(), out)
+            return torch.where(low, self.shift + exact(), out)
         return out
+
+    def into_plan(self, log_u: Tensor, log_v: Tensor) -> Tensor:
+        """``[B, N, M]`` plan ``exp(log K_ij + log_u_i + log_v_j)`` (``log_u``/``log_v`` hold
+        :data:`NEG` where masked). As ``K^ * e^{log_u + shift} * e^{log_v}`` (two passes, no
+        exp over the plan) when those factors are safely inside the float range, else by
+        one rank-2 ``baddbmm`` (the broadcast sum) and an ``exp``. The last call on a kernel:
+        without autograd the kernel's memory is reused for the plan."""
+        u = log_u + self.shift
+        scalings = torch.cat([u, log_v], 1).detach()
+        if bool(((scalings.abs() < 40.0) | (scalings < NEG / 2)).all()):
+            row, col = torch.exp(u).unsqueeze(-1), torch.exp(log_v).unsqueeze(1)
+            if torch.is_grad_enabled():
+                return self.kernel * row * col
+            return self.kernel.mul_(row).mul_(col)
+        left = torch.stack([u, torch.ones_like(u)], -1)  # [B, N, 2]
+        right = torch.stack([torch.ones_like(log_v), log_v], 1)  # [B, 2, M]
+        return torch.exp(torch.baddbmm(self._log_k_shifted(), left, right))
 
 
 def log_scaling_iterations(
-    log_k: Tensor,
+    kernel: ShiftedKernel,
     log_a: Tensor,
     log_b: Tensor,
     alpha_a: float,
@@ -113,7 +169,7 @@ def log_scaling_iterations(
     log-sum-exps of :class:`ShiftedKernel`.
 
     Args:
-        log_k: ``[B, N, M]`` log kernel, :data:`NEG` on masked pairs.
+        kernel: the Gibbs kernels.
         log_a, log_b: ``[B, N]``, ``[B, M]`` log target masses (any finite value where masked).
         alpha_a, alpha_b: update exponents ``tau / (tau + eps)`` (1 for a hard marginal).
         n_iters: maximal number of (f, g) update pairs.
@@ -122,7 +178,6 @@ def log_scaling_iterations(
             make; the column equation holds exactly after each g-update) to a ``[B]`` error.
         row_mask, col_mask: validity masks; masked scalings are held at :data:`NEG`.
     """
-    kernel = ShiftedKernel(log_k)
     f = _hold(torch.zeros_like(log_a), row_mask)
     g = _hold(torch.zeros_like(log_b), col_mask)
     done = 0
@@ -164,7 +219,7 @@ def transport_cost(
         cost = cost.masked_fill(~row_mask[:, :, None], 0.0)
     if col_mask is not None:
         cost = cost.masked_fill(~col_mask[:, None, :], 0.0)
-    return (plan * cost).sum((1, 2))
+    return torch.bmm(plan.flatten(1).unsqueeze(1), cost.flatten(1).unsqueeze(2)).view(-1)
 
 
 def _l1(x: Tensor, mask: Tensor | None) -> Tensor:
@@ -200,9 +255,11 @@ def sinkhorn_log(
     Returns:
         :class:`SolverResult` with the dense plan, ``log_u``/``log_v`` (``f/eps``, ``g/eps`` in
         dual terms; ``-inf`` where masked), ``marginal_error`` = L1 violation
-        ``|P1 - a|_1 + |P^T1 - b|_1`` and ``cost`` = ``<C, P>``.
+        ``|P1 - a|_1 + |P^T1 - b|_1``, ``cost`` = ``<C, P>`` and ``extras`` holding the
+        plan's ``row_marginal`` ``[B, N]`` and ``col_marginal`` ``[B, M]``.
     """
-    log_k = masked_log_kernel(cost, eps, row_mask, col_mask)
+    row_mask, col_mask = effective_mask(row_mask), effective_mask(col_mask)
+    kernel = ShiftedKernel.from_cost(cost, eps, row_mask, col_mask)
     log_a = masked_log(a, row_mask)
     log_b = masked_log(b, col_mask)
 
@@ -211,10 +268,12 @@ def sinkhorn_log(
         return _l1(a * torch.expm1(delta), row_mask)
 
     state = log_scaling_iterations(
-        log_k, log_a, log_b, 1.0, 1.0, n_iters, tol, row_error, row_mask, col_mask
+        kernel, log_a, log_b, 1.0, 1.0, n_iters, tol, row_error, row_mask, col_mask
     )
-    plan = torch.exp(log_k + state.log_u[:, :, None] + state.log_v[:, None, :])
-    err = _l1(plan.sum(2) - a, row_mask) + _l1(plan.sum(1) - b, col_mask)
+    plan = kernel.into_plan(state.log_u, state.log_v)
+    rows, cols = plan.sum(2), plan.sum(1)
+    err = _l1(rows - a, row_mask) + _l1(cols - b, col_mask)
     log_u, log_v = finalise_scalings(state, row_mask, col_mask)
     transport = transport_cost(plan, cost, row_mask, col_mask)
-    return SolverResult(plan, log_u, log_v, err, state.n_iters, transport)
+    extras = {"row_marginal": rows, "col_marginal": cols}
+    return SolverResult(plan, log_u, log_v, err, state.n_iters, transport, extras)

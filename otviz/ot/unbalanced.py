@@ -18,15 +18,15 @@ default ``'kl'`` regulariser ``KL(P || a b^T)`` adds ``-eps * log(a_i b_j)`` to 
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from otviz.ot.result import SolverResult, safe_log
 from otviz.ot.sinkhorn import (
+    ShiftedKernel,
+    effective_mask,
     finalise_scalings,
     log_scaling_iterations,
     masked_log,
-    masked_log_kernel,
     transport_cost,
 )
 
@@ -73,17 +73,19 @@ def sinkhorn_unbalanced_log(
         ``max_i |log u_i - alpha_a (log a_i - log (K v)_i)|`` over valid rows: how far the
         row scaling is from its own update (the column update holds exactly after the last
         half-step). It is not a marginal violation: unbalanced plans need not meet ``a, b``.
+        ``extras`` hold the plan's ``row_marginal`` ``[B, N]`` and ``col_marginal`` ``[B, M]``.
     """
+    row_mask, col_mask = effective_mask(row_mask), effective_mask(col_mask)
     alpha_a = damping_exponent(tau_a, eps)
     alpha_b = damping_exponent(tau_b, eps)
-    log_k = masked_log_kernel(cost, eps, row_mask, col_mask)
+    kernel = ShiftedKernel.from_cost(cost, eps, row_mask, col_mask)
 
     def row_error(delta: Tensor) -> Tensor:
         return _max_abs(delta, row_mask)
 
     log_a = masked_log(a, row_mask)
     state = log_scaling_iterations(
-        log_k,
+        kernel,
         log_a,
         masked_log(b, col_mask),
         alpha_a,
@@ -94,10 +96,12 @@ def sinkhorn_unbalanced_log(
         row_mask,
         col_mask,
     )
-    plan = torch.exp(log_k + state.log_u[:, :, None] + state.log_v[:, None, :])
+    plan = kernel.into_plan(state.log_u, state.log_v)
+    rows = plan.sum(2)
     # log (K v)_i = log (P 1)_i - log u_i
-    log_kv = safe_log(plan.sum(2)) - state.log_u
+    log_kv = safe_log(rows) - state.log_u
     residual = _max_abs(state.log_u - alpha_a * (log_a - log_kv), row_mask)
     log_u, log_v = finalise_scalings(state, row_mask, col_mask)
     transport = transport_cost(plan, cost, row_mask, col_mask)
-    return SolverResult(plan, log_u, log_v, residual, state.n_iters, transport)
+    extras = {"row_marginal": rows, "col_marginal": plan.sum(1)}
+    return SolverResult(plan, log_u, log_v, residual, state.n_iters, transport, extras)
