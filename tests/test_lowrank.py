@@ -105,6 +105,9 @@ def test_factored_products_equal_dense(variant: str) -> None:
     v = torch.randn(3, 5, 2, generator=gen, dtype=DT)
     w = torch.randn(3, 9, 2, generator=gen, dtype=DT)
     assert torch.allclose(res.factors.apply(v), plan @ v)
+    f = res.factors
+    scale = f.log_scale.exp()[:, None, None]
+    assert torch.allclose(scale * f.left @ f.core @ f.right, plan)
     assert torch.allclose(res.factors.apply_t(w), plan.transpose(1, 2) @ w)
 
 

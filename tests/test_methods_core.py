@@ -216,6 +216,7 @@ def test_conceptot_uses_the_low_rank_solver(variant: str) -> None:
     affinity = torch.exp((cos_zp - cos_zp.amax(2, keepdim=True)) / cfg.eps)
     valid = batch.patch_mask
     assert torch.allclose(out.extras["patch_anchor_affinity"][valid], affinity[valid])
+    assert torch.allclose(out.extras["patch_anchor_cosine"][valid], cos_zp[valid])
     assert out.extras["token_anchor_affinity"].shape == (3, 5, 4)
 
 

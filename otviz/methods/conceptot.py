@@ -33,10 +33,10 @@ class ConceptOT(ProjectedMethod):
     solver variant ``config.lowrank_variant``. Score: Eq. 8 evaluated implicitly, passed
     through ``tanh`` for the faithful variant (App. H) and raw for the positive one (already
     a mean of cosines). The plan stays factored; ``extras`` carry the anchor views: the unit
-    ``anchors [r, d_c]``, ``anchor_cosine [r, r]``, ``patch_anchor_affinity [B, N, r]`` and
-    ``token_anchor_affinity [B, M, r]`` (``K_ZP``, ``K_YP`` over each patch's / token's best
-    anchor, in ``(0, 1]``; cosines would cost another product with the features),
-    ``score_raw`` and ``transported_mass``.
+    ``anchors [r, d_c]``, ``anchor_cosine [r, r]``, ``patch_anchor_cosine [B, N, r]``,
+    ``patch_anchor_affinity [B, N, r]`` and ``token_anchor_affinity [B, M, r]`` (``K_ZP``,
+    ``K_YP`` over each patch's / token's best anchor, in ``(0, 1]``), ``score_raw`` and
+    ``transported_mass``.
 
     Training-free (``config.trainable=False``): identity projections, uniform masses and
     anchors from k-means of token embeddings (:meth:`fit_training_free`).
@@ -85,6 +85,7 @@ class ConceptOT(ProjectedMethod):
         extras = {
             "anchors": anchors,
             "anchor_cosine": anchors @ anchors.T,
+            "patch_anchor_cosine": res.extras["patch_anchor_cosine"],
             "patch_anchor_affinity": res.extras["patch_anchor_affinity"],
             "token_anchor_affinity": res.extras["token_anchor_affinity"],
             "score_raw": res.score,

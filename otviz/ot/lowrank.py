@@ -60,7 +60,7 @@ VARIANTS = ("faithful", "positive")
 @dataclass
 class LowRankPlan:
     """The plan ``diag(a) K_ZP C K_PY diag(b)`` held in factors, never materialised unless
-    :meth:`dense` is called.
+    :meth:`dense` is called: ``exp(log_scale) * left @ core @ right``.
 
     With ``K_ZP = diag(e^rho) K^_ZP`` (row maxima ``rho`` taken out, App. H) the plan is
     ``e^{log_scale} diag(u) K^_ZP C K^_YP^T diag(v)`` where ``u = e^{log a + rho - m_a}`` and
@@ -84,11 +84,19 @@ class LowRankPlan:
     def _scale(self, x: Tensor) -> Tensor:
         return x * torch.exp(self.log_scale).reshape(-1, *([1] * (x.dim() - 1)))
 
+    @property
+    def left(self) -> Tensor:
+        """``[B, N, r]`` the shifted left factor ``diag(u) K^_ZP`` (formed on request)."""
+        return self.u.unsqueeze(-1) * self.kernel_zp
+
+    @property
+    def right(self) -> Tensor:
+        """``[B, r, M]`` the shifted right factor ``K^_PY diag(v)`` (formed on request)."""
+        return (self.v.unsqueeze(-1) * self.kernel_yp).transpose(1, 2)
+
     def dense(self) -> Tensor:
         """Materialise ``[B, N, M]`` (on request only; the solver never does)."""
-        left = self.u.unsqueeze(-1) * self.kernel_zp
-        right = (self.v.unsqueeze(-1) * self.kernel_yp).transpose(1, 2)
-        return self._scale(left @ (self.core @ right))
+        return self._scale(self.left @ (self.core @ self.right))
 
     def apply(self, v: Tensor) -> Tensor:
         """``plan @ v`` for ``v [B, M, k]`` -> ``[B, N, k]`` in ``O((N + M) r k + r^2 k)``."""
@@ -192,9 +200,12 @@ class AnchorKernel:
         eps: float,
         mask: Tensor | None = None,
         scale: Tensor | None = None,
+        keep_cosine: bool = False,
     ) -> None:
         xp = x @ anchors.transpose(-1, -2)  # [B, n, r]
         s = torch.ones_like(xp[..., 0]) if scale is None else scale
+        # the cosines x_i . p_k / |x_i|, kept for views on request (one extra pass)
+        self.cosine = xp * s.unsqueeze(-1) if keep_cosine else None
         top = xp.detach().amax(2)
         w = s / eps
         self.shift = (top * s - 1.0) / eps  # rho: log K row maxima, [B, n]
@@ -325,9 +336,10 @@ def lowrank_uot(
             :meth:`otviz.methods.projected.ProjectedMethod.project_scaled`).
 
     Returns:
-        :class:`LowRankResult` (``extras`` ``patch_anchor_affinity [B, N, r]`` and
-        ``token_anchor_affinity [B, M, r]``: ``K_ZP``, ``K_YP`` over their row maxima,
-        ``exp((cos - max_k cos) / eps)``, each patch's / token's best anchor at 1):
+        :class:`LowRankResult` (``extras``: ``patch_anchor_cosine [B, N, r]``, and
+        ``patch_anchor_affinity [B, N, r]``, ``token_anchor_affinity [B, M, r]``: ``K_ZP``,
+        ``K_YP`` over their row maxima, ``exp((cos - max_k cos) / eps)``, each patch's /
+        token's best anchor at 1):
         ``log_u``/``log_v`` the log-scalings ``log a``, ``log b`` for
         the unshifted sub-kernels (``-inf`` where masked), the factored plan, the raw Eq. 8
         score, the transported mass, ``cost = <C, P~>`` with ``C = 1 - z.y``, and
@@ -339,7 +351,7 @@ def lowrank_uot(
     alpha_a = damping_exponent(tau_a, eps)
     alpha_b = damping_exponent(tau_b, eps)
     row_mask, col_mask = effective_mask(row_mask), effective_mask(col_mask)
-    zp = AnchorKernel(z, anchors, eps, row_mask, z_scale)  # [B, N, r]
+    zp = AnchorKernel(z, anchors, eps, row_mask, z_scale, keep_cosine=True)  # [B, N, r]
     yp = AnchorKernel(y, anchors, eps, col_mask)  # [B, M, r]
     k_reg = regularised_anchor_gram(anchors, eps, kpp_reg)
     ops: _FaithfulOps | _PositiveOps
@@ -378,7 +390,11 @@ def lowrank_uot(
         factors=plan,
         score=score,
         mass=mass,
-        extras={"patch_anchor_affinity": zp.kernel, "token_anchor_affinity": yp.kernel},
+        extras={
+            "patch_anchor_cosine": zp.cosine,
+            "patch_anchor_affinity": zp.kernel,
+            "token_anchor_affinity": yp.kernel,
+        },
     )
 
 

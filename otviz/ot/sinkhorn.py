@@ -83,7 +83,7 @@ class ShiftedKernel:
 
     @classmethod
     def from_cost(
-        cls, cost: Tensor, eps: float, row_mask: Tensor | None, col_mask: Tensor | None
+        cls, cost: Tensor, eps: float | Tensor, row_mask: Tensor | None, col_mask: Tensor | None
     ) -> ShiftedKernel:
         """Kernel of ``exp(-cost / eps)`` (zero on masked pairs): ``K^`` in one fused pass
         ``(min C - C) / eps`` and an in-place ``exp``. The shifted log kernel itself is only
@@ -97,7 +97,10 @@ class ShiftedKernel:
         c_min = torch.where(torch.isfinite(c_min), c_min, torch.zeros_like(c_min))
 
         def log_k_shifted() -> Tensor:
-            log_ks = torch.add((c_min / eps)[:, None, None], cost, alpha=-1.0 / eps)
+            if isinstance(eps, Tensor):  # a learned temperature: keep its gradient
+                log_ks = (c_min[:, None, None] - cost) / eps
+            else:
+                log_ks = torch.add((c_min / eps)[:, None, None], cost, alpha=-1.0 / eps)
             if row_mask is not None:
                 log_ks = log_ks.masked_fill(~row_mask[:, :, None], NEG)
             if col_mask is not None:
