@@ -25,11 +25,15 @@ What is timed (all float32 on CPU, ``torch.set_num_threads(threads)``):
   way (64 + 2 * 64 * 4 = 576 pairs gathered with :meth:`PairBatch.index`) at the
   ViT-B/16 sizes ``N = 196``, ``M = 48``: forward + backward, trainable configuration.
 
-Time per pair: the best (``ms_per_pair``) and the median (``ms_per_pair_median``) over
-``repeats`` timed runs after one warm-up, divided by the number of pairs; best-of-k is the
-figure least disturbed by other processes on a shared CPU. Pairs are processed in chunks
-of at most ``max_elems`` per-pair-weighted elements (``N * M + (N + M) * d`` per pair), the
-chunk's random features reused for every chunk; rows record the chunk size.
+Time per pair: the best (``ms_per_pair``) and the median (``ms_per_pair_median``) wall-clock
+time over ``repeats`` timed runs after one warm-up, divided by the number of pairs; best-of-k
+is the figure least disturbed by other processes on a shared CPU. ``cpu_ms_per_pair`` is the
+best process CPU time (all threads together; with one thread it is the figure least
+affected by other processes, with two it includes time spent waiting at thread barriers).
+
+Pairs are processed in chunks of at most ``max_elems`` per-pair-weighted elements
+(``N * M + (N + M) * d`` per pair), the chunk's random features reused for every chunk;
+rows record the chunk size.
 
 Peak memory: for torch rows, the peak of live CPU tensor memory during one chunk, from the
 torch profiler's memory events (``profile_memory=True``; allocations net of frees per op,
@@ -150,14 +154,16 @@ def chunk_size(cfg: BenchConfig, n: int, m: int) -> int:
 # --------------------------------------------------------------------------- measuring
 
 
-def _time(fn: Callable[[], Any], repeats: int) -> list[float]:
+def _time(fn: Callable[[], Any], repeats: int) -> tuple[list[float], list[float]]:
+    """Wall-clock and process CPU seconds of ``repeats`` runs after one warm-up."""
     fn()  # warm-up
-    out = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        out.append(time.perf_counter() - t0)
-    return out
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return wall, cpu
 
 
 def torch_peak_mb(fn: Callable[[], Any]) -> float:
@@ -201,7 +207,7 @@ def _timed_row(
             run_chunk()
 
     try:
-        times = _time(run_all, repeats)
+        times, cpu = _time(run_all, repeats)
         peak = mem_fn(run_chunk)
     except Exception as exc:  # recorded in the row: nothing is skipped silently
         return {**base, "status": f"error: {type(exc).__name__}: {exc}"}
@@ -213,6 +219,7 @@ def _timed_row(
         "chunk_pairs": chunk,
         "ms_per_pair": 1e3 * min(times) / pairs,
         "ms_per_pair_median": 1e3 * statistics.median(times) / pairs,
+        "cpu_ms_per_pair": 1e3 * min(cpu) / pairs,
         "peak_mem_mb": peak,
         "mem_scope": mem_scope,
     }
@@ -407,21 +414,26 @@ def summarise(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
         out["dense_uot_solver_ms_per_pair"] = ours["ms_per_pair"]
         out["pot_unbalanced_ms_per_pair"] = pot["ms_per_pair"]
         out["dense_uot_speedup_vs_pot"] = pot["ms_per_pair"] / ours["ms_per_pair"]
+        out["dense_uot_speedup_vs_pot_cpu_time"] = pot["cpu_ms_per_pair"] / ours["cpu_ms_per_pair"]
     e2e = _find(rows, kind="method", method="dense_uot", N=196, M=48, mode="forward")
     if e2e:
         out["dense_uot_end_to_end_ms_per_pair"] = e2e["ms_per_pair"]
+        out["dense_uot_end_to_end_cpu_ms_per_pair"] = e2e["cpu_ms_per_pair"]
     ratios = {}
     for m in cfg.ms:
         for n in cfg.ns:
             c = _find(rows, kind="method", method="conceptot", N=n, M=m, r=32, mode="forward")
             d = _find(rows, kind="method", method="dense_uot", N=n, M=m, mode="forward")
             if c and d:
-                ratios[f"N={n},M={m}"] = c["ms_per_pair"] / d["ms_per_pair"]
+                ratios[f"N={n},M={m}"] = {
+                    "wall": c["ms_per_pair"] / d["ms_per_pair"],
+                    "cpu": c["cpu_ms_per_pair"] / d["cpu_ms_per_pair"],
+                }
     out["conceptot_over_dense_uot_time"] = ratios
     slopes = {}
     for m in cfg.ms:
-        pts = [
-            (row["N"], row["ms_per_pair"])
+        sel = [
+            row
             for row in rows
             if row.get("status") == "ok"
             and row["kind"] == "method"
@@ -431,8 +443,11 @@ def summarise(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
             and row["mode"] == "forward"
             and 196 <= row["N"] <= 4096
         ]
-        if len(pts) >= 2:
-            slopes[f"M={m}"] = linear_fit(pts)
+        if len(sel) >= 2:
+            slopes[f"M={m}"] = {
+                key: linear_fit([(row["N"], row[f"{key}ms_per_pair"]) for row in sel])
+                for key in ("", "cpu_")
+            }
     out["conceptot_time_vs_N"] = slopes
     out["train_step_ms"] = {
         row["method"]: row["ms_per_step"]
@@ -500,6 +515,7 @@ def run_benchmark(cfg: BenchConfig | None = None, log: Callable[[str], None] | N
 def to_markdown(result: dict) -> str:
     """Markdown tables of the rows and the summary."""
     cols = ["kind", "method", "N", "M", "r", "mode", "ms_per_pair", "ms_per_pair_median"]
+    cols += ["cpu_ms_per_pair"]
     cols += ["peak_mem_mb", "mem_scope", "chunk_pairs", "status"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in result["rows"]:

@@ -24,8 +24,8 @@ class Filip(ProjectedMethod):
     paper = "ConceptOT Sec. 3.2 (FILIP)"
 
     def align(self, batch: PairBatch) -> Alignment:
-        z, y = self.project(batch)
-        sim = masked_similarity(z, y, batch, fill=-float("inf"))
+        z, z_scale, y = self.project_scaled(batch)
+        sim = masked_similarity(z, y, batch, fill=-float("inf"), z_scale=z_scale)
         best, index = sim.max(1)  # [B, M]
         weight = uniform_masses(batch.token_mask, z.dtype)
         score = (weight * best.masked_fill(~batch.token_mask, 0.0)).sum(1)

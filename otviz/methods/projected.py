@@ -134,9 +134,17 @@ def build_alignment(
     )
 
 
-def masked_similarity(z: Tensor, y: Tensor, batch: PairBatch, fill: float) -> Tensor:
-    """``[B, N, M]`` cosines with ``fill`` on pairs involving a masked patch or token."""
+def masked_similarity(
+    z: Tensor, y: Tensor, batch: PairBatch, fill: float, z_scale: Tensor | None = None
+) -> Tensor:
+    """``[B, N, M]`` cosines with ``fill`` on pairs involving a masked patch or token
+    (``z`` may come unnormalised with its inverse norms ``z_scale``, see
+    :meth:`ProjectedMethod.project_scaled`)."""
     sim = cosine_similarity(z, y)
+    if z_scale is not None:
+        sim = sim * z_scale.unsqueeze(-1)
+    if bool(batch.patch_mask.all()) and bool(batch.token_mask.all()):
+        return sim
     valid = batch.patch_mask[:, :, None] & batch.token_mask[:, None, :]
     return sim.masked_fill(~valid, fill)
 
