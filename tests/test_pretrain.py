@@ -26,10 +26,11 @@ from otviz.train.pretrain import (
     main,
     pretrain,
     retrieval_recalls,
+    world_version,
 )
 
 SMOKE = dict(
-    steps=40, batch_size=32, lr=2e-3, warmup_steps=5, n_train=512, n_test=64,
+    steps=40, batch_size=32, lr=2e-3, warmup_steps=5, n_train=512, n_test=64, hard_negatives=1,
     embed_dim=32, vision_width=32, vision_layers=1, vision_heads=2, text_width=32,
     text_layers=1, text_heads=2, eval_every=0, threads=1,
 )
@@ -49,6 +50,58 @@ def test_infonce_matches_definition():
     assert infonce_loss(eye, eye, torch.tensor(100.0)) < 1e-6
 
 
+def test_infonce_hard_negatives_only_in_image_to_text():
+    g = torch.Generator().manual_seed(2)
+    img = F.normalize(torch.randn(3, 8, generator=g), dim=-1)
+    txt = F.normalize(torch.randn(7, 8, generator=g), dim=-1)  # 3 captions + 4 negatives
+    scale = torch.tensor(5.0)
+    logits = scale * img @ txt.T
+    i2t = -torch.stack([logits[i].log_softmax(0)[i] for i in range(3)]).mean()
+    t2i = -torch.stack([logits[:3, j].log_softmax(0)[j] for j in range(3)]).mean()
+    torch.testing.assert_close(infonce_loss(img, txt, scale), (i2t + t2i) / 2)
+    assert infonce_loss(img, txt, scale) > infonce_loss(img, txt[:3], scale)
+
+
+def test_draw_negatives_respects_validity():
+    from otviz.train.data import RenderedSplit, draw_negatives
+
+    n, c, length = 4, 6, 5
+    neg_ids = torch.arange(n * c).view(n, c, 1).expand(n, c, length).clone()
+    valid = torch.zeros(n, c, dtype=torch.bool)
+    valid[0, [1, 4]] = valid[1, 0] = valid[2, :] = valid[3, 5] = True
+    split = RenderedSplit(torch.zeros(n, 2, 2, 3, dtype=torch.uint8),
+                          torch.zeros(n, length, dtype=torch.long), ["x"] * n, neg_ids, valid)
+    g = torch.Generator().manual_seed(0)
+    out = draw_negatives(split, torch.tensor([0, 1, 3, 0]), 50, g)
+    assert out.shape == (200, length)
+    chosen = out[:, 0].view(4, 50)
+    assert set(chosen[0].tolist()) == {1, 4} and set(chosen[3].tolist()) == {1, 4}
+    assert set(chosen[1].tolist()) == {6} and set(chosen[2].tolist()) == {23}
+    split.negative_valid[1] = False
+    with pytest.raises(ValueError, match="no hard negative"):
+        draw_negatives(split, torch.tensor([1]), 1, g)
+
+
+def test_world_negatives_tokenised():
+    from otviz.train.data import render_split
+    from otviz.world import NEGATIVE_CATEGORIES, World, WorldConfig
+
+    split = render_split("train", 20, 0, 32, WorldConfig(negatives=True))
+    assert split.negative_ids.shape == (20, len(NEGATIVE_CATEGORIES), 32)
+    plain = render_split("train", 20, 0, 32, WorldConfig(negatives=False))
+    assert plain.negative_ids is None and torch.equal(plain.images, split.images)
+    s = World(WorldConfig(negatives=True), "train", 0).sample(7)
+    from open_clip.tokenizer import SimpleTokenizer
+
+    tok = SimpleTokenizer(context_length=32)
+    for k, cat in enumerate(NEGATIVE_CATEGORIES):
+        if cat in s.negatives:
+            assert split.negative_valid[7, k]
+            assert torch.equal(split.negative_ids[7, k], tok(s.negatives[cat])[0])
+        else:
+            assert not split.negative_valid[7, k]
+
+
 def test_loss_kinds():
     """InfoNCE is ours; the other kinds are OT-CLIP's, whose own InfoNCE must agree."""
     from otviz.train.otclip_losses import KINDS, otclip_loss
@@ -64,6 +117,10 @@ def test_loss_kinds():
                                    otclip_loss(a, b, scale, kind))
     with pytest.raises(ValueError):
         contrastive_loss(a, b, scale, "no-such-loss")
+    with pytest.raises(ValueError, match="unknown loss"):
+        pretrain(PretrainConfig(loss="no-such-loss"))
+    with pytest.raises(ValueError, match="hard_negatives"):
+        pretrain(PretrainConfig(loss="dbot", hard_negatives=1))
 
 
 def test_retrieval_recalls_by_hand():
@@ -120,6 +177,8 @@ def test_pretrain_smoke(tmp_path):
     assert meta["recipe"] == dataclasses.asdict(config)
     assert meta["metrics"]["i2t_r1"] == metrics["i2t_r1"]
     assert meta["command"] == command_line(config)
+    assert meta["world_version"] == world_version() and len(meta["world_version"]) == 16
+    assert meta["tokenizer"].startswith("open_clip.SimpleTokenizer")
     model, _ = load_tiny_clip(tmp_path / "ck")
     bb = Backbone.from_checkpoint(tmp_path / "ck")
     assert bb.patch_dim == 32 and bb.grid == (10, 10)

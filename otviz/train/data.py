@@ -15,16 +15,21 @@ import torch
 from open_clip.tokenizer import SimpleTokenizer
 from torch import Tensor
 
-from otviz.world import Sample, World, WorldConfig
+from otviz.world import NEGATIVE_CATEGORIES, Sample, World, WorldConfig
 
 
 @dataclass
 class RenderedSplit:
-    """``n`` world samples: images ``[n, H, W, 3]`` uint8, token ids ``[n, L]``, captions."""
+    """``n`` world samples: images ``[n, H, W, 3]`` uint8, token ids ``[n, L]``, captions,
+    and optionally the token ids of each sample's hard-negative captions ``[n, C, L]`` (one
+    per SugarCrepe category of :data:`NEGATIVE_CATEGORIES`) with their validity ``[n, C]``
+    (a category may not apply to a scene)."""
 
     images: Tensor
     ids: Tensor
     captions: list[str]
+    negative_ids: Tensor | None = None
+    negative_valid: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.captions)
@@ -49,12 +54,33 @@ def render_split(
 def split_from_samples(
     samples: list[Sample], context_length: int, tokenizer: SimpleTokenizer | None = None
 ) -> RenderedSplit:
-    """Stack world samples into a :class:`RenderedSplit`."""
+    """Stack world samples into a :class:`RenderedSplit` (with hard negatives when the
+    samples carry them)."""
     images = np.stack([s.image for s in samples])
     captions = [s.caption for s in samples]
     tokenizer = tokenizer or SimpleTokenizer(context_length=context_length)
     ids = tokenizer(captions, context_length=context_length)
-    return RenderedSplit(torch.from_numpy(images), ids, captions)
+    split = RenderedSplit(torch.from_numpy(images), ids, captions)
+    if any(s.negatives for s in samples):
+        negs = [[s.negatives.get(c, "") for c in NEGATIVE_CATEGORIES] for s in samples]
+        flat = [c for row in negs for c in row]
+        split.negative_valid = torch.tensor([[bool(c) for c in row] for row in negs])
+        split.negative_ids = tokenizer(flat, context_length=context_length).view(
+            len(samples), len(NEGATIVE_CATEGORIES), context_length
+        )
+    return split
+
+
+def draw_negatives(split: RenderedSplit, idx: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """Token ids ``[len(idx) * k, L]`` of ``k`` hard-negative captions per sample ``idx``,
+    drawn uniformly among its valid categories (with replacement when fewer than ``k``)."""
+    if split.negative_ids is None or split.negative_valid is None:
+        raise ValueError("this split was rendered without hard negatives")
+    valid = split.negative_valid[idx].float()
+    if (valid.sum(1) == 0).any():
+        raise ValueError("a sample has no hard negative")
+    pick = torch.multinomial(valid, k, replacement=True, generator=generator)  # [b, k]
+    return split.negative_ids[idx.unsqueeze(1), pick].reshape(-1, split.ids.shape[1])
 
 
 def normalise(images: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import math
 import shlex
 import sys
@@ -39,6 +40,7 @@ from otviz.tiny_clip import (
 )
 from otviz.train.data import (
     RenderedSplit,
+    draw_negatives,
     normalise,
     random_shift,
     render_split,
@@ -72,6 +74,7 @@ class PretrainConfig:
     vision_pool: str = "tok"  # "avg": image embedding = mean of patch tokens; "tok": CLS
     vision_pos_embed: str = "learnable"  # or "sin_cos_2d" (fixed 2-D patch positions)
     loss: str = "infonce"  # or an OT-CLIP kind of otviz.train.otclip_losses
+    hard_negatives: int = 0  # world hard-negative captions per image (InfoNCE only)
     max_shift: int = 2  # augmentation: random translation in pixels (0: none)
     threads: int = 2
     eval_every: int = 250  # held-out retrieval every this many steps (0: only at the end)
@@ -93,11 +96,13 @@ class PretrainConfig:
 
 
 def infonce_loss(image_emb: Tensor, text_emb: Tensor, logit_scale: Tensor) -> Tensor:
-    """Symmetric InfoNCE of CLIP on L2-normalised embeddings (matched pairs on the
-    diagonal): the mean of the image->text and text->image cross-entropies."""
-    logits = logit_scale * image_emb @ text_emb.T
-    target = torch.arange(logits.shape[0], device=logits.device)
-    return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target))
+    """Symmetric InfoNCE of CLIP on L2-normalised embeddings, matched pairs on the diagonal:
+    the mean of the image->text and text->image cross-entropies. Text rows beyond the B
+    images are extra negatives for image->text only (NegCLIP's hard-negative captions)."""
+    n = image_emb.shape[0]
+    logits = logit_scale * image_emb @ text_emb.T  # [B, B + extra]
+    target = torch.arange(n, device=logits.device)
+    return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits[:, :n].T, target))
 
 
 def contrastive_loss(image_emb: Tensor, text_emb: Tensor, logit_scale: Tensor, kind: str) -> Tensor:
@@ -145,6 +150,8 @@ def pretrain(config: PretrainConfig, progress: Progress | None = None) -> dict[s
     checkpoint in ``config.out`` unless it is empty). ``progress(step, total, log_entry)`` is
     called after every step. Torch's thread count is restored afterwards."""
     _check_loss(config.loss)
+    if config.hard_negatives and config.loss != "infonce":
+        raise ValueError("hard_negatives needs loss='infonce'")
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
@@ -158,7 +165,8 @@ def _pretrain(config: PretrainConfig, progress: Progress | None) -> dict[str, An
     torch.manual_seed(config.seed)
     world_cfg = WorldConfig(negatives=False)
     cfg = config.model_config()
-    train = render_split("train", config.n_train, config.seed, config.context_length, world_cfg)
+    train_cfg = dataclasses.replace(world_cfg, negatives=config.hard_negatives > 0)
+    train = render_split("train", config.n_train, config.seed, config.context_length, train_cfg)
     test_world = World(world_cfg, split="test", seed=config.seed)
     test_samples = [test_world.sample(i) for i in range(config.n_test)]
     test = split_from_samples(test_samples, config.context_length)
@@ -188,7 +196,10 @@ def _pretrain(config: PretrainConfig, progress: Progress | None) -> dict[str, An
         idx = order[cursor : cursor + config.batch_size]
         cursor += config.batch_size
         images = normalise(random_shift(train.images[idx], config.max_shift, gen), mean, std)
-        image_emb, text_emb, scale = model(images, train.ids[idx])
+        texts = train.ids[idx]
+        if config.hard_negatives:
+            texts = torch.cat([texts, draw_negatives(train, idx, config.hard_negatives, gen)])
+        image_emb, text_emb, scale = model(images, texts)
         loss = contrastive_loss(image_emb, text_emb, scale, config.loss)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -227,7 +238,8 @@ def _pretrain(config: PretrainConfig, progress: Progress | None) -> dict[str, An
     if config.out:
         meta = {
             "model_name": TINY_CLIP_NAME,
-            "world": {"config": _world_meta(world_cfg), "version": _world_version()},
+            "world_version": world_version(),
+            "world_config": _world_meta(world_cfg),
             "recipe": dataclasses.asdict(config),
             "command": command_line(config),
             "cli_command": command_line(config, "otviz pretrain"),
@@ -292,10 +304,15 @@ def _world_meta(cfg: WorldConfig) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
 
 
-def _world_version() -> str:
+def world_version() -> str:
+    """A fingerprint of the world's source code (SHA-256 of ``otviz/world/*.py``, first 16
+    hex digits): the same fingerprint renders the same samples for the same seed."""
     import otviz.world as world
 
-    return str(getattr(world, "WORLD_VERSION", getattr(world, "__version__", "unversioned")))
+    digest = hashlib.sha256()
+    for path in sorted(Path(world.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
