@@ -172,3 +172,22 @@ def test_inference_mode_equals_autograd_mode() -> None:
         no_grad = sinkhorn_unbalanced_log(cost, a, b, 0.1, 0.3, 0.5, n_iters=7)
     assert torch.equal(with_grad.plan, no_grad.plan)
     assert torch.equal(with_grad.cost, no_grad.cost)
+
+
+def test_cache_chunks_equal_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import otviz.ot.sinkhorn as sk
+
+    cost, a, b = _problem(12, b=5)
+    b_bal = b / b.sum(1, keepdim=True)
+    row_mask = torch.ones(5, 7, dtype=torch.bool)
+    row_mask[3, 5:] = False
+    kw = dict(n_iters=9, row_mask=row_mask)
+    whole = sinkhorn_unbalanced_log(cost, a, b, 0.1, 0.3, 0.5, **kw)
+    whole_bal = sinkhorn_log(cost, a, b_bal, 0.1, **kw)
+    monkeypatch.setattr(sk, "CHUNK_ELEMS", 2 * 7 * 5)  # sub-batches of 2 problems
+    parts = sinkhorn_unbalanced_log(cost, a, b, 0.1, 0.3, 0.5, **kw)
+    parts_bal = sinkhorn_log(cost, a, b_bal, 0.1, **kw)
+    for one, many in [(whole, parts), (whole_bal, parts_bal)]:
+        for field in ("plan", "log_u", "log_v", "marginal_error", "cost"):
+            assert torch.allclose(getattr(one, field), getattr(many, field), rtol=1e-12), field
+        assert torch.allclose(one.extras["row_marginal"], many.extras["row_marginal"], rtol=1e-12)

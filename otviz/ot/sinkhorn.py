@@ -30,6 +30,9 @@ from otviz.ot.result import SolverResult, safe_log
 # it stays finite so softmax-type gradients of the log-sum-exp are exactly zero there.
 NEG = -1e9
 
+# Plan entries per sub-batch of the dense solvers (8 MB in float32), see in_cache_chunks.
+CHUNK_ELEMS = 2**21
+
 
 @dataclass
 class ScalingState:
@@ -232,6 +235,52 @@ def _l1(x: Tensor, mask: Tensor | None) -> Tensor:
     return x.sum(-1)
 
 
+def in_cache_chunks(
+    solve: Callable[..., SolverResult],
+    cost: Tensor,
+    a: Tensor,
+    b: Tensor,
+    row_mask: Tensor | None,
+    col_mask: Tensor | None,
+    **kwargs: object,
+) -> SolverResult:
+    """Run a batched dense solver on consecutive sub-batches of at most :data:`CHUNK_ELEMS`
+    plan entries and concatenate the results (``n_iters`` is the largest count run).
+
+    Every Sinkhorn pass streams the ``[B, N, M]`` kernel; sub-batches small enough to stay
+    in the CPU caches run about twice as fast per pair at large ``N * M`` as one pass over
+    the whole batch (measured at N = 1024, M = 48), at the price of one copy of the plan."""
+    bsz, n, m = cost.shape
+    step = max(1, CHUNK_ELEMS // max(n * m, 1))
+    if bsz <= step:
+        return solve(cost, a, b, row_mask=row_mask, col_mask=col_mask, **kwargs)
+
+    def part(x: Tensor | None, i: int) -> Tensor | None:
+        return None if x is None else x[i : i + step]
+
+    parts = [
+        solve(
+            cost[i : i + step],
+            a[i : i + step],
+            b[i : i + step],
+            row_mask=part(row_mask, i),
+            col_mask=part(col_mask, i),
+            **kwargs,
+        )
+        for i in range(0, bsz, step)
+    ]
+    first = parts[0]
+    return SolverResult(
+        plan=torch.cat([p.plan for p in parts]),
+        log_u=torch.cat([p.log_u for p in parts]),
+        log_v=torch.cat([p.log_v for p in parts]),
+        marginal_error=torch.cat([p.marginal_error for p in parts]),
+        n_iters=max(p.n_iters for p in parts),
+        cost=torch.cat([p.cost for p in parts]),
+        extras={k: torch.cat([p.extras[k] for p in parts]) for k in first.extras},
+    )
+
+
 def sinkhorn_log(
     cost: Tensor,
     a: Tensor,
@@ -259,8 +308,25 @@ def sinkhorn_log(
         :class:`SolverResult` with the dense plan, ``log_u``/``log_v`` (``f/eps``, ``g/eps`` in
         dual terms; ``-inf`` where masked), ``marginal_error`` = L1 violation
         ``|P1 - a|_1 + |P^T1 - b|_1``, ``cost`` = ``<C, P>`` and ``extras`` holding the
-        plan's ``row_marginal`` ``[B, N]`` and ``col_marginal`` ``[B, M]``.
+        plan's ``row_marginal`` ``[B, N]`` and ``col_marginal`` ``[B, M]``. Large batches
+        run in cache-sized sub-batches (:func:`in_cache_chunks`; ``tol`` then applies per
+        sub-batch).
     """
+    return in_cache_chunks(
+        _sinkhorn_log, cost, a, b, row_mask, col_mask, eps=eps, n_iters=n_iters, tol=tol
+    )
+
+
+def _sinkhorn_log(
+    cost: Tensor,
+    a: Tensor,
+    b: Tensor,
+    eps: float,
+    n_iters: int,
+    tol: float | None,
+    row_mask: Tensor | None,
+    col_mask: Tensor | None,
+) -> SolverResult:
     row_mask, col_mask = effective_mask(row_mask), effective_mask(col_mask)
     kernel = ShiftedKernel.from_cost(cost, eps, row_mask, col_mask)
     log_a = masked_log(a, row_mask)

@@ -25,6 +25,7 @@ from otviz.ot.sinkhorn import (
     ShiftedKernel,
     effective_mask,
     finalise_scalings,
+    in_cache_chunks,
     log_scaling_iterations,
     masked_log,
     transport_cost,
@@ -74,7 +75,36 @@ def sinkhorn_unbalanced_log(
         row scaling is from its own update (the column update holds exactly after the last
         half-step). It is not a marginal violation: unbalanced plans need not meet ``a, b``.
         ``extras`` hold the plan's ``row_marginal`` ``[B, N]`` and ``col_marginal`` ``[B, M]``.
+        Large batches run in cache-sized sub-batches (:func:`otviz.ot.sinkhorn.in_cache_chunks`;
+        ``tol`` then applies per sub-batch).
     """
+    return in_cache_chunks(
+        _sinkhorn_unbalanced_log,
+        cost,
+        a,
+        b,
+        row_mask,
+        col_mask,
+        eps=eps,
+        tau_a=tau_a,
+        tau_b=tau_b,
+        n_iters=n_iters,
+        tol=tol,
+    )
+
+
+def _sinkhorn_unbalanced_log(
+    cost: Tensor,
+    a: Tensor,
+    b: Tensor,
+    eps: float,
+    tau_a: float,
+    tau_b: float,
+    n_iters: int,
+    tol: float | None,
+    row_mask: Tensor | None,
+    col_mask: Tensor | None,
+) -> SolverResult:
     row_mask, col_mask = effective_mask(row_mask), effective_mask(col_mask)
     alpha_a = damping_exponent(tau_a, eps)
     alpha_b = damping_exponent(tau_b, eps)
