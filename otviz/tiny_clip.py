@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ def tiny_clip_config(
     context_length: int = 32,
     vision_pool: str = "tok",
     vision_pos_embed: str = "learnable",
+    vision_mlp_ratio: float = 4.0,
+    init_temperature: float = 0.07,
 ) -> dict[str, Any]:
     """The open_clip model config (``custom_text``: text tower at ``model.text``).
 
@@ -62,7 +65,8 @@ def tiny_clip_config(
     ``ln_post``), so the global image embedding is exactly the mean of the projected patch
     tokens and every patch token is trained directly; ``"tok"`` uses the class token as
     OpenAI CLIP does. ``vision_pos_embed="sin_cos_2d"`` fixes the patch position embeddings to
-    2-D sine-cosine codes instead of learning them.
+    2-D sine-cosine codes instead of learning them. ``init_temperature`` is the initial
+    softmax temperature of the contrastive logits (CLIP: 0.07; the scale is learned).
     """
     if vision_width % vision_heads or text_width % text_heads:
         raise ValueError("widths must be divisible by their number of heads")
@@ -71,13 +75,14 @@ def tiny_clip_config(
     return {
         "embed_dim": embed_dim,
         "custom_text": True,
+        "init_logit_scale": math.log(1.0 / init_temperature),
         "vision_cfg": {
             "image_size": image_size,
             "patch_size": patch_size,
             "width": vision_width,
             "layers": vision_layers,
             "head_width": vision_width // vision_heads,
-            "mlp_ratio": 4.0,
+            "mlp_ratio": vision_mlp_ratio,
             "pool_type": vision_pool,
             "pos_embed_type": vision_pos_embed,
         },

@@ -32,7 +32,7 @@ from otviz.train.pretrain import (
 SMOKE = dict(
     steps=40, batch_size=32, lr=2e-3, warmup_steps=5, n_train=512, n_test=64, hard_negatives=1,
     embed_dim=32, vision_width=32, vision_layers=1, vision_heads=2, text_width=32,
-    text_layers=1, text_heads=2, eval_every=0, threads=1,
+    text_layers=1, text_heads=2, eval_every=0, threads=1, processes=1,
 )
 
 
@@ -100,6 +100,23 @@ def test_world_negatives_tokenised():
             assert torch.equal(split.negative_ids[7, k], tok(s.negatives[cat])[0])
         else:
             assert not split.negative_valid[7, k]
+
+
+def test_render_shards_and_chunks(monkeypatch):
+    from otviz.train import data
+    from otviz.world import WorldConfig
+
+    cfg = WorldConfig(negatives=True)
+    full = data.render_split("train", 11, 5, 32, cfg)
+    monkeypatch.setattr(data, "_CHUNK", 2)
+    shards = [data.render_split("train", 11, 5, 32, cfg, shard=(k, 3)) for k in range(3)]
+    for k, part in enumerate(shards):
+        assert torch.equal(part.images, full.images[k::3])
+        assert torch.equal(part.ids, full.ids[k::3])
+        assert torch.equal(part.negative_ids, full.negative_ids[k::3])
+        assert part.captions == full.captions[k::3]
+    with pytest.raises(ValueError):
+        data.render_split("train", 2, 5, 32, cfg, shard=(2, 3))
 
 
 def test_loss_kinds():
@@ -189,3 +206,77 @@ def test_pretrain_smoke(tmp_path):
     pp = model.visual.preprocess_cfg
     img, txt = embed_split(model, test, tuple(pp["mean"]), tuple(pp["std"]))
     assert retrieval_recalls(img @ txt.T)["i2t_r1"] == metrics["i2t_r1"]
+
+
+def _grad_worker(rank: int, port: int, queue) -> None:
+    """One of two processes: its half of a fixed batch through the data-parallel step."""
+    import torch.distributed as dist
+
+    from otviz.tiny_clip import create_tiny_clip, tiny_clip_config
+    from otviz.train.pretrain import _Group
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    try:
+        cfg = tiny_clip_config(embed_dim=16, vision_width=32, vision_layers=1, vision_heads=2,
+                               text_width=32, text_layers=1, text_heads=2)
+        g = torch.Generator().manual_seed(0)
+        images = torch.randn(8, 3, 80, 80, generator=g)
+        texts = torch.randint(1, 300, (8, 32), generator=g)
+        negs = torch.randint(1, 300, (8, 32), generator=g)
+        texts[:, 9] = negs[:, 11] = 49407
+
+        def step(model, group, img, txt, neg):
+            b = img.shape[0]
+            i, t, s = model(img, torch.cat([txt, neg]))
+            if group.size > 1:
+                i = group.gather(i)
+                t = torch.cat([group.gather(t[:b]), group.gather(t[b:])])
+            contrastive_loss(i, t, s, "infonce").backward()
+            group.sum_gradients(model)
+            return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+        half = slice(4 * rank, 4 * rank + 4)
+        split = step(create_tiny_clip(cfg, seed=1), _Group(rank, 2), images[half], texts[half],
+                     negs[half])
+        if rank == 0:
+            full = step(create_tiny_clip(cfg, seed=1), _Group(), images, texts, negs)
+            diff = max(float((split[n] - full[n]).abs().max()) for n in full)
+            scale = max(float(full[n].abs().max()) for n in full)
+            queue.put((sorted(split) == sorted(full), diff, scale))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_data_parallel_step_equals_full_batch_step():
+    """Gathered embeddings + summed gradients over 2 processes == one full-batch step."""
+    import torch.multiprocessing as mp
+
+    from otviz.train.pretrain import _free_port
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_grad_worker, args=(r, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    same_keys, diff, scale = queue.get(timeout=300)
+    for p in procs:
+        p.join(timeout=60)
+    assert same_keys and scale > 0
+    assert diff <= 1e-5 * scale
+
+
+@pytest.mark.slow
+def test_pretrain_two_processes(tmp_path):
+    calls = []
+    config = PretrainConfig(**dict(SMOKE, processes=2, steps=20), out=str(tmp_path / "ck"))
+    metrics = pretrain(config, progress=lambda step, total, info: calls.append((step, info)))
+    assert [s for s, _ in calls] == list(range(1, 21))
+    assert metrics["processes"] == 2 and "i2t_r1" in metrics
+    model, meta = load_tiny_clip(tmp_path / "ck")
+    assert meta["recipe"]["processes"] == 2
+    # every token row either of the world's vocabulary or zero: one union over processes
+    rows = model.text.token_embedding.weight.abs().sum(1) > 0
+    assert 20 < int(rows.sum()) < 200

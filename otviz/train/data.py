@@ -17,6 +17,8 @@ from torch import Tensor
 
 from otviz.world import NEGATIVE_CATEGORIES, Sample, World, WorldConfig
 
+_CHUNK = 2048  # samples rendered before stacking
+
 
 @dataclass
 class RenderedSplit:
@@ -42,13 +44,23 @@ def render_split(
     context_length: int,
     config: WorldConfig | None = None,
     tokenizer: SimpleTokenizer | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> RenderedSplit:
     """Render samples ``0..n-1`` of ``World(config, split, seed)`` and tokenise their captions
-    exactly as open_clip does (truncating at ``context_length``)."""
-    if n < 1:
-        raise ValueError("n must be positive")
+    exactly as open_clip does (truncating at ``context_length``). ``shard=(k, m)`` keeps only
+    the samples ``i`` with ``i % m == k`` (one process's share in data-parallel training)."""
+    k, m = shard
+    if n < 1 or not 0 <= k < m or k >= n:
+        raise ValueError(f"nothing to render: n={n}, shard={shard}")
     world = World(config or WorldConfig(negatives=False), split=split, seed=seed)
-    return split_from_samples([world.sample(i) for i in range(n)], context_length, tokenizer)
+    tokenizer = tokenizer or SimpleTokenizer(context_length=context_length)
+    indices = range(k, n, m)
+    chunks = [  # in chunks, so the samples' trees and boxes are not all held at once
+        split_from_samples([world.sample(i) for i in indices[c : c + _CHUNK]], context_length,
+                           tokenizer)
+        for c in range(0, len(indices), _CHUNK)
+    ]
+    return _concat(chunks)
 
 
 def split_from_samples(
@@ -69,6 +81,19 @@ def split_from_samples(
             len(samples), len(NEGATIVE_CATEGORIES), context_length
         )
     return split
+
+
+def _concat(parts: list[RenderedSplit]) -> RenderedSplit:
+    if len(parts) == 1:
+        return parts[0]
+    negatives = parts[0].negative_ids is not None
+    return RenderedSplit(
+        torch.cat([p.images for p in parts]),
+        torch.cat([p.ids for p in parts]),
+        [c for p in parts for c in p.captions],
+        torch.cat([p.negative_ids for p in parts]) if negatives else None,
+        torch.cat([p.negative_valid for p in parts]) if negatives else None,
+    )
 
 
 def draw_negatives(split: RenderedSplit, idx: Tensor, k: int, generator: torch.Generator) -> Tensor:

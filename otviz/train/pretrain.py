@@ -17,15 +17,19 @@ import argparse
 import dataclasses
 import hashlib
 import math
+import queue as queue_module
 import shlex
+import socket
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
@@ -73,10 +77,13 @@ class PretrainConfig:
     context_length: int = 32
     vision_pool: str = "tok"  # "avg": image embedding = mean of patch tokens; "tok": CLS
     vision_pos_embed: str = "learnable"  # or "sin_cos_2d" (fixed 2-D patch positions)
+    vision_mlp_ratio: float = 4.0
+    init_temperature: float = 0.07  # initial temperature of the logits (learned after)
     loss: str = "infonce"  # or an OT-CLIP kind of otviz.train.otclip_losses
     hard_negatives: int = 0  # world hard-negative captions per image (InfoNCE only)
     max_shift: int = 2  # augmentation: random translation in pixels (0: none)
-    threads: int = 2
+    threads: int = 1  # torch threads per process
+    processes: int = 2  # data-parallel processes (gloo), each with batch_size / processes
     eval_every: int = 250  # held-out retrieval every this many steps (0: only at the end)
     out: str = "checkpoints/tiny-clip"  # checkpoint directory ("" : do not save)
 
@@ -92,6 +99,8 @@ class PretrainConfig:
             context_length=self.context_length,
             vision_pool=self.vision_pool,
             vision_pos_embed=self.vision_pos_embed,
+            vision_mlp_ratio=self.vision_mlp_ratio,
+            init_temperature=self.init_temperature,
         )
 
 
@@ -148,71 +157,193 @@ def retrieval_recalls(sim: Tensor, ks: tuple[int, ...] = (1, 5, 10)) -> dict[str
 def pretrain(config: PretrainConfig, progress: Progress | None = None) -> dict[str, Any]:
     """Train a tiny CLIP with ``config``; returns the final metrics (also saved with the
     checkpoint in ``config.out`` unless it is empty). ``progress(step, total, log_entry)`` is
-    called after every step. Torch's thread count is restored afterwards."""
+    called after every step.
+
+    With ``processes > 1`` the work is data-parallel over that many spawned processes (one
+    CPU core each at ``threads=1``, which on small matrices scales far better than threads
+    inside one process): each renders its share of the training set and embeds its share
+    of every batch; the contrastive loss is taken over the whole gathered batch and the
+    gradients are summed, so a step is the same full-batch step as on one process.
+    """
     _check_loss(config.loss)
     if config.hard_negatives and config.loss != "infonce":
         raise ValueError("hard_negatives needs loss='infonce'")
+    if config.processes < 1 or config.batch_size % config.processes:
+        raise ValueError("batch_size must be a positive multiple of processes")
+    if config.processes > 1:
+        return _spawn(config, progress)
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        return _pretrain(config, progress)
+        return _pretrain(config, progress, _Group())
     finally:
         torch.set_num_threads(threads)
 
 
-def _pretrain(config: PretrainConfig, progress: Progress | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Group:
+    """This process's place among the data-parallel processes."""
+
+    rank: int = 0
+    size: int = 1
+
+    def gather(self, x: Tensor) -> Tensor:
+        """Rows of ``x`` from every process, concatenated in rank order; differentiable in
+        this process's own rows (the others are constants here)."""
+        if self.size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.detach().contiguous())
+        parts[self.rank] = x
+        return torch.cat(parts)
+
+    def sum_gradients(self, model: nn.Module) -> None:
+        """Sum the gradients over processes. Each process back-propagated the full-batch
+        loss through its own rows only, so the sum is the full-batch gradient; the logit
+        scale, which every process differentiates in full, is averaged instead."""
+        if self.size == 1:
+            return
+        params = [p for p in model.parameters() if p.grad is not None]
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+            offset += n
+        model.logit_scale.grad.div_(self.size)
+
+    def union(self, ids: Tensor, size: int) -> Tensor:
+        """The ids present in any process's ``ids`` (values below ``size``)."""
+        present = torch.zeros(size, dtype=torch.int32)
+        present[ids.reshape(-1).long()] = 1
+        if self.size > 1:
+            dist.all_reduce(present, op=dist.ReduceOp.MAX)
+        return present.nonzero().squeeze(1)
+
+
+def _spawn(config: PretrainConfig, progress: Progress | None) -> dict[str, Any]:
+    """Run :func:`_worker` in ``config.processes`` spawned processes; relay rank 0's
+    progress and return its result."""
+    ctx = torch.multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, config, port, queue), daemon=True)
+             for r in range(config.processes)]
+    for p in procs:
+        p.start()
+    try:
+        while True:
+            try:
+                kind, payload = queue.get(timeout=1.0)
+            except queue_module.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"a pretrain process died (exit code {dead[0]})") from None
+                continue
+            if kind == "progress":
+                if progress is not None:
+                    progress(*payload)
+            elif kind == "error":
+                raise RuntimeError(f"pretrain process failed:\n{payload}")
+            else:
+                return payload
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+
+
+def _worker(rank: int, config: PretrainConfig, port: int, queue: Any) -> None:
+    torch.set_num_threads(config.threads)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=config.processes)
+        report = (lambda *args: queue.put(("progress", args))) if rank == 0 else None
+        result = _pretrain(config, report, _Group(rank, config.processes))
+        if rank == 0:
+            queue.put(("done", result))
+    except Exception:
+        queue.put(("error", f"rank {rank}: {traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) -> dict[str, Any]:
     t_start, cpu_start = time.perf_counter(), time.process_time()
+    is_main = group.rank == 0
     torch.manual_seed(config.seed)
     world_cfg = WorldConfig(negatives=False)
     cfg = config.model_config()
     train_cfg = dataclasses.replace(world_cfg, negatives=config.hard_negatives > 0)
-    train = render_split("train", config.n_train, config.seed, config.context_length, train_cfg)
-    test_world = World(world_cfg, split="test", seed=config.seed)
-    test_samples = [test_world.sample(i) for i in range(config.n_test)]
-    test = split_from_samples(test_samples, config.context_length)
-    ceiling = {
-        "ambiguous_caption_share": ambiguous_caption_share(test_samples),
-        "t2i_r1_ceiling": retrieval_ceiling(test_samples),
-    }
+    train = render_split("train", config.n_train, config.seed, config.context_length, train_cfg,
+                         shard=(group.rank, group.size))
+    if is_main:
+        test_world = World(world_cfg, split="test", seed=config.seed)
+        test_samples = [test_world.sample(i) for i in range(config.n_test)]
+        test = split_from_samples(test_samples, config.context_length)
+        ceiling = {
+            "ambiguous_caption_share": ambiguous_caption_share(test_samples),
+            "t2i_r1_ceiling": retrieval_ceiling(test_samples),
+        }
     t_data = time.perf_counter() - t_start
 
-    model = create_tiny_clip(cfg, seed=config.seed)
-    restrict_token_rows(model, train.ids)
+    model = create_tiny_clip(cfg, seed=config.seed)  # the same weights in every process
+    vocab = model.text.token_embedding.weight.shape[0]
+    ids = train.ids if train.negative_ids is None else torch.cat(
+        [train.ids.reshape(-1), train.negative_ids.reshape(-1)])
+    restrict_token_rows(model, group.union(ids, vocab))
     model.train()
     pp = model.visual.preprocess_cfg
     mean, std = tuple(pp["mean"]), tuple(pp["std"])
     optimizer = _optimizer(model, config)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config))
-    gen = torch.Generator().manual_seed(config.seed)
+    gen = torch.Generator().manual_seed(config.seed + 7919 * group.rank)
+    local_batch = config.batch_size // group.size
     order = torch.randperm(len(train), generator=gen)
     cursor = 0
     log: list[dict[str, float]] = []
     metrics: dict[str, float] = {}
-    bar = tqdm(range(1, config.steps + 1), desc="pretrain", unit="step", mininterval=2.0)
+    bar = tqdm(range(1, config.steps + 1), desc="pretrain", unit="step", mininterval=2.0,
+               disable=not is_main)
     t_train = time.perf_counter()
     for step in bar:
-        if cursor + config.batch_size > len(order):
+        if cursor + local_batch > len(order):
             order, cursor = torch.randperm(len(train), generator=gen), 0
-        idx = order[cursor : cursor + config.batch_size]
-        cursor += config.batch_size
+        idx = order[cursor : cursor + local_batch]
+        cursor += local_batch
         images = normalise(random_shift(train.images[idx], config.max_shift, gen), mean, std)
         texts = train.ids[idx]
         if config.hard_negatives:
             texts = torch.cat([texts, draw_negatives(train, idx, config.hard_negatives, gen)])
         image_emb, text_emb, scale = model(images, texts)
+        if group.size > 1:  # captions of every process first, then their negatives
+            image_emb = group.gather(image_emb)
+            text_emb = torch.cat([group.gather(part) for part in text_emb.split(
+                [local_batch, len(text_emb) - local_batch]) if len(part)])
         loss = contrastive_loss(image_emb, text_emb, scale, config.loss)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        group.sum_gradients(model)
         optimizer.step()
         schedule.step()
         with torch.no_grad():
             model.logit_scale.clamp_(0, math.log(100))
         entry = {"step": step, "loss": loss.item(), "lr": schedule.get_last_lr()[0],
                  "logit_scale": scale.item()}
-        if step == config.steps or (config.eval_every and step % config.eval_every == 0):
+        evaluate = step == config.steps or (config.eval_every and step % config.eval_every == 0)
+        if is_main and evaluate:
             image_all, text_all = embed_split(model, test, mean, std)
             metrics = retrieval_recalls(image_all @ text_all.T)
-            entry.update(metrics)
+            entry.update(metrics, cpu_time_s=time.process_time() - cpu_start)
             tqdm.write(f"step {step}: loss {entry['loss']:.3f} " + " ".join(
                 f"{k} {v:.3f}" for k, v in metrics.items()))
         log.append(entry)
@@ -221,6 +352,8 @@ def _pretrain(config: PretrainConfig, progress: Progress | None) -> dict[str, An
             progress(step, config.steps, entry)
     train_time = time.perf_counter() - t_train
     model.eval()
+    if not is_main:
+        return {}
     result: dict[str, Any] = {
         **metrics,
         **ceiling,
@@ -232,8 +365,9 @@ def _pretrain(config: PretrainConfig, progress: Progress | None) -> dict[str, An
         "data_time_s": t_data,
         "train_time_s": train_time,
         "wall_time_s": time.perf_counter() - t_start,
-        "cpu_time_s": time.process_time() - cpu_start,
+        "cpu_time_s": time.process_time() - cpu_start,  # of the main process
         "threads": config.threads,
+        "processes": config.processes,
     }
     if config.out:
         meta = {
@@ -328,4 +462,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # run the package module's main, so spawned processes find its functions by name
+    from otviz.train.pretrain import main as _main
+
+    _main(sys.argv[1:])
