@@ -1,14 +1,18 @@
 """Train the embedded tiny CLIP from scratch on the synthetic world (CPU).
 
-Symmetric contrastive loss over the batch (CLIP's InfoNCE; OT-CLIP Sec. 3 reads it as
-entropic OT with one-sided marginals), AdamW with linear warm-up and cosine decay, held-out
+Symmetric contrastive loss over the batch: CLIP's two InfoNCE losses (OT-CLIP Eq. 3-4),
+which OT-CLIP Sec. 3.1 reads as inverse entropic OT with one marginal constraint each
+(Eq. 5-6); optionally with the world's hard-negative captions as extra image->text
+negatives; or another OT-CLIP loss kind of :mod:`otviz.train.otclip_losses` (Eq. 7-10).
+AdamW with linear warm-up and cosine decay, data-parallel over processes, held-out
 retrieval on the world's ``test`` split, and a checkpoint written atomically (safetensors +
-JSON with the recipe, the metrics and the training log). Other OT-CLIP loss kinds come from
-:mod:`otviz.train.otclip_losses` when it is installed.
+JSON with the recipe, the world version, the metrics and the training log).
 
-Command line (flags are the :class:`PretrainConfig` fields)::
+Command line (flags are the :class:`PretrainConfig` fields; the defaults reproduce the
+shipped ``checkpoints/tiny-clip``)::
 
-    python -m otviz.train.pretrain --steps 1500 --batch-size 128 --out checkpoints/tiny-clip
+    python -m otviz.train.pretrain --out checkpoints/tiny-clip
+    otviz pretrain --steps 300 --out /tmp/tiny-clip
 """
 
 from __future__ import annotations
@@ -105,9 +109,10 @@ class PretrainConfig:
 
 
 def infonce_loss(image_emb: Tensor, text_emb: Tensor, logit_scale: Tensor) -> Tensor:
-    """Symmetric InfoNCE of CLIP on L2-normalised embeddings, matched pairs on the diagonal:
-    the mean of the image->text and text->image cross-entropies. Text rows beyond the B
-    images are extra negatives for image->text only (NegCLIP's hard-negative captions)."""
+    """Symmetric InfoNCE of CLIP (OT-CLIP Eq. 3-4) on L2-normalised embeddings, matched pairs
+    on the diagonal: the mean of the image->text and text->image cross-entropies. Text rows
+    beyond the B images are extra negatives for image->text only (NegCLIP's hard-negative
+    captions)."""
     n = image_emb.shape[0]
     logits = logit_scale * image_emb @ text_emb.T  # [B, B + extra]
     target = torch.arange(n, device=logits.device)
