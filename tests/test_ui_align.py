@@ -26,7 +26,6 @@ from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.ui.align_tab import (
     SCORED_METHODS,
     TAB_TITLE,
-    _user_errors,
     align_downloads,
     align_runs,
     align_view,
@@ -42,6 +41,7 @@ from otviz.ui.align_tab import (
 from otviz.ui.context import EMBEDDED, WORLD_FIT_CAPTIONS, AppContext, BackboneChoice
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.examples import load_examples
+from otviz.ui.inputs import user_errors
 from otviz.viz.panels import BOX_COLOUR, GAP_PX, TITLE_PX, colormap_lut, compose_heatmaps
 from otviz.viz.panels import overlay as heat_overlay
 
@@ -55,7 +55,9 @@ def app_context() -> AppContext:
     override = os.environ.get("OTVIZ_UI_TEST_CHECKPOINT")
     if override:
         load = lambda: Backbone.from_checkpoint(override)  # noqa: E731
-        return AppContext([BackboneChoice(EMBEDDED, load, WORLD_FIT_CAPTIONS)])
+        choice = BackboneChoice(EMBEDDED, load, WORLD_FIT_CAPTIONS,
+                                train_backbone={"backbone": override})
+        return AppContext([choice])
     if not Path(DEFAULT_CHECKPOINT).is_dir():
         pytest.fail(f"the shipped checkpoint {DEFAULT_CHECKPOINT} is missing")
     return AppContext.default()
@@ -330,7 +332,7 @@ def test_bad_input_raises_clean_errors(tools, sample, encoded):
         align_view(*tools, image, caption, regions="hexagons")
     with pytest.raises(InputError, match="token 99"):
         plan_view(*tools, image, caption, "filip", token=99)
-    wrapped = _user_errors(lambda: phrase_view(*tools, image, caption, "purple elephant"))
+    wrapped = user_errors(lambda: phrase_view(*tools, image, caption, "purple elephant"))
     with pytest.raises(gr.Error, match="purple elephant"):
         wrapped()
 

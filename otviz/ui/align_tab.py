@@ -10,9 +10,7 @@ alignment, so a phrase, method, token, scale or lambda change only reads cached 
 
 from __future__ import annotations
 
-import functools
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import gradio as gr
@@ -21,15 +19,14 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from otviz.backbone import ImageInputError
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.pipeline import REGION_KINDS, Encoded, Explainer, InputError, MethodRun
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
 from otviz.text.parse import phrase_nodes
-from otviz.text.tokens import TokenizationError
 from otviz.text.words import split_words
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
+from otviz.ui.inputs import user_errors
 from otviz.viz.panels import compose_heatmaps
 from otviz.viz.plans import convergence_figure, plan_matrix_figure, token_marginal_figure
 from otviz.viz.tables import ScoreRow, score_frame, score_records
@@ -38,7 +35,6 @@ TAB_TITLE = "Align"
 SCORED_METHODS: tuple[str, ...] = ("global_only", *ALIGN_METHODS)
 DEFAULT_METHOD = "conceptot"
 DEFAULT_LAMBDA = 0.5
-USER_ERRORS = (InputError, ImageInputError, TokenizationError)
 # Rasters go to the page as JPEG: ~1 ms to encode against ~50 ms for PNG on this CPU (the
 # downloads stay PNG).
 RASTER_FORMAT = "jpeg"
@@ -497,19 +493,6 @@ def align_downloads(
 
 
 # ----------------------------------------------------------------------- the tab
-def _user_errors(fn: Callable) -> Callable:
-    """``fn`` with bad-input errors turned into a message in the page."""
-
-    @functools.wraps(fn)
-    def wrapped(*args):
-        try:
-            return fn(*args)
-        except USER_ERRORS as e:
-            raise gr.Error(str(e)) from None
-
-    return wrapped
-
-
 def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
     """Add the Align view to the enclosing ``gr.Blocks`` (inside its tab)."""
     with gr.Row():
@@ -599,15 +582,15 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
     plan_inputs = [*base, method, token, regions]
     plan_outputs = [plan, token_map, patch_marginals, token_marginals]
     hidden = {"api_visibility": "private"}  # the same endpoint again, from another control
-    run.click(_user_errors(on_align), all_inputs, all_outputs, api_name="align")
-    regions.input(_user_errors(on_align), all_inputs, all_outputs, **hidden)
-    phrase.input(_user_errors(on_phrase), phrase_inputs, grid, api_name="align_phrase")
-    shared_scale.input(_user_errors(on_phrase), phrase_inputs, grid, **hidden)
-    method.input(_user_errors(on_plan), plan_inputs, plan_outputs, api_name="align_plan")
-    token.input(_user_errors(on_token), plan_inputs, token_map, api_name="align_token")
-    lam.release(_user_errors(on_lambda), [*base, lam, regions], scores, api_name="align_scores")
+    run.click(user_errors(on_align), all_inputs, all_outputs, api_name="align")
+    regions.input(user_errors(on_align), all_inputs, all_outputs, **hidden)
+    phrase.input(user_errors(on_phrase), phrase_inputs, grid, api_name="align_phrase")
+    shared_scale.input(user_errors(on_phrase), phrase_inputs, grid, **hidden)
+    method.input(user_errors(on_plan), plan_inputs, plan_outputs, api_name="align_plan")
+    token.input(user_errors(on_token), plan_inputs, token_map, api_name="align_token")
+    lam.release(user_errors(on_lambda), [*base, lam, regions], scores, api_name="align_scores")
     prepare.click(
-        _user_errors(on_download),
+        user_errors(on_download),
         [*base, phrase, method, regions, shared_scale, lam, token],
         files,
         api_name="align_downloads",

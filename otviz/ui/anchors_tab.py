@@ -22,14 +22,14 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from otviz.backbone import Backbone, ImageInputError
+from otviz.backbone import Backbone
 from otviz.eval.grounding_metrics import mean_offdiag_cosine
 from otviz.methods.conceptot import ConceptOT
 from otviz.pipeline import InputError
 from otviz.suite import SuiteMethod
-from otviz.text.tokens import TokenizationError
 from otviz.ui.context import COMMON_CONCEPTS, EMBEDDED, AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
+from otviz.ui.inputs import user_errors
 from otviz.viz.anchors import (
     PROJECTIONS,
     affinity_figure,
@@ -62,7 +62,6 @@ MAX_WORDS = 100
 MAX_WORD_CHARS = 40
 _SEPARATORS = re.compile(r"[,;\n]+")
 _HAS_ALNUM = re.compile(r"[A-Za-z0-9]")
-USER_ERRORS = (InputError, ImageInputError, TokenizationError)  # shown as gr.Error
 
 
 def default_words(checkpoint: str) -> str:
@@ -302,29 +301,25 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
         map_files = gr.File(label="Downloads: anchor maps", file_count="multiple")
     gr.Markdown(HOW_TO_READ)
 
+    @user_errors
     def on_bank(checkpoint: str, text: str, proj: str):
-        try:
-            view = anchor_bank_view(ctx, checkpoint, text, proj)
-        except USER_ERRORS as e:
-            raise gr.Error(str(e)) from None
+        view = anchor_bank_view(ctx, checkpoint, text, proj)
         choices = [(str(k), int(k)) for k in range(len(view.order))]
         return (
             view.matrix_figure, view.affinity_figure, view.scatter, view.table, view.summary,
             view.files, gr.Dropdown(choices=choices),
         )
 
+    @user_errors
     def on_maps(img, text: str, checkpoint: str, top: int, pick: list[int], separate: bool):
-        try:
-            view = anchor_maps_view(ctx, checkpoint, img, text, top, pick, separate)
-        except USER_ERRORS as e:
-            raise gr.Error(str(e)) from None
+        view = anchor_maps_view(ctx, checkpoint, img, text, top, pick, separate)
         return view.figure, view.files
 
     bank_in = [shared.checkpoint, words, projection]
     bank_out = [matrix_plot, affinity_plot, scatter_plot, table, summary, bank_files, picked]
     maps_in = [shared.image, shared.caption, shared.checkpoint, n_top, picked, per_map]
-    run.click(on_bank, bank_in, bank_out)
-    run.click(on_maps, maps_in, [maps_plot, map_files])
+    run.click(on_bank, bank_in, bank_out, api_name="anchors")
+    run.click(on_maps, maps_in, [maps_plot, map_files], api_name="anchor_maps")
     projection.input(on_bank, bank_in, bank_out)
     for control in (n_top, picked, per_map):
         control.input(on_maps, maps_in, [maps_plot, map_files])

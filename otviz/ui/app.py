@@ -2,51 +2,100 @@
 
 from __future__ import annotations
 
+import logging
+
 import gradio as gr
 
-from otviz.ui.context import AppContext, SharedInputs
+from otviz.text.parse import try_download_benepar
+from otviz.ui.align_tab import build_align_tab
+from otviz.ui.anchors_tab import build_anchors_tab
+from otviz.ui.context import AppContext, SharedInputs, on_space, remote_models
 from otviz.ui.examples import load_examples
+from otviz.ui.inputs import on_upload
+from otviz.ui.phrases_tab import build_phrases_tab
+from otviz.ui.probe_tab import build_probe_tab
+from otviz.ui.train_tab import build_train_tab
+from otviz.ui.training import TrainingJobs
 from otviz.ui.words_tab import build_words_tab
+from otviz.ui.zeroshot_tab import build_zeroshot_tab
+
+log = logging.getLogger("otviz.ui")
 
 INTRO = """# otviz: optimal transport between image patches and caption words
 Upload an image and type a caption (or pick an example), choose a checkpoint, then open a
-view. The embedded model is otviz's tiny CLIP, trained on its synthetic world of shapes;
-real open_clip models appear in the picker where their weights can be downloaded."""
+view: **Align** compares how each method transports the caption's words onto the image's
+patches. The embedded model is otviz's tiny CLIP, trained on its synthetic world of shapes;
+real open_clip models appear in the picker where their weights can be downloaded, and heads
+you train in the last tab appear there as soon as they finish."""
+
+#: The views in page order (the first is the main one): tab title and builder.
+VIEWS = (
+    ("Align", build_align_tab),
+    ("Anchors", build_anchors_tab),
+    ("Phrases & regions", build_phrases_tab),
+    ("Probe", build_probe_tab),
+    ("Zero-shot", build_zeroshot_tab),
+    ("Words", build_words_tab),
+)
+TRAIN_TITLE = "Train small model"
+#: Concurrent events per server (one model, a few CPU cores) and waiting requests.
+CONCURRENCY, SPACE_CONCURRENCY, QUEUE_SIZE = 2, 1, 32
+MAX_UPLOAD = "50mb"
 
 
 def build_shared_inputs(ctx: AppContext) -> SharedInputs:
     """The image, caption and checkpoint picker every view reads, with the examples."""
     choices = ctx.checkpoint_choices()
     with gr.Row():
-        image = gr.Image(label="Image", type="numpy", image_mode="RGB", height=260, scale=1)
+        image = gr.Image(label="Image", type="numpy", image_mode="RGB", height=260, scale=1,
+                         elem_id="shared-image")
         with gr.Column(scale=2):
             caption = gr.Textbox(
-                label="Caption", placeholder="a small red circle to the left of a blue star"
+                label="Caption", placeholder="a small red circle to the left of a blue star",
+                elem_id="shared-caption",
             )
-            checkpoint = gr.Dropdown(choices, value=choices[0], label="Checkpoint")
+            checkpoint = gr.Dropdown(choices, value=choices[0], label="Checkpoint",
+                                     elem_id="shared-checkpoint")
             examples = load_examples()
             if examples:
                 gr.Examples(
                     [[str(e.image_path), e.caption] for e in examples],
                     inputs=[image, caption],
                     label="Examples from the synthetic world",
+                    elem_id="examples",
                 )
+    image.upload(on_upload, image, image, api_visibility="private")
     return SharedInputs(image, caption, checkpoint)
 
 
-def build_app(ctx: AppContext | None = None) -> gr.Blocks:
-    """The app's Blocks, on the embedded tiny CLIP unless another context is given."""
-    ctx = ctx or AppContext.default()
+def build_app(ctx: AppContext | None = None, jobs: TrainingJobs | None = None) -> gr.Blocks:
+    """The app's Blocks: every view on one shared image, caption and checkpoint; on the
+    embedded tiny CLIP (plus the real CLIPs :func:`remote_models` allows) unless another
+    context is given."""
+    ctx = ctx or AppContext.default(remote_models())
     with gr.Blocks(title="otviz") as app:
         gr.Markdown(INTRO)
         shared = build_shared_inputs(ctx)
-        with gr.Tab("Words"):
-            build_words_tab(ctx, shared)
+        for title, build in VIEWS:
+            with gr.Tab(title):
+                build(ctx, shared)
+        with gr.Tab(TRAIN_TITLE):
+            build_train_tab(ctx, shared, jobs)
+        # heads trained in another session since this page was built
+        app.load(lambda: gr.Dropdown(choices=ctx.checkpoint_choices()), None,
+                 shared.checkpoint, api_visibility="private")
     return app
 
 
 def launch(**kwargs) -> None:
-    """Build and serve the app with a bounded queue (one model, shared CPU)."""
+    """Build and serve the app with a bounded queue. On a Space: one event at a time (a
+    small shared CPU), bounded uploads, and the benepar parser fetched at start-up."""
+    space = on_space()
+    if space and not try_download_benepar():
+        log.info("benepar unavailable: trees come from the built-in parser")
     app = build_app()
-    app.queue(default_concurrency_limit=2, max_size=32)
+    app.queue(default_concurrency_limit=SPACE_CONCURRENCY if space else CONCURRENCY,
+              max_size=QUEUE_SIZE)
+    kwargs.setdefault("max_file_size", MAX_UPLOAD if space else None)
     app.launch(**kwargs)
+

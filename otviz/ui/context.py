@@ -1,22 +1,39 @@
 """State shared by the views of one app server: the backbones and method suites behind the
-checkpoint picker (loaded lazily, kept), one feature cache per backbone, and the shared
-input components every view reads."""
+checkpoint picker (loaded lazily, kept), the trained method heads the picker offers (shipped
+under ``checkpoints/heads/`` or trained in the app), one feature cache per backbone, and
+the shared input components every view reads."""
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import gradio as gr
 
 from otviz.backbone import Backbone
+from otviz.checkpoint import CheckpointError
 from otviz.pipeline import Explainer, InputError
-from otviz.suite import MethodSuite
+from otviz.suite import MethodSuite, SuiteMethod
+from otviz.tiny_clip import DEFAULT_CHECKPOINT
+from otviz.train.method_checkpoint import head_meta, load_method_checkpoint
+from otviz.ui.inputs import UploadExplainer
 from otviz.world.vocab import COLOURS, SHAPES, SIZES
 
 EMBEDDED = "otviz-tiny (embedded)"
 TRAINING_FREE = "training-free"
+SHIPPED_HEADS = "trained heads"
+SEPARATOR = " · "
+#: Where shipped method heads live: ``<root>/<method>/`` (or ``<root>/<method>/head/``).
+HEADS_ROOT = DEFAULT_CHECKPOINT.parent / "heads"
+#: Real CLIPs offered where their weights can be downloaded (open_clip name, pretrained tag).
+REMOTE_MODELS: list[tuple[str, str]] = [("ViT-B-16", "openai"), ("ViT-B-32", "openai")]
+#: ``OTVIZ_REMOTE_MODELS="ViT-B-16/openai,ViT-L-14/openai"`` overrides the list ("": none).
+REMOTE_ENV = "OTVIZ_REMOTE_MODELS"
 # Captions whose token embeddings seed training-free ConceptOT anchors on the tiny model.
 WORLD_FIT_CAPTIONS: list[str] = [
     f"a {size} {colour} {shape}" for size in SIZES for colour in COLOURS for shape in SHAPES
@@ -28,14 +45,74 @@ COMMON_CONCEPTS: list[str] = (
 ).split()
 
 
+def on_space() -> bool:
+    """Whether the app runs as a Hugging Face Space (the Space sets ``SPACE_ID``)."""
+    return bool(os.environ.get("SPACE_ID"))
+
+
+def hub_reachable(timeout_s: float = 2.0) -> bool:
+    """Whether the Hugging Face hub answers (where open_clip fetches weights)."""
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def remote_models(probe: Callable[[], bool] = hub_reachable) -> list[tuple[str, str]]:
+    """The real-CLIP picker entries: those of ``$OTVIZ_REMOTE_MODELS`` when set
+    (``name/tag`` separated by commas; empty: none); none offline (``HF_HUB_OFFLINE``);
+    :data:`REMOTE_MODELS` on a Space or where ``probe`` reaches the hub."""
+    listed = os.environ.get(REMOTE_ENV)
+    if listed is not None:
+        pairs = [item.strip().split("/", 1) for item in listed.split(",") if item.strip()]
+        bad = [p for p in pairs if len(p) != 2 or not all(p)]
+        if bad:
+            raise ValueError(f"{REMOTE_ENV}: expected name/tag entries, got {listed!r}")
+        return [(name, tag) for name, tag in pairs]
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return []
+    return list(REMOTE_MODELS) if on_space() or probe() else []
+
+
 @dataclass
 class BackboneChoice:
-    """One entry of the backbone picker: how to load it and what to fit training-free
-    anchors on."""
+    """One entry of the backbone picker: how to load it, what to fit training-free anchors
+    on, the identity (:func:`otviz.train.feature_cache.backbone_fingerprint` name and
+    pretrained tag) of the backbones whose method heads it can take, and the
+    :class:`~otviz.train.config.TrainConfig` fields that train heads on it (none: the
+    shipped tiny CLIP)."""
 
     label: str
     load: Callable[[], Backbone]
     fit_captions: list[str]
+    model_name: str = "otviz-tiny"
+    pretrained: str | None = None
+    train_backbone: dict[str, str] = field(default_factory=dict)
+
+    def takes_heads_of(self, identity: dict[str, Any]) -> bool:
+        """Whether heads trained on the backbone of ``identity`` are meant for this one (by
+        name and tag; the weights are checked when a head loads)."""
+        tags = identity.get("tags") or {}
+        return identity.get("name") == self.model_name and tags.get("pretrained") == (
+            self.pretrained
+        )
+
+
+@dataclass
+class HeadSet:
+    """Trained method heads on one backbone, offered as one picker entry: every method with
+    a head uses it, the others stay training-free.
+
+    Attributes:
+        label: the picker entry's second part (after the backbone's label).
+        backbone: the :class:`BackboneChoice` label.
+        heads: method name -> head checkpoint directory.
+    """
+
+    label: str
+    backbone: str
+    heads: dict[str, Path]
 
 
 @dataclass
@@ -47,23 +124,44 @@ class SharedInputs:
     checkpoint: gr.Dropdown
 
 
+def find_heads(root: Path = HEADS_ROOT) -> list[tuple[str, dict[str, Any], Path]]:
+    """``(method, backbone identity, directory)`` of every method-head checkpoint under
+    ``root`` (``root/<name>/`` or ``root/<name>/head/``), sorted by directory; unreadable
+    ones are skipped."""
+    found = []
+    for directory in sorted(p for p in Path(root).glob("*") if p.is_dir()):
+        for candidate in (directory, directory / "head"):
+            try:
+                meta = head_meta(candidate)
+            except (CheckpointError, OSError, ValueError):
+                continue
+            found.append((str(meta.get("method")), meta.get("backbone") or {}, candidate))
+            break
+    return found
+
+
 @dataclass
 class AppContext:
     """Lazily loaded backbones and suites, keyed by the picker's labels.
 
     Args:
         backbones: the backbone choices, in picker order.
+        head_sets: trained heads offered next to each backbone's training-free entry.
     """
 
     backbones: list[BackboneChoice]
+    head_sets: list[HeadSet] = field(default_factory=list)
     _explainers: dict[str, Explainer] = field(default_factory=dict)
     _suites: dict[str, MethodSuite] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
 
     @classmethod
-    def default(cls, remote: list[tuple[str, str]] | None = None) -> AppContext:
+    def default(
+        cls, remote: list[tuple[str, str]] | None = None, heads_root: Path = HEADS_ROOT
+    ) -> AppContext:
         """The embedded tiny CLIP, plus open_clip ``(name, pretrained)`` models that need
-        the network (offered where weights can be downloaded, e.g. on a Space)."""
+        the network (offered where weights can be downloaded, e.g. on a Space), plus the
+        trained heads found under ``heads_root``."""
         choices = [BackboneChoice(EMBEDDED, Backbone.from_checkpoint, WORLD_FIT_CAPTIONS)]
         for name, tag in remote or []:
             choices.append(
@@ -71,36 +169,101 @@ class AppContext:
                     f"{name} / {tag}",
                     lambda n=name, t=tag: Backbone.from_pretrained(n, t),
                     COMMON_CONCEPTS,
+                    name,
+                    tag,
+                    {"open_clip_model": name, "pretrained": tag},
                 )
             )
-        return cls(choices)
+        ctx = cls(choices)
+        for choice in choices:
+            heads = {
+                method: path
+                for method, identity, path in find_heads(heads_root)
+                if choice.takes_heads_of(identity)
+            }
+            if heads:
+                ctx.head_sets.append(HeadSet(SHIPPED_HEADS, choice.label, heads))
+        return ctx
 
     def checkpoint_choices(self) -> list[str]:
-        """Picker entries: ``"<backbone> · <heads>"`` for each backbone and head set."""
-        return [f"{b.label} · {TRAINING_FREE}" for b in self.backbones]
+        """Picker entries ``"<backbone> · <heads>"``: each backbone training-free, then its
+        head sets in the order they were added."""
+        with self._lock:
+            out = []
+            for b in self.backbones:
+                out.append(f"{b.label}{SEPARATOR}{TRAINING_FREE}")
+                out += [f"{b.label}{SEPARATOR}{h.label}" for h in self.head_sets
+                        if h.backbone == b.label]
+            return out
 
-    def _backbone_choice(self, checkpoint: str) -> BackboneChoice:
-        label = checkpoint.split(" · ")[0]
+    def add_head_set(self, backbone: str, label: str, heads: dict[str, Path]) -> str:
+        """Offer ``heads`` (method -> checkpoint directory) on the backbone labelled
+        ``backbone`` as a new picker entry (a label already taken gets a number); returns
+        the entry."""
+        self.backbone_choice(backbone)
+        with self._lock:
+            taken = {h.label for h in self.head_sets if h.backbone == backbone}
+            unique, k = label, 2
+            while unique in taken or unique == TRAINING_FREE:
+                unique, k = f"{label} #{k}", k + 1
+            self.head_sets.append(HeadSet(unique, backbone, dict(heads)))
+            return f"{backbone}{SEPARATOR}{unique}"
+
+    def backbone_choice(self, checkpoint: str) -> BackboneChoice:
+        """The backbone of a picker entry (or of a backbone label)."""
+        label = (checkpoint or "").split(SEPARATOR)[0]
         for b in self.backbones:
             if b.label == label:
                 return b
-        raise InputError(f"unknown checkpoint {checkpoint!r}")
+        raise InputError(f"unknown checkpoint {checkpoint!r}: pick one from the list")
+
+    def _head_set(self, checkpoint: str) -> HeadSet | None:
+        choice = self.backbone_choice(checkpoint)
+        part = checkpoint[len(choice.label) + len(SEPARATOR):]
+        if checkpoint == choice.label or part == TRAINING_FREE:
+            return None
+        with self._lock:
+            for h in self.head_sets:
+                if h.backbone == choice.label and h.label == part:
+                    return h
+        raise InputError(f"unknown checkpoint {checkpoint!r}: pick one from the list")
 
     def explainer(self, checkpoint: str) -> Explainer:
         """The feature cache of the picked checkpoint's backbone (loaded on first use)."""
-        choice = self._backbone_choice(checkpoint)
+        choice = self.backbone_choice(checkpoint)
         with self._lock:
             if choice.label not in self._explainers:
-                self._explainers[choice.label] = Explainer(choice.load())
+                self._explainers[choice.label] = UploadExplainer(choice.load())
             return self._explainers[choice.label]
 
     def suite(self, checkpoint: str) -> MethodSuite:
-        """The picked checkpoint's methods (loaded on first use)."""
-        choice = self._backbone_choice(checkpoint)
+        """The picked checkpoint's methods (loaded on first use): training-free, or with
+        the entry's trained heads in place of their methods. A head trained on another
+        backbone raises :class:`~otviz.checkpoint.CheckpointError`."""
+        choice = self.backbone_choice(checkpoint)
+        heads = self._head_set(checkpoint)
         explainer = self.explainer(checkpoint)
+        free_key = f"{choice.label}{SEPARATOR}{TRAINING_FREE}"
         with self._lock:
-            if checkpoint not in self._suites:
-                self._suites[checkpoint] = MethodSuite.training_free(
+            if free_key not in self._suites:
+                self._suites[free_key] = MethodSuite.training_free(
                     explainer.backbone, choice.fit_captions
                 )
+            if heads is None:
+                return self._suites[free_key]
+            if checkpoint not in self._suites:
+                self._suites[checkpoint] = self._with_heads(
+                    self._suites[free_key], heads, checkpoint
+                )
             return self._suites[checkpoint]
+
+    @staticmethod
+    def _with_heads(free: MethodSuite, heads: HeadSet, label: str) -> MethodSuite:
+        methods = dict(free.methods)
+        for name, path in heads.heads.items():
+            method = load_method_checkpoint(path, free.backbone)
+            if method.name != name or name not in methods:
+                raise CheckpointError(f"{path} holds a {method.name!r} head, not {name!r}")
+            methods[name] = SuiteMethod(method, "width", f"trained ({path})")
+        # the label keys the explainer's cache of runs: it must differ from the free suite's
+        return MethodSuite(free.backbone, methods, label)

@@ -20,7 +20,6 @@ import numpy as np
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from otviz.backbone import ImageInputError
 from otviz.methods.powerclip import PowerCLIP
 from otviz.ot.powerset import (
     MAX_EXACT_REGIONS,
@@ -32,10 +31,10 @@ from otviz.ot.powerset import (
 )
 from otviz.pipeline import REGION_KINDS, InputError
 from otviz.text.parse import phrase_nodes
-from otviz.text.tokens import TokenizationError
 from otviz.text.tree import Tree
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
+from otviz.ui.inputs import user_errors
 from otviz.viz.regions import best_subset_figure, regions_figure
 from otviz.viz.trees import tree_figure
 
@@ -63,7 +62,6 @@ SUMMARY_HEADERS = ["aggregation", "exact", "approximation", "approx. value", "ap
 NODE_HEADERS = ["node", "label", "words", "exact A*", "Q(A*, B)", "method's best-subset score",
                 "method's soft members (> 0.5)"]
 MAX_TAU = 10.0
-USER_ERRORS = (InputError, ImageInputError, TokenizationError)  # shown as gr.Error
 
 
 def node_label(node: Tree) -> str:
@@ -286,14 +284,10 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
     files = gr.File(label="Downloads", file_count="multiple")
     gr.Markdown(HOW_TO_READ)
 
+    @user_errors
     def on_show(img, text: str, checkpoint: str, region_kind: str, k: int | None,
                 t: float | None, keep_node: bool):
-        try:
-            view = phrases_view(
-                ctx, checkpoint, img, text, region_kind, k if keep_node else None, t
-            )
-        except USER_ERRORS as e:
-            raise gr.Error(str(e)) from None
+        view = phrases_view(ctx, checkpoint, img, text, region_kind, k if keep_node else None, t)
         return (
             gr.Dropdown(choices=view.choices, value=view.node), view.tree_figure,
             view.regions_figure, view.subset_figure, view.summary_table, view.node_table,
@@ -302,6 +296,6 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
 
     inputs = [shared.image, shared.caption, shared.checkpoint, kind, picker, tau]
     outputs = [picker, tree_plot, regions_plot, subset_plot, summary, per_node, note, files]
-    run.click(lambda *a: on_show(*a, False), inputs, outputs)
+    run.click(lambda *a: on_show(*a, False), inputs, outputs, api_name="phrases")
     for control in (kind, picker, tau):
         control.input(lambda *a: on_show(*a, True), inputs, outputs)

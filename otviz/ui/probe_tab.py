@@ -32,6 +32,7 @@ from otviz.text.tree import Tree
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.examples import EXAMPLES_DIR
+from otviz.ui.inputs import user_errors
 from otviz.viz.probe import probe_accuracy_figure, probe_scores_figure, win_matrix_figure
 
 DEFAULT_LAMBDA = 0.5  # lambda_l of the training config (otviz.train.config)
@@ -462,18 +463,14 @@ def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
     files = gr.File(label="Downloads (PNG, CSV, JSON)", file_count="multiple")
     gr.Markdown(HOW_TO_READ)
 
+    @user_errors
     def on_run(img, text: str, checkpoint: str, variants: str, weight: float):
-        try:
-            return probe_view(ctx.explainer(checkpoint), ctx.suite(checkpoint), img, text,
-                              variants, weight)
-        except InputError as e:
-            raise gr.Error(str(e)) from None
+        return probe_view(ctx.explainer(checkpoint), ctx.suite(checkpoint), img, text,
+                          variants, weight)
 
+    @user_errors
     def on_batch(checkpoint: str, weight: float):
-        try:
-            return batch_view(ctx.explainer(checkpoint), ctx.suite(checkpoint), weight)
-        except InputError as e:
-            raise gr.Error(str(e)) from None
+        return batch_view(ctx.explainer(checkpoint), ctx.suite(checkpoint), weight)
 
     run.click(
         on_run,

@@ -11,8 +11,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
-from otviz.pipeline import Explainer, InputError
+from otviz.pipeline import Explainer
 from otviz.ui.context import AppContext, SharedInputs
+from otviz.ui.inputs import user_errors
 from otviz.viz.heatmaps import heatmap_grid_figure
 from otviz.viz.style import SIMILARITY_CMAP
 
@@ -76,24 +77,20 @@ def build_words_tab(ctx: AppContext, shared: SharedInputs) -> None:
             grid_plot = gr.Plot(label="Per-word heatmaps")
     gr.Markdown(HOW_TO_READ)
 
+    @user_errors
     def on_run(img: np.ndarray | None, text: str, checkpoint: str):
-        try:
-            explainer = ctx.explainer(checkpoint)
-            choices = word_choices(explainer, img, text)
-            grid_fig, phrase_fig = words_figures(explainer, img, text, None)
-        except InputError as e:
-            raise gr.Error(str(e)) from None
+        explainer = ctx.explainer(checkpoint)
+        choices = word_choices(explainer, img, text)
+        grid_fig, phrase_fig = words_figures(explainer, img, text, None)
         return gr.CheckboxGroup(choices=choices, value=[choices[0][1]]), phrase_fig, grid_fig
 
+    @user_errors
     def on_pick(img: np.ndarray | None, text: str, checkpoint: str, picked: list[int]):
         if not picked:
             return gr.skip(), gr.skip()
-        try:
-            grid_fig, phrase_fig = words_figures(ctx.explainer(checkpoint), img, text, picked)
-        except InputError as e:
-            raise gr.Error(str(e)) from None
+        grid_fig, phrase_fig = words_figures(ctx.explainer(checkpoint), img, text, picked)
         return phrase_fig, grid_fig
 
     inputs = [shared.image, shared.caption, shared.checkpoint]
-    run.click(on_run, inputs, [picker, phrase_plot, grid_plot])
+    run.click(on_run, inputs, [picker, phrase_plot, grid_plot], api_name="words")
     picker.input(on_pick, [*inputs, picker], [phrase_plot, grid_plot])

@@ -36,6 +36,7 @@ from otviz.ot.classify import (
 from otviz.pipeline import InputError
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
+from otviz.ui.inputs import user_errors
 from otviz.viz.zeroshot import accuracy_bars_figure, message_figure, selective_curve_figure
 from otviz.world import ClassificationView, long_tailed_counts
 from otviz.world.classification import TASKS
@@ -536,14 +537,12 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
     def on_task(name: str):
         return "\n".join(world_classes(name))
 
+    @user_errors
     def on_run(checkpoint, source_v, files_v, task_v, seed_v, n_v, layout_v, classes_v,
                template_v, preset_v, prior_v, rate_v):
-        try:
-            return zero_shot_view(ctx.explainer(checkpoint).backbone, source_v, files_v, task_v,
-                                  seed_v, n_v, layout_v, classes_v, template_v, preset_v,
-                                  prior_v, rate_v)
-        except InputError as e:
-            raise gr.Error(str(e)) from None
+        return zero_shot_view(ctx.explainer(checkpoint).backbone, source_v, files_v, task_v,
+                              seed_v, n_v, layout_v, classes_v, template_v, preset_v,
+                              prior_v, rate_v)
 
     task.change(on_task, task, classes)
     run.click(

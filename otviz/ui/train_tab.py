@@ -1,0 +1,299 @@
+"""The "Train small model" view: train method heads on the picked backbone's frozen features
+(the synthetic world, or an image-caption folder: COCO captions JSON, Karpathy split JSON or
+a CSV) with the papers' hyperparameters, watch the progress and the loss curves live, stop
+when you like, and compare each finished head with its training-free configuration; the new
+heads appear at once in the checkpoint picker.
+
+Callbacks are plain functions of plain values (testable without a browser); the builder
+only wires them to components. The run itself is :mod:`otviz.ui.training`.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterator
+
+import gradio as gr
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from otviz.pipeline import InputError
+from otviz.suite import ALIGN_METHODS, METHOD_LABELS
+from otviz.train.loop import ENCODING
+from otviz.ui.context import AppContext, SharedInputs
+from otviz.ui.downloads import DownloadDir
+from otviz.ui.inputs import user_errors
+from otviz.ui.training import (
+    FOLDER,
+    WORLD,
+    JobStatus,
+    TrainingJob,
+    TrainingJobs,
+    TrainRequest,
+    data_sources,
+    pair_cap,
+    status_record,
+    step_cap,
+)
+from otviz.viz.training import before_after_figure, loss_curves_figure
+
+TAB_TITLE = "Train small model"
+POLL_S = 0.5
+HISTORY_COLUMNS = ["step", "epoch", "loss", "global", "local", "regulariser", "lr",
+                   "grad_norm", "seconds"]
+METRIC_COLUMNS = ["method", "status", "steps", "first loss", "final loss", "final local",
+                  "s / step", "probe acc. training-free", "probe acc. trained"]
+
+HOW_TO_READ = """**How to read this view.** Training fits only the method's own parameters
+(projections, mass heads, anchors; ConceptOT Sec. 2.4) on the frozen backbone of the picked
+checkpoint, whose features are computed once and cached (the bar says *encoding* while that
+happens). The **bar** shows the optimiser steps of the method in training. The **loss
+curves** show, per step, the training objective (the global contrastive term plus λ_l times
+the local term, ConceptOT Eq. 10; QC-Align and PowerCLIP use their own local losses) and
+the local term alone; with a frozen backbone and no global head the global term is a
+constant, so the two curves move together. **End-of-run metrics**: the first and final
+loss, the time per step, and the compositional probe accuracy on the examples gallery
+(does the true caption outscore each hard negative?) of the trained head next to the same
+method training-free. Each finished run appears in the checkpoint picker as
+*trained here: ...*; every view can use it. One run at a time per server; runs are capped
+at {cap} steps per method and {pairs} training pairs here."""
+
+
+def method_choices() -> list[tuple[str, str]]:
+    return [(METHOD_LABELS[n], n) for n in ALIGN_METHODS]
+
+
+def _whole(value: float | None, name: str) -> int:
+    if value is None or value != value:
+        raise InputError(f"{name} is empty")
+    return round(float(value))
+
+
+def _real(value: float | None, name: str) -> float:
+    if value is None or value != value:
+        raise InputError(f"{name} is empty")
+    return float(value)
+
+
+def train_request(
+    data: str, n_train: float | None, folder: str | None, uploads: list | None,
+    split: str | None, methods: list[str] | None, eps: float | None, tau: float | None,
+    tau_local: float | None, rank: float | None, n_iters: float | None,
+    lambda_local: float | None, hard_negatives: float | None, epochs: float | None,
+    max_steps: float | None, batch_size: float | None, lr: float | None,
+) -> TrainRequest:
+    """The form's values as a :class:`TrainRequest` (range checks come when it starts)."""
+    return TrainRequest(
+        methods=list(methods or []),
+        data=data,
+        n_train=_whole(n_train, "world samples"),
+        folder=folder or "",
+        uploads=[str(getattr(f, "name", f)) for f in uploads or []],
+        split=(split or "train").strip() or "train",
+        eps=_real(eps, "eps"),
+        tau=_real(tau, "tau"),
+        tau_local=_real(tau_local, "tau_l"),
+        rank=_whole(rank, "r"),
+        n_iters=_whole(n_iters, "L"),
+        lambda_local=_real(lambda_local, "lambda_l"),
+        hard_negatives=_whole(hard_negatives, "K_h"),
+        epochs=_whole(epochs, "epochs"),
+        max_steps=_whole(max_steps or 0, "max steps"),
+        batch_size=_whole(batch_size, "batch size"),
+        lr=_real(lr, "learning rate"),
+    )
+
+
+# ----------------------------------------------------------------------- rendering
+def progress_html(status: JobStatus) -> str:
+    """A progress bar of the current phase (encoding the data, or the steps of the method
+    in training) with a line of text."""
+    label = METHOD_LABELS.get(status.method, status.method)
+    frac = status.step / status.total if status.total else 0.0
+    if status.phase == ENCODING:
+        text = f"encoding the training pairs with the backbone: {status.step}/{status.total}"
+    elif status.phase == "evaluating":
+        frac, text = 1.0, "scoring the trained heads on the examples gallery ..."
+    elif status.done:
+        frac = 1.0 if status.state == "finished" else frac
+        text = f"{status.state}: {', '.join(METHOD_LABELS[m] for m in status.methods)}"
+    else:
+        k = status.methods.index(status.method) + 1 if status.method in status.methods else 1
+        history = status.histories.get(status.method) or []
+        loss = f", loss {history[-1]['loss']:.4f}" if history else ""
+        text = (f"{label} ({k}/{len(status.methods)}): step {status.step}/{status.total}"
+                f"{loss} · {status.seconds:.0f} s")
+    pct = max(0.0, min(1.0, frac)) * 100
+    return (
+        f'<div class="otviz-progress" data-state="{status.state}" data-step="{status.step}">'
+        '<div style="background:#e6e6e6;border-radius:4px;height:14px;width:100%">'
+        f'<div style="background:#b5367a;border-radius:4px;height:14px;width:{pct:.1f}%">'
+        f'</div></div><div style="font-size:0.9em;margin-top:4px">{html.escape(text)}</div>'
+        "</div>"
+    )
+
+
+def status_markdown(status: JobStatus) -> str:
+    """The run's state, its notes (caps, constant terms, ...) and any error."""
+    lines = []
+    if status.error:
+        lines.append(f"**Training failed.** {status.error}")
+    elif status.state == "stopped":
+        lines.append("**Stopped.** Runs stopped before the end save no head.")
+    elif status.state == "finished":
+        lines.append(f"**Finished** in {status.seconds:.0f} s.")
+        if status.picker_entry:
+            lines.append(f"The checkpoint picker now offers **{status.picker_entry}**.")
+    else:
+        lines.append("**Training ...** (Stop ends the run after the current step.)")
+    lines += [f"- {n}" for n in status.notes]
+    return "\n".join(lines)
+
+
+def loss_figure(status: JobStatus) -> go.Figure:
+    return loss_curves_figure(status.histories, METHOD_LABELS)
+
+
+def metrics_table(status: JobStatus) -> pd.DataFrame:
+    """One row per method: outcome, first and final loss, time per step and the probe
+    accuracies (NaN where a number does not exist yet)."""
+    rows = []
+    for method in status.methods:
+        result = status.results.get(method)
+        history = status.histories.get(method) or []
+        probe = status.probe.get(method, {})
+        rows.append([
+            METHOD_LABELS[method],
+            result.status if result else ("running" if not status.done else "not run"),
+            len(history),
+            history[0]["loss"] if history else np.nan,
+            history[-1]["loss"] if history else np.nan,
+            history[-1]["local"] if history else np.nan,
+            result.seconds_per_step if result and result.seconds_per_step else np.nan,
+            probe.get("training-free", np.nan),
+            probe.get("trained", np.nan),
+        ])
+    return pd.DataFrame(rows, columns=METRIC_COLUMNS).round(4)
+
+
+def metrics_figure(status: JobStatus) -> go.Figure | None:
+    """The probe accuracy of each trained head next to its training-free configuration."""
+    if not status.probe:
+        return None
+    methods = list(status.probe)
+    return before_after_figure(
+        [METHOD_LABELS[m] for m in methods],
+        [status.probe[m]["training-free"] for m in methods],
+        [status.probe[m]["trained"] for m in methods],
+        "Probe accuracy on the examples gallery",
+        "accuracy (true caption wins)",
+    )
+
+
+def run_files(status: JobStatus) -> list[str]:
+    """The loss curves (HTML), each method's per-step history (.npy + .csv) and the run's
+    record (JSON)."""
+    out = DownloadDir()
+    out.save_figure(loss_figure(status), "loss_curves")
+    for method, history in status.histories.items():
+        if history:
+            values = np.array([[r.get(c, np.nan) for c in HISTORY_COLUMNS] for r in history])
+            out.save_array(values, f"history_{method}", columns=HISTORY_COLUMNS)
+    out.save_json(status_record(status), "training_run")
+    return [str(p) for p in out.files]
+
+
+# ----------------------------------------------------------------------- callbacks
+def follow_job(
+    ctx: AppContext, job: TrainingJob, poll_s: float = POLL_S
+) -> Iterator[tuple]:
+    """The live view of ``job`` until it ends: ``(progress, status, curves, table,
+    metrics figure, files, picker update)``, the last with the files and the picker's new
+    choices."""
+    while not job.finished.wait(poll_s):
+        status = job.status()
+        yield (progress_html(status), status_markdown(status), loss_figure(status),
+               metrics_table(status), gr.skip(), gr.skip(), gr.skip())
+    status = job.status()
+    picker = gr.Dropdown(choices=ctx.checkpoint_choices()) if status.picker_entry else gr.skip()
+    yield (progress_html(status), status_markdown(status), loss_figure(status),
+           metrics_table(status), metrics_figure(status), run_files(status), picker)
+
+
+def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | None = None
+                    ) -> TrainingJobs:
+    """Add the Train view to the enclosing ``gr.Blocks`` (inside its tab); returns the
+    server's training slot."""
+    jobs = jobs or TrainingJobs(ctx)
+    defaults = TrainRequest(methods=["conceptot"])
+    with gr.Row():
+        with gr.Column(scale=1):
+            data = gr.Radio(data_sources(), value=WORLD, label="Training data")
+            n_train = gr.Number(defaults.n_train, precision=0, minimum=2, maximum=pair_cap(),
+                                label="World samples (train split)")
+            folder = gr.Textbox(label="Local folder, or its COCO / Karpathy JSON or CSV",
+                                placeholder="/data/coco (annotations/captions_train.json)",
+                                visible=FOLDER in data_sources())
+            uploads = gr.File(file_count="multiple", label="Upload: a .zip of the folder, or "
+                              "the images and their captions file (CSV path,caption)")
+            split = gr.Textbox(defaults.split, label="Split (COCO / Karpathy)")
+            methods = gr.CheckboxGroup(method_choices(), value=defaults.methods,
+                                       label="Methods (trained one after the other)")
+        with gr.Column(scale=1):
+            with gr.Row():
+                eps = gr.Number(defaults.eps, label="eps (Sinkhorn entropy)")
+                tau = gr.Number(defaults.tau, label="tau (mass temperature)")
+            with gr.Row():
+                tau_local = gr.Number(defaults.tau_local, label="tau_l (local loss)")
+                lambda_local = gr.Number(defaults.lambda_local, label="lambda_l")
+            with gr.Row():
+                rank = gr.Number(defaults.rank, precision=0, label="r (concept anchors)")
+                n_iters = gr.Number(defaults.n_iters, precision=0, label="L (Sinkhorn iters)")
+            with gr.Row():
+                hard = gr.Number(defaults.hard_negatives, precision=0, label="K_h (hard neg.)")
+                batch = gr.Number(defaults.batch_size, precision=0, label="batch size")
+            with gr.Row():
+                epochs = gr.Number(defaults.epochs, precision=0, label="epochs")
+                max_steps = gr.Number(0, precision=0, label="max steps (0: epochs)")
+            lr = gr.Number(defaults.lr, label="learning rate")
+            with gr.Row():
+                start = gr.Button("Start training", variant="primary")
+                stop = gr.Button("Stop", variant="stop")
+        with gr.Column(scale=2):
+            bar = gr.HTML(elem_id="train-progress")
+            status = gr.Markdown()
+            curves = gr.Plot(label="Loss curves (live)")
+    with gr.Row():
+        metrics_plot = gr.Plot(label="End-of-run metrics")
+        metrics = gr.Dataframe(headers=METRIC_COLUMNS, label="End-of-run metrics",
+                               interactive=False)
+    files = gr.File(label="Downloads (loss curves, histories, run record)", file_count="multiple")
+    gr.Markdown(HOW_TO_READ.format(cap=step_cap(), pairs=pair_cap()))
+    job_id = gr.State(None)
+
+    @user_errors
+    def on_start(checkpoint, data_v, n_v, folder_v, uploads_v, split_v, methods_v, eps_v,
+                 tau_v, tau_l_v, rank_v, iters_v, lam_v, hard_v, epochs_v, steps_v, batch_v,
+                 lr_v):
+        request = train_request(data_v, n_v, folder_v, uploads_v, split_v, methods_v, eps_v,
+                                tau_v, tau_l_v, rank_v, iters_v, lam_v, hard_v, epochs_v,
+                                steps_v, batch_v, lr_v)
+        job = jobs.start(request, checkpoint)
+        for update in follow_job(ctx, job):
+            yield (job.id, *update)
+
+    def on_stop(current: str | None) -> str:
+        if not jobs.stop(current):
+            raise gr.Error("no run of yours is in progress")
+        return "**Stopping** after the current step ..."
+
+    inputs = [shared.checkpoint, data, n_train, folder, uploads, split, methods, eps, tau,
+              tau_local, rank, n_iters, lambda_local, hard, epochs, max_steps, batch, lr]
+    outputs = [job_id, bar, status, curves, metrics, metrics_plot, files, shared.checkpoint]
+    # its own concurrency group: a second requester is answered at once (busy), not queued
+    start.click(on_start, inputs, outputs, api_name="train", concurrency_id="train",
+                concurrency_limit=4)
+    stop.click(on_stop, job_id, status, api_name="train_stop", concurrency_limit=None)
+    return jobs
+
