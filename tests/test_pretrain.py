@@ -28,6 +28,7 @@ from otviz.train.pretrain import (
     retrieval_recalls,
     world_version,
 )
+from otviz.world import WorldConfig
 
 SMOKE = dict(
     steps=40, batch_size=32, lr=2e-3, warmup_steps=5, n_train=512, n_test=64, hard_negatives=1,
@@ -194,7 +195,8 @@ def test_pretrain_smoke(tmp_path):
     assert meta["recipe"] == dataclasses.asdict(config)
     assert meta["metrics"]["i2t_r1"] == metrics["i2t_r1"]
     assert meta["command"] == command_line(config)
-    assert meta["world_version"] == world_version() and len(meta["world_version"]) == 16
+    assert meta["world_version"] == world_version(WorldConfig(negatives=False))
+    assert len(meta["world_version"]) == 16
     assert meta["tokenizer"].startswith("open_clip.SimpleTokenizer")
     model, _ = load_tiny_clip(tmp_path / "ck")
     bb = Backbone.from_checkpoint(tmp_path / "ck")
@@ -280,3 +282,11 @@ def test_pretrain_two_processes(tmp_path):
     # every token row either of the world's vocabulary or zero: one union over processes
     rows = model.text.token_embedding.weight.abs().sum(1) > 0
     assert 20 < int(rows.sum()) < 200
+
+
+def test_world_version_fingerprints_the_rendered_samples():
+    """Same config, same fingerprint; a config that renders other samples changes it."""
+    base = world_version(WorldConfig(negatives=False), per_split=4)
+    assert base == world_version(WorldConfig(negatives=False), per_split=4)
+    assert base != world_version(WorldConfig(negatives=False, pixel_noise=0.0), per_split=4)
+    assert base != world_version(WorldConfig(negatives=True), per_split=4)

@@ -63,24 +63,24 @@ Progress = Callable[[int, int, dict[str, float]], None]
 class PretrainConfig:
     """Every knob of tiny-CLIP pre-training (defaults reproduce the shipped checkpoint)."""
 
-    steps: int = 1500  # optimiser steps (epochs = steps * batch_size / n_train)
-    batch_size: int = 128
-    lr: float = 1e-3
+    steps: int = 800  # optimiser steps (epochs = steps * batch_size / n_train)
+    batch_size: int = 256
+    lr: float = 3e-3
     warmup_steps: int = 100
     weight_decay: float = 0.05
     seed: int = 0  # seeds torch and the world (train and test splits)
     n_train: int = 40000  # world training samples, rendered once
     n_test: int = 1000  # held-out world test pairs for retrieval
-    embed_dim: int = 128
-    vision_width: int = 128
-    vision_layers: int = 6
-    vision_heads: int = 4
-    text_width: int = 128
-    text_layers: int = 4
-    text_heads: int = 4
+    embed_dim: int = 96
+    vision_width: int = 96
+    vision_layers: int = 4
+    vision_heads: int = 3
+    text_width: int = 96
+    text_layers: int = 3
+    text_heads: int = 3
     context_length: int = 32
     vision_pool: str = "tok"  # "avg": image embedding = mean of patch tokens; "tok": CLS
-    vision_pos_embed: str = "learnable"  # or "sin_cos_2d" (fixed 2-D patch positions)
+    vision_pos_embed: str = "sin_cos_2d"  # fixed 2-D patch positions, or "learnable"
     vision_mlp_ratio: float = 4.0
     init_temperature: float = 0.07  # initial temperature of the logits (learned after)
     loss: str = "infonce"  # or an OT-CLIP kind of otviz.train.otclip_losses
@@ -88,7 +88,7 @@ class PretrainConfig:
     max_shift: int = 2  # augmentation: random translation in pixels (0: none)
     threads: int = 1  # torch threads per process
     processes: int = 2  # data-parallel processes (gloo), each with batch_size / processes
-    eval_every: int = 250  # held-out retrieval every this many steps (0: only at the end)
+    eval_every: int = 200  # held-out retrieval every this many steps (0: only at the end)
     out: str = "checkpoints/tiny-clip"  # checkpoint directory ("" : do not save)
 
     def model_config(self) -> dict[str, Any]:
@@ -377,7 +377,7 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
     if config.out:
         meta = {
             "model_name": TINY_CLIP_NAME,
-            "world_version": world_version(),
+            "world_version": world_version(world_cfg),
             "world_config": _world_meta(world_cfg),
             "recipe": dataclasses.asdict(config),
             "command": command_line(config),
@@ -443,14 +443,19 @@ def _world_meta(cfg: WorldConfig) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
 
 
-def world_version() -> str:
-    """A fingerprint of the world's source code (SHA-256 of ``otviz/world/*.py``, first 16
-    hex digits): the same fingerprint renders the same samples for the same seed."""
-    import otviz.world as world
-
+def world_version(config: WorldConfig | None = None, per_split: int = 16) -> str:
+    """A fingerprint of what the world renders (SHA-256, first 16 hex digits) over the first
+    ``per_split`` samples of each split at seed 0: image bytes, caption, gold tree, objects
+    and negatives. Refactoring the world's code keeps it; any change to a sample changes it,
+    so a checkpoint records the data it was trained on rather than the code's text."""
     digest = hashlib.sha256()
-    for path in sorted(Path(world.__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for split in ("train", "test", "compositional"):
+        world = World(config, split=split, seed=0)
+        for i in range(per_split):
+            s = world.sample(i)
+            digest.update(s.image.tobytes())
+            fields = (s.caption, str(s.tree), repr(s.objects), sorted(s.negatives.items()))
+            digest.update(repr(fields).encode() + b"\0")
     return digest.hexdigest()[:16]
 
 
