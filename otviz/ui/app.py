@@ -11,7 +11,7 @@ from otviz.ui.align_tab import build_align_tab
 from otviz.ui.anchors_tab import build_anchors_tab
 from otviz.ui.context import AppContext, SharedInputs, on_space, remote_models
 from otviz.ui.examples import load_examples
-from otviz.ui.inputs import on_upload
+from otviz.ui.inputs import UploadImage, on_upload
 from otviz.ui.phrases_tab import build_phrases_tab
 from otviz.ui.probe_tab import build_probe_tab
 from otviz.ui.train_tab import build_train_tab
@@ -47,15 +47,17 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
     """The image, caption and checkpoint picker every view reads, with the examples."""
     choices = ctx.checkpoint_choices()
     with gr.Row():
-        image = gr.Image(label="Image", type="numpy", image_mode="RGB", height=260, scale=1,
+        image = UploadImage(label="Image", type="numpy", image_mode="RGB", height=260, scale=1,
                          elem_id="shared-image")
         with gr.Column(scale=2):
             caption = gr.Textbox(
                 label="Caption", placeholder="a small red circle to the left of a blue star",
                 elem_id="shared-caption",
             )
+            # custom values: entries added since this page (or API client) got its list of
+            # choices still pass; the context names unknown ones
             checkpoint = gr.Dropdown(choices, value=choices[0], label="Checkpoint",
-                                     elem_id="shared-checkpoint")
+                                     allow_custom_value=True, elem_id="shared-checkpoint")
             examples = load_examples()
             if examples:
                 gr.Examples(

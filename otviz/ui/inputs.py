@@ -11,7 +11,7 @@ from typing import Any
 
 import gradio as gr
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from otviz.backbone import BackboneLoadError, ImageInput, ImageInputError, to_rgb
 from otviz.checkpoint import CheckpointError
@@ -95,6 +95,43 @@ def fit_image(image: ImageInput | None) -> tuple[ImageInput | None, str | None]:
     resized = to_rgb(image).resize(new, Image.Resampling.LANCZOS)
     note = f"the image was scaled down from {width}x{height} to {new[0]}x{new[1]} pixels"
     return np.asarray(resized), note
+
+
+def check_image_file(path: str, name: str | None = None) -> tuple[int, int]:
+    """``(width, height)`` of an uploaded file, read from its header only; raises
+    :class:`InputError` for a file that is not an image or is over
+    :data:`MAX_IMAGE_PIXELS` (before anything decodes it)."""
+    shown = name or str(path).rsplit("/", 1)[-1]
+    try:
+        with Image.open(path) as header:
+            width, height = header.size
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError):
+        raise InputError(
+            f"{shown} is not an image this app can read: upload a PNG, JPEG, WebP, BMP, ..."
+        ) from None
+    if width * height > MAX_IMAGE_PIXELS:
+        raise InputError(
+            f"{shown} is too large ({width}x{height} = {width * height / 1e6:.0f} MP; at "
+            f"most {MAX_IMAGE_PIXELS / 1e6:.0f} MP): scale it down and upload it again"
+        )
+    return width, height
+
+
+class UploadImage(gr.Image):
+    """The image input: like ``gr.Image`` (same front end), but an upload is checked
+    (:func:`check_image_file`) before Gradio decodes it, so a file that is not an image or
+    a huge one is a message in the page rather than a failed request."""
+
+    is_template = True  # Gradio's mark for a subclass drawn by its parent's front end
+
+    def preprocess(self, payload):
+        path = getattr(payload, "path", None)
+        if path and not str(getattr(payload, "url", "") or "").startswith("data:"):
+            try:
+                check_image_file(path, getattr(payload, "orig_name", None))
+            except InputError as e:
+                raise gr.Error(str(e)) from None
+        return super().preprocess(payload)
 
 
 class UploadExplainer(Explainer):

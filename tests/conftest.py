@@ -1,0 +1,49 @@
+"""Shared fixtures: the whole app served on localhost (one server per test session, for the
+API and browser tests)."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+import pytest
+
+from otviz.ui.context import AppContext
+from otviz.ui.training import TrainingJobs
+
+
+@dataclass
+class LiveApp:
+    """The served app: its URL, context (backbones, picker entries) and training slot."""
+
+    url: str
+    ctx: AppContext
+    jobs: TrainingJobs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def live_app(tmp_path_factory) -> LiveApp:
+    """``otviz.ui.app.build_app`` on the embedded checkpoint, queued as :func:`launch` does,
+    on 127.0.0.1 and a free port; training runs and feature caches in a temp dir."""
+    from otviz.ui.app import CONCURRENCY, QUEUE_SIZE, build_app
+
+    root = tmp_path_factory.mktemp("live-app")
+    ctx = AppContext.default()
+    jobs = TrainingJobs(ctx, root / "runs", root / "features")
+    app = build_app(ctx, jobs)
+    app.queue(default_concurrency_limit=CONCURRENCY, max_size=QUEUE_SIZE)
+    port = free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
+               quiet=True, ssr_mode=False)
+    yield LiveApp(f"http://127.0.0.1:{port}/", ctx, jobs)
+    job = jobs.current()
+    if job is not None:
+        job.stop_event.set()
+        job.finished.wait(60)
+    app.close()
