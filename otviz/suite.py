@@ -1,15 +1,19 @@
 """A backbone with its set of alignment methods, ready to score pairs: every registered
-method either with trained heads (consuming the backbone's raw width features) or in its
-training-free configuration (identity projections on the model's joint embedding space)."""
+method either with trained heads (consuming the backbone's raw width features, loaded from
+the head checkpoints ``otviz train`` writes) or in its training-free configuration
+(identity projections on the model's joint embedding space)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from otviz.backbone import Backbone, Space
 from otviz.methods import METHODS, AlignmentMethod, MethodConfig, PairBatch
+from otviz.world.vocab import COLOURS, SHAPES, SIZES
 
 # The rows of every side-by-side comparison (Global-only has no patch-token plan).
 ALIGN_METHODS: tuple[str, ...] = (
@@ -35,13 +39,25 @@ METHOD_LABELS: dict[str, str] = {
 }
 
 
+#: Captions whose token embeddings seed training-free ConceptOT anchors on the world's
+#: vocabulary (every sized coloured shape, the relations, the connectives).
+WORLD_FIT_CAPTIONS: list[str] = [
+    f"a {size} {colour} {shape}" for size in SIZES for colour in COLOURS for shape in SHAPES
+] + ["to the left of", "to the right of", "above", "below", "and", "there is"]
+
+#: ConceptOT's local weight lambda_l (Table 7), the reranking weight of an untrained method.
+DEFAULT_LAMBDA = 0.5
+
+
 @dataclass
 class SuiteMethod:
-    """A method of a suite with the feature space it consumes and where it came from."""
+    """A method of a suite with the feature space it consumes, where it came from and the
+    weight of its local score in ``s_g + lambda * s_l`` (the weight it was trained with)."""
 
     method: AlignmentMethod
     space: Space
     source: str
+    lambda_local: float = DEFAULT_LAMBDA
 
 
 @dataclass
@@ -75,6 +91,45 @@ class MethodSuite:
                 method.fit_training_free(fit_batch)
             methods[name] = SuiteMethod(method, "projected", "training-free")
         return cls(backbone, methods, f"{backbone.name} (training-free)")
+
+    @classmethod
+    def from_heads(
+        cls,
+        backbone: Backbone,
+        heads_dir: str | os.PathLike,
+        names: tuple[str, ...] | None = None,
+    ) -> MethodSuite:
+        """The methods trained on ``backbone`` whose heads lie in ``heads_dir/<method>``
+        (``otviz train --method all --publish heads_dir``), in display order, after the
+        parameter-free Global-only. ``names`` (default: every comparison method) must all
+        be there.
+
+        Raises:
+            CheckpointError: a head is missing, corrupt or trained on another backbone.
+        """
+        from otviz.train.method_checkpoint import backbone_identity
+
+        root = Path(heads_dir)
+        identity = backbone_identity(backbone)  # hash the weights once
+        free = METHODS["global_only"](backbone.embed_dim, backbone.embed_dim,
+                                      MethodConfig(trainable=False)).eval()
+        methods = {"global_only": SuiteMethod(free, "width", "parameter-free")}
+        for name in names or ALIGN_METHODS:
+            methods[name] = load_head(root / name, identity)
+        return cls(backbone, methods, f"{backbone.name} (heads: {root.name})")
+
+
+def load_head(path: str | os.PathLike, backbone: Backbone | dict) -> SuiteMethod:
+    """The trained method head at ``path`` for ``backbone`` (or its identity dict), with
+    the local weight it was trained with (raises ``CheckpointError`` like
+    :func:`otviz.train.method_checkpoint.load_method_checkpoint`)."""
+    from otviz.train.config import TrainConfig
+    from otviz.train.losses import local_weight
+    from otviz.train.method_checkpoint import head_meta, load_method_checkpoint
+
+    method = load_method_checkpoint(path, backbone)
+    config = TrainConfig.from_dict(head_meta(path)["train_config"])
+    return SuiteMethod(method, "width", str(path), local_weight(config))
 
 
 def _text_batch(backbone: Backbone, captions: list[str]) -> PairBatch:

@@ -1,0 +1,210 @@
+"""``otviz eval``: every table of the comparison for one backbone and one method suite, printed
+and written as JSON and Markdown.
+
+:func:`run_eval` builds the suite (trained heads from ``heads``, or the training-free
+configuration), encodes the world's test and compositional splits once through the
+feature cache, and runs the tables of :mod:`otviz.eval.alignment_tables` and
+:mod:`otviz.eval.classification_tables` that ``tables`` names, reporting progress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from otviz.backbone import Backbone
+from otviz.eval import alignment_tables as A
+from otviz.eval import classification_tables as C
+from otviz.eval.table import Column, Table
+from otviz.eval.world_set import EvalSet
+from otviz.suite import ALIGN_METHODS, WORLD_FIT_CAPTIONS, MethodSuite
+
+StageProgress = Callable[[str, int, int], None]
+ALIGNMENT_TABLES = ("retrieval", "probe", "grounding", "anchors", "cost")
+CLASSIFICATION_TABLES = ("zero_shot", "long_tailed", "selective")
+TABLES = ALIGNMENT_TABLES + CLASSIFICATION_TABLES
+TRAINING_FREE = "training-free"
+JSON_FILE, MARKDOWN_FILE = "tables.json", "tables.md"
+
+
+@dataclass
+class EvalConfig:
+    """What ``otviz eval`` measures, on what (every field is a command-line flag)."""
+
+    backbone: str = ""  # tiny-CLIP checkpoint dir ("" : the shipped checkpoints/tiny-clip)
+    heads: str = "checkpoints/heads"  # dir of <method>/ heads, or "training-free"
+    methods: str = ""  # comma list of comparison methods ("" : all eight)
+    tables: str = "all"  # comma list of TABLES, or "all"
+    n_test: int = 1000  # world test images (retrieval, probe, grounding)
+    n_compositional: int = 500  # compositional-split images (held-out probe column)
+    seed: int = 0  # world seed of the test and compositional splits
+    candidates: int = 16  # global top-k candidates per query (two-stage retrieval)
+    n_classify: int = 400  # images per zero-shot / selective task
+    lt_n_max: int = 100  # images of the largest class of a long-tailed test set
+    imbalance: float = 10.0
+    selective_rate: float = 0.5
+    chunk: int = 512  # pairs per batched method call
+    threads: int = 2  # torch CPU threads
+    cache_dir: str = ".cache/otviz-features"
+    out: str = "runs/eval"  # writes tables.json and tables.md here ("" : print only)
+
+    def table_names(self) -> list[str]:
+        names = list(TABLES) if self.tables == "all" else [
+            t.strip() for t in self.tables.split(",") if t.strip()]
+        unknown = sorted(set(names) - set(TABLES))
+        if unknown:
+            raise ValueError(f"unknown tables {unknown}; known: {', '.join(TABLES)}")
+        return names
+
+    def method_names(self) -> tuple[str, ...]:
+        if not self.methods:
+            return ALIGN_METHODS
+        names = tuple(m.strip() for m in self.methods.split(",") if m.strip())
+        unknown = sorted(set(names) - set(ALIGN_METHODS))
+        if unknown:
+            raise ValueError(f"unknown methods {unknown}; known: {', '.join(ALIGN_METHODS)}")
+        return names
+
+
+def load_backbone(path: str = "") -> Backbone:
+    """The tiny-CLIP checkpoint at ``path`` (default: the shipped one)."""
+    return Backbone.from_checkpoint(path) if path else Backbone.from_checkpoint()
+
+
+def build_suite(backbone: Backbone, heads: str, names: tuple[str, ...]) -> MethodSuite:
+    """Trained heads from ``heads`` or, for ``"training-free"``, the training-free suite
+    (ConceptOT anchors fitted on the world's vocabulary phrases)."""
+    if heads == TRAINING_FREE:
+        return MethodSuite.training_free(backbone, WORLD_FIT_CAPTIONS, ("global_only",) + names)
+    return MethodSuite.from_heads(backbone, heads, names)
+
+
+def run_eval(config: EvalConfig, progress: StageProgress | None = None) -> list[Table]:
+    """The tables ``config.tables`` for ``config``'s backbone and suite (see the module
+    docstring); writes them to ``config.out`` unless it is empty."""
+    names = config.table_names()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, config.threads))
+    try:
+        tables = _run(config, names, progress)
+    finally:
+        torch.set_num_threads(threads)
+    if config.out:
+        write_tables(tables, config.out, {"config": asdict(config)})
+    return tables
+
+
+def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -> list[Table]:
+    backbone = load_backbone(config.backbone)
+    tables: dict[str, Table] = {}
+    if any(n in ALIGNMENT_TABLES for n in names):
+        suite = build_suite(backbone, config.heads, config.method_names())
+
+        def encoding(done: int, total: int) -> None:
+            if progress is not None:
+                progress("encoding", done, total)
+
+        test = EvalSet.build(backbone, config.n_test, "test", config.seed, config.cache_dir,
+                             encoding)
+        kw: dict[str, Any] = {"chunk": config.chunk, "progress": progress}
+        if "retrieval" in names or "cost" in names:
+            tables["retrieval"] = A.retrieval_table(suite, test, config.candidates, **kw)
+        if "probe" in names:
+            comp = None if config.n_compositional < 1 else EvalSet.build(
+                backbone, config.n_compositional, "compositional", config.seed,
+                config.cache_dir, encoding)
+            tables["probe"] = A.probe_table(suite, test, comp, **kw)
+        if "grounding" in names:
+            tables["grounding"] = A.grounding_table(suite, test, **kw)
+        if "anchors" in names:
+            tables["anchors"] = A.anchor_table(suite)
+        if "cost" in names:
+            tables["cost"] = A.cost_table(suite, test, tables["retrieval"])
+        for t in tables.values():
+            t.notes.append(f"methods: {suite.label}")
+    if "zero_shot" in names or "selective" in names:
+        sets = C.classification_sets(backbone, config.n_classify, seed=config.seed)
+        if "zero_shot" in names:
+            tables["zero_shot"] = C.zero_shot_table(backbone, sets=sets)
+        if "selective" in names:
+            tables["selective"] = C.selective_table(backbone, rate=config.selective_rate,
+                                                    sets=sets)
+    if "long_tailed" in names:
+        tables["long_tailed"] = C.long_tailed_table(backbone, config.lt_n_max, config.imbalance,
+                                                    seed=config.seed)
+        if progress is not None:
+            progress("long-tailed", 1, 1)
+    return [tables[n] for n in names]
+
+
+def write_tables(
+    tables: list[Table], out: str | os.PathLike, extra: dict[str, Any] | None = None,
+    stem: str = "tables",
+) -> tuple[Path, Path]:
+    """``out/<stem>.json`` (raw values and ``extra``) and ``out/<stem>.md`` (the Markdown
+    tables), each written to a temporary file and renamed."""
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    record = {"tables": {t.key: t.to_dict() for t in tables}, "written": time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **(extra or {})}
+    json_path = _atomic_write(directory / f"{stem}.json", json.dumps(record, indent=1))
+    md_path = _atomic_write(directory / f"{stem}.md", "\n".join(t.markdown() for t in tables))
+    return json_path, md_path
+
+
+def read_tables(path: str | os.PathLike) -> dict[str, Table]:
+    """The tables of a ``tables.json`` written by :func:`write_tables`, by key."""
+    record = json.loads(Path(path).read_text(encoding="utf-8"))
+    return {
+        key: Table(key, t["title"], [Column(c["key"], c["label"], c["format"])
+                                     for c in t["columns"]], t["rows"], t["notes"])
+        for key, t in record["tables"].items()
+    }
+
+
+def _atomic_write(path: Path, text: str) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+#: Manifest fields of a head's eval record: table key -> (row key, manifest name).
+EVAL_METRICS: dict[str, tuple[tuple[str, str], ...]] = {
+    "retrieval": (("avg_r1", "avg_r1"), ("i2t_r1", "i2t_r1"), ("t2i_r1", "t2i_r1")),
+    "probe": (("overall", "probe_overall"), ("compositional", "probe_held_out")),
+    "grounding": (("pointing", "pointing_game"), ("mean_iou", "mean_iou")),
+    "cost": (("ms_per_pair", "ms_per_pair"), ("params", "params")),
+}
+
+
+def record_eval_metrics(
+    tables: list[Table], manifest: str | os.PathLike, heads: str | os.PathLike, command: str,
+    config: EvalConfig,
+) -> list[str]:
+    """Add each trained head's metrics of ``tables`` to its manifest entry (``eval``
+    field: the values, the command and the test-set sizes); returns the keys updated."""
+    from otviz.train.manifest import manifest_key, update_manifest
+
+    per_method: dict[str, dict[str, Any]] = {}
+    for table in tables:
+        for row_key, field_name in EVAL_METRICS.get(table.key, ()):
+            for row in table.rows:
+                if row.get("name") in ALIGN_METHODS and row.get(row_key) is not None:
+                    per_method.setdefault(row["name"], {})[field_name] = row[row_key]
+    keys = []
+    for name, metrics in per_method.items():
+        key = manifest_key(manifest, Path(heads) / name)
+        update_manifest(manifest, key, {"eval": {
+            **metrics, "command": command, "n_test": config.n_test,
+            "n_compositional": config.n_compositional, "candidates": config.candidates,
+            "world_seed": config.seed}})
+        keys.append(key)
+    return keys
