@@ -1,4 +1,5 @@
-"""The ``otviz`` command line: ``world``, ``pretrain``, ``explain``, ``bench``.
+"""The ``otviz`` command line: ``world``, ``pretrain``, ``train``, ``eval``, ``ablate``,
+``report``, ``explain``, ``bench``.
 
 Every subcommand is a thin wrapper over a function of the package; knobs of configuration
 dataclasses become flags (``--batch-size`` for ``batch_size``).
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -35,6 +38,116 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     metrics = pretrain(dataclass_from_args(PretrainConfig, args))
     for key, value in metrics.items():
         print(f"{key}: {value}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from otviz.train.loop import main as train_main
+
+    return train_main(args.rest, prog="otviz train")
+
+
+class _StageBars:
+    """Progress bars for ``progress(stage, done, total)`` callbacks: one bar per stage."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.bar = None
+        self.stage = ""
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        from tqdm.auto import tqdm
+
+        if self.bar is None or stage != self.stage:
+            self.close()
+            self.bar = tqdm(total=total, desc=stage, disable=self.quiet, leave=False)
+            self.stage = stage
+        self.bar.total = total
+        self.bar.n = done
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _with_bars(quiet: bool, run: Callable[[_StageBars], object]) -> object:
+    bars = _StageBars(quiet)
+    try:
+        return run(bars)
+    finally:
+        bars.close()
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from otviz.cli_args import dataclass_from_args
+    from otviz.eval.otclip_table import OTCLIPTableConfig, otclip_loss_table
+    from otviz.eval.runner import (
+        TRAINING_FREE,
+        EvalConfig,
+        record_eval_metrics,
+        run_eval,
+        write_tables,
+    )
+
+    command = args.command_line
+    if args.otclip_losses:
+        otc = dataclass_from_args(OTCLIPTableConfig, args)
+        table, logs = _with_bars(args.quiet, lambda bars: otclip_loss_table(otc, bars))
+        print(table.markdown())
+        if args.out:
+            paths = write_tables([table], args.out, {"config": asdict(otc), "command": command,
+                                                     "logs": logs}, stem="otclip_losses")
+            print("wrote " + ", ".join(str(p) for p in paths))
+        return 0
+    config = dataclass_from_args(EvalConfig, args)
+    tables = _with_bars(args.quiet, lambda bars: run_eval(config, bars))
+    for table in tables:
+        print(table.markdown())
+    if config.out:
+        print(f"wrote {Path(config.out) / 'tables.json'} and {Path(config.out) / 'tables.md'}")
+    if args.manifest and config.heads != TRAINING_FREE:
+        keys = record_eval_metrics(tables, args.manifest, config.heads, command, config)
+        print(f"recorded eval metrics of {len(keys)} heads in {args.manifest}")
+    return 0
+
+
+def _cmd_ablate(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from otviz.cli_args import dataclass_from_args
+    from otviz.eval.ablation import ablation_table
+    from otviz.eval.runner import load_backbone, write_tables
+    from otviz.eval.world_set import EvalSet
+    from otviz.train.config import TrainConfig
+
+    base = dataclass_from_args(TrainConfig, args)
+    backbone = load_backbone(base.backbone)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+
+    def run(bars: _StageBars) -> object:
+        data = EvalSet.build(backbone, args.n_test, "test", args.test_seed, base.cache_dir,
+                             lambda done, total: bars("encoding", done, total))
+        return ablation_table(base, data, variants, args.candidates, bars)
+
+    table = _with_bars(args.quiet, run)
+    print(table.markdown())
+    paths = write_tables([table], args.tables_out, {"config": asdict(base),
+                                                    "command": args.command_line},
+                         stem="ablation")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from otviz.cli_args import dataclass_from_args
+    from otviz.eval.report import ReportConfig, render_report
+
+    for path in render_report(dataclass_from_args(ReportConfig, args)):
+        print(f"wrote {path}")
     return 0
 
 
@@ -91,6 +204,47 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_flags(pre, PretrainConfig)
     pre.set_defaults(run=_cmd_pretrain)
 
+    train = sub.add_parser("train", help="train method heads on the frozen backbone (see --help)",
+                           add_help=False)
+    train.add_argument("rest", nargs=argparse.REMAINDER)
+    train.set_defaults(run=_cmd_train)
+
+    from otviz.eval.ablation import VARIANTS
+    from otviz.eval.otclip_table import OTCLIPTableConfig
+    from otviz.eval.report import ReportConfig
+    from otviz.eval.runner import EvalConfig
+    from otviz.train.config import TrainConfig
+
+    ev = sub.add_parser("eval", help="the comparison's tables (JSON + Markdown)")
+    add_dataclass_flags(ev, EvalConfig)
+    ev.add_argument("--manifest", default="", metavar="FILE",
+                    help="record each trained head's metrics in this checkpoint manifest")
+    ev.add_argument("--otclip-losses", action="store_true",
+                    help="instead: OT-CLIP Table 1 in miniature (pre-train one tiny CLIP per "
+                    "loss with the --otclip-* budget, score zero-shot and retrieval)")
+    add_dataclass_flags(ev, OTCLIPTableConfig)
+    ev.add_argument("--quiet", action="store_true", help="no progress bars")
+    ev.set_defaults(run=_cmd_eval)
+
+    ablate = sub.add_parser("ablate", help="ConceptOT ablation over lambda_l, r, L, K_h "
+                            "(ConceptOT Table 4); flags: the shared training recipe")
+    add_dataclass_flags(ablate, TrainConfig)
+    ablate.set_defaults(out="runs/ablation")
+    ablate.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma list of {', '.join(VARIANTS)}")
+    ablate.add_argument("--n-test", type=int, default=500, help="world test images")
+    ablate.add_argument("--test-seed", type=int, default=0)
+    ablate.add_argument("--candidates", type=int, default=16,
+                        help="global top-k per query (two-stage retrieval)")
+    ablate.add_argument("--tables-out", default="runs/eval",
+                        help="folder of ablation.json / ablation.md")
+    ablate.add_argument("--quiet", action="store_true", help="no progress bars")
+    ablate.set_defaults(run=_cmd_ablate)
+
+    report = sub.add_parser("report", help="paper-style PNG figures of an evaluation")
+    add_dataclass_flags(report, ReportConfig)
+    report.set_defaults(run=_cmd_report)
+
     explain = sub.add_parser("explain", help="per-word heatmaps of an image and a caption")
     explain.add_argument("image", help="image file (any format PIL reads)")
     explain.add_argument("caption")
@@ -107,7 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if hasattr(args, "rest"):  # pass-through commands take every argument after their name
+        args.rest = extra + args.rest
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.command_line = shlex.join(["otviz", *(sys.argv[1:] if argv is None else argv)])
     try:
         return int(args.run(args) or 0)
     except (ValueError, RuntimeError, FileNotFoundError) as e:

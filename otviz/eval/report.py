@@ -1,0 +1,190 @@
+"""``otviz report``: the paper-style figures of an evaluation, as PNG files.
+
+From the tables ``otviz eval`` wrote (``tables.json``, and ``otclip_losses.json`` /
+``ablation.json`` when present): bars of retrieval, grounding, zero-shot and selective
+accuracy, the probe matrix, the OT-CLIP loss comparison with its convergence curves and the
+ablation. From the trained heads: their training curves, ConceptOT's anchor similarity
+matrix and anchor-word affinity for the world's vocabulary, and a grid of phrase-grounding
+heatmaps (test examples x methods).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from otviz.eval.alignment_tables import align_pairs, phrase_queries
+from otviz.eval.grounding_metrics import mean_offdiag_cosine
+from otviz.eval.runner import build_suite, load_backbone, read_tables
+from otviz.eval.table import Table
+from otviz.eval.world_set import EvalSet
+from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
+from otviz.train.method_checkpoint import head_meta
+from otviz.viz.anchors import affinity_figure, anchor_matrix_figure, cluster_order
+from otviz.viz.probe import probe_accuracy_figure
+from otviz.viz.report import curves_figure, grounding_grid_figure, grouped_bars_figure
+from otviz.world import COLOURS, NEGATIVE_CATEGORIES, SHAPES, SIZES
+
+#: The world's vocabulary as single words (anchor-word affinity).
+WORLD_WORDS: list[str] = [*SIZES, *COLOURS, *SHAPES, "left", "right", "above", "below", "and",
+                          "there"]
+
+
+@dataclass
+class ReportConfig:
+    """Where the tables and heads are, where the figures go (every field is a flag)."""
+
+    eval_dir: str = "runs/eval"  # folder of tables.json (+ otclip_losses.json, ablation.json)
+    heads: str = "checkpoints/heads"  # trained heads ("training-free": no curves)
+    backbone: str = ""  # tiny-CLIP checkpoint ("" : the shipped one)
+    n_examples: int = 4  # grounding grid rows
+    seed: int = 0  # world seed of the examples
+    cache_dir: str = ".cache/otviz-features"
+    out: str = "runs/report"
+
+
+def _labels(table: Table) -> list[str]:
+    """The first column of each row (method, task, loss or variant)."""
+    first = table.columns[0].key
+    return [str(r[first]) for r in table.rows]
+
+
+def table_figures(tables: dict[str, Table]) -> dict[str, Figure]:
+    """Bars (and the probe matrix) of the tables present, by file stem."""
+    figs: dict[str, Figure] = {}
+    if "retrieval" in tables:
+        t = tables["retrieval"]
+        figs["retrieval"] = grouped_bars_figure(
+            _labels(t), {"I→T R@1": t.column("i2t_r1"), "T→I R@1": t.column("t2i_r1"),
+                         "Avg R@1": t.column("avg_r1")}, t.title, "recall (%)")
+    if "probe" in tables:
+        t = tables["probe"]
+        cats = [c for c in (*NEGATIVE_CATEGORIES, "overall", "compositional")
+                if any(c in r for r in t.rows)]
+        acc = np.array([[r.get(c, np.nan) for c in cats] for r in t.rows], dtype=float)
+        figs["probe"] = probe_accuracy_figure(_labels(t), cats, acc, int(t.rows[0]["n_items"]))
+    if "grounding" in tables:
+        t = tables["grounding"]
+        figs["grounding"] = grouped_bars_figure(
+            _labels(t), {"pointing game": t.column("pointing"), "mean IoU": t.column("mean_iou"),
+                         "hit@0.5": t.column("hit@0.5")}, t.title, "%")
+    for key, rules in (("zero_shot", ("softmax", "fgw_isoftmax", "fgw_pgd")),
+                       ("selective", ("all", "confidence", "uot", "partial"))):
+        if key in tables:
+            t = tables[key]
+            labels = {c.key: c.label for c in t.columns}
+            figs[key] = grouped_bars_figure(_labels(t), {labels[r]: t.column(r) for r in rules},
+                                            t.title, "top-1 accuracy (%)")
+    if "long_tailed" in tables:
+        t = tables["long_tailed"]
+        groups = [f"{r['task']} {r['order']}" for r in t.rows]
+        figs["long_tailed"] = grouped_bars_figure(
+            groups, {"softmax": t.column("softmax"), "LT Sinkhorn": t.column("lt_sinkhorn")},
+            t.title, "top-1 accuracy (%)")
+    if "otclip_losses" in tables:
+        t = tables["otclip_losses"]
+        figs["otclip_losses"] = grouped_bars_figure(
+            _labels(t), {"zero-shot mean": t.column("zs_mean"), "I→T R@1": t.column("i2t_r1"),
+                         "T→I R@1": t.column("t2i_r1")}, t.title, "%")
+    if "ablation" in tables:
+        t = tables["ablation"]
+        figs["ablation"] = grouped_bars_figure(
+            _labels(t), {"Avg R@1": t.column("avg_r1"), "probe overall": t.column("overall"),
+                         "pointing": t.column("pointing")}, t.title, "%")
+    return figs
+
+
+def training_curves_figure(heads: str | Path, names: tuple[str, ...] = ALIGN_METHODS) -> Figure:
+    """The local loss of every shipped head per training step (from its checkpoint)."""
+    curves = {}
+    for name in names:
+        curve = head_meta(Path(heads) / name)["metrics"].get("curve")
+        if curve:
+            curves[METHOD_LABELS[name]] = (curve["step"], curve["local"])
+    return curves_figure(curves, "Local loss of each method head during training (Eq. 10, "
+                         "QCT, triplet)", "local loss", smooth=5)
+
+
+@torch.no_grad()
+def word_concept_embeddings(backbone, entry: SuiteMethod, words: list[str]) -> Tensor:
+    """``[n, d_c]`` unit embeddings of ``words`` in the method's concept space (each word's
+    tokens through ``proj_t``, averaged, re-normalised)."""
+    tokens, mask = backbone.encode_text(words, entry.space)
+    concept = entry.method.proj_t(tokens)
+    weights = mask.to(concept.dtype).unsqueeze(-1)
+    return F.normalize((concept * weights).sum(1) / weights.sum(1).clamp_min(1.0), dim=-1)
+
+
+def anchor_figures(suite: MethodSuite) -> dict[str, Figure]:
+    """ConceptOT's anchor-anchor cosine matrix and anchor-word affinity (ConceptOT Fig. 4-5)."""
+    entry = suite.methods.get("conceptot")
+    if entry is None:
+        return {}
+    anchors = entry.method.unit_anchors().detach()
+    cosine = (anchors @ anchors.T).double().numpy()
+    order = cluster_order(cosine)
+    words = word_concept_embeddings(suite.backbone, entry, WORLD_WORDS)
+    affinity = (anchors @ words.T).double().numpy()
+    return {"anchor_cosine": anchor_matrix_figure(cosine, order, mean_offdiag_cosine(anchors)),
+            "anchor_word_affinity": affinity_figure(affinity, WORLD_WORDS, order)}
+
+
+def grounding_examples_figure(suite: MethodSuite, data: EvalSet, n_examples: int) -> Figure:
+    """The first gold phrase of each of the first ``n_examples`` test images, heatmap of
+    every method with a plan (rows: examples, columns: methods)."""
+    q = phrase_queries(data)
+    first = [int((q.image == j).nonzero()[0]) for j in range(n_examples)
+             if bool((q.image == j).any())]
+    rows = torch.tensor(first, dtype=torch.long)
+    names = [n for n in suite.methods if n != "global_only"]
+    heats = [
+        align_pairs(suite.methods[name], data, q.image[rows], data.positives[q.image[rows]],
+                    lambda a, r: a.heatmap(q.select[rows][r, : a.token_mask.shape[1]])
+                    ).reshape(len(first), *data.grid).numpy()
+        for name in names
+    ]
+    return grounding_grid_figure(
+        [data.samples[int(q.image[k])].image for k in first],
+        [[heats[m][i] for m in range(len(names))] for i in range(len(first))],
+        [q.boxes[k].tolist() for k in first], [f'"{q.texts[k]}"' for k in first],
+        [METHOD_LABELS[n] for n in names])
+
+
+def render_report(config: ReportConfig) -> list[Path]:
+    """Write every figure the inputs allow to ``config.out`` as PNG; returns the paths."""
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    eval_dir = Path(config.eval_dir)
+    tables: dict[str, Table] = {}
+    for stem in ("tables", "otclip_losses", "ablation"):
+        if (eval_dir / f"{stem}.json").exists():
+            tables |= read_tables(eval_dir / f"{stem}.json")
+    figs = table_figures(tables)
+    logs_file = eval_dir / "otclip_losses.json"
+    if logs_file.exists():
+        logs = json.loads(logs_file.read_text(encoding="utf-8")).get("logs", {})
+        if logs:
+            figs["otclip_curves"] = curves_figure(
+                {k: ([e["step"] for e in v], [e["loss"] for e in v]) for k, v in logs.items()},
+                "Pre-training loss per OT-CLIP loss (each its own objective)", "loss", smooth=5)
+    backbone = load_backbone(config.backbone)
+    suite = build_suite(backbone, config.heads, ALIGN_METHODS)
+    if Path(config.heads).is_dir():
+        figs["training_curves"] = training_curves_figure(config.heads)
+    figs |= anchor_figures(suite)
+    data = EvalSet.build(backbone, max(config.n_examples, 1), "test", config.seed,
+                         config.cache_dir)
+    figs["grounding_examples"] = grounding_examples_figure(suite, data, config.n_examples)
+    paths = []
+    for stem, fig in figs.items():
+        path = out / f"{stem}.png"
+        fig.savefig(path)
+        paths.append(path)
+    return paths

@@ -1,0 +1,102 @@
+"""Paper-style figures of the evaluation report (``otviz report``): grouped bars of table
+columns, training and convergence curves, and a grid of phrase-grounding heatmaps (rows:
+examples, columns: methods). The probe, anchor-similarity and anchor-word figures are those
+of :mod:`otviz.viz.probe` and :mod:`otviz.viz.anchors`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from otviz.viz.heatmaps import draw_heatmap
+from otviz.viz.style import new_figure, plt
+
+
+def grouped_bars_figure(
+    groups: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+    title: str,
+    ylabel: str,
+    percent: bool = True,
+) -> Figure:
+    """One cluster of bars per group (e.g. method), one bar per series (e.g. metric), the
+    value printed on each bar. ``percent`` shows fractions as percentages on a 0-100 axis."""
+    scale = 100.0 if percent else 1.0
+    k, n = len(series), len(groups)
+    width = 0.8 / max(k, 1)
+    fig = new_figure(max(5.0, 0.35 * n * max(k, 1) + 1.8), 3.4)
+    ax = fig.add_subplot()
+    palette = plt.get_cmap("tab10")
+    for s, (label, values) in enumerate(series.items()):
+        vals = np.asarray([np.nan if v is None else v for v in values], dtype=float) * scale
+        pos = np.arange(n) + (s - (k - 1) / 2) * width
+        bars = ax.bar(pos, np.nan_to_num(vals), width, label=label, color=palette(s % 10))
+        ax.bar_label(bars, labels=["-" if np.isnan(v) else f"{v:.0f}" if percent else f"{v:.2f}"
+                                   for v in vals], fontsize=6, padding=1)
+    ax.set_xticks(np.arange(n), list(groups), rotation=20, ha="right", fontsize=8)
+    if percent:
+        ax.set_ylim(0, 108)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.tick_params(axis="y", labelsize=7)
+    if k > 1:
+        ax.legend(fontsize=7, frameon=False, ncols=min(k, 4), loc="upper left")
+    return fig
+
+
+def curves_figure(
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    title: str,
+    ylabel: str,
+    xlabel: str = "step",
+    smooth: int = 1,
+) -> Figure:
+    """One line per run: ``label -> (x, y)``; ``smooth > 1`` draws the running mean over
+    that many points (the raw curve faintly behind it)."""
+    fig = new_figure(5.6, 3.4)
+    ax = fig.add_subplot()
+    palette = plt.get_cmap("tab10")
+    for i, (label, (x, y)) in enumerate(curves.items()):
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        colour = palette(i % 10)
+        if smooth > 1 and y.size >= smooth:
+            ax.plot(x, y, color=colour, alpha=0.2, linewidth=0.8)
+            kernel = np.ones(smooth) / smooth
+            ax.plot(x[smooth - 1 :], np.convolve(y, kernel, mode="valid"), color=colour,
+                    label=label, linewidth=1.4)
+        else:
+            ax.plot(x, y, color=colour, label=label, linewidth=1.4)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, frameon=False, loc="best")
+    return fig
+
+
+def grounding_grid_figure(
+    images: Sequence[np.ndarray],
+    heats: Sequence[Sequence[np.ndarray]],
+    boxes: Sequence[Sequence[float]],
+    row_titles: Sequence[str],
+    column_titles: Sequence[str],
+    panel_size: float = 1.7,
+) -> Figure:
+    """Rows: examples (image, queried phrase, gold box in cyan); columns: methods, each
+    panel the method's phrase heatmap on its own colour scale (masses differ by method)."""
+    rows, cols = len(images), len(column_titles)
+    fig = new_figure(panel_size * cols + 0.4, panel_size * rows + 0.5)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for r in range(rows):
+        for c in range(cols):
+            ax = axes[r, c]
+            heat = np.asarray(heats[r][c], dtype=float)
+            draw_heatmap(ax, images[r], heat, vmin=float(heat.min()), vmax=float(heat.max()),
+                         box=boxes[r], title=column_titles[c] if r == 0 else None)
+            if c == 0:
+                ax.set_ylabel(row_titles[r], fontsize=7)
+    fig.suptitle("Phrase heatmaps (plan columns summed over the phrase's tokens); "
+                 "gold box in cyan", fontsize=9)
+    return fig
