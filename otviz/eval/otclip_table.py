@@ -63,7 +63,8 @@ class OTCLIPTableConfig:
             n_train=self.otclip_n_train, n_test=self.otclip_n_test, embed_dim=w,
             vision_width=w, vision_layers=self.otclip_layers, vision_heads=self.otclip_heads,
             text_width=w, text_layers=self.otclip_layers, text_heads=self.otclip_heads,
-            vision_pos_embed="sin_cos_2d", loss=loss, threads=self.otclip_threads,
+            vision_pos_embed="sin_cos_2d", loss=loss, hard_negatives=0,
+            threads=self.otclip_threads,
             processes=self.otclip_processes, eval_every=0,
             out=str(Path(self.otclip_runs) / loss),
         )

@@ -84,7 +84,7 @@ class PretrainConfig:
     vision_mlp_ratio: float = 4.0
     init_temperature: float = 0.07  # initial temperature of the logits (learned after)
     loss: str = "infonce"  # or an OT-CLIP kind of otviz.train.otclip_losses
-    hard_negatives: int = 0  # world hard-negative captions per image (InfoNCE only)
+    hard_negatives: int = 2  # world hard-negative captions per image (InfoNCE only)
     max_shift: int = 2  # augmentation: random translation in pixels (0: none)
     threads: int = 1  # torch threads per process
     processes: int = 2  # data-parallel processes (gloo), each with batch_size / processes
@@ -172,7 +172,10 @@ def pretrain(config: PretrainConfig, progress: Progress | None = None) -> dict[s
     """
     _check_loss(config.loss)
     if config.hard_negatives and config.loss != "infonce":
-        raise ValueError("hard_negatives needs loss='infonce'")
+        raise ValueError(
+            f"hard_negatives needs loss='infonce' (for loss={config.loss!r} pass "
+            "--hard-negatives 0: the OT-CLIP losses have no extra text negatives)"
+        )
     if config.processes < 1 or config.batch_size % config.processes:
         raise ValueError("batch_size must be a positive multiple of processes")
     if config.processes > 1:
