@@ -52,6 +52,64 @@ def test_anchors_on_tokens_recover_dense_uot(n_iters: int) -> None:
     assert torch.allclose(low.cost, dense.cost, rtol=1e-8)
 
 
+def _algorithm1_reference(z, y, anchors, mu, nu, eps, tau_a, tau_b, n_iters, clamp, floor):
+    """Algorithm 1 with App. H's clamp (mean restored) in plain dense algebra: the Nystrom
+    kernel materialised, no shifts, no log-domain tricks (a reference for small problems)."""
+    k_zp = torch.exp((z @ anchors.T - 1) / eps)
+    k_py = torch.exp((anchors @ y.transpose(1, 2) - 1) / eps)
+    k_pp = torch.exp((anchors @ anchors.T - 1) / eps) + 1e-2 * torch.eye(len(anchors), dtype=DT)
+    k = k_zp @ torch.linalg.solve(k_pp, k_py)
+    alpha_a, alpha_b = tau_a / (tau_a + eps), tau_b / (tau_b + eps)
+
+    def centre_clamp(x):
+        mean = x.mean(1, keepdim=True)
+        return x if clamp is None else (x - mean).clamp(-clamp, clamp) + mean
+
+    def log_floored(kv):
+        return torch.log(kv.clamp_min(0) + floor)
+
+    log_a, log_b = torch.zeros_like(mu), torch.zeros_like(nu)
+    for _ in range(n_iters):
+        log_a = centre_clamp(alpha_a * (mu.log() - log_floored(k @ log_b.exp()[..., None])[..., 0]))
+        kt_a = k.transpose(1, 2) @ log_a.exp()[..., None]
+        log_b = centre_clamp(alpha_b * (nu.log() - log_floored(kt_a)[..., 0]))
+    kb = (k @ log_b.exp()[..., None])[..., 0]
+    residual = (log_a - alpha_a * (mu.log() - log_floored(kb))).abs().amax(1)
+    plan = log_a.exp()[:, :, None] * k * log_b.exp()[:, None, :]
+    return log_a, log_b, plan, residual, kb
+
+
+@pytest.mark.parametrize(("seed", "eps"), [(0, 0.1), (1, 0.05), (2, 0.03)])
+def test_faithful_solver_equals_algorithm1_reference(seed: int, eps: float) -> None:
+    # the default faithful solver (App. H clamp 20, 1e-8 floor) equals plain Algorithm 1
+    gen = torch.Generator().manual_seed(seed)
+    z = F.normalize(torch.randn(4, 30, 5, generator=gen, dtype=DT), dim=-1)
+    y = F.normalize(torch.randn(4, 12, 5, generator=gen, dtype=DT), dim=-1)
+    anchors = F.normalize(torch.randn(6, 5, generator=gen, dtype=DT), dim=-1)
+    # skewed masses spread the log-scalings beyond App. H's clamp
+    mu = torch.softmax(10 * torch.randn(4, 30, generator=gen, dtype=DT), 1)
+    nu = torch.softmax(10 * torch.randn(4, 12, generator=gen, dtype=DT), 1)
+    log_a, log_b, plan, residual, kb = _algorithm1_reference(
+        z, y, anchors, mu, nu, eps, 0.2, 0.3, 5, 20.0, 1e-8
+    )
+    res = lowrank_uot(z, y, anchors, mu, nu, eps, 0.2, 0.3, n_iters=5)
+    assert torch.allclose(res.log_u, log_a, rtol=0, atol=1e-10)
+    assert torch.allclose(res.log_v, log_b, rtol=0, atol=1e-10)
+    assert torch.allclose(res.factors.dense(), plan, rtol=1e-10, atol=1e-12 * plan.abs().max())
+    assert torch.allclose(res.marginal_error, residual, rtol=1e-10, atol=1e-10)
+    sim = z @ y.transpose(1, 2)
+    assert torch.allclose(res.score, (plan * sim).sum((1, 2)) / plan.sum((1, 2)), rtol=1e-10)
+    # the plan's marginals come from the iterations' last products
+    scale = plan.abs().amax((1, 2), keepdim=True)[..., 0]
+    assert torch.allclose(res.extras["row_marginal"] / scale, plan.sum(2) / scale, atol=1e-12)
+    assert torch.allclose(res.extras["col_marginal"] / scale, plan.sum(1) / scale, atol=1e-12)
+    # these problems exercise both safeguards: the clamp is active (without it the scalings
+    # differ) and the Nystrom product goes negative, where the floor alone sets the update
+    unclamped = _algorithm1_reference(z, y, anchors, mu, nu, eps, 0.2, 0.3, 5, None, 1e-8)[0]
+    assert not torch.allclose(unclamped, log_a)
+    assert bool((kb < 0).any())
+
+
 def test_nystrom_kernel_error_is_bounded_by_lambda() -> None:
     # with lambda > 0, K~ - K = -lambda K_ZY (K_YY + lambda I)^-1, so
     # |K~ - K|_2 <= lambda |K_ZY|_2 / lambda_min(K_YY + lambda I)

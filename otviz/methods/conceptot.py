@@ -80,8 +80,6 @@ class ConceptOT(ProjectedMethod):
         )
         plan = res.factors
         score = stabilised_score(res.score) if cfg.lowrank_variant == "faithful" else res.score
-        row = plan.apply(batch.token_mask.to(z.dtype).unsqueeze(-1)).squeeze(-1)
-        col = plan.apply_t(batch.patch_mask.to(z.dtype).unsqueeze(-1)).squeeze(-1)
         extras = {
             "anchors": anchors,
             "anchor_cosine": anchors @ anchors.T,
@@ -95,8 +93,8 @@ class ConceptOT(ProjectedMethod):
             batch,
             plan,
             score,
-            row_marginal=row,
-            col_marginal=col,
+            row_marginal=res.extras["row_marginal"],
+            col_marginal=res.extras["col_marginal"],
             row_reference=mu,
             col_reference=nu,
             marginal_error=res.marginal_error,

@@ -43,8 +43,6 @@ it needs no ``tanh``.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -179,6 +177,35 @@ def _hold(x: Tensor, mask: Tensor | None) -> Tensor:
     return x if mask is None else x.masked_fill(~mask, NEG)
 
 
+@dataclass
+class KernelProduct:
+    """A low-rank kernel product ``K~ e^h`` (or ``K~^T e^h``), ``[B, n]``, held as
+    ``s * e^offset`` (``s`` may be negative for the faithful kernel), with the scaling of the
+    source side that produced it: ``weights = e^{h + rho - scale}`` (at most 1, ``rho`` the
+    source kernel's row maxima) and ``scale [B, 1]``. The weights are the shifted plan
+    scalings ``u`` / ``v`` of :class:`LowRankPlan`, so the last products of the iterations
+    give the plan, its marginals and its mass with no further pass over the kernels."""
+
+    s: Tensor
+    offset: Tensor
+    weights: Tensor
+    scale: Tensor
+    tiny: float
+
+    def log(self, floor: float) -> Tensor:
+        """``log(max(K~ e^h, 0) + floor)`` (Alg. 1 lines 9 / 13). With a floor the sum is
+        formed in the linear domain (the floor bounds the log-scalings above, so
+        ``e^offset`` cannot overflow, and a term that underflows is below the floor);
+        without one, in the log domain."""
+        if floor > 0:
+            return torch.log(self.s.clamp_min(0.0) * torch.exp(self.offset) + floor)
+        return self.offset + torch.log(self.s.clamp_min(self.tiny))
+
+    def marginal(self, h: Tensor) -> Tensor:
+        """``e^h * (K~ e^{h'})``: a marginal of the plan ``diag(e^h) K~ diag(e^{h'})``."""
+        return self.s * torch.exp(h + self.offset)
+
+
 class AnchorKernel:
     """A point-anchor Gibbs kernel ``K [B, n, r]``, ``K_ik = exp((s_i x_i . p_k - 1) / eps)``
     (``s_i`` the inverse norm of an unnormalised ``x_i``, else 1), held as
@@ -186,11 +213,9 @@ class AnchorKernel:
     (App. H): every row of ``K^`` has maximum 1 and ``rho`` is carried in the log domain.
     ``K^`` comes from the product ``x P^T`` in one fused pass and an in-place ``exp``.
 
-    Products with the kernel come in two kinds: exact log-sum-exps (the positive variant;
-    entries whose shifted sum underflows are recomputed by ``torch.logsumexp`` on the log
-    kernel, formed only then) and linear products in a shared log scale (the faithful
-    variant, whose anchor vectors may be negative after the inverse). The maxima are
-    detached: results do not depend on them.
+    Products with the kernel are batched mat-vecs on scalings shifted by their maximum
+    (:meth:`weights`); the maxima are detached: results do not depend on them. The log
+    kernel is formed only when an exact log-sum-exp must repair an underflowed sum.
     """
 
     def __init__(
@@ -209,10 +234,9 @@ class AnchorKernel:
         top = xp.detach().amax(2)
         w = s / eps
         self.shift = (top * s - 1.0) / eps  # rho: log K row maxima, [B, n]
-        if torch.is_grad_enabled():
-            kernel = torch.addcmul((-top * w).unsqueeze(-1), xp, w.unsqueeze(-1)).exp_()
-        else:  # reuse the product's memory
-            kernel = xp.sub_(top.unsqueeze(-1)).mul_(w.unsqueeze(-1)).exp_()
+        # K^ = exp((xp - top) * w) in one fused pass; without autograd in the product's memory
+        out = None if torch.is_grad_enabled() else xp
+        kernel = torch.addcmul((-top * w).unsqueeze(-1), xp, w.unsqueeze(-1), out=out).exp_()
         if mask is not None:
             kernel = kernel.masked_fill(~mask[:, :, None], 0.0)
             self.shift = self.shift.masked_fill(~mask, NEG)
@@ -227,76 +251,79 @@ class AnchorKernel:
         log_k = torch.addcmul(torch.full_like(xp[:1, :1, :1], -1.0 / eps), xp, w.unsqueeze(-1))
         return log_k if mask is None else log_k.masked_fill(~mask[:, :, None], NEG)
 
-    def _repair(self, out: Tensor, s: Tensor, exact: Callable[[], Tensor]) -> Tensor:
-        low = s <= self.tiny
-        return torch.where(low, exact(), out) if bool(low.any()) else out
-
-    def to_anchors(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """``sum_i K_ik e^{h_i} = e^{scale} vec_k``: ``(vec [B, r], scale [B, 1])``."""
+    def weights(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``diag(e^h) K = e^{scale} diag(u) K^``: ``(u [B, n] <= 1, scale [B, 1])``."""
         t = h + self.shift
         m = t.detach().amax(1, keepdim=True)
-        return torch.bmm(torch.exp(t - m).unsqueeze(1), self.kernel).squeeze(1), m
+        return torch.exp(t - m), m
 
-    def from_anchors(self, u: Tensor) -> Tensor:
-        """``[B, n]`` ``sum_k K^_ik u_k`` (multiply by ``e^{rho_i}`` for ``K u``)."""
-        # u^T K^T is the fast orientation of a batched mat-vec on CPU
-        return torch.bmm(u.unsqueeze(1), self.kernel.transpose(1, 2)).squeeze(1)
+    def to_anchors(self, u: Tensor) -> Tensor:
+        """``[B, r]`` ``sum_i K^_ik u_i``."""
+        return torch.bmm(u.unsqueeze(1), self.kernel).squeeze(1)
 
-    def lse_to_anchors(self, h: Tensor) -> Tensor:
-        """``[B, r]`` ``LSE_i(log K_ik + h_i)``."""
-        vec, m = self.to_anchors(h)
+    def from_anchors(self, w: Tensor) -> Tensor:
+        """``[B, n]`` ``sum_k K^_ik w_k`` (multiply by ``e^{rho_i}`` for ``K w``)."""
+        # w^T K^T is the fast orientation of a batched mat-vec on CPU
+        return torch.bmm(w.unsqueeze(1), self.kernel.transpose(1, 2)).squeeze(1)
+
+    def lse_to_anchors(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``LSE_i(log K_ik + h_i)`` ``[B, r]``, with the weights and scale of
+        :meth:`weights`; sums that underflow are recomputed by ``torch.logsumexp``."""
+        u, m = self.weights(h)
+        vec = self.to_anchors(u)
         out = m + torch.log(vec.clamp_min(self.tiny))
-        return self._repair(out, vec, lambda: torch.logsumexp(self.log_k() + h[:, :, None], 1))
-
-    def lse_from_anchors(self, q: Tensor) -> Tensor:
-        """``[B, n]`` ``LSE_k(log K_ik + q_k)``."""
-        m = q.detach().amax(1, keepdim=True)
-        s = self.from_anchors(torch.exp(q - m))
-        out = self.shift + m + torch.log(s.clamp_min(self.tiny))
-        return self._repair(out, s, lambda: torch.logsumexp(self.log_k() + q[:, None, :], 2))
-
-    def scaling(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """``diag(e^h) K = e^{scale} diag(u) K^``: ``(u [B, n] <= 1, scale [B])``."""
-        t = h + self.shift
-        m = t.detach().amax(1, keepdim=True)
-        return torch.exp(t - m), m.squeeze(1)
+        low = vec <= self.tiny
+        if bool(low.any()):
+            out = torch.where(low, torch.logsumexp(self.log_k() + h[:, :, None], 1), out)
+        return out, u, m
 
 
 class _FaithfulOps:
-    """``log(K~ e^g + floor)`` and ``log(K~^T e^f + floor)`` through the inverse (Alg. 1)."""
+    """``K~ e^g`` and ``K~^T e^f`` through the inverse core (Alg. 1 lines 6-8 / 10-12)."""
 
-    def __init__(self, zp: AnchorKernel, yp: AnchorKernel, inv: Tensor, floor: float) -> None:
+    def __init__(self, zp: AnchorKernel, yp: AnchorKernel, inv: Tensor) -> None:
         self.zp, self.yp, self.inv = zp, yp, inv
-        self.log_floor = math.log(floor) if floor > 0 else None
 
-    def _through(self, src: AnchorKernel, dst: AnchorKernel, h: Tensor) -> Tensor:
-        q, scale = src.to_anchors(h)  # Alg. 1 l. 6 / 10
-        u = (q.unsqueeze(1) @ self.inv).squeeze(1)  # l. 7 / 11 (inv symmetric)
-        s = dst.from_anchors(u)  # l. 8 / 12
-        out = dst.shift + scale + torch.log(s.clamp_min(dst.tiny))
-        if self.log_floor is None:
-            return out
-        return torch.logaddexp(out, torch.full_like(out, self.log_floor))
+    def _through(self, src: AnchorKernel, dst: AnchorKernel, h: Tensor) -> KernelProduct:
+        u, scale = src.weights(h)
+        q = src.to_anchors(u)  # Alg. 1 l. 6 / 10
+        w = (q.unsqueeze(1) @ self.inv).squeeze(1)  # l. 7 / 11 (inv symmetric)
+        s = dst.from_anchors(w)  # l. 8 / 12
+        return KernelProduct(s, dst.shift + scale, u, scale, dst.tiny)
 
-    def row(self, g: Tensor) -> Tensor:
+    def row(self, g: Tensor) -> KernelProduct:
         return self._through(self.yp, self.zp, g)
 
-    def col(self, f: Tensor) -> Tensor:
+    def col(self, f: Tensor) -> KernelProduct:
         return self._through(self.zp, self.yp, f)
 
 
 class _PositiveOps:
-    """Exact log-domain ``log(K+ e^g)`` and ``log(K+^T e^f)`` for ``K+ = K_ZP diag(w) K_PY``."""
+    """Exact log-domain products with ``K+ = K_ZP diag(w) K_PY``: log-sum-exps into the
+    anchors, then shifted mat-vecs out of them; sums that underflow are recomputed by
+    ``torch.logsumexp``."""
 
     def __init__(self, zp: AnchorKernel, yp: AnchorKernel, log_w: Tensor) -> None:
         self.zp, self.yp = zp, yp
         self.log_w = log_w if log_w.dim() == 2 else log_w.unsqueeze(0)
 
-    def row(self, g: Tensor) -> Tensor:
-        return self.zp.lse_from_anchors(self.log_w + self.yp.lse_to_anchors(g))
+    def _through(self, src: AnchorKernel, dst: AnchorKernel, h: Tensor) -> KernelProduct:
+        log_q, u, scale = src.lse_to_anchors(h)
+        q = self.log_w + log_q
+        m = q.detach().amax(1, keepdim=True)
+        s = dst.from_anchors(torch.exp(q - m))
+        offset = dst.shift + m
+        low = s <= dst.tiny
+        if bool(low.any()):
+            exact = torch.logsumexp(dst.log_k() + q[:, None, :], 2)
+            s, offset = torch.where(low, torch.ones_like(s), s), torch.where(low, exact, offset)
+        return KernelProduct(s, offset, u, scale, dst.tiny)
 
-    def col(self, f: Tensor) -> Tensor:
-        return self.yp.lse_from_anchors(self.log_w + self.zp.lse_to_anchors(f))
+    def row(self, g: Tensor) -> KernelProduct:
+        return self._through(self.yp, self.zp, g)
+
+    def col(self, f: Tensor) -> KernelProduct:
+        return self._through(self.zp, self.yp, f)
 
 
 def lowrank_uot(
@@ -339,7 +366,8 @@ def lowrank_uot(
         :class:`LowRankResult` (``extras``: ``patch_anchor_cosine [B, N, r]``, and
         ``patch_anchor_affinity [B, N, r]``, ``token_anchor_affinity [B, M, r]``: ``K_ZP``,
         ``K_YP`` over their row maxima, ``exp((cos - max_k cos) / eps)``, each patch's /
-        token's best anchor at 1):
+        token's best anchor at 1; ``row_marginal [B, N]`` ``P~ 1`` and ``col_marginal
+        [B, M]`` ``P~^T 1``, from the iterations' last products):
         ``log_u``/``log_v`` the log-scalings ``log a``, ``log b`` for
         the unshifted sub-kernels (``-inf`` where masked), the factored plan, the raw Eq. 8
         score, the transported mass, ``cost = <C, P~>`` with ``C = 1 - z.y``, and
@@ -357,27 +385,39 @@ def lowrank_uot(
     ops: _FaithfulOps | _PositiveOps
     if variant == "faithful":
         core = robust_inverse(k_reg)
-        ops = _FaithfulOps(zp, yp, core, floor)
+        ops = _FaithfulOps(zp, yp, core)
         bound = clamp
     else:
         w = 1.0 / k_reg.sum(-1)
         core = torch.diag_embed(w)
         ops = _PositiveOps(zp, yp, torch.log(w))
-        bound = None
+        bound, floor = None, 0.0
 
     log_mu = masked_log(mu, row_mask)
     log_nu = masked_log(nu, col_mask)
     f = _hold(torch.zeros_like(log_mu), row_mask)
     g = _hold(torch.zeros_like(log_nu), col_mask)
+    col = None
     for _ in range(n_iters):
-        f = _hold(_centre_clamp(alpha_a * (log_mu - ops.row(g)), row_mask, bound), row_mask)
-        g = _hold(_centre_clamp(alpha_b * (log_nu - ops.col(f)), col_mask, bound), col_mask)
-    residual = (f - alpha_a * (log_mu - ops.row(g))).abs()
+        log_kb = ops.row(g).log(floor)
+        f = _hold(_centre_clamp(alpha_a * (log_mu - log_kb), row_mask, bound), row_mask)
+        col = ops.col(f)
+        g = _hold(_centre_clamp(alpha_b * (log_nu - col.log(floor)), col_mask, bound), col_mask)
+    col = ops.col(f) if col is None else col  # K~^T a at the final a
+    row = ops.row(g)  # K~ b at the final b
+    residual = (f - alpha_a * (log_mu - row.log(floor))).abs()
     if row_mask is not None:
         residual = residual.masked_fill(~row_mask, 0.0)
 
-    plan = _factor_plan(zp, yp, core, f, g)
-    score, mass = implicit_score(plan, z, y, z_scale)
+    plan = LowRankPlan(
+        zp.kernel, yp.kernel, core, col.weights, row.weights, (col.scale + row.scale).squeeze(1)
+    )
+    row_marginal, col_marginal = row.marginal(f), col.marginal(g)
+    mass = row_marginal.sum(1)
+    tiny = torch.finfo(mass.dtype).tiny
+    score = transport_similarity(plan, z, y, z_scale) / torch.where(
+        mass.abs() < tiny, torch.full_like(mass, tiny), mass
+    )
     log_u = f if row_mask is None else f.masked_fill(~row_mask, -float("inf"))
     log_v = g if col_mask is None else g.masked_fill(~col_mask, -float("inf"))
     return LowRankResult(
@@ -394,35 +434,25 @@ def lowrank_uot(
             "patch_anchor_cosine": zp.cosine,
             "patch_anchor_affinity": zp.kernel,
             "token_anchor_affinity": yp.kernel,
+            "row_marginal": row_marginal,
+            "col_marginal": col_marginal,
         },
     )
 
 
-def _factor_plan(
-    zp: AnchorKernel, yp: AnchorKernel, core: Tensor, f: Tensor, g: Tensor
-) -> LowRankPlan:
-    u, scale_f = zp.scaling(f)
-    v, scale_g = yp.scaling(g)
-    return LowRankPlan(zp.kernel, yp.kernel, core, u, v, scale_f + scale_g)
-
-
-def implicit_score(
+def transport_similarity(
     plan: LowRankPlan, z: Tensor, y: Tensor, z_scale: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """Eq. 8 without materialising the plan: ``Tr(Z^T diag(a) K_ZP C K_PY diag(b) Y)`` over
-    ``1^T diag(a) K_ZP C K_PY diag(b) 1`` as ``[r, d]`` anchor-space products (``C`` the
-    core; ``z`` may come unnormalised with its inverse norms ``z_scale``). Returns the
-    ``[B]`` score and the ``[B]`` transported mass."""
-    v = plan.v.unsqueeze(1)  # [B, 1, M]
-    right = plan.core @ ((plan.kernel_yp.transpose(1, 2) * v) @ y)  # [B, r, d]
-    right_mass = (plan.core @ (v @ plan.kernel_yp).transpose(1, 2)).squeeze(-1)  # [B, r]
+) -> Tensor:
+    """``[B]`` the numerator of Eq. 8 without materialising the plan:
+    ``sum_ij P~_ij z_i . y_j = Tr(Z^T diag(a) K_ZP C K_PY diag(b) Y)``, contracted as
+    ``<C K_PY diag(b), (K_ZP^T diag(a) Z) Y^T>`` over ``[r, M]`` (``C`` the core; ``z`` may
+    come unnormalised with its inverse norms ``z_scale``). Divided by the mass
+    ``1^T P~ 1`` it is the score."""
     wz = plan.u if z_scale is None else plan.u * z_scale
     left = (plan.kernel_zp * wz.unsqueeze(-1)).transpose(1, 2) @ z  # [B, r, d]
-    num = (left * right).sum((1, 2))
-    den = ((plan.u.unsqueeze(1) @ plan.kernel_zp).squeeze(1) * right_mass).sum(1)
-    tiny = torch.finfo(den.dtype).tiny
-    score = num / torch.where(den.abs() < tiny, torch.full_like(den, tiny), den)
-    return score, den * torch.exp(plan.log_scale)
+    right = plan.core @ (plan.kernel_yp * plan.v.unsqueeze(-1)).transpose(1, 2)  # [B, r, M]
+    dot = (right * (left @ y.transpose(1, 2))).sum((1, 2))
+    return dot * torch.exp(plan.log_scale)
 
 
 def stabilised_score(score: Tensor) -> Tensor:
