@@ -32,6 +32,7 @@ Example: "a small red circle to the left of a blue star and a green ring" is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from otviz.text.tree import Tree
 from otviz.world.types import Description, Meaning
@@ -68,9 +69,37 @@ def caption_text(words: list[str]) -> str:
     return " ".join(words).replace(" ,", ",")
 
 
+@lru_cache(maxsize=1 << 14)
+def _np_leaves(colour: str, shape: str, size: str | None) -> tuple[tuple[str, str], ...]:
+    """``(tag, word)`` of the base NP naming a description."""
+    words = (("JJ", colour), ("NN", shape)) if size is None else (
+        ("JJ", size), ("JJ", colour), ("NN", shape))
+    return (("DT", article(size or colour)), *words)
+
+
+@lru_cache(maxsize=1 << 14)
+def _np_words(colour: str, shape: str, size: str | None) -> tuple[str, ...]:
+    return tuple(word for _, word in _np_leaves(colour, shape, size))
+
+
+@lru_cache(maxsize=1 << 16)
+def _leaf(tag: str, word: str, index: int) -> Tree:
+    """The (immutable, shared) leaf of ``word`` at position ``index``."""
+    return Tree(tag, index, index + 1, word=word)
+
+
+@lru_cache(maxsize=1 << 16)
+def _base_np_tree(colour: str, shape: str, size: str | None, start: int) -> Tree:
+    """The (immutable, shared) base NP tree of a description starting at word ``start``."""
+    leaves = _np_leaves(colour, shape, size)
+    kids = tuple(_leaf(tag, word, start + k) for k, (tag, word) in enumerate(leaves))
+    return Tree("NP", start, start + len(kids), kids)
+
+
 class _Builder:
     """Collects words, and the tree nodes over them unless ``trees`` is False (for the
-    cheaper caption-only realisation of negatives; nodes are then None)."""
+    cheaper caption-only realisation of negatives; nodes are then None). Leaves and base
+    NPs are memoised per position: trees are immutable, so samples share them."""
 
     def __init__(self, trees: bool) -> None:
         self.trees = trees
@@ -79,21 +108,16 @@ class _Builder:
 
     def leaf(self, tag: str, word: str) -> Tree | None:
         self.words.append(word)
-        i = len(self.words)
-        return Tree(tag, i - 1, i, word=word) if self.trees else None
+        return _leaf(tag, word, len(self.words) - 1) if self.trees else None
 
     def node(self, label: str, start: int, children: list[Tree | None]) -> Tree | None:
         return Tree(label, start, len(self.words), tuple(children)) if self.trees else None
 
     def base_np(self, d: Description) -> Tree | None:
         start = len(self.words)
-        kids = [self.leaf("DT", article(d.size or d.colour))]
-        if d.size is not None:
-            kids.append(self.leaf("JJ", d.size))
-        kids.append(self.leaf("JJ", d.colour))
-        kids.append(self.leaf("NN", d.shape))
+        self.words += _np_words(d.colour, d.shape, d.size)
         self.spans.append((start, len(self.words)))
-        return self.node("NP", start, kids)
+        return _base_np_tree(d.colour, d.shape, d.size, start) if self.trees else None
 
     def sentence(self, meaning: Meaning) -> Tree | None:
         root = [self.leaf("EX", "there"), self.leaf("VBZ", "is")] if meaning.there_is else []

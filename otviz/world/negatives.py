@@ -13,122 +13,164 @@ Candidate edits are tried in random order and the first one that :func:`is_true`
 over all scene objects (distractors included), that names no forbidden colour-shape pair
 and that does not repeat a noun phrase ("a red star and a red star"), is kept. A category
 with no such edit (no relation to replace, a single noun phrase to swap, ...) is left out.
+
+Candidates are tested as plain description keys and relation triples
+(:func:`~otviz.world.semantics.assignment`); only the kept one is built as a :class:`Meaning`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Sequence
+from functools import cache, lru_cache, partial
 
 import numpy as np
 
-from otviz.world.semantics import is_true
-from otviz.world.types import Clause, Description, Meaning, SceneObject
+from otviz.world.draws import shuffled
+from otviz.world.semantics import assignment
+from otviz.world.types import Clause, Description, DescriptionKey, Meaning, SceneObject
 from otviz.world.vocab import ALL_PAIRS, COLOURS, RELATIONS, SHAPES, SIZES
 
 _OTHER_SIZE = {"small": "large", "large": "small"}
+_ALL_PAIR_SET = frozenset(ALL_PAIRS)
+_COLOUR, _SHAPE, _SIZE = range(3)  # fields of a DescriptionKey
+
+Edit = tuple[tuple[int, int, str], ...]
+"""(description index, key field, new value) for each description an edit changes."""
+Candidate = tuple[list[DescriptionKey], list[tuple[int, str, int]], Callable[[], Meaning]]
+"""A candidate negative: its descriptions' keys and relation triples (what the checks
+need) and a function building its :class:`Meaning` (called for the kept one only)."""
 
 
-def _with_descriptions(meaning: Meaning, descs: Sequence[Description]) -> Meaning:
+@cache
+def _description(key: DescriptionKey) -> Description:
+    """The (immutable, shared) description of ``key``; there are 8 x 8 x 3 of them."""
+    return Description(*key)
+
+
+def _with_descriptions(meaning: Meaning, keys: Sequence[DescriptionKey]) -> Meaning:
     """``meaning`` with its descriptions (in :meth:`Meaning.descriptions` order) replaced."""
-    it = iter(descs)
-    clauses = tuple(
-        Clause(next(it), c.relation, next(it) if c.landmark is not None else None)
-        for c in meaning.clauses
-    )
-    return Meaning(clauses, meaning.there_is)
-
-
-def _with_attribute(d: Description, attribute: str, value: str) -> Description:
-    values = {"colour": d.colour, "shape": d.shape, "size": d.size, attribute: value}
-    return Description(**values)
-
-
-def _shuffled(options: list, rng: np.random.Generator) -> Iterator:
-    for k in rng.permutation(len(options)).tolist():
-        yield options[k]
+    clauses, k = [], 0
+    for c in meaning.clauses:
+        if c.landmark is None:
+            clauses.append(Clause(_description(keys[k]), c.relation))
+            k += 1
+        else:
+            clauses.append(Clause(_description(keys[k]), c.relation, _description(keys[k + 1])))
+            k += 2
+    return Meaning(tuple(clauses), meaning.there_is)
 
 
 def _attribute_edits(
-    meaning: Meaning, rng: np.random.Generator, edits: list[tuple[tuple[int, str, str], ...]]
-) -> Iterator[Meaning]:
-    """Apply each edit, a tuple of (description index, attribute, new value), in random order."""
-    descs = meaning.descriptions()
-    for edit in _shuffled(edits, rng):
-        new = list(descs)
-        for k, attribute, value in edit:
-            new[k] = _with_attribute(new[k], attribute, value)
-        yield _with_descriptions(meaning, new)
+    meaning: Meaning, keys: list[DescriptionKey], rng: np.random.Generator,
+    edits: Sequence[Edit],
+) -> Iterator[Candidate]:
+    """Apply each edit to the descriptions, in random order."""
+    relations = meaning.relations()
+    for edit in shuffled(edits, rng):
+        new = list(keys)
+        for k, field, value in edit:
+            key = new[k]
+            new[k] = (*key[:field], value, *key[field + 1 :])
+        yield new, relations, partial(_with_descriptions, meaning, new)
+
+
+def _replacements(
+    keys: list[DescriptionKey], field: int, vocabulary: tuple[str, ...]
+) -> tuple[Edit, ...]:
+    return _replacement_edits(tuple(key[field] for key in keys), field, vocabulary)
+
+
+def _swaps(keys: list[DescriptionKey], field: int) -> tuple[Edit, ...]:
+    return _swap_edits(tuple(key[field] for key in keys), field)
+
+
+@lru_cache(maxsize=4096)
+def _replacement_edits(
+    values: tuple[str | None, ...], field: int, vocabulary: tuple[str, ...]
+) -> tuple[Edit, ...]:
+    """Edits setting one description's ``field`` to another word of ``vocabulary``
+    (memoised on the descriptions' values)."""
+    return tuple(((k, field, v),) for k, old in enumerate(values) for v in vocabulary if v != old)
+
+
+@lru_cache(maxsize=4096)
+def _swap_edits(values: tuple[str | None, ...], field: int) -> tuple[Edit, ...]:
+    """Edits exchanging ``field`` between two descriptions with different stated values."""
+    return tuple(
+        ((i, field, values[j]), (j, field, values[i]))
+        for i in range(len(values)) for j in range(i + 1, len(values))
+        if values[i] is not None and values[j] is not None and values[i] != values[j]
+    )
 
 
 def _replace_obj(
-    meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]
-) -> Iterator[Meaning]:
-    edits = [
-        ((k, "shape", s),)
-        for k, d in enumerate(meaning.descriptions()) for s in SHAPES if s != d.shape
-    ]
-    return _attribute_edits(meaning, rng, edits)
+    meaning: Meaning, keys: list[DescriptionKey], rng: np.random.Generator,
+    _: Sequence[SceneObject],
+) -> Iterator[Candidate]:
+    return _attribute_edits(meaning, keys, rng, _replacements(keys, _SHAPE, SHAPES))
 
 
 def _replace_att(
-    meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]
-) -> Iterator[Meaning]:
-    descs = meaning.descriptions()
-    edits = [((k, "colour", c),) for k, d in enumerate(descs) for c in COLOURS if c != d.colour]
-    edits += [
-        ((k, "size", _OTHER_SIZE[d.size]),) for k, d in enumerate(descs) if d.size is not None
-    ]
-    return _attribute_edits(meaning, rng, edits)
-
-
-def _swaps(descs: Sequence[Description], attribute: str) -> list[tuple[tuple[int, str, str], ...]]:
-    values = [getattr(d, attribute) for d in descs]
-    return [
-        ((i, attribute, values[j]), (j, attribute, values[i]))
-        for i in range(len(descs)) for j in range(i + 1, len(descs))
-        if values[i] is not None and values[j] is not None and values[i] != values[j]
-    ]
+    meaning: Meaning, keys: list[DescriptionKey], rng: np.random.Generator,
+    _: Sequence[SceneObject],
+) -> Iterator[Candidate]:
+    edits = _replacements(keys, _COLOUR, COLOURS) + tuple(
+        ((k, _SIZE, _OTHER_SIZE[key[_SIZE]]),) for k, key in enumerate(keys)
+        if key[_SIZE] is not None
+    )
+    return _attribute_edits(meaning, keys, rng, edits)
 
 
 def _swap_obj(
-    meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]
-) -> Iterator[Meaning]:
-    return _attribute_edits(meaning, rng, _swaps(meaning.descriptions(), "shape"))
+    meaning: Meaning, keys: list[DescriptionKey], rng: np.random.Generator,
+    _: Sequence[SceneObject],
+) -> Iterator[Candidate]:
+    return _attribute_edits(meaning, keys, rng, _swaps(keys, _SHAPE))
 
 
 def _swap_att(
-    meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]
-) -> Iterator[Meaning]:
-    descs = meaning.descriptions()
-    return _attribute_edits(meaning, rng, _swaps(descs, "colour") + _swaps(descs, "size"))
+    meaning: Meaning, keys: list[DescriptionKey], rng: np.random.Generator,
+    _: Sequence[SceneObject],
+) -> Iterator[Candidate]:
+    return _attribute_edits(meaning, keys, rng, _swaps(keys, _COLOUR) + _swaps(keys, _SIZE))
+
+
+def _with_clauses(clauses: tuple[Clause, ...], there_is: bool) -> Candidate:
+    negative = Meaning(clauses, there_is)
+    keys = [d.key for d in negative.descriptions()]
+    return keys, negative.relations(), partial(Meaning, clauses, there_is)
 
 
 def _replace_rel(
-    meaning: Meaning, rng: np.random.Generator, _: Sequence[SceneObject]
-) -> Iterator[Meaning]:
+    meaning: Meaning, keys: list[DescriptionKey], rng: np.random.Generator,
+    _: Sequence[SceneObject],
+) -> Iterator[Candidate]:
     clauses = meaning.clauses
     edits = [
         (k, r)
         for k, c in enumerate(clauses) if c.relation is not None
         for r in RELATIONS if r != c.relation
     ]
-    for k, r in _shuffled(edits, rng):
+    for k, r in shuffled(edits, rng):
         changed = Clause(clauses[k].subject, r, clauses[k].landmark)
-        yield Meaning(clauses[:k] + (changed,) + clauses[k + 1 :], meaning.there_is)
+        yield _with_clauses(clauses[:k] + (changed,) + clauses[k + 1 :], meaning.there_is)
 
 
 def _add_obj(
-    meaning: Meaning, rng: np.random.Generator, objects: Sequence[SceneObject]
-) -> Iterator[Meaning]:
-    present = {(o.colour, o.shape) for o in objects}
+    meaning: Meaning, keys: list[DescriptionKey], rng: np.random.Generator,
+    objects: Sequence[SceneObject],
+) -> Iterator[Candidate]:
+    absent = list(ALL_PAIRS)
+    for pair in {(o.colour, o.shape) for o in objects} & _ALL_PAIR_SET:
+        absent.remove(pair)
     clauses = meaning.clauses
-    for colour, shape in _shuffled([p for p in ALL_PAIRS if p not in present], rng):
+    for colour, shape in shuffled(absent, rng):
         clause = Clause(Description(colour, shape, SIZES[int(rng.integers(len(SIZES)))]))
         at = int(rng.integers(len(clauses) + 1))
-        yield Meaning(clauses[:at] + (clause,) + clauses[at:], meaning.there_is)
+        yield _with_clauses(clauses[:at] + (clause,) + clauses[at:], meaning.there_is)
 
 
-_CATEGORIES: dict[str, Callable[..., Iterator[Meaning]]] = {
+_CATEGORIES: dict[str, Callable[..., Iterator[Candidate]]] = {
     "replace_obj": _replace_obj,
     "replace_att": _replace_att,
     "replace_rel": _replace_rel,
@@ -146,13 +188,17 @@ def hard_negatives(
 ) -> dict[str, Meaning]:
     """One negative meaning per applicable category, each false of ``objects`` and naming
     none of ``forbidden_pairs`` (the held-out pairs, for the train and test splits)."""
+    keys = [d.key for d in meaning.descriptions()]
+    # keys some object fits: a candidate with a key outside them is false without a search
+    fitting = {(o.colour, o.shape, size) for o in objects for size in (o.size, None)}
     out: dict[str, Meaning] = {}
     for category, candidates in _CATEGORIES.items():
-        for negative in candidates(meaning, rng, objects):
-            descs = negative.descriptions()
-            if any((d.colour, d.shape) in forbidden_pairs for d in descs):
+        for new, relations, build in candidates(meaning, keys, rng, objects):
+            if any((colour, shape) in forbidden_pairs for colour, shape, _ in new):
                 continue
-            if len(set(descs)) == len(descs) and not is_true(negative, objects):
-                out[category] = negative
+            if len(set(new)) == len(new) and (
+                not fitting.issuperset(new) or assignment(new, relations, objects) is None
+            ):
+                out[category] = build()
                 break
     return out

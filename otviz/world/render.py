@@ -14,6 +14,7 @@ from functools import cache
 
 import numpy as np
 
+from otviz.world.draws import integers
 from otviz.world.types import SceneObject, WorldConfig
 from otviz.world.vocab import COLOUR_RGB
 
@@ -122,7 +123,7 @@ def texture_bank(size: int) -> np.ndarray:
 def _background(rng: np.random.Generator, config: WorldConfig) -> np.ndarray:
     """A float32 ``[3, H, W]`` low-contrast textured background (mid-grey, lightly tinted)."""
     size = config.image_size
-    k, oy, ox = rng.integers((_BANK, size, size)).tolist()
+    k, oy, ox = (int(rng.integers(high)) for high in (_BANK, size, size))
     texture = texture_bank(size)[k, None, oy : oy + size, ox : ox + size]
     base = rng.uniform(70, 165) + rng.uniform(-18, 18, (3, 1, 1))
     tint = 1 + rng.uniform(-0.3, 0.3, (3, 1, 1))
@@ -147,7 +148,7 @@ def render_scene(
         region = img[:, y0:y1, x0:x1]
         region += alpha * (colour - region)
     size = config.image_size
-    oy, ox = rng.integers(0, _NOISE_TILE - size, 2).tolist()
+    oy, ox = integers(rng, 0, _NOISE_TILE - size, 2)
     img += config.pixel_noise * _noise_tile()[:, oy : oy + size, ox : ox + size]
     img.clip(0, 255, out=img)
     planes = img.astype(np.uint8)

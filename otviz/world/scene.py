@@ -60,10 +60,9 @@ def place_boxes(
     boxes: dict[int, Box] = {}
     for k in sorted(range(len(sides)), key=lambda k: -sides[k]):
         side = sides[k]
-        hi = size - margin - side + 1
-        xs = rng.integers(margin, hi, _TRIES)
-        ys = rng.integers(margin, hi, _TRIES)
-        for x, y in zip(xs.tolist(), ys.tolist(), strict=True):
+        # one draw of 2 x _TRIES fills the x row, then the y row: the stream of two draws
+        tries = rng.integers(margin, size - margin - side + 1, 2 * _TRIES).tolist()
+        for x, y in zip(tries[:_TRIES], tries[_TRIES:], strict=True):
             box = (x, y, x + side, y + side)
             if not any(boxes_overlap(box, other, margin) for other in boxes.values()):
                 boxes[k] = box

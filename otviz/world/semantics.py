@@ -13,23 +13,40 @@ from collections.abc import Sequence
 import numpy as np
 
 from otviz.world.scene import relation_holds
-from otviz.world.types import Meaning, Sample, SceneObject
+from otviz.world.types import DescriptionKey, Meaning, Sample, SceneObject
 
 
 def satisfying_assignment(meaning: Meaning, objects: Sequence[SceneObject]) -> list[int] | None:
     """Object indices, one per description of ``meaning``, that make it true; or None."""
-    descs = meaning.descriptions()
-    candidates = [[j for j, o in enumerate(objects) if d.matches(o)] for d in descs]
-    if any(not c for c in candidates):
-        return None
+    keys = [d.key for d in meaning.descriptions()]
+    return assignment(keys, meaning.relations(), objects)
+
+
+def assignment(
+    descriptions: Sequence[DescriptionKey],
+    relations: Sequence[tuple[int, str, int]],
+    objects: Sequence[SceneObject],
+) -> list[int] | None:
+    """:func:`satisfying_assignment` of a meaning given as its descriptions' keys and its
+    ``(subject, relation, landmark)`` index triples (:meth:`Meaning.relations`), without
+    building a :class:`Meaning` (the hard negatives test many candidates this way)."""
+    candidates = []
+    for colour, shape, size in descriptions:
+        fits = [
+            j for j, o in enumerate(objects)
+            if o.shape == shape and o.colour == colour and (size is None or o.size == size)
+        ]
+        if not fits:
+            return None
+        candidates.append(fits)
     # relations checked as soon as both ends are assigned (the landmark always comes later)
-    checks: list[list[tuple[int, str]]] = [[] for _ in descs]
-    for s, rel, l in meaning.relations():
+    checks: list[list[tuple[int, str]]] = [[] for _ in descriptions]
+    for s, rel, l in relations:
         checks[l].append((s, rel))
     chosen: list[int] = []
 
     def search(k: int) -> bool:
-        if k == len(descs):
+        if k == len(candidates):
             return True
         for j in candidates[k]:
             if j in chosen:

@@ -11,6 +11,8 @@ import numpy as np
 from otviz.text.tree import Tree
 
 Box = tuple[int, int, int, int]
+DescriptionKey = tuple[str, str, str | None]
+"""A :class:`Description` as a plain ``(colour, shape, size)`` tuple."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,10 @@ class Description:
     colour: str
     shape: str
     size: str | None = None
+
+    @property
+    def key(self) -> DescriptionKey:
+        return (self.colour, self.shape, self.size)
 
     def matches(self, obj: SceneObject) -> bool:
         return (

@@ -20,10 +20,11 @@ every noun phrase names exactly one object.
 
 from __future__ import annotations
 
-from collections import Counter
+from bisect import bisect_right
 
 import numpy as np
 
+from otviz.world.draws import integers, shuffled
 from otviz.world.grammar import caption_of, realise
 from otviz.world.negatives import hard_negatives
 from otviz.world.render import render_scene
@@ -53,9 +54,10 @@ class World:
         self.split = split
         self.split_id = SPLITS.index(split)
         self.seed = seed
-        self._counts = np.arange(self.config.min_objects, self.config.max_objects + 1)
-        weights = self._counts.astype(float) ** self.config.count_bias
-        self._count_cdf = np.cumsum(weights[:-1]) / weights.sum()
+        counts = np.arange(self.config.min_objects, self.config.max_objects + 1)
+        weights = counts.astype(float) ** self.config.count_bias
+        self._counts = counts.tolist()
+        self._count_cdf = (np.cumsum(weights[:-1]) / weights.sum()).tolist()
         compositional = split == "compositional"
         self.pairs = ALL_PAIRS if compositional else SEEN_PAIRS
         self.forbidden_pairs = frozenset() if compositional else frozenset(HELD_OUT_PAIRS)
@@ -101,33 +103,34 @@ class World:
 
     def _scene(self, rng: np.random.Generator) -> list[SceneObject]:
         cfg = self.config
-        n = int(self._counts[np.searchsorted(self._count_cdf, rng.random(), side="right")])
-        size_ids = rng.integers(len(SIZES), size=n).tolist()
+        n = self._counts[bisect_right(self._count_cdf, rng.random())]
+        size_ids = integers(rng, 0, len(SIZES), n)
         sides = [
             int(rng.integers(lo, hi + 1))
             for lo, hi in (cfg.large_px if s else cfg.small_px for s in size_ids)
         ]
         boxes = place_boxes(sides, rng, cfg.image_size, cfg.margin)
-        mentioned = np.ones(n, dtype=bool)
+        mentioned = [True] * n
         if n > 1:
-            mentioned[1:] = rng.random(n - 1) >= cfg.distractor_prob
-            mentioned = mentioned[rng.permutation(n)]
+            draws = rng.random(n - 1).tolist()
+            mentioned[1:] = [u >= cfg.distractor_prob for u in draws]
+            mentioned = shuffled(mentioned, rng)
         pairs = self._pairs(rng, [SIZES[s] for s in size_ids], mentioned)
         return [
-            SceneObject(shape, colour, SIZES[s], box, bool(m))
+            SceneObject(shape, colour, SIZES[s], box, m)
             for (colour, shape), s, box, m in zip(pairs, size_ids, boxes, mentioned, strict=True)
         ]
 
     def _pairs(
-        self, rng: np.random.Generator, sizes: list[str], mentioned: np.ndarray
+        self, rng: np.random.Generator, sizes: list[str], mentioned: list[bool]
     ) -> list[tuple[str, str]]:
         """A colour-shape pair per object, no (colour, shape, size) repeated; in the
         compositional split one mentioned object gets a held-out pair."""
         pairs: list[tuple[str, str]] = []
         forced = -1
         if self.split == "compositional":
-            candidates = np.flatnonzero(mentioned)
-            forced = int(candidates[rng.integers(len(candidates))])
+            candidates = [k for k, m in enumerate(mentioned) if m]
+            forced = candidates[int(rng.integers(len(candidates)))]
         taken: set[tuple[str, str, str]] = set()
         for k, size in enumerate(sizes):
             pool = HELD_OUT_PAIRS if k == forced else self.pairs
@@ -145,13 +148,14 @@ class World:
         """The caption meaning for the mentioned objects, and the object index of each of
         its descriptions."""
         cfg = self.config
-        counts = Counter((o.colour, o.shape) for o in objects)
-        ids = [j for j in rng.permutation(len(objects)).tolist() if objects[j].mentioned]
-        omit = rng.random(len(ids)) < cfg.omit_size_prob
+        pairs = [(o.colour, o.shape) for o in objects]
+        ids = [j for j in shuffled(range(len(objects)), rng) if objects[j].mentioned]
+        omit = rng.random(len(ids)).tolist()
         desc = {}
-        for j, drop in zip(ids, omit.tolist(), strict=True):
+        for j, u in zip(ids, omit, strict=True):
             o = objects[j]
-            unique = counts[(o.colour, o.shape)] == 1
+            drop = u < cfg.omit_size_prob
+            unique = pairs.count(pairs[j]) == 1
             desc[j] = Description(o.colour, o.shape, None if drop and unique else o.size)
         clauses: list[Clause] = []
         order: list[int] = []
