@@ -206,6 +206,12 @@ class KernelProduct:
         return self.s * torch.exp(h + self.offset)
 
 
+def _anchor_products(x: Tensor, anchors: Tensor) -> Tensor:
+    """``[B, n, r]`` ``x P^T`` for shared ``[r, d]`` or per-pair ``[B, r, d]`` anchors, as one
+    batched product (on CPU faster than the single tall ``[B n, d] x [d, r]`` product)."""
+    return torch.bmm(x, anchors.expand(x.shape[0], -1, -1).transpose(1, 2))
+
+
 class AnchorKernel:
     """A point-anchor Gibbs kernel ``K [B, n, r]``, ``K_ik = exp((s_i x_i . p_k - 1) / eps)``
     (``s_i`` the inverse norm of an unnormalised ``x_i``, else 1), held as
@@ -227,7 +233,7 @@ class AnchorKernel:
         scale: Tensor | None = None,
         keep_cosine: bool = False,
     ) -> None:
-        xp = x @ anchors.transpose(-1, -2)  # [B, n, r]
+        xp = _anchor_products(x, anchors)  # [B, n, r]
         s = torch.ones_like(xp[..., 0]) if scale is None else scale
         # the cosines x_i . p_k / |x_i|, kept for views on request (one extra pass)
         self.cosine = xp * s.unsqueeze(-1) if keep_cosine else None
@@ -247,7 +253,7 @@ class AnchorKernel:
     def log_k(self) -> Tensor:
         """``[B, n, r]`` the log kernel (:data:`NEG` on masked rows), formed on request."""
         x, anchors, w, eps, mask = self._parts
-        xp = x @ anchors.transpose(-1, -2)
+        xp = _anchor_products(x, anchors)
         log_k = torch.addcmul(torch.full_like(xp[:1, :1, :1], -1.0 / eps), xp, w.unsqueeze(-1))
         return log_k if mask is None else log_k.masked_fill(~mask[:, :, None], NEG)
 
