@@ -3,7 +3,11 @@ the rendered pixels, the semantic evaluator on hand-built scenes, hard negatives
 the classification view and the long-tailed profile."""
 
 import json
-from itertools import combinations
+import os
+import subprocess
+import sys
+from itertools import combinations, permutations
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,8 +36,10 @@ from otviz.world import (
     render_grid,
     retrieval_ceiling,
 )
+from otviz.world.draws import integers, shuffled
 from otviz.world.render import shape_alpha
-from otviz.world.scene import boxes_overlap
+from otviz.world.scene import boxes_overlap, relation_holds
+from otviz.world.semantics import satisfying_assignment
 
 CFG = WorldConfig()
 # a fully covered pixel is its palette colour + jitter + grain (+1 for rounding to uint8)
@@ -137,6 +143,7 @@ def test_scene_layout_and_pixels(test_samples):
     counts = np.zeros(5, int)
     for s in test_samples:
         assert s.image.shape == (80, 80, 3) and s.image.dtype == np.uint8
+        assert s.image.flags.c_contiguous
         assert 1 <= len(s.objects) <= 4
         counts[len(s.objects)] += 1
         triples = [(o.colour, o.shape, o.size) for o in s.objects]
@@ -172,6 +179,49 @@ def test_semantics_on_hand_built_scene():
     assert is_true(Meaning((Clause(rc), Clause(gr))), scene)  # distractors count
     assert not is_true(Meaning((Clause(Description("red", "circle", "large")),)), scene)
     assert not is_true(Meaning((Clause(rc), Clause(rc))), scene)  # distinct objects
+
+
+def _brute_force_true(meaning: Meaning, objects: list[SceneObject]) -> bool:
+    """Truth by enumerating every injective assignment of objects to noun phrases."""
+    descs = meaning.descriptions()
+    return any(
+        all(d.matches(objects[j]) for d, j in zip(descs, chosen, strict=True))
+        and all(relation_holds(r, objects[chosen[a]].box, objects[chosen[b]].box)
+                for a, r, b in meaning.relations())
+        for chosen in permutations(range(len(objects)), len(descs))
+    )
+
+
+def test_semantics_against_enumeration(test_samples):
+    """The backtracking evaluator agrees with exhaustive enumeration on every caption and
+    negative of one image against the scenes of others (true and false cases alike)."""
+    verdicts = []
+    for s, other in zip(test_samples[:120], test_samples[1:121], strict=True):
+        for m in (s.meaning, *s.negative_meanings.values()):
+            for objects in (s.objects, other.objects):
+                found = satisfying_assignment(m, objects)
+                assert (found is not None) == _brute_force_true(m, objects) == is_true(m, objects)
+                if found is not None:
+                    assert len(set(found)) == len(found)
+                    assert all(d.matches(objects[j])
+                               for d, j in zip(m.descriptions(), found, strict=True))
+                verdicts.append(found is not None)
+    assert 0.05 < np.mean(verdicts) < 0.95
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 5, 21, 64])
+def test_fast_draws_match_numpy_and_leave_the_same_stream(n):
+    """``draws.integers`` and ``draws.shuffled`` return what numpy's sized integer draw and
+    permutation return, and leave the generator in the same state (also with half of a
+    64-bit draw buffered)."""
+    items = [f"item{k}" for k in range(n)]
+    for seed in range(40):
+        a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+        assert a.integers(7) == b.integers(7)  # leaves a buffered 32-bit half
+        assert integers(a, -3, 11, n) == b.integers(-3, 11, size=n).tolist()
+        assert shuffled(items, a) == [items[k] for k in b.permutation(n).tolist()]
+        assert a.bit_generator.state == b.bit_generator.state
+        assert a.integers(1000, size=3).tolist() == b.integers(1000, size=3).tolist()
 
 
 def test_negatives_are_false_and_minimal(test_samples):
@@ -289,3 +339,26 @@ def test_export_and_grid(tmp_path):
     world = World(CFG, "test", 0)
     grid = render_grid(world.samples(0, 6), columns=4, gutter=2)
     assert grid.shape == (2 * 82 + 2, 4 * 82 + 2, 3)
+
+
+def test_world_speed_benchmark_runs(tmp_path):
+    """The throughput benchmark runs end to end (a tiny, untimed run) and writes both
+    settings' wall and CPU rates; it pins itself to the CPU it is given."""
+    cpu = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else -1
+    out = tmp_path / "world_speed.json"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "world_speed.py"
+    subprocess.run(
+        [sys.executable, str(script), "--count", "4", "--repeats", "1", "--cpu", str(cpu),
+         "--out", str(out)],
+        check=True, capture_output=True,
+    )
+    result = json.loads(out.read_text())
+    assert [row["negatives"] for row in result["rows"]] == [False, True]
+    for row in result["rows"]:
+        assert row["count"] == 4 and row["repeats"] == 1
+        for key in ("samples_per_s_wall", "samples_per_s_cpu", "us_per_sample_cpu"):
+            assert 0 < row[key] < float("inf")
+        assert row["samples_per_s_wall"] * row["wall_s"] == pytest.approx(4)
+    if cpu >= 0:
+        assert result["cpus"] == [cpu]
+    assert "--count 4" in result["command"]

@@ -30,9 +30,9 @@ from otviz.world.semantics import assignment
 from otviz.world.types import Clause, Description, DescriptionKey, Meaning, SceneObject
 from otviz.world.vocab import ALL_PAIRS, COLOURS, RELATIONS, SHAPES, SIZES
 
-_OTHER_SIZE = {"small": "large", "large": "small"}
 _ALL_PAIR_SET = frozenset(ALL_PAIRS)
 _COLOUR, _SHAPE, _SIZE = range(3)  # fields of a DescriptionKey
+_VOCABULARY = {_COLOUR: COLOURS, _SHAPE: SHAPES, _SIZE: SIZES}
 
 Edit = tuple[tuple[int, int, str], ...]
 """(description index, key field, new value) for each description an edit changes."""
@@ -74,26 +74,26 @@ def _attribute_edits(
         yield new, relations, partial(_with_descriptions, meaning, new)
 
 
-def _replacements(
-    keys: list[DescriptionKey], field: int, vocabulary: tuple[str, ...]
-) -> tuple[Edit, ...]:
-    return _replacement_edits(tuple(key[field] for key in keys), field, vocabulary)
+def _replacements(keys: list[DescriptionKey], field: int) -> tuple[Edit, ...]:
+    return _replacement_edits(tuple(key[field] for key in keys), field)
 
 
 def _swaps(keys: list[DescriptionKey], field: int) -> tuple[Edit, ...]:
     return _swap_edits(tuple(key[field] for key in keys), field)
 
 
-@lru_cache(maxsize=4096)
-def _replacement_edits(
-    values: tuple[str | None, ...], field: int, vocabulary: tuple[str, ...]
-) -> tuple[Edit, ...]:
-    """Edits setting one description's ``field`` to another word of ``vocabulary``
-    (memoised on the descriptions' values)."""
-    return tuple(((k, field, v),) for k, old in enumerate(values) for v in vocabulary if v != old)
+@lru_cache(maxsize=1 << 15)
+def _replacement_edits(values: tuple[str | None, ...], field: int) -> tuple[Edit, ...]:
+    """Edits setting one description's stated ``field`` to another word (memoised on the
+    descriptions' values of that field)."""
+    return tuple(
+        ((k, field, v),)
+        for k, old in enumerate(values) if old is not None
+        for v in _VOCABULARY[field] if v != old
+    )
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1 << 15)
 def _swap_edits(values: tuple[str | None, ...], field: int) -> tuple[Edit, ...]:
     """Edits exchanging ``field`` between two descriptions with different stated values."""
     return tuple(
@@ -107,17 +107,14 @@ def _replace_obj(
     meaning: Meaning, keys: list[DescriptionKey], rng: np.random.Generator,
     _: Sequence[SceneObject],
 ) -> Iterator[Candidate]:
-    return _attribute_edits(meaning, keys, rng, _replacements(keys, _SHAPE, SHAPES))
+    return _attribute_edits(meaning, keys, rng, _replacements(keys, _SHAPE))
 
 
 def _replace_att(
     meaning: Meaning, keys: list[DescriptionKey], rng: np.random.Generator,
     _: Sequence[SceneObject],
 ) -> Iterator[Candidate]:
-    edits = _replacements(keys, _COLOUR, COLOURS) + tuple(
-        ((k, _SIZE, _OTHER_SIZE[key[_SIZE]]),) for k, key in enumerate(keys)
-        if key[_SIZE] is not None
-    )
+    edits = _replacements(keys, _COLOUR) + _replacements(keys, _SIZE)
     return _attribute_edits(meaning, keys, rng, edits)
 
 
@@ -136,6 +133,7 @@ def _swap_att(
 
 
 def _with_clauses(clauses: tuple[Clause, ...], there_is: bool) -> Candidate:
+    """The candidate made of ``clauses`` (for edits that change the clause structure)."""
     negative = Meaning(clauses, there_is)
     keys = [d.key for d in negative.descriptions()]
     return keys, negative.relations(), partial(Meaning, clauses, there_is)

@@ -87,6 +87,7 @@ class Description:
 
     @property
     def key(self) -> DescriptionKey:
+        """``(colour, shape, size)``: equal keys, equal descriptions."""
         return (self.colour, self.shape, self.size)
 
     def matches(self, obj: SceneObject) -> bool:
