@@ -27,7 +27,9 @@ What is timed (all float32 on CPU, ``torch.set_num_threads(threads)``):
 
 Time per pair: the best (``ms_per_pair``) and the median (``ms_per_pair_median``) wall-clock
 time over ``repeats`` timed runs after one warm-up, divided by the number of pairs; best-of-k
-is the figure least disturbed by other processes on a shared CPU. ``cpu_ms_per_pair`` is the
+is the figure least disturbed by other processes on a shared CPU. All method rows of one
+``N x M`` cell are timed together in interleaved rounds (each round runs every row once), so
+the ratios between methods come from the same machine load. ``cpu_ms_per_pair`` is the
 best process CPU time (all threads together; with one thread it is the figure least
 affected by other processes, with two it includes time spent waiting at thread barriers).
 
@@ -154,16 +156,29 @@ def chunk_size(cfg: BenchConfig, n: int, m: int) -> int:
 # --------------------------------------------------------------------------- measuring
 
 
-def _time(fn: Callable[[], Any], repeats: int) -> tuple[list[float], list[float]]:
-    """Wall-clock and process CPU seconds of ``repeats`` runs after one warm-up."""
-    fn()  # warm-up
-    wall, cpu = [], []
+def _time_rounds(
+    fns: list[Callable[[], Any]], repeats: int
+) -> list[tuple[list[float], list[float]] | Exception]:
+    """Wall-clock and process CPU seconds of each of ``fns`` over ``repeats`` rounds after
+    one warm-up round. A round runs every function once in turn, so functions compared in
+    one call see the same machine load; a function that raises gets its exception instead
+    (and is not run again)."""
+    out: list[tuple[list[float], list[float]] | Exception] = []
+    for fn in fns:  # warm-up
+        try:
+            fn()
+            out.append(([], []))
+        except Exception as exc:  # recorded in the row: nothing is skipped silently
+            out.append(exc)
     for _ in range(repeats):
-        t0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return wall, cpu
+        for fn, slot in zip(fns, out, strict=True):
+            if isinstance(slot, Exception):
+                continue
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            slot[0].append(time.perf_counter() - t0)
+            slot[1].append(time.process_time() - c0)
+    return out
 
 
 def torch_peak_mb(fn: Callable[[], Any]) -> float:
@@ -191,6 +206,58 @@ def _row(kind: str, name: str, n: int, m: int, **kw: Any) -> dict[str, Any]:
     return {"kind": kind, "method": name, "N": n, "M": m, **kw}
 
 
+@dataclass
+class TimedJob:
+    """One row to time: ``run_chunk`` processes ``chunk`` pairs and is repeated to cover
+    ``total`` pairs; ``mem_fn(run_chunk)`` measures its peak memory."""
+
+    base: dict[str, Any]
+    run_chunk: Callable[[], Any]
+    chunk: int
+    total: int
+    mem_fn: Callable[[Callable[[], Any]], float]
+    mem_scope: str
+
+    @property
+    def n_chunks(self) -> int:
+        return math.ceil(self.total / self.chunk)
+
+    def run_all(self) -> None:
+        for _ in range(self.n_chunks):
+            self.run_chunk()
+
+
+def timed_rows(jobs: list[TimedJob], repeats: int) -> list[dict[str, Any]]:
+    """Rows of ``jobs`` timed together in interleaved rounds (:func:`_time_rounds`), then
+    their peak memory one by one."""
+    timings = _time_rounds([job.run_all for job in jobs], repeats)
+    rows = []
+    for job, timing in zip(jobs, timings, strict=True):
+        try:
+            if isinstance(timing, Exception):
+                raise timing
+            peak = job.mem_fn(job.run_chunk)
+        except Exception as exc:  # recorded in the row: nothing is skipped silently
+            rows.append({**job.base, "status": f"error: {type(exc).__name__}: {exc}"})
+            continue
+        times, cpu = timing
+        pairs = job.n_chunks * job.chunk
+        rows.append(
+            {
+                **job.base,
+                "status": "ok",
+                "pairs": pairs,
+                "chunk_pairs": job.chunk,
+                "ms_per_pair": 1e3 * min(times) / pairs,
+                "ms_per_pair_median": 1e3 * statistics.median(times) / pairs,
+                "cpu_ms_per_pair": 1e3 * min(cpu) / pairs,
+                "peak_mem_mb": peak,
+                "mem_scope": job.mem_scope,
+            }
+        )
+    return rows
+
+
 def _timed_row(
     base: dict[str, Any],
     run_chunk: Callable[[], Any],
@@ -200,29 +267,7 @@ def _timed_row(
     mem_fn: Callable[[Callable[[], Any]], float],
     mem_scope: str,
 ) -> dict[str, Any]:
-    n_chunks = math.ceil(total / chunk)
-
-    def run_all() -> None:
-        for _ in range(n_chunks):
-            run_chunk()
-
-    try:
-        times, cpu = _time(run_all, repeats)
-        peak = mem_fn(run_chunk)
-    except Exception as exc:  # recorded in the row: nothing is skipped silently
-        return {**base, "status": f"error: {type(exc).__name__}: {exc}"}
-    pairs = n_chunks * chunk
-    return {
-        **base,
-        "status": "ok",
-        "pairs": pairs,
-        "chunk_pairs": chunk,
-        "ms_per_pair": 1e3 * min(times) / pairs,
-        "ms_per_pair_median": 1e3 * statistics.median(times) / pairs,
-        "cpu_ms_per_pair": 1e3 * min(cpu) / pairs,
-        "peak_mem_mb": peak,
-        "mem_scope": mem_scope,
-    }
+    return timed_rows([TimedJob(base, run_chunk, chunk, total, mem_fn, mem_scope)], repeats)[0]
 
 
 # --------------------------------------------------------------------------- rows
@@ -261,9 +306,11 @@ def _forward_backward(
 
 
 def method_rows(cfg: BenchConfig, n: int, m: int, names: list[str]) -> list[dict[str, Any]]:
+    """Every method's rows at ``N = n``, ``M = m`` on one random batch, timed together in
+    interleaved rounds so that their ratios come from the same machine load."""
     chunk = chunk_size(cfg, n, m)
     batch = random_batch(chunk, n, m, cfg.dim, cfg.seed)
-    rows = []
+    slots: list[dict[str, Any] | TimedJob] = []
     for name in names:
         ranks = cfg.ranks if getattr(METHODS[name], "uses_rank", False) else (None,)
         for rank in ranks:
@@ -285,12 +332,11 @@ def method_rows(cfg: BenchConfig, n: int, m: int, names: list[str]) -> list[dict
                                 method(sub)
 
                 except Exception as exc:
-                    rows.append({**base, "status": f"error: {type(exc).__name__}: {exc}"})
+                    slots.append({**base, "status": f"error: {type(exc).__name__}: {exc}"})
                     continue
-                rows.append(
-                    _timed_row(base, fn, size, total, cfg.repeats, torch_peak_mb, "chunk (torch)")
-                )
-    return rows
+                slots.append(TimedJob(base, fn, size, total, torch_peak_mb, "chunk (torch)"))
+    timed = iter(timed_rows([s for s in slots if isinstance(s, TimedJob)], cfg.repeats))
+    return [next(timed) if isinstance(s, TimedJob) else s for s in slots]
 
 
 def solver_rows(cfg: BenchConfig, n: int, m: int) -> list[dict[str, Any]]:
@@ -406,7 +452,8 @@ def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
 
 def summarise(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
     """The bar figures: Dense UOT vs POT and end to end at N=196, M=48; ConceptOT (r=32)
-    vs Dense UOT per N and its time slope over N=196..4096; the training step."""
+    vs Dense UOT per N (time ratios next to :func:`product_mac_ratio`) and its time slope
+    over N=196..4096; the training step."""
     out: dict[str, Any] = {}
     ours = _find(rows, method="ours_sinkhorn_unbalanced", N=196, M=48)
     pot = _find(rows, method="pot_sinkhorn_unbalanced", N=196, M=48)
@@ -428,6 +475,7 @@ def summarise(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
                 ratios[f"N={n},M={m}"] = {
                     "wall": c["ms_per_pair"] / d["ms_per_pair"],
                     "cpu": c["cpu_ms_per_pair"] / d["cpu_ms_per_pair"],
+                    "product_macs": product_mac_ratio(n, m, 32),
                 }
     out["conceptot_over_dense_uot_time"] = ratios
     slopes = {}
@@ -457,6 +505,15 @@ def summarise(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
     return out
 
 
+def product_mac_ratio(n: int, m: int, r: int) -> float:
+    """Multiply-adds of ConceptOT's width-``d`` products over Dense UOT's: the anchor
+    kernels ``Z P^T``, ``Y P^T`` and Eq. 8's numerator ``(K_ZP^T diag(a) Z) Y^T`` cost
+    ``2 (N + M) d r`` against the cost matrix's ``N d M``, so ``2 (N + M) r / (N M)``
+    (independent of ``d``; the iterations add ``O((N + M) r)`` against ``O(N M)``). Above 1
+    the low rank does more arithmetic than the dense solve."""
+    return 2 * (n + m) * r / (n * m)
+
+
 def linear_fit(points: list[tuple[float, float]]) -> dict[str, float]:
     """Least-squares ``t = a + b N`` (``b`` in microseconds per patch), its R^2, and the
     log-log exponent (1 for linear growth)."""
@@ -474,29 +531,35 @@ def linear_fit(points: list[tuple[float, float]]) -> dict[str, float]:
 
 
 def run_benchmark(cfg: BenchConfig | None = None, log: Callable[[str], None] | None = None) -> dict:
-    """Run the benchmark; returns ``{"meta", "rows", "summary"}`` (see module docstring)."""
+    """Run the benchmark; returns ``{"meta", "rows", "summary"}`` (see module docstring).
+    The caller's torch thread count is restored afterwards."""
     cfg = cfg or BenchConfig()
     log = log or (lambda s: None)
-    torch.set_num_threads(cfg.threads)
     names = list(cfg.methods) if cfg.methods is not None else sorted(METHODS)
     unknown = [n for n in names if n not in METHODS]
     if unknown:
         raise KeyError(f"unknown methods {unknown}; known: {sorted(METHODS)}")
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    for n in cfg.ns:
-        for m in cfg.ms:
-            log(f"N={n} M={m}: solvers")
-            rows += solver_rows(cfg, n, m)
-            log(f"N={n} M={m}: methods")
-            rows += method_rows(cfg, n, m, names)
-    if cfg.train_step:
-        log("training step")
-        rows += train_step_rows(cfg, names)
+    caller_threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        threads = torch.get_num_threads()
+        for n in cfg.ns:
+            for m in cfg.ms:
+                log(f"N={n} M={m}: solvers")
+                rows += solver_rows(cfg, n, m)
+                log(f"N={n} M={m}: methods")
+                rows += method_rows(cfg, n, m, names)
+        if cfg.train_step:
+            log("training step")
+            rows += train_step_rows(cfg, names)
+    finally:
+        torch.set_num_threads(caller_threads)
     meta = {
         "config": asdict(cfg),
         "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
+        "threads": threads,
         "platform": platform.platform(),
         "processor": platform.processor(),
         "dtype": "float32",
@@ -548,19 +611,30 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="otviz bench", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small grid (N=196,576,1024; M=48)")
     p.add_argument("--out", type=Path, default=Path("benchmarks"))
+    p.add_argument("--ns", type=int, nargs="+", help="patch counts N (default: the full grid)")
+    p.add_argument("--ms", type=int, nargs="+", help="token counts M")
+    p.add_argument("--ranks", type=int, nargs="+", help="anchor ranks r")
     p.add_argument("--pairs", type=int)
+    p.add_argument("--backward-pairs", type=int)
     p.add_argument("--repeats", type=int)
     p.add_argument("--threads", type=int)
     p.add_argument("--methods", nargs="*")
     p.add_argument("--no-pot", action="store_true")
+    p.add_argument("--no-backward", action="store_true", help="forward rows only")
+    p.add_argument("--no-train-step", action="store_true")
     args = p.parse_args(argv)
     cfg = quick_config() if args.quick else BenchConfig()
-    for key in ("pairs", "repeats", "threads"):
+    for key in ("ns", "ms", "ranks"):
+        if getattr(args, key) is not None:
+            setattr(cfg, key, tuple(getattr(args, key)))
+    for key in ("pairs", "backward_pairs", "repeats", "threads"):
         if getattr(args, key) is not None:
             setattr(cfg, key, getattr(args, key))
     if args.methods:
         cfg.methods = tuple(args.methods)
     cfg.pot = not args.no_pot
+    cfg.backward = not args.no_backward
+    cfg.train_step = not args.no_train_step
     result = run_benchmark(cfg, log=lambda s: print(s, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=2))

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
-from otviz.bench import BenchConfig, linear_fit, run_benchmark, to_markdown, tree_nodes
+import pytest
+import torch
+
+from otviz.bench import (
+    BenchConfig,
+    _time_rounds,
+    linear_fit,
+    main,
+    product_mac_ratio,
+    run_benchmark,
+    to_markdown,
+    tree_nodes,
+)
 from otviz.methods import METHODS
 
 
@@ -52,3 +66,51 @@ def test_linear_fit_recovers_a_line() -> None:
 def test_tree_nodes_are_nested_spans() -> None:
     nodes = tree_nodes(5)
     assert nodes[0].all() and nodes.sum(1).min() == 1 and nodes.shape == (9, 5)
+
+
+def test_rounds_interleave_and_keep_failures() -> None:
+    calls: list[str] = []
+
+    def failing() -> None:
+        calls.append("b")
+        raise RuntimeError("boom")
+
+    out = _time_rounds([lambda: calls.append("a"), failing, lambda: calls.append("c")], 2)
+    # one warm-up round, then two rounds of every function in turn; the failure is not rerun
+    assert calls == ["a", "b", "c", "a", "c", "a", "c"]
+    assert isinstance(out[1], RuntimeError)
+    for timing in (out[0], out[2]):
+        wall, cpu = timing
+        assert len(wall) == len(cpu) == 2 and min(wall) >= 0 and min(cpu) >= 0
+
+
+def test_product_mac_ratio_by_hand() -> None:
+    # ConceptOT: (N + M) d r for the kernels + (N + M) d r for Eq. 8; Dense UOT: N d M
+    assert product_mac_ratio(196, 48, 32) == pytest.approx(2 * 244 * 32 / (196 * 48))
+    assert product_mac_ratio(4096, 77, 32) < 1 < product_mac_ratio(4096, 48, 32)
+
+
+def test_focused_cli_run_writes_the_selected_rows(tmp_path: Path) -> None:
+    argv = ["--ns", "16", "--ms", "4", "--ranks", "32", "--pairs", "4", "--repeats", "1"]
+    argv += ["--methods", "conceptot", "dense_uot", "--threads", "1", "--no-pot"]
+    argv += ["--no-backward", "--no-train-step", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    rows = [r for r in result["rows"] if r["kind"] == "method"]
+    assert {(r["method"], r["mode"], r["r"]) for r in rows} == {
+        ("conceptot", "forward", 32),
+        ("dense_uot", "forward", None),
+    }
+    assert all(r["status"] == "ok" and r["pairs"] == 4 for r in rows)
+    assert not any(r["kind"] == "train_step" for r in result["rows"])
+    ratio = result["summary"]["conceptot_over_dense_uot_time"]["N=16,M=4"]
+    assert ratio["wall"] > 0 and ratio["product_macs"] == pytest.approx(2 * 20 * 32 / 64)
+    assert (tmp_path / "results.md").read_text().startswith("# otviz benchmark")
+
+
+def test_run_restores_the_callers_thread_count() -> None:
+    before = torch.get_num_threads()
+    cfg = BenchConfig(ns=(8,), ms=(3,), ranks=(2,), pairs=2, repeats=1, threads=before + 1)
+    cfg.methods, cfg.pot, cfg.backward, cfg.train_step = ("dense_uot",), False, False, False
+    result = run_benchmark(cfg)
+    assert result["meta"]["threads"] == before + 1 and torch.get_num_threads() == before
