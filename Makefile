@@ -1,6 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   install into .venv and launch the app on the embedded default
-#   make test   install into .venv (with test extras) and run the test suite
+#   make test   install into .venv (with test extras), Chromium for the browser tests
+#               (Debian package, as root), and run the test suite
+#   make screenshots   rerun the browser tests, writing the views to docs/screenshots/
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,8 +10,9 @@ BIN := $(VENV)/bin
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 export HF_HUB_OFFLINE ?= 1
 export GRADIO_ANALYTICS_ENABLED := False
+CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: demo test install lint bench clean
+.PHONY: demo test install browser screenshots lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +28,23 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/python app.py
 
-test: install
+# Chromium for tests/test_browser.py: apt as root; otherwise say how (the tests then skip,
+# or fail where OTVIZ_REQUIRE_BROWSER=1, as in CI)
+browser:
+	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium (Debian package) for the browser tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else \
+		echo "chromium is missing: run 'sudo apt-get install -y chromium' (Debian/Ubuntu) for the browser tests; they skip without it"; \
+	fi
+
+test: install browser
 	$(BIN)/ruff check otviz tests app.py benchmarks
 	$(BIN)/python -m pytest -q tests
+
+screenshots: install browser
+	OTVIZ_SCREENSHOT_DIR=docs/screenshots $(BIN)/python -m pytest -q tests/test_browser.py
 
 lint: install
 	$(BIN)/ruff check otviz tests app.py benchmarks

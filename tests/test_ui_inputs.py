@@ -16,8 +16,8 @@ from otviz.ui.context import AppContext
 from otviz.ui.inputs import (
     MAX_IMAGE_PIXELS,
     MAX_IMAGE_SIDE,
-    UploadImage,
     check_image_file,
+    checked_uploads,
     fit_image,
     on_upload,
     user_errors,
@@ -69,8 +69,7 @@ def test_files_are_checked_from_their_header(tmp_path):
         check_image_file(str(text))
     with pytest.raises(InputError, match="huge.png is too large \\(9000x9000"):
         check_image_file(str(huge))
-    component = UploadImage(type="numpy", image_mode="RGB", render=False)
-    assert component.get_block_name() == "image"  # drawn by gr.Image's front end
+    component = checked_uploads(gr.Image(type="numpy", image_mode="RGB", render=False))
     with pytest.raises(gr.Error, match="not an image"):
         component.preprocess(ImageData(path=str(text), orig_name="notes.jpg"))
     np.testing.assert_array_equal(

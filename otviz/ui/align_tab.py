@@ -510,11 +510,12 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
                 allow_custom_value=True,
             )
             grid = gr.Image(
-                label="Phrase heatmap per method", format=RASTER_FORMAT, interactive=False
+                label="Phrase heatmap per method", format=RASTER_FORMAT, interactive=False,
+                elem_id="align-grid",
             )
         with gr.Column(scale=2):
             method = gr.Dropdown(method_choices(), value=DEFAULT_METHOD, label="Method")
-            plan = gr.Plot(label="Transport plan")
+            plan = gr.Plot(label="Transport plan", elem_id="align-plan")
             token = gr.Dropdown(label="Token (its plan column on the image)", choices=[])
             token_map = gr.Image(
                 label="Token column on the image", format=RASTER_FORMAT, interactive=False

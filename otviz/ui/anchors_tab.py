@@ -288,10 +288,10 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
             run = gr.Button("Show anchors", variant="primary")
             summary = gr.Markdown()
         with gr.Column(scale=2):
-            matrix_plot = gr.Plot(label="Anchor-anchor cosine")
+            matrix_plot = gr.Plot(label="Anchor-anchor cosine", elem_id="anchors-matrix")
             affinity_plot = gr.Plot(label="Anchor-word affinity")
     with gr.Row():
-        maps_plot = gr.Plot(label="Anchor maps on the image")
+        maps_plot = gr.Plot(label="Anchor maps on the image", elem_id="anchors-maps")
         scatter_plot = gr.Plot(label="Anchors and words, 2-D map")
     table = gr.Dataframe(
         headers=["anchor", "top words (cosine)", "best cosine"], label="Top words per anchor"

@@ -11,7 +11,7 @@ from otviz.ui.align_tab import build_align_tab
 from otviz.ui.anchors_tab import build_anchors_tab
 from otviz.ui.context import AppContext, SharedInputs, on_space, remote_models
 from otviz.ui.examples import load_examples
-from otviz.ui.inputs import UploadImage, on_upload
+from otviz.ui.inputs import checked_uploads, on_upload
 from otviz.ui.phrases_tab import build_phrases_tab
 from otviz.ui.probe_tab import build_probe_tab
 from otviz.ui.train_tab import build_train_tab
@@ -43,12 +43,17 @@ CONCURRENCY, SPACE_CONCURRENCY, QUEUE_SIZE = 2, 1, 32
 MAX_UPLOAD = "50mb"
 
 
+def tab_id(title: str) -> str:
+    """The element id of a view's tab panel: ``"tab-"`` and the title's first word."""
+    return "tab-" + title.split()[0].lower()
+
+
 def build_shared_inputs(ctx: AppContext) -> SharedInputs:
     """The image, caption and checkpoint picker every view reads, with the examples."""
     choices = ctx.checkpoint_choices()
     with gr.Row():
-        image = UploadImage(label="Image", type="numpy", image_mode="RGB", height=260, scale=1,
-                         elem_id="shared-image")
+        image = checked_uploads(gr.Image(label="Image", type="numpy", image_mode="RGB",
+                                         height=260, scale=1, elem_id="shared-image"))
         with gr.Column(scale=2):
             caption = gr.Textbox(
                 label="Caption", placeholder="a small red circle to the left of a blue star",
@@ -64,6 +69,7 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
                     [[str(e.image_path), e.caption] for e in examples],
                     inputs=[image, caption],
                     label="Examples from the synthetic world",
+                    examples_per_page=4,
                     elem_id="examples",
                 )
     image.upload(on_upload, image, image, api_visibility="private")
@@ -79,9 +85,9 @@ def build_app(ctx: AppContext | None = None, jobs: TrainingJobs | None = None) -
         gr.Markdown(INTRO)
         shared = build_shared_inputs(ctx)
         for title, build in VIEWS:
-            with gr.Tab(title):
+            with gr.Tab(title, elem_id=tab_id(title)):
                 build(ctx, shared)
-        with gr.Tab(TRAIN_TITLE):
+        with gr.Tab(TRAIN_TITLE, elem_id=tab_id(TRAIN_TITLE)):
             build_train_tab(ctx, shared, jobs)
         # heads trained in another session since this page was built
         app.load(lambda: gr.Dropdown(choices=ctx.checkpoint_choices()), None,

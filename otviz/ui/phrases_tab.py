@@ -270,24 +270,27 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
         with gr.Column(scale=1):
             kind = gr.Radio(list(REGION_KINDS), value="grid", label="Regions")
             picker = gr.Dropdown(choices=[], label="Phrase node")
-            tau = gr.Number(value=None, label="tau of the NLA column (empty: the method's)",
+            tau = gr.Number(value=None, label="tau of the NLA column (empty or 0: the method's)",
                             minimum=0.0)
             run = gr.Button("Show phrases & regions", variant="primary")
             note = gr.Markdown()
         with gr.Column(scale=2):
-            tree_plot = gr.Plot(label="Constituency tree")
+            tree_plot = gr.Plot(label="Constituency tree", elem_id="phrases-tree")
     with gr.Row():
-        regions_plot = gr.Plot(label="Region masks")
+        regions_plot = gr.Plot(label="Region masks", elem_id="phrases-regions")
         subset_plot = gr.Plot(label="Best-matching regions of the phrase")
     summary = gr.Dataframe(headers=SUMMARY_HEADERS, label="Exact powerset vs NLA")
-    per_node = gr.Dataframe(headers=NODE_HEADERS, label="Best region subset per node")
+    per_node = gr.Dataframe(headers=NODE_HEADERS, label="Best region subset per node",
+                            elem_id="phrases-nodes")
     files = gr.File(label="Downloads", file_count="multiple")
     gr.Markdown(HOW_TO_READ)
 
     @user_errors
     def on_show(img, text: str, checkpoint: str, region_kind: str, k: int | None,
                 t: float | None, keep_node: bool):
-        view = phrases_view(ctx, checkpoint, img, text, region_kind, k if keep_node else None, t)
+        # the browser sends an empty number field as 0: both mean "the method's tau"
+        view = phrases_view(ctx, checkpoint, img, text, region_kind, k if keep_node else None,
+                            t or None)
         return (
             gr.Dropdown(choices=view.choices, value=view.node), view.tree_figure,
             view.regions_figure, view.subset_figure, view.summary_table, view.node_table,

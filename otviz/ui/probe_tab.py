@@ -451,7 +451,7 @@ def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
         with gr.Column(scale=2):
             captions = gr.Dataframe(headers=CAPTION_COLUMNS, label="Captions", wrap=True,
                                     interactive=False)
-            bars = gr.Plot(label="Scores per method")
+            bars = gr.Plot(label="Scores per method", elem_id="probe-bars")
     with gr.Row():
         matrix = gr.Plot(label="Win / lose matrix")
         scores = gr.Dataframe(headers=SCORE_COLUMNS, label="Scores", interactive=False)

@@ -51,13 +51,14 @@ checkpoint, whose features are computed once and cached (the bar says *encoding*
 happens). The **bar** shows the optimiser steps of the method in training. The **loss
 curves** show, per step, the training objective (the global contrastive term plus λ_l times
 the local term, ConceptOT Eq. 10; QC-Align and PowerCLIP use their own local losses) and
-the local term alone; with a frozen backbone and no global head the global term is a
-constant, so the two curves move together. **End-of-run metrics**: the first and final
-loss, the time per step, and the compositional probe accuracy on the examples gallery
-(does the true caption outscore each hard negative?) of the trained head next to the same
-method training-free. Each finished run appears in the checkpoint picker as
-*trained here: ...*; every view can use it. One run at a time per server; runs are capped
-at {cap} steps per method and {pairs} training pairs here."""
+the local term alone; with a frozen backbone and no global head the global term has no
+gradient, but it differs from batch to batch, so the total is noisier than the local term.
+**End-of-run metrics**: the first and final loss, the time per step, and the compositional
+probe accuracy on the examples gallery (does the true caption outscore each hard
+negative?) of the trained head next to the same method training-free. Each finished run
+appears in the checkpoint picker as *trained here: ...*; every view can use it. One run at
+a time per server; runs are capped at {cap} steps per method and {pairs} training pairs
+here."""
 
 
 def method_choices() -> list[tuple[str, str]]:
@@ -263,9 +264,9 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
         with gr.Column(scale=2):
             bar = gr.HTML(elem_id="train-progress")
             status = gr.Markdown()
-            curves = gr.Plot(label="Loss curves (live)")
+            curves = gr.Plot(label="Loss curves (live)", elem_id="train-curves")
     with gr.Row():
-        metrics_plot = gr.Plot(label="End-of-run metrics")
+        metrics_plot = gr.Plot(label="End-of-run metrics", elem_id="train-metrics")
         metrics = gr.Dataframe(headers=METRIC_COLUMNS, label="End-of-run metrics",
                                interactive=False)
     files = gr.File(label="Downloads (loss curves, histories, run record)", file_count="multiple")

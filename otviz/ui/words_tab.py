@@ -74,7 +74,7 @@ def build_words_tab(ctx: AppContext, shared: SharedInputs) -> None:
             picker = gr.CheckboxGroup(label="Words of the phrase", choices=[])
             phrase_plot = gr.Plot(label="Phrase heatmap")
         with gr.Column(scale=2):
-            grid_plot = gr.Plot(label="Per-word heatmaps")
+            grid_plot = gr.Plot(label="Per-word heatmaps", elem_id="words-grid")
     gr.Markdown(HOW_TO_READ)
 
     @user_errors

@@ -527,7 +527,7 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
             run = gr.Button("Classify", variant="primary")
     summary = gr.Markdown()
     with gr.Row():
-        acc_plot = gr.Plot(label="Accuracy per rule")
+        acc_plot = gr.Plot(label="Accuracy per rule", elem_id="zeroshot-accuracy")
         sel_plot = gr.Plot(label="Selective accuracy vs coverage")
     table = gr.Dataframe(label="Predictions per image", interactive=False)
     gallery = gr.Gallery(label="Images and predictions", columns=8, height=320)

@@ -80,7 +80,8 @@ def before_after_figure(
         "font": FONT,
         "paper_bgcolor": "white",
         "plot_bgcolor": "white",
-        "yaxis": {"title": {"text": axis}, "rangemode": "tozero"},
+        # headroom above the tallest bar for its value
+        "yaxis": {"title": {"text": axis}, "range": [0, 1.15 * max([*before, *after, 1e-9])]},
         "legend": {"orientation": "h", "y": -0.2},
     }
     return go.Figure({"data": data, "layout": layout})

@@ -1,0 +1,215 @@
+"""The app in a real browser: headless Chromium (Debian's ``chromium``) driven by
+Playwright opens the served app, picks an example and runs the views; the figures must
+render (the heatmap grid as an image of the computed size, the plan as a plotly heatmap of
+patches x tokens, trees, curves). A screenshot of each view goes to
+``$OTVIZ_SCREENSHOT_DIR`` (``make screenshots`` writes ``docs/screenshots/``), else to a
+temp dir.
+
+Without Chromium or Playwright the tests skip and say how to install them; with
+``OTVIZ_REQUIRE_BROWSER=1`` (CI) they fail instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from otviz.ui.align_tab import align_view
+from otviz.ui.examples import load_examples
+
+CHROMIUM = os.environ.get("OTVIZ_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+VIEWPORT = {"width": 1280, "height": 900}
+SCREENSHOT_WIDTH = 900  # px of the committed screenshots
+TIMEOUT_MS = 120_000
+
+
+def _missing() -> str | None:
+    if importlib.util.find_spec("playwright") is None:
+        return "Playwright is not installed: pip install -e '.[test]'"
+    if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
+        return (f"Chromium not found at {CHROMIUM}: as root `apt-get install -y chromium` "
+                "(`make test` does it), or set OTVIZ_CHROMIUM")
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def browser_available() -> None:
+    """Skip without a browser; fail instead where ``OTVIZ_REQUIRE_BROWSER=1`` (CI)."""
+    missing = _missing()
+    if missing and os.environ.get("OTVIZ_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"OTVIZ_REQUIRE_BROWSER=1 but {missing}", pytrace=False)
+    if missing:
+        pytest.skip(missing)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, live_app):
+    """One page on the app with the first example picked (image and caption filled)."""
+    page = browser.new_page(viewport=VIEWPORT)
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(live_app.url)
+    page.locator('[data-testid="dataset-cell-0-0"]').click()
+    page.wait_for_function(
+        "document.querySelector('#shared-caption textarea').value.length > 0"
+    )
+    page.wait_for_selector("#shared-image img")
+    yield page
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    out = os.environ.get("OTVIZ_SCREENSHOT_DIR")
+    path = Path(out) if out else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def screenshot(page, tab: str, path: Path) -> None:
+    """The view's panel as a small PNG (scaled to :data:`SCREENSHOT_WIDTH`, 128 colours)."""
+    raw = path.with_suffix(".raw.png")
+    page.locator(f"#{tab}").screenshot(path=str(raw))
+    image = Image.open(raw).convert("RGB")
+    height = round(image.height * SCREENSHOT_WIDTH / image.width)
+    small = image.resize((SCREENSHOT_WIDTH, height), Image.Resampling.LANCZOS)
+    small.quantize(128, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+    raw.unlink()
+
+
+def open_tab(page, title: str) -> None:
+    page.get_by_role("tab", name=title, exact=True).click()
+
+
+def plotly_data(page, element: str) -> list[dict]:
+    """The traces of the plotly figure in ``#element`` once it has rendered."""
+    page.wait_for_function(
+        f"(document.querySelector('#{element} .js-plotly-plot') || {{}}).data !== undefined"
+    )
+    # plotly.js holds decoded arrays (typed arrays per row): plain lists for Python
+    return page.evaluate(
+        f"Array.from(document.querySelector('#{element} .js-plotly-plot')._fullData, "
+        "t => ({type: t.type, x: t.x && Array.from(t.x), y: t.y && Array.from(t.y), "
+        "z: t.z && Array.from(t.z, r => Array.from(r))}))"
+    )
+
+
+def rendered_image(page, selector: str) -> tuple[int, int]:
+    """Natural ``(width, height)`` of the loaded ``<img>`` under ``selector`` (Gradio may
+    keep hidden copies: the first one that has loaded)."""
+    loaded = (f"Array.from(document.querySelectorAll('{selector} img'))"
+              ".find(i => i.complete && i.naturalWidth > 0)")
+    page.wait_for_function(f"!!{loaded}")
+    return tuple(page.evaluate(f"(() => {{ const i = {loaded}; "
+                               "return [i.naturalWidth, i.naturalHeight]; })()"))
+
+
+def test_align_shows_the_heatmap_grid_and_the_plan(page, live_app, shots):
+    open_tab(page, "Align")
+    page.get_by_role("button", name="Align", exact=True).click()
+    width, height = rendered_image(page, "#align-grid")
+    traces = plotly_data(page, "align-plan")
+    # the same click computed in-process on the same context (cached features)
+    example = load_examples()[0]
+    checkpoint = live_app.ctx.checkpoint_choices()[0]
+    view = align_view(live_app.ctx.explainer(checkpoint), live_app.ctx.suite(checkpoint),
+                      np.asarray(Image.open(example.image_path).convert("RGB")),
+                      example.caption)
+    assert (height, width) == view.grid.shape[:2]  # all eight panels, as computed
+    heat = traces[0]
+    assert heat["type"] == "heatmap"
+    np.testing.assert_allclose(np.asarray(heat["z"], dtype=float), view.plan.data.plan,
+                               rtol=1e-5, atol=1e-7)
+    screenshot(page, "tab-align", shots / "align.png")
+
+
+def test_align_bad_input_is_a_message_in_the_page(browser, live_app):
+    page = browser.new_page(viewport=VIEWPORT)
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(live_app.url)
+    page.get_by_role("button", name="Align", exact=True).click()
+    toast = page.locator(".toast-body").first
+    toast.wait_for()
+    assert "no image" in toast.inner_text()
+    page.close()
+
+
+def test_anchors_view(page, shots):
+    open_tab(page, "Anchors")
+    page.get_by_role("button", name="Show anchors").click()
+    width, height = rendered_image(page, "#anchors-matrix")  # matplotlib, as a PNG
+    assert width > 200 and height > 200
+    rendered_image(page, "#anchors-maps")
+    screenshot(page, "tab-anchors", shots / "anchors.png")
+
+
+def test_phrases_and_regions_view(page, shots):
+    open_tab(page, "Phrases & regions")
+    page.get_by_role("button", name="Show phrases & regions").click()
+    rendered_image(page, "#phrases-tree")
+    rendered_image(page, "#phrases-regions")
+    page.wait_for_function(  # the per-node table lists the caption's noun phrases
+        "Array.from(document.querySelectorAll('#phrases-nodes td'))"
+        ".some(td => td.textContent.trim() === 'NP')"
+    )
+    screenshot(page, "tab-phrases", shots / "phrases.png")
+
+
+def test_train_view_trains_a_few_steps(page, live_app, shots):
+    open_tab(page, "Train small model")
+    panel = page.locator("#tab-train")
+    for label, value in (("World samples (train split)", "64"), ("batch size", "32"),
+                         ("K_h (hard neg.)", "2"), ("max steps (0: epochs)", "3")):
+        panel.get_by_label(label, exact=True).fill(value)
+    panel.get_by_role("button", name="Start training").click()
+    page.wait_for_selector('#train-progress [data-state="finished"]', timeout=240_000)
+    traces = plotly_data(page, "train-curves")
+    assert [t["x"] for t in traces] == [[1, 2, 3], [1, 2, 3]]  # loss and local term
+    metrics = plotly_data(page, "train-metrics")
+    assert [t["type"] for t in metrics] == ["bar", "bar"]  # training-free vs trained
+    entry = live_app.jobs.current().status().picker_entry
+    assert entry and entry in live_app.ctx.checkpoint_choices()
+    page.locator("#shared-checkpoint input").click()
+    page.get_by_role("option", name=entry).wait_for()
+    page.keyboard.press("Escape")
+    screenshot(page, "tab-train", shots / "train.png")
+
+
+@pytest.mark.parametrize(
+    ("title", "button", "element"),
+    [
+        ("Probe", "Score the caption and its edits", "#probe-bars"),
+        ("Zero-shot", "Classify", "#zeroshot-accuracy"),
+        ("Words", "Show word heatmaps", "#words-grid"),
+    ],
+)
+def test_other_views_render(page, shots, title, button, element):
+    open_tab(page, title)
+    page.get_by_role("button", name=button, exact=True).click()
+    rendered_image(page, element)
+    tab = "tab-" + title.split()[0].lower()
+    screenshot(page, tab, shots / f"{tab.removeprefix('tab-')}.png")
