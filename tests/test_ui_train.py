@@ -234,7 +234,7 @@ def test_the_app_trains_what_train_method_trains(ctx, cache_dir, tmp_path):
     assert status.picker_entry == f"{EMBEDDED} · trained here: conceptot"
     assert status.picker_entry in ctx.checkpoint_choices()
     suite = ctx.suite(status.picker_entry)
-    assert suite.methods["conceptot"].source == f"trained ({head})"
+    assert suite.methods["conceptot"].source == "trained (trained here: conceptot)"
     for a, b in zip(suite.methods["conceptot"].method.state_dict().values(),
                     app_head.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -264,6 +264,6 @@ class AppContext:
             method = load_method_checkpoint(path, free.backbone)
             if method.name != name or name not in methods:
                 raise CheckpointError(f"{path} holds a {method.name!r} head, not {name!r}")
-            methods[name] = SuiteMethod(method, "width", f"trained ({path})")
+            methods[name] = SuiteMethod(method, "width", f"trained ({heads.label})")
         # the label keys the explainer's cache of runs: it must differ from the free suite's
         return MethodSuite(free.backbone, methods, label)
