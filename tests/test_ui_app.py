@@ -207,7 +207,7 @@ def test_heads_replace_their_method_in_the_suite(tmp_path):
         torch.testing.assert_close(a, b)
 
 
-def test_real_clip_entries_need_the_network(monkeypatch):
+def test_real_clip_entries_need_the_network(monkeypatch, tmp_path):
     monkeypatch.delenv(context_module.REMOTE_ENV, raising=False)
     monkeypatch.delenv("SPACE_ID", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -221,7 +221,7 @@ def test_real_clip_entries_need_the_network(monkeypatch):
     assert remote_models() == [("ViT-B-32", "laion2b_s34b_b79k"), ("ViT-B-16", "openai")]
     monkeypatch.setenv(context_module.REMOTE_ENV, "")
     assert remote_models() == []
-    ctx = AppContext.default([("ViT-B-16", "openai")])
+    ctx = AppContext.default([("ViT-B-16", "openai")], heads_root=tmp_path)
     assert ctx.checkpoint_choices()[1] == f"ViT-B-16 / openai · {TRAINING_FREE}"
     choice = ctx.backbones[1]
     assert choice.train_backbone == {"open_clip_model": "ViT-B-16", "pretrained": "openai"}
