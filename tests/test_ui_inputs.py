@@ -20,6 +20,7 @@ from otviz.ui.inputs import (
     checked_uploads,
     fit_image,
     on_upload,
+    truncation_note,
     user_errors,
 )
 
@@ -107,3 +108,18 @@ def test_user_errors_wrap_callbacks_and_generators():
         next(gen)
     with pytest.raises(KeyError):  # bugs stay bugs (logged by Gradio), not user messages
         user_errors(crashes)()
+
+
+def test_cut_caption_words_are_named():
+    ctx = AppContext.default()
+    explainer = ctx.explainer(ctx.checkpoint_choices()[0])
+    image = gradient(80, 80)
+    assert truncation_note(explainer.encode(image, "a red circle")) is None
+    words = [f"w{k}" for k in range(explainer.backbone.context_length + 5)]
+    encoded = explainer.encode(image, " ".join(words))
+    cut = encoded.features.truncated[0]
+    assert cut and cut == list(range(cut[0], len(words)))
+    assert truncation_note(encoded) == (
+        f"the caption is longer than the model reads: only its first {cut[0]} words are used "
+        f'({len(cut)} cut, from "w{cut[0]}" on)'
+    )

@@ -26,7 +26,7 @@ from otviz.text.parse import phrase_nodes
 from otviz.text.words import split_words
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
-from otviz.ui.inputs import user_errors
+from otviz.ui.inputs import truncation_note, user_errors
 from otviz.viz.panels import compose_heatmaps
 from otviz.viz.plans import convergence_figure, plan_matrix_figure, token_marginal_figure
 from otviz.viz.tables import ScoreRow, score_frame, score_records
@@ -537,7 +537,11 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
         return ctx.explainer(checkpoint), ctx.suite(checkpoint)
 
     def on_align(img, text, checkpoint, meth, reg, scale, lam_l, phr, tok):
-        v = align_view(*tools(checkpoint), img, text, meth, reg, scale, lam_l, phr, tok)
+        explainer, suite = tools(checkpoint)
+        v = align_view(explainer, suite, img, text, meth, reg, scale, lam_l, phr, tok)
+        note = truncation_note(explainer.encode(img, text))  # cached
+        if note:
+            gr.Warning(note)
         return (
             gr.Dropdown(choices=v.phrase_choices, value=v.phrase),
             gr.Dropdown(choices=v.token_choices, value=v.token),

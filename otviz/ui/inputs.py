@@ -137,6 +137,16 @@ def checked_uploads(image: gr.Image) -> gr.Image:
     return image
 
 
+def truncation_note(encoded: Encoded) -> str | None:
+    """Which caption words the model's context length cut (the views leave them out)."""
+    cut = encoded.features.truncated[0]
+    if not cut:
+        return None
+    kept = len(encoded.words) - len(cut)
+    return (f"the caption is longer than the model reads: only its first {kept} words are "
+            f"used ({len(cut)} cut, from \"{encoded.words[cut[0]].text}\" on)")
+
+
 class UploadExplainer(Explainer):
     """An :class:`~otviz.pipeline.Explainer` that fits every upload first
     (:func:`fit_image`), so API callers get the same limits as the page."""
