@@ -1,5 +1,6 @@
-"""Throughput of the synthetic world: ``World.sample`` per second on one core, with and
-without hard negatives (``WorldConfig(negatives=...)``; training renders without them).
+"""Throughput of the synthetic world: ``World.sample`` per second on one core, without
+hard negatives (``WorldConfig(negatives=False)``, what training renders), with them (the
+default; a sample makes them on first read) and with them read (``sample.negatives``).
 
 Each setting is timed over ``--count`` consecutive fresh indices after a warm-up that fills
 the per-config caches (texture bank, shape alphas, tree pieces), ``--repeats`` times; the
@@ -36,25 +37,29 @@ _WARMUP = 50
 
 
 def time_world(
-    negatives: bool, count: int, repeats: int, split: str = "train", seed: int = 0
+    negatives: bool, read: bool, count: int, repeats: int, split: str = "train", seed: int = 0
 ) -> dict[str, float | int | bool]:
-    """Best-of-``repeats`` wall and CPU seconds of ``count`` samples, and the rates; also
-    the wall and CPU seconds of the warm-up (the first samples, filling the caches)."""
+    """Best-of-``repeats`` wall and CPU seconds of ``count`` samples (reading each one's
+    negatives if ``read``), and the rates; also the wall and CPU seconds of the warm-up
+    (the first samples, filling the caches)."""
     wall, cpu = time.perf_counter(), time.process_time()
     world = World(WorldConfig(negatives=negatives), split, seed)
     for i in range(_WARMUP):
-        world.sample(i)
+        _ = world.sample(i).negatives
     warmup_wall, warmup_cpu = time.perf_counter() - wall, time.process_time() - cpu
     best_wall, best_cpu = float("inf"), float("inf")
     for r in range(repeats):
         start = _WARMUP + r * count
         wall, cpu = time.perf_counter(), time.process_time()
         for i in range(start, start + count):
-            world.sample(i)
+            sample = world.sample(i)
+            if read:
+                _ = sample.negatives
         best_wall = min(best_wall, time.perf_counter() - wall)
         best_cpu = min(best_cpu, time.process_time() - cpu)
     return {
         "negatives": negatives,
+        "read_negatives": read,
         "count": count,
         "repeats": repeats,
         "wall_s": best_wall,
@@ -70,7 +75,7 @@ def time_world(
 
 
 def run(count: int = 3000, repeats: int = 3, cpu: int | None = 0) -> dict:
-    """Time both settings pinned to ``cpu`` (None: leave the affinity alone; the previous
+    """Time the three settings pinned to ``cpu`` (None: leave the affinity alone; the previous
     affinity is restored afterwards)."""
     pin = cpu is not None and hasattr(os, "sched_setaffinity")
     before = os.sched_getaffinity(0) if pin else None
@@ -79,7 +84,10 @@ def run(count: int = 3000, repeats: int = 3, cpu: int | None = 0) -> dict:
     try:
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         load = os.getloadavg() if hasattr(os, "getloadavg") else None
-        rows = [time_world(negatives, count, repeats) for negatives in (False, True)]
+        rows = [
+            time_world(negatives, read, count, repeats)
+            for negatives, read in ((False, False), (True, False), (True, True))
+        ]
     finally:
         if pin:
             os.sched_setaffinity(0, before)

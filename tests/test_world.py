@@ -2,10 +2,14 @@
 the rendered pixels, the semantic evaluator on hand-built scenes, hard negatives, splits,
 the classification view and the long-tailed profile."""
 
+import copy
+import dataclasses
 import json
 import os
+import pickle
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from itertools import combinations, permutations
 from pathlib import Path
 
@@ -93,6 +97,28 @@ def test_negatives_flag_changes_nothing_else():
     s = World(CFG, "test", 1).sample(5)
     t = World(WorldConfig(negatives=False), "test", 1).sample(5)
     assert np.array_equal(s.image, t.image) and s.caption == t.caption and t.negatives == {}
+
+
+def test_deferred_negatives_are_made_once_and_survive_copies():
+    """World samples make their negatives on first read; a read from a copy, a deep copy or
+    a pickle made before any read, from racing threads, or through dataclasses.replace,
+    gives the same values as a plain read (the generator is consumed once)."""
+    world = World(CFG, "train", 5)
+    for i in range(12):
+        ref = world.sample(i)
+        expect = (dict(ref.negative_meanings), dict(ref.negatives))
+        assert expect[0] and set(expect[1]) == set(expect[0])
+        s = world.sample(i)
+        copies = [copy.copy(s), copy.deepcopy(s), pickle.loads(pickle.dumps(s)), s]
+        assert all((c.negative_meanings, c.negatives) == expect for c in copies)
+        assert "_deferred_negatives" not in pickle.loads(pickle.dumps(world.sample(i))).__dict__
+        racing = [world.sample(i)] * 8
+        with ThreadPoolExecutor(4) as pool:
+            reads = list(pool.map(lambda t: (t.negative_meanings, t.negatives), racing))
+        assert all(r == expect for r in reads)
+        assert dataclasses.replace(world.sample(i), caption="x").negatives == expect[1]
+    with pytest.raises(AttributeError):
+        _ = world.sample(0).no_such_field
 
 
 def test_words_tree_and_phrases(test_samples):
@@ -342,8 +368,8 @@ def test_export_and_grid(tmp_path):
 
 
 def test_world_speed_benchmark_runs(tmp_path):
-    """The throughput benchmark runs end to end (a tiny, untimed run) and writes both
-    settings' wall and CPU rates; it pins itself to the CPU it is given."""
+    """The throughput benchmark runs end to end (a tiny, untimed run) and writes the wall
+    and CPU rates of its three settings; it pins itself to the CPU it is given."""
     cpu = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else -1
     out = tmp_path / "world_speed.json"
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "world_speed.py"
@@ -353,7 +379,8 @@ def test_world_speed_benchmark_runs(tmp_path):
         check=True, capture_output=True,
     )
     result = json.loads(out.read_text())
-    assert [row["negatives"] for row in result["rows"]] == [False, True]
+    settings = [(row["negatives"], row["read_negatives"]) for row in result["rows"]]
+    assert settings == [(False, False), (True, False), (True, True)]
     for row in result["rows"]:
         assert row["count"] == 4 and row["repeats"] == 1
         for key in ("samples_per_s_wall", "samples_per_s_cpu", "us_per_sample_cpu"):

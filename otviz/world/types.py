@@ -4,13 +4,17 @@ samples. Boxes are pixel integers ``(x0, y0, x1, y1)``, half-open, ``x`` to the 
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from otviz.text.tree import Tree
 
 Box = tuple[int, int, int, int]
+T = TypeVar("T")
 DescriptionKey = tuple[str, str, str | None]
 """A :class:`Description` as a plain ``(colour, shape, size)`` tuple."""
 
@@ -150,6 +154,27 @@ class Phrase:
     box: Box
 
 
+class Deferred(Generic[T]):
+    """The value of ``compute()``, computed on the first call and kept; thread-safe, so
+    ``compute`` runs once even when threads race for the value."""
+
+    def __init__(self, compute: Callable[[], T]) -> None:
+        self._compute: Callable[[], T] | None = compute
+        self._lock = threading.Lock()
+        self._value: T | None = None
+
+    def __call__(self) -> T:
+        with self._lock:
+            if self._compute is not None:
+                self._value, self._compute = self._compute(), None
+        return self._value  # type: ignore[return-value]
+
+
+NegativesOf = Callable[[], tuple[dict[str, Meaning], dict[str, str]]]
+"""Computes a sample's negative meanings and their captions."""
+_DEFERRED_FIELDS = ("negatives", "negative_meanings")
+
+
 @dataclass
 class Sample:
     """One image-caption pair with its ground truth.
@@ -157,6 +182,11 @@ class Sample:
     ``words`` equals ``[w.text for w in split_words(caption)]``; ``tree`` has exactly these
     leaves; ``phrases`` has one entry per noun phrase naming an object, in word order;
     ``negatives`` maps categories of ``NEGATIVE_CATEGORIES`` to captions false for the image.
+
+    A :class:`~otviz.world.World` defers the hard negatives (:meth:`defer_negatives`):
+    ``negatives`` and ``negative_meanings`` are made on the first read of either, from the
+    sample's own random stream, so their values do not depend on when (or whether) they
+    are read. Pickling or copying a sample makes them first.
     """
 
     image: np.ndarray
@@ -170,3 +200,24 @@ class Sample:
     split: str = "train"
     index: int = 0
     negative_meanings: dict[str, Meaning] = field(default_factory=dict)
+
+    def defer_negatives(self, negatives_of: NegativesOf) -> None:
+        """Make ``negative_meanings, negatives = negatives_of()`` on their first read."""
+        del self.negatives, self.negative_meanings
+        self.__dict__["_deferred_negatives"] = Deferred(negatives_of)
+
+    def __getattr__(self, name: str) -> Any:
+        # reached only for attributes missing from the instance: deferred negatives
+        deferred = self.__dict__.get("_deferred_negatives")
+        if deferred is not None and name in _DEFERRED_FIELDS:
+            meanings, captions = deferred()
+            self.__dict__.update(negatives=captions, negative_meanings=meanings)
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        deferred = state.pop("_deferred_negatives", None)
+        if deferred is not None:
+            state["negative_meanings"], state["negatives"] = deferred()
+        return state

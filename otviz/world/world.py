@@ -21,6 +21,7 @@ every noun phrase names exactly one object.
 from __future__ import annotations
 
 from bisect import bisect_right
+from functools import partial
 
 import numpy as np
 
@@ -63,34 +64,39 @@ class World:
         self.forbidden_pairs = frozenset() if compositional else frozenset(HELD_OUT_PAIRS)
 
     def sample(self, i: int) -> Sample:
-        """Sample ``i`` of this split (deterministic)."""
+        """Sample ``i`` of this split (deterministic; its hard negatives are made on their
+        first read, see :meth:`Sample.defer_negatives`)."""
         rng = np.random.default_rng([self.seed, self.split_id, i])
         objects = self._scene(rng)
         meaning, order = self._describe(objects, rng)
         real = realise(meaning)
         image = render_scene(objects, rng, self.config)
-        negative_meanings = (
-            hard_negatives(meaning, objects, rng, self.forbidden_pairs)
-            if self.config.negatives
-            else {}
-        )
         phrases = [
             Phrase(s, e, " ".join(real.words[s:e]), j, objects[j].box)
             for (s, e), j in zip(real.spans, order, strict=True)
         ]
-        return Sample(
+        sample = Sample(
             image=image,
             caption=real.caption,
             words=real.words,
             tree=real.tree,
             phrases=phrases,
             objects=objects,
-            negatives={k: caption_of(m) for k, m in negative_meanings.items()},
+            negatives={},
             meaning=meaning,
             split=self.split,
             index=i,
-            negative_meanings=negative_meanings,
         )
+        if self.config.negatives:
+            # the negatives draw last from ``rng``, which nothing else holds: defer them
+            sample.defer_negatives(partial(self._negatives, meaning, objects, rng))
+        return sample
+
+    def _negatives(
+        self, meaning: Meaning, objects: list[SceneObject], rng: np.random.Generator
+    ) -> tuple[dict[str, Meaning], dict[str, str]]:
+        meanings = hard_negatives(meaning, objects, rng, self.forbidden_pairs)
+        return meanings, {k: caption_of(m) for k, m in meanings.items()}
 
     def samples(self, start: int, count: int) -> list[Sample]:
         """Samples ``start, ..., start + count - 1``."""
