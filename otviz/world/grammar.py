@@ -79,6 +79,7 @@ def _np_leaves(colour: str, shape: str, size: str | None) -> tuple[tuple[str, st
 
 @lru_cache(maxsize=1 << 14)
 def _np_words(colour: str, shape: str, size: str | None) -> tuple[str, ...]:
+    """The words of :func:`_np_leaves`."""
     return tuple(word for _, word in _np_leaves(colour, shape, size))
 
 
