@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_flags(ablate, TrainConfig)
     ablate.set_defaults(out="runs/ablation")
     ablate.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"comma list of {', '.join(VARIANTS)}")
+                        help=f"comma list of {', '.join(VARIANTS)} (λ may be typed lambda)")
     ablate.add_argument("--n-test", type=int, default=500, help="world test images")
     ablate.add_argument("--test-seed", type=int, default=0)
     ablate.add_argument("--candidates", type=int, default=16,

@@ -96,15 +96,15 @@ def test_eval_training_free_subset(tmp_path: Path, trained: dict[str, Path]) -> 
 
 
 def test_ablate_trains_each_variant(trained: dict[str, Path]) -> None:
-    argv = ["ablate", "--variants", "default,K_h=2", *SMALL, "--backbone", str(trained["bb"]),
-            "--cache-dir", str(trained["cache"]), "--out", str(trained["root"] / "abl"),
-            "--n-test", "4", "--tables-out", str(trained["eval"])]
+    argv = ["ablate", "--variants", "default,lambda_l=0.25", *SMALL, "--backbone",
+            str(trained["bb"]), "--cache-dir", str(trained["cache"]), "--out",
+            str(trained["root"] / "abl"), "--n-test", "4", "--tables-out", str(trained["eval"])]
     assert main(argv) == 0
     rows = read_tables(trained["eval"] / "ablation.json")["ablation"].rows
-    assert [(r["variant"], r["hard_negatives"], r["steps"]) for r in rows] == [
-        ("default", 4, 2), ("K_h=2", 2, 2)]
-    meta = head_meta(trained["root"] / "abl" / "K_h-2" / "head")
-    assert meta["train_config"]["hard_negatives"] == 2
+    assert [(r["variant"], r["lambda_local"], r["steps"]) for r in rows] == [
+        ("default", 0.5, 2), ("λ_l=0.25", 0.25, 2)]
+    meta = head_meta(trained["root"] / "abl" / "lambda_l-0.25" / "head")
+    assert meta["train_config"]["lambda_local"] == 0.25
 
 
 def test_otclip_losses_and_report(trained: dict[str, Path]) -> None:

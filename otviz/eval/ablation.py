@@ -4,7 +4,8 @@ each around the defaults, every variant trained from the same recipe on the same
 backbone and scored on the same world test images.
 
 ``otviz ablate`` runs it; its flags are the :class:`~otviz.train.config.TrainConfig` fields
-(the shared recipe) plus the variants and the test set.
+(the shared recipe) plus the variants (``lambda_l=0.25`` may be typed for ``λ_l=0.25``) and
+the test set.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ ABLATION_COLUMNS = [
 ]
 
 
+def canonical_variant(name: str) -> str:
+    """A variant name as :data:`VARIANTS` spells it ("lambda_l=0.25" -> "λ_l=0.25")."""
+    return name.strip().replace("lambda_l", "λ_l")
+
+
 def variant_dir(name: str) -> str:
     """A folder name for a variant ("λ_l=0.25" -> "lambda_l-0.25")."""
     return name.replace("λ", "lambda").replace("=", "-")
@@ -58,6 +64,7 @@ def ablation_table(
     """Train ConceptOT once per variant (``base`` with the variant's fields, in
     ``base.out/<variant>``) and score it on ``data``: two-stage Avg R@1 (as Table 4), probe
     overall and pointing game."""
+    variants = [canonical_variant(v) for v in variants]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
