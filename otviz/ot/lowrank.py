@@ -43,6 +43,7 @@ it needs no ``tanh``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -194,16 +195,22 @@ class KernelProduct:
 
     def log(self, floor: float) -> Tensor:
         """``log(max(K~ e^h, 0) + floor)`` (Alg. 1 lines 9 / 13). With a floor the sum is
-        formed in the linear domain (the floor bounds the log-scalings above, so
-        ``e^offset`` cannot overflow, and a term that underflows is below the floor);
-        without one, in the log domain."""
-        if floor > 0:
+        formed in the linear domain when ``e^offset`` is safely finite (``offset <= scale``,
+        as the destination's row maxima are at most 1; with masses at most 1 the floor bounds
+        the scale by ``-log floor``); a term that underflows there is far below the floor.
+        Otherwise, and without a floor, it is formed in the log domain."""
+        linear = floor > 0 and bool(
+            (self.scale <= 0.5 * math.log(torch.finfo(self.s.dtype).max)).all()
+        )
+        if linear:
             return torch.log(self.s.clamp_min(0.0) * torch.exp(self.offset) + floor)
-        return self.offset + torch.log(self.s.clamp_min(self.tiny))
+        out = self.offset + torch.log(self.s.clamp_min(self.tiny))
+        return out if floor <= 0 else torch.logaddexp(out, torch.full_like(out, math.log(floor)))
 
-    def marginal(self, h: Tensor) -> Tensor:
-        """``e^h * (K~ e^{h'})``: a marginal of the plan ``diag(e^h) K~ diag(e^{h'})``."""
-        return self.s * torch.exp(h + self.offset)
+    def marginal(self, h: Tensor, log_scale: Tensor) -> Tensor:
+        """``e^h * (K~ e^{h'}) / e^{log_scale}``: a marginal of the plan
+        ``diag(e^h) K~ diag(e^{h'})`` over the plan's scale (``[B]``)."""
+        return self.s * torch.exp(h + self.offset - log_scale.unsqueeze(1))
 
 
 def _anchor_products(x: Tensor, anchors: Tensor) -> Tensor:
@@ -418,12 +425,17 @@ def lowrank_uot(
     plan = LowRankPlan(
         zp.kernel, yp.kernel, core, col.weights, row.weights, (col.scale + row.scale).squeeze(1)
     )
-    row_marginal, col_marginal = row.marginal(f), col.marginal(g)
-    mass = row_marginal.sum(1)
-    tiny = torch.finfo(mass.dtype).tiny
-    score = transport_similarity(plan, z, y, z_scale) / torch.where(
-        mass.abs() < tiny, torch.full_like(mass, tiny), mass
+    # marginals and Eq. 8 from sums over e^{log_scale} (the score is a ratio of two such
+    # sums, so no overflow of the scale reaches it)
+    rows, cols = row.marginal(f, plan.log_scale), col.marginal(g, plan.log_scale)
+    shifted_mass = rows.sum(1)  # 1^T P~ 1 = sum_i a_i (K~ b)_i
+    tiny = torch.finfo(shifted_mass.dtype).tiny
+    score = shifted_similarity(plan, z, y, z_scale) / torch.where(
+        shifted_mass.abs() < tiny, torch.full_like(shifted_mass, tiny), shifted_mass
     )
+    scale = torch.exp(plan.log_scale)
+    mass = shifted_mass * scale
+    row_marginal, col_marginal = rows * scale.unsqueeze(1), cols * scale.unsqueeze(1)
     log_u = f if row_mask is None else f.masked_fill(~row_mask, -float("inf"))
     log_v = g if col_mask is None else g.masked_fill(~col_mask, -float("inf"))
     return LowRankResult(
@@ -446,19 +458,18 @@ def lowrank_uot(
     )
 
 
-def transport_similarity(
+def shifted_similarity(
     plan: LowRankPlan, z: Tensor, y: Tensor, z_scale: Tensor | None = None
 ) -> Tensor:
-    """``[B]`` the numerator of Eq. 8 without materialising the plan:
-    ``sum_ij P~_ij z_i . y_j = Tr(Z^T diag(a) K_ZP C K_PY diag(b) Y)``, contracted as
+    """``[B]`` the numerator of Eq. 8 over ``e^{log_scale}``, without materialising the
+    plan: ``sum_ij P~_ij z_i . y_j = Tr(Z^T diag(a) K_ZP C K_PY diag(b) Y)``, contracted as
     ``<C K_PY diag(b), (K_ZP^T diag(a) Z) Y^T>`` over ``[r, M]`` (``C`` the core; ``z`` may
     come unnormalised with its inverse norms ``z_scale``). Divided by the mass
-    ``1^T P~ 1`` it is the score."""
+    ``1^T P~ 1`` (over the same scale) it is the score."""
     wz = plan.u if z_scale is None else plan.u * z_scale
     left = (plan.kernel_zp * wz.unsqueeze(-1)).transpose(1, 2) @ z  # [B, r, d]
     right = plan.core @ (plan.kernel_yp * plan.v.unsqueeze(-1)).transpose(1, 2)  # [B, r, M]
-    dot = (right * (left @ y.transpose(1, 2))).sum((1, 2))
-    return dot * torch.exp(plan.log_scale)
+    return (right * (left @ y.transpose(1, 2))).sum((1, 2))
 
 
 def stabilised_score(score: Tensor) -> Tensor:
