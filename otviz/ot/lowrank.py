@@ -4,10 +4,14 @@ The Gibbs kernel ``K_ij = exp(-(1 - z_i . y_j) / eps)`` is replaced by the Nystr
 factorisation ``K~ = K_ZP K_PP,lambda^-1 K_PY`` (Eq. 4-7) through ``r`` anchors ``P``; the
 generalized Sinkhorn updates of Eq. 3 then cost ``O((N + M) r + r^2)`` per iteration and
 the plan ``diag(a) K~ diag(b)`` is never materialised: :class:`LowRankPlan` multiplies by
-it and the score of Eq. 8 is evaluated through ``[r, d]`` anchor-space products.
+it and the score of Eq. 8 is evaluated through an ``[r, d]`` anchor-space product.
 
 Everything is batched over B pairs (no per-pair loop): anchors are shared ``[r, d]`` (one
-``K_PP`` factorisation for the whole batch) or per pair ``[B, r, d]``.
+``K_PP`` factorisation for the whole batch) or per pair ``[B, r, d]``. Per pair, the
+width-``d`` products dominate: ``(N + M) d r`` multiply-adds for the anchor kernels and as
+many for Eq. 8's numerator (``K_ZP^T diag(a) Z`` and its product with ``Y^T``), against
+``N d M`` for a dense cost matrix; the iterations are batched mat-vecs, ``O((N + M) r)``,
+and the marginals, mass and plan scalings come from their last products.
 
 Two variants, chosen by name:
 
