@@ -34,10 +34,10 @@ class OTCLIPTableConfig:
     """The shared reduced pre-training budget and the scoring of the comparison."""
 
     otclip_kinds: str = ",".join(KINDS)  # comma list of OT-CLIP loss kinds
-    otclip_steps: int = 150
+    otclip_steps: int = 400
     otclip_batch_size: int = 128
     otclip_lr: float = 2e-3
-    otclip_n_train: int = 8000  # world training samples
+    otclip_n_train: int = 16000  # world training samples
     otclip_n_test: int = 500  # held-out retrieval pairs
     otclip_width: int = 64  # embed dim and both tower widths
     otclip_layers: int = 2  # layers of both towers
