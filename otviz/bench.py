@@ -452,8 +452,8 @@ def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
 
 def summarise(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
     """The bar figures: Dense UOT vs POT and end to end at N=196, M=48; ConceptOT (r=32)
-    vs Dense UOT per N (time ratios next to :func:`product_mac_ratio`) and its time slope
-    over N=196..4096; the training step."""
+    vs Dense UOT per N (time ratios next to :func:`product_mac_ratio`) and both methods'
+    time slopes over N=196..4096; the training step."""
     out: dict[str, Any] = {}
     ours = _find(rows, method="ours_sinkhorn_unbalanced", N=196, M=48)
     pot = _find(rows, method="pot_sinkhorn_unbalanced", N=196, M=48)
@@ -478,6 +478,22 @@ def summarise(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
                     "product_macs": product_mac_ratio(n, m, 32),
                 }
     out["conceptot_over_dense_uot_time"] = ratios
+    # per-patch slopes: ConceptOT's grows with r, Dense UOT's with M
+    out["conceptot_time_vs_N"] = _time_vs_n(rows, cfg, "conceptot", 32)
+    out["dense_uot_time_vs_N"] = _time_vs_n(rows, cfg, "dense_uot", None)
+    out["train_step_ms"] = {
+        row["method"]: row["ms_per_step"]
+        for row in rows
+        if row["kind"] == "train_step" and row.get("status") == "ok"
+    }
+    return out
+
+
+def _time_vs_n(
+    rows: list[dict[str, Any]], cfg: BenchConfig, method: str, rank: int | None
+) -> dict[str, Any]:
+    """Per ``M``: :func:`linear_fit` of a method's forward wall (``""``) and CPU (``"cpu_"``)
+    time per pair against N over N = 196..4096."""
     slopes = {}
     for m in cfg.ms:
         sel = [
@@ -485,8 +501,8 @@ def summarise(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
             for row in rows
             if row.get("status") == "ok"
             and row["kind"] == "method"
-            and row["method"] == "conceptot"
-            and row.get("r") == 32
+            and row["method"] == method
+            and row.get("r") == rank
             and row["M"] == m
             and row["mode"] == "forward"
             and 196 <= row["N"] <= 4096
@@ -496,13 +512,7 @@ def summarise(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
                 key: linear_fit([(row["N"], row[f"{key}ms_per_pair"]) for row in sel])
                 for key in ("", "cpu_")
             }
-    out["conceptot_time_vs_N"] = slopes
-    out["train_step_ms"] = {
-        row["method"]: row["ms_per_step"]
-        for row in rows
-        if row["kind"] == "train_step" and row.get("status") == "ok"
-    }
-    return out
+    return slopes
 
 
 def product_mac_ratio(n: int, m: int, r: int) -> float:

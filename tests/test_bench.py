@@ -16,6 +16,7 @@ from otviz.bench import (
     main,
     product_mac_ratio,
     run_benchmark,
+    summarise,
     to_markdown,
     tree_nodes,
 )
@@ -114,3 +115,35 @@ def test_run_restores_the_callers_thread_count() -> None:
     cfg.methods, cfg.pot, cfg.backward, cfg.train_step = ("dense_uot",), False, False, False
     result = run_benchmark(cfg)
     assert result["meta"]["threads"] == before + 1 and torch.get_num_threads() == before
+
+
+def test_summary_fits_both_methods_time_against_n() -> None:
+    # synthetic rows on exact lines: ConceptOT 0.7 us/patch, Dense UOT 0.6 us/patch
+    rows = []
+    for n in (196, 576, 4096):
+        for method, r, slope in (("conceptot", 32, 0.7e-3), ("dense_uot", None, 0.6e-3)):
+            t = 0.05 + slope * n
+            rows.append(
+                {
+                    "kind": "method",
+                    "method": method,
+                    "N": n,
+                    "M": 48,
+                    "r": r,
+                    "mode": "forward",
+                    "status": "ok",
+                    "ms_per_pair": t,
+                    "cpu_ms_per_pair": t,
+                }
+            )
+    summary = summarise(rows, BenchConfig(ns=(196, 576, 4096), ms=(48,)))
+    conceptot = summary["conceptot_time_vs_N"]["M=48"][""]
+    dense = summary["dense_uot_time_vs_N"]["M=48"]["cpu_"]
+    assert conceptot["us_per_patch"] == pytest.approx(0.7) and dense[
+        "us_per_patch"
+    ] == pytest.approx(0.6)
+    assert conceptot["intercept_ms"] == pytest.approx(0.05) and conceptot["r2"] == pytest.approx(
+        1.0
+    )
+    ratio = summary["conceptot_over_dense_uot_time"]["N=576,M=48"]
+    assert ratio["wall"] == pytest.approx((0.05 + 0.7e-3 * 576) / (0.05 + 0.6e-3 * 576))
