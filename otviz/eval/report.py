@@ -22,16 +22,21 @@ from torch import Tensor
 
 from otviz.eval.alignment_tables import align_pairs, phrase_queries
 from otviz.eval.grounding_metrics import mean_offdiag_cosine
+from otviz.eval.otclip_table import LOSS_LABELS
 from otviz.eval.runner import build_suite, load_backbone, read_tables
 from otviz.eval.table import Table
 from otviz.eval.world_set import EvalSet
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
+from otviz.train.losses import LOCAL_CONTRASTIVE, POWERSET_TRIPLET, QCT, local_objective
 from otviz.train.method_checkpoint import head_meta
 from otviz.viz.anchors import affinity_figure, anchor_matrix_figure, cluster_order
 from otviz.viz.probe import probe_accuracy_figure
 from otviz.viz.report import curves_figure, grounding_grid_figure, grouped_bars_figure
 from otviz.world import COLOURS, NEGATIVE_CATEGORIES, SHAPES, SIZES
 
+#: Panel titles of the training curves, by local objective.
+LOSS_PANELS = {LOCAL_CONTRASTIVE: "Eq. 9-10 local contrastive", QCT: "QC-Align: QCT",
+               POWERSET_TRIPLET: "PowerCLIP: powerset triplet"}
 #: The world's vocabulary as single words (anchor-word affinity).
 WORLD_WORDS: list[str] = [*SIZES, *COLOURS, *SHAPES, "left", "right", "above", "below", "and",
                           "there"]
@@ -102,14 +107,16 @@ def table_figures(tables: dict[str, Table]) -> dict[str, Figure]:
 
 
 def training_curves_figure(heads: str | Path, names: tuple[str, ...] = ALIGN_METHODS) -> Figure:
-    """The local loss of every shipped head per training step (from its checkpoint)."""
-    curves = {}
+    """The local loss of every shipped head per training step (from its checkpoint), one
+    panel per loss (Eq. 9-10 contrastive, QC-Align's QCT, PowerCLIP's triplet)."""
+    panels: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     for name in names:
         curve = head_meta(Path(heads) / name)["metrics"].get("curve")
         if curve:
-            curves[METHOD_LABELS[name]] = (curve["step"], curve["local"])
-    return curves_figure(curves, "Local loss of each method head during training (Eq. 10, "
-                         "QCT, triplet)", "local loss", smooth=5)
+            kind = LOSS_PANELS[local_objective(name)]
+            panels.setdefault(kind, {})[METHOD_LABELS[name]] = (curve["step"], curve["local"])
+    return curves_figure(panels, "local loss", smooth=5,
+                         suptitle="Local loss of each method head during training")
 
 
 @torch.no_grad()
@@ -171,9 +178,11 @@ def render_report(config: ReportConfig) -> list[Path]:
     if logs_file.exists():
         logs = json.loads(logs_file.read_text(encoding="utf-8")).get("logs", {})
         if logs:
+            runs = {LOSS_LABELS.get(k, k): ([e["step"] for e in v], [e["loss"] for e in v])
+                    for k, v in logs.items()}
             figs["otclip_curves"] = curves_figure(
-                {k: ([e["step"] for e in v], [e["loss"] for e in v]) for k, v in logs.items()},
-                "Pre-training loss per OT-CLIP loss (each its own objective)", "loss", smooth=5)
+                {"Pre-training loss per OT-CLIP loss (each its own objective)": runs}, "loss",
+                smooth=5)
     backbone = load_backbone(config.backbone)
     suite = build_suite(backbone, config.heads, ALIGN_METHODS)
     if Path(config.heads).is_dir():

@@ -47,32 +47,38 @@ def grouped_bars_figure(
 
 
 def curves_figure(
-    curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
-    title: str,
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
     ylabel: str,
     xlabel: str = "step",
     smooth: int = 1,
+    suptitle: str | None = None,
 ) -> Figure:
-    """One line per run: ``label -> (x, y)``; ``smooth > 1`` draws the running mean over
-    that many points (the raw curve faintly behind it)."""
-    fig = new_figure(5.6, 3.4)
-    ax = fig.add_subplot()
+    """One panel per entry of ``panels`` (title -> runs), one line per run ``label -> (x,
+    y)`` (runs whose values live on different scales go to different panels); ``smooth >
+    1`` draws the running mean over that many points, the raw curve faintly behind it."""
+    fig = new_figure(4.2 * len(panels) + 0.6, 3.4)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
     palette = plt.get_cmap("tab10")
-    for i, (label, (x, y)) in enumerate(curves.items()):
-        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-        colour = palette(i % 10)
-        if smooth > 1 and y.size >= smooth:
-            ax.plot(x, y, color=colour, alpha=0.2, linewidth=0.8)
-            kernel = np.ones(smooth) / smooth
-            ax.plot(x[smooth - 1 :], np.convolve(y, kernel, mode="valid"), color=colour,
-                    label=label, linewidth=1.4)
-        else:
-            ax.plot(x, y, color=colour, label=label, linewidth=1.4)
-    ax.set_xlabel(xlabel, fontsize=8)
-    ax.set_ylabel(ylabel, fontsize=8)
-    ax.set_title(title, fontsize=9)
-    ax.tick_params(labelsize=7)
-    ax.legend(fontsize=7, frameon=False, loc="best")
+    colour = 0
+    for ax, (title, curves) in zip(axes, panels.items(), strict=True):
+        for label, (x, y) in curves.items():
+            x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+            c = palette(colour % 10)
+            colour += 1
+            if smooth > 1 and y.size >= smooth:
+                ax.plot(x, y, color=c, alpha=0.2, linewidth=0.8)
+                kernel = np.ones(smooth) / smooth
+                ax.plot(x[smooth - 1 :], np.convolve(y, kernel, mode="valid"), color=c,
+                        label=label, linewidth=1.4)
+            else:
+                ax.plot(x, y, color=c, label=label, linewidth=1.4)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7, frameon=False, loc="best")
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
     return fig
 
 
