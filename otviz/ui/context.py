@@ -18,11 +18,10 @@ import gradio as gr
 from otviz.backbone import Backbone
 from otviz.checkpoint import CheckpointError
 from otviz.pipeline import Explainer, InputError
-from otviz.suite import MethodSuite, SuiteMethod
+from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, SuiteMethod
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.train.method_checkpoint import head_meta, load_method_checkpoint
 from otviz.ui.inputs import UploadExplainer
-from otviz.world.vocab import COLOURS, SHAPES, SIZES
 
 EMBEDDED = "otviz-tiny (embedded)"
 TRAINING_FREE = "training-free"
@@ -34,11 +33,9 @@ HEADS_ROOT = DEFAULT_CHECKPOINT.parent / "heads"
 REMOTE_MODELS: list[tuple[str, str]] = [("ViT-B-16", "openai"), ("ViT-B-32", "openai")]
 #: ``OTVIZ_REMOTE_MODELS="ViT-B-16/openai,ViT-L-14/openai"`` overrides the list ("": none).
 REMOTE_ENV = "OTVIZ_REMOTE_MODELS"
-# Captions whose token embeddings seed training-free ConceptOT anchors on the tiny model.
-WORLD_FIT_CAPTIONS: list[str] = [
-    f"a {size} {colour} {shape}" for size in SIZES for colour in COLOURS for shape in SHAPES
-] + ["to the left of", "to the right of", "above", "below", "and", "there is"]
-# ... and on a real CLIP (ConceptOT Fig. 5 uses 30 common visual concepts).
+# Captions whose token embeddings seed training-free ConceptOT anchors: on the tiny model
+# the world's vocabulary (otviz.suite.WORLD_FIT_CAPTIONS), on a real CLIP 30 common visual
+# concepts (as ConceptOT Fig. 5).
 COMMON_CONCEPTS: list[str] = (
     "dog cat horse bird person woman man child car bus train bicycle street kitchen room "
     "table food pizza water beach snow tree grass sky red blue green white black wooden"
