@@ -20,6 +20,11 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from otviz.eval.classification_metrics import accuracy, selective_accuracy
+from otviz.eval.classification_tables import (
+    pooled_image_embeddings,
+    pooled_text_embeddings,
+    temperature,
+)
 from otviz.ot.classify import long_tailed_predict, selective_predict, zero_shot_predict
 from otviz.pipeline import InputError
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
@@ -40,14 +45,11 @@ from otviz.ui.zeroshot_tab import (
     ZERO_SHOT_RULES,
     build_zeroshot_tab,
     class_prompts,
-    image_embeddings,
     label_prior,
     load_images,
     parse_classes,
     parse_prior,
     run_zero_shot,
-    temperature,
-    text_embeddings,
     world_batch,
     world_classes,
     zero_shot_view,
@@ -78,7 +80,8 @@ def batch():
 @pytest.fixture(scope="module")
 def embeddings(backbone, batch):
     images, _, classes = batch
-    return image_embeddings(backbone, images), text_embeddings(backbone, class_prompts(classes))
+    prompts = class_prompts(classes)
+    return pooled_image_embeddings(backbone, images), pooled_text_embeddings(backbone, prompts)
 
 
 @pytest.fixture(scope="module")
@@ -208,8 +211,8 @@ def test_uploads_have_predictions_only(backbone, tmp_path):
         "\n".join(classes), TEMPLATE, UNIFORM, "", 0.5,
     )
     assert "Labels unknown" in summary and "true" not in table.columns and len(table) == 3
-    image_emb = image_embeddings(backbone, [np.asarray(Image.open(p)) for p in paths])
-    class_emb = text_embeddings(backbone, class_prompts(classes))
+    image_emb = pooled_image_embeddings(backbone, [np.asarray(Image.open(p)) for p in paths])
+    class_emb = pooled_text_embeddings(backbone, class_prompts(classes))
     ref = zero_shot_predict(image_emb, class_emb, "softmax", eps=temperature(backbone))
     assert list(table[RULE_LABELS["softmax"]]) == [classes[k] for k in ref.labels.tolist()]
     assert not acc_fig.axes[0].patches  # a message, no bars

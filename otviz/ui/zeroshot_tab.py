@@ -27,6 +27,11 @@ from torch import Tensor
 
 from otviz.backbone import Backbone, ImageInputError, to_rgb
 from otviz.eval.classification_metrics import accuracy, selective_accuracy
+from otviz.eval.classification_tables import (
+    pooled_image_embeddings,
+    pooled_text_embeddings,
+    temperature,
+)
 from otviz.ot.classify import (
     Prediction,
     long_tailed_predict,
@@ -227,32 +232,6 @@ def check_rate(rate: float) -> float:
     return value
 
 
-# ----------------------------------------------------------------------- embeddings
-@torch.no_grad()
-def image_embeddings(backbone: Backbone, images: Sequence, batch_size: int = 32) -> Tensor:
-    """``[n, E]`` pooled image embeddings (the model's ``encode_image``: the same as
-    :attr:`TokenFeatures.image_global`, without running the text tower)."""
-    parts = [
-        backbone.model.encode_image(backbone.image_tensor(list(images[s : s + batch_size])))
-        for s in range(0, len(images), batch_size)
-    ]
-    return torch.cat(parts).float().cpu()
-
-
-@torch.no_grad()
-def text_embeddings(backbone: Backbone, prompts: Sequence[str]) -> Tensor:
-    """``[K, E]`` pooled text embeddings (the model's ``encode_text``: the same as
-    :attr:`TokenFeatures.text_global`, without running the image tower)."""
-    ids = backbone.words(list(prompts)).ids.to(backbone.device)
-    return backbone.model.encode_text(ids).float().cpu()
-
-
-def temperature(backbone: Backbone) -> float:
-    """The model's softmax temperature ``1 / logit_scale`` (``eps`` of OT-CLIP Sec. 4)."""
-    scale = getattr(backbone.model, "logit_scale", None)
-    return 0.01 if scale is None else float(1.0 / scale.detach().exp())
-
-
 # ----------------------------------------------------------------------- the run
 @dataclass
 class ZeroShotRun:
@@ -360,8 +339,8 @@ def run_zero_shot(
     if prior.numel() != len(classes):
         raise InputError(f"the label prior has {prior.numel()} weights for {len(classes)} classes")
     truth, notes = _map_labels(labels, label_names, classes)
-    image_emb = image_embeddings(backbone, images)
-    class_emb = text_embeddings(backbone, prompts)
+    image_emb = pooled_image_embeddings(backbone, images)
+    class_emb = pooled_text_embeddings(backbone, prompts)
     eps = temperature(backbone)
     predictions = {
         rule: zero_shot_predict(image_emb, class_emb, rule, eps=eps) for rule in ZERO_SHOT_RULES
