@@ -21,6 +21,13 @@ What is timed (all float32 on CPU, ``torch.set_num_threads(threads)``):
   ``ot.batch.solve_batch(method='log_sinkhorn', max_iter=L, tol=0)`` on the torch batch.
   POT offers no batched *unbalanced* solver, so there is no such row.
 
+* ``shared`` rows: forward (training-free) at ``N = 196``, ``M = 48`` on batches that
+  repeat images or captions, as real workloads do (:func:`shared_layouts`: a training
+  step's hard-negative pairs; two-stage retrieval's 128 candidates per query). Such
+  batches carry their distinct images and captions (``PairSides``), so the projections,
+  and ConceptOT's anchor kernels, are formed once per image and caption; the grid rows
+  above have all-distinct pairs (the worst case for ConceptOT).
+
 * ``train_step`` rows: one training step of 64 items with ``K_h = 4`` hard negatives each
   way (64 + 2 * 64 * 4 = 576 pairs gathered with :meth:`PairBatch.index`) at the
   ViT-B/16 sizes ``N = 196``, ``M = 48``: forward + backward, trainable configuration.
@@ -64,6 +71,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 
 from otviz.methods import METHODS, MethodConfig, PairBatch, build_method
@@ -74,6 +82,7 @@ from otviz.regions import random_boxes
 TRAIN_ITEMS = 64
 HARD_NEGATIVES = 4
 TRAIN_N, TRAIN_M = 196, 48
+RERANK_QUERIES, RERANK_K = 4, 128
 
 
 @dataclass
@@ -94,6 +103,7 @@ class BenchConfig:
     pot: bool = True
     backward: bool = True
     train_step: bool = True
+    shared: bool = True  # forward rows on layouts that repeat images / captions
     methods: tuple[str, ...] | None = None  # None: every registered method
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -411,16 +421,68 @@ def solver_rows(cfg: BenchConfig, n: int, m: int) -> list[dict[str, Any]]:
     return rows
 
 
-def train_step_rows(cfg: BenchConfig, names: list[str]) -> list[dict[str, Any]]:
-    """Forward + backward of one training step: 64 items, K_h = 4 each way, 576 pairs."""
-    items = random_batch(TRAIN_ITEMS, TRAIN_N, TRAIN_M, cfg.dim, cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
+def training_pairs(seed: int) -> tuple[Tensor, Tensor]:
+    """``(image_idx, text_idx)`` of a training step's pairs: the 64 positives, then each
+    item's caption with ``K_h = 4`` other images and its image with 4 other captions
+    (random stand-ins for mined hard negatives), 576 pairs over 64 images and captions."""
+    gen = torch.Generator().manual_seed(seed)
     pos = torch.arange(TRAIN_ITEMS)
     shift = torch.randint(1, TRAIN_ITEMS, (TRAIN_ITEMS, 2 * HARD_NEGATIVES), generator=gen)
     neg = (pos[:, None] + shift) % TRAIN_ITEMS
     rep = pos[:, None].expand(-1, HARD_NEGATIVES)
     image_idx = torch.cat([pos, rep.reshape(-1), neg[:, HARD_NEGATIVES:].reshape(-1)])
     text_idx = torch.cat([pos, neg[:, :HARD_NEGATIVES].reshape(-1), rep.reshape(-1)])
+    return image_idx, text_idx
+
+
+def shared_layouts(seed: int) -> dict[str, tuple[Tensor, Tensor]]:
+    """Pair layouts that repeat images or captions, as ``(image_idx, text_idx)`` into a pool
+    of items: a training step's pairs (:func:`training_pairs`), and the second stage of
+    two-stage retrieval (ConceptOT App. G.4, ``k = 128`` candidates) for 4 image queries
+    (``rerank_i2t``: 4 images x 128 captions) and 4 caption queries (``rerank_t2i``)."""
+    queries = torch.arange(RERANK_QUERIES).repeat_interleave(RERANK_K)
+    candidates = torch.arange(RERANK_QUERIES * RERANK_K)
+    return {
+        "train_negatives": training_pairs(seed),
+        "rerank_i2t": (queries, candidates),
+        "rerank_t2i": (candidates, queries),
+    }
+
+
+def shared_rows(cfg: BenchConfig, names: list[str]) -> list[dict[str, Any]]:
+    """Forward rows (training-free, as the grid's) at ``N = 196``, ``M = 48`` on the layouts
+    of :func:`shared_layouts`: batches built with :meth:`PairBatch.index`, so they carry
+    :class:`~otviz.methods.base.PairSides` and methods may form per-image and per-caption
+    quantities once. Timed together in interleaved rounds per layout."""
+    pool = random_batch(RERANK_QUERIES * RERANK_K, TRAIN_N, TRAIN_M, cfg.dim, cfg.seed)
+    rows: list[dict[str, Any]] = []
+    for layout, (image_idx, text_idx) in shared_layouts(cfg.seed).items():
+        batch = pool.index(image_idx, text_idx)
+        jobs: list[TimedJob] = []
+        for name in names:
+            rank = MethodConfig().rank if getattr(METHODS[name], "uses_rank", False) else None
+            base = _row("shared", name, TRAIN_N, TRAIN_M, r=rank, L=cfg.n_iters, mode="forward")
+            base.update(config="training_free", layout=layout)
+            try:
+                method = _build(name, cfg, False, rank, batch)
+            except Exception as exc:
+                rows.append({**base, "status": f"error: {type(exc).__name__}: {exc}"})
+                continue
+
+            def fn(method=method, batch=batch) -> None:
+                with torch.no_grad():
+                    method(batch)
+
+            jobs.append(TimedJob(base, fn, batch.size, batch.size, torch_peak_mb, "chunk (torch)"))
+        rows += timed_rows(jobs, cfg.repeats)
+    return rows
+
+
+def train_step_rows(cfg: BenchConfig, names: list[str]) -> list[dict[str, Any]]:
+    """Forward + backward of one training step: 64 items, K_h = 4 each way, 576 pairs
+    (:func:`training_pairs`; the batch carries its distinct images and captions)."""
+    items = random_batch(TRAIN_ITEMS, TRAIN_N, TRAIN_M, cfg.dim, cfg.seed)
+    image_idx, text_idx = training_pairs(cfg.seed)
     n_pairs = image_idx.numel()
     rows = []
     for name in names:
@@ -486,6 +548,19 @@ def summarise(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
         for row in rows
         if row["kind"] == "train_step" and row.get("status") == "ok"
     }
+    shared = {}
+    for layout in ("train_negatives", "rerank_i2t", "rerank_t2i"):
+        c = _find(rows, kind="shared", method="conceptot", layout=layout)
+        d = _find(rows, kind="shared", method="dense_uot", layout=layout)
+        if c and d:
+            shared[layout] = {
+                "wall": c["ms_per_pair"] / d["ms_per_pair"],
+                "cpu": c["cpu_ms_per_pair"] / d["cpu_ms_per_pair"],
+            }
+    step = out["train_step_ms"]
+    if "conceptot" in step and "dense_uot" in step:
+        shared["train_step_forward_backward"] = {"wall": step["conceptot"] / step["dense_uot"]}
+    out["conceptot_over_dense_uot_shared"] = shared
     return out
 
 
@@ -561,6 +636,9 @@ def run_benchmark(cfg: BenchConfig | None = None, log: Callable[[str], None] | N
                 rows += solver_rows(cfg, n, m)
                 log(f"N={n} M={m}: methods")
                 rows += method_rows(cfg, n, m, names)
+        if cfg.shared:
+            log("shared layouts")
+            rows += shared_rows(cfg, names)
         if cfg.train_step:
             log("training step")
             rows += train_step_rows(cfg, names)
@@ -587,7 +665,8 @@ def run_benchmark(cfg: BenchConfig | None = None, log: Callable[[str], None] | N
 
 def to_markdown(result: dict) -> str:
     """Markdown tables of the rows and the summary."""
-    cols = ["kind", "method", "N", "M", "r", "mode", "ms_per_pair", "ms_per_pair_median"]
+    cols = ["kind", "method", "N", "M", "r", "mode", "layout", "ms_per_pair"]
+    cols += ["ms_per_pair_median"]
     cols += ["cpu_ms_per_pair"]
     cols += ["peak_mem_mb", "mem_scope", "chunk_pairs", "status"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -632,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-pot", action="store_true")
     p.add_argument("--no-backward", action="store_true", help="forward rows only")
     p.add_argument("--no-train-step", action="store_true")
+    p.add_argument("--no-shared", action="store_true", help="no rerank/negatives layout rows")
     args = p.parse_args(argv)
     cfg = quick_config() if args.quick else BenchConfig()
     for key in ("ns", "ms", "ranks"):
@@ -645,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.pot = not args.no_pot
     cfg.backward = not args.no_backward
     cfg.train_step = not args.no_train_step
+    cfg.shared = not args.no_shared
     result = run_benchmark(cfg, log=lambda s: print(s, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=2))

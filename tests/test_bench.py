@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from otviz import bench
 from otviz.bench import (
     BenchConfig,
     _time_rounds,
@@ -16,6 +17,8 @@ from otviz.bench import (
     main,
     product_mac_ratio,
     run_benchmark,
+    shared_layouts,
+    shared_rows,
     summarise,
     to_markdown,
     tree_nodes,
@@ -33,6 +36,7 @@ def test_tiny_run_covers_every_method() -> None:
         repeats=1,
         pot_pairs=2,
         train_step=False,
+        shared=False,
     )
     result = run_benchmark(cfg)
     rows = result["rows"]
@@ -94,7 +98,7 @@ def test_product_mac_ratio_by_hand() -> None:
 def test_focused_cli_run_writes_the_selected_rows(tmp_path: Path) -> None:
     argv = ["--ns", "16", "--ms", "4", "--ranks", "32", "--pairs", "4", "--repeats", "1"]
     argv += ["--methods", "conceptot", "dense_uot", "--threads", "1", "--no-pot"]
-    argv += ["--no-backward", "--no-train-step", "--out", str(tmp_path)]
+    argv += ["--no-backward", "--no-train-step", "--no-shared", "--out", str(tmp_path)]
     assert main(argv) == 0
     result = json.loads((tmp_path / "results.json").read_text())
     rows = [r for r in result["rows"] if r["kind"] == "method"]
@@ -113,6 +117,7 @@ def test_run_restores_the_callers_thread_count() -> None:
     before = torch.get_num_threads()
     cfg = BenchConfig(ns=(8,), ms=(3,), ranks=(2,), pairs=2, repeats=1, threads=before + 1)
     cfg.methods, cfg.pot, cfg.backward, cfg.train_step = ("dense_uot",), False, False, False
+    cfg.shared = False
     result = run_benchmark(cfg)
     assert result["meta"]["threads"] == before + 1 and torch.get_num_threads() == before
 
@@ -147,3 +152,28 @@ def test_summary_fits_both_methods_time_against_n() -> None:
     )
     ratio = summary["conceptot_over_dense_uot_time"]["N=576,M=48"]
     assert ratio["wall"] == pytest.approx((0.05 + 0.7e-3 * 576) / (0.05 + 0.6e-3 * 576))
+
+
+def test_shared_layouts_repeat_images_or_captions() -> None:
+    layouts = shared_layouts(0)
+    image_idx, text_idx = layouts["train_negatives"]
+    assert image_idx.numel() == text_idx.numel() == 64 * 9
+    assert image_idx.unique().numel() == text_idx.unique().numel() == 64
+    assert not (image_idx[64:] == text_idx[64:]).any()  # negatives are other items
+    image_idx, text_idx = layouts["rerank_i2t"]
+    assert image_idx.unique().numel() == 4 and text_idx.unique().numel() == 512
+
+
+def test_shared_rows_time_each_layout_with_sides(monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes = {"TRAIN_ITEMS": 8, "HARD_NEGATIVES": 2, "RERANK_QUERIES": 2, "RERANK_K": 8}
+    sizes |= {"TRAIN_N": 16, "TRAIN_M": 5}
+    for name, value in sizes.items():
+        monkeypatch.setattr(bench, name, value)
+    cfg = BenchConfig(dim=8, repeats=1, threads=1)
+    rows = shared_rows(cfg, ["dense_uot", "conceptot"])
+    assert {(r["method"], r["layout"]) for r in rows} == {
+        (m, layout) for m in ("dense_uot", "conceptot") for layout in shared_layouts(0)
+    }
+    assert all(r["status"] == "ok" and r["pairs"] in (8 * 5, 2 * 8) for r in rows)
+    summary = summarise(rows, cfg)["conceptot_over_dense_uot_shared"]
+    assert set(summary) == set(shared_layouts(0)) and all(v["wall"] > 0 for v in summary.values())

@@ -193,10 +193,14 @@ def test_images_shared_by_captions_are_stored_once(tmp_path, backbone, monkeypat
     batch = cached.pair_batch(range(6))
     for name in ("patches", "tokens", "image_global", "text_global"):
         assert torch.allclose(getattr(batch, name), getattr(ref, name), atol=1e-5), name
+    # each image read once: the batch's sides hold the 3 distinct images, gathered per pair
+    assert batch.sides is not None and batch.sides.patches.shape[0] == 3
+    assert torch.equal(batch.sides.patches[batch.sides.image], batch.patches)
     # mismatched pairs for retrieval reranking: image 2 with caption 0
     cross = cached.pairs([2], [0])
     assert torch.allclose(cross.patches[0], ref.patches[4], atol=1e-5)
     assert torch.allclose(cross.tokens[0], ref.tokens[0], atol=1e-5)
+    assert cross.sides is None  # nothing repeats
     img_g, txt_g = cached.global_embeddings()
     assert img_g.shape == (3, CFG["embed_dim"]) and txt_g.shape == (6, CFG["embed_dim"])
 

@@ -107,13 +107,7 @@ def trim_tokens(batch: PairBatch) -> PairBatch:
     padding positions after it are masked out of every method's score)."""
     valid = batch.token_mask.any(0).nonzero()
     length = int(valid.max()) + 1 if valid.numel() else 1
-    if length == batch.tokens.shape[1]:
-        return batch
-    batch.tokens = batch.tokens[:, :length]
-    batch.token_mask = batch.token_mask[:, :length]
-    if batch.nodes is not None:
-        batch.nodes = batch.nodes[..., :length]
-    return batch
+    return batch if length == batch.tokens.shape[1] else batch.cut_tokens(length)
 
 
 def backbone_in_space(backbone: Backbone, space: Space) -> Backbone:

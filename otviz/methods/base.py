@@ -9,7 +9,7 @@ alike and a new method is one module plus one :func:`register` line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -43,6 +43,31 @@ class DensePlan:
 
 
 @dataclass
+class PairSides:
+    """The distinct images and captions behind a batch of pairs that repeats them (hard
+    negatives in training, retrieval candidates), so a method can compute per-image and
+    per-caption quantities once and gather them per pair. Pair ``p`` uses image
+    ``image[p]`` and caption ``text[p]`` of the tensors below, so ``patches[image]`` equals
+    the batch's ``patches``.
+
+    Attributes:
+        image: ``[B]`` long, the distinct image of each pair.
+        text: ``[B]`` long, the distinct caption of each pair.
+        patches: ``[I, N, Dv]`` patch features of the distinct images.
+        patch_mask: ``[I, N]``.
+        tokens: ``[T, M, Dt]`` token features of the distinct captions.
+        token_mask: ``[T, M]``.
+    """
+
+    image: Tensor
+    text: Tensor
+    patches: Tensor
+    patch_mask: Tensor
+    tokens: Tensor
+    token_mask: Tensor
+
+
+@dataclass
 class PairBatch:
     """Backbone features for B (image, caption) pairs, before any method projection.
 
@@ -57,6 +82,8 @@ class PairBatch:
         regions: optional ``[B, R, N]`` bool region masks on the patch grid (PowerCLIP).
         nodes: optional ``[B, K, M]`` bool token sets of parse-tree nodes (PowerCLIP).
         node_mask: optional ``[B, K]`` bool, True for real nodes.
+        sides: optional :class:`PairSides` when pairs repeat images or captions (set by
+            :meth:`index`); methods may ignore it, the per-pair fields are always filled.
     """
 
     patches: Tensor
@@ -69,13 +96,46 @@ class PairBatch:
     regions: Tensor | None = None
     nodes: Tensor | None = None
     node_mask: Tensor | None = None
+    sides: PairSides | None = None
 
     @property
     def size(self) -> int:
         return self.patches.shape[0]
 
+    def cut_tokens(self, length: int) -> PairBatch:
+        """This batch with the token axis cut to its first ``length`` positions (tokens,
+        masks, parse-tree nodes and the sides' tokens alike)."""
+        sides = self.sides
+        if sides is not None:
+            sides = replace(
+                sides, tokens=sides.tokens[:, :length], token_mask=sides.token_mask[:, :length]
+            )
+        return replace(
+            self,
+            tokens=self.tokens[:, :length],
+            token_mask=self.token_mask[:, :length],
+            nodes=None if self.nodes is None else self.nodes[..., :length],
+            sides=sides,
+        )
+
     def index(self, image_idx: Tensor, text_idx: Tensor) -> PairBatch:
-        """Pairs ``(image_idx[p], text_idx[p])`` gathered from this batch (for negatives)."""
+        """Pairs ``(image_idx[p], text_idx[p])`` gathered from this batch (negatives,
+        retrieval candidates), with :class:`PairSides` when an image or a caption occurs in
+        more than one pair. Images and captions are indexed separately, so ``self`` may also
+        be a pool of ``I`` images and ``T`` captions (image fields ``[I, ...]``, caption
+        fields ``[T, ...]``)."""
+        images, image_of = torch.unique(image_idx, return_inverse=True)
+        texts, text_of = torch.unique(text_idx, return_inverse=True)
+        sides = None
+        if images.numel() < image_idx.numel() or texts.numel() < text_idx.numel():
+            sides = PairSides(
+                image=image_of,
+                text=text_of,
+                patches=self.patches[images],
+                patch_mask=self.patch_mask[images],
+                tokens=self.tokens[texts],
+                token_mask=self.token_mask[texts],
+            )
         return PairBatch(
             patches=self.patches[image_idx],
             tokens=self.tokens[text_idx],
@@ -87,6 +147,7 @@ class PairBatch:
             regions=None if self.regions is None else self.regions[image_idx],
             nodes=None if self.nodes is None else self.nodes[text_idx],
             node_mask=None if self.node_mask is None else self.node_mask[text_idx],
+            sides=sides,
         )
 
 

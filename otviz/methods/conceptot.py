@@ -32,7 +32,9 @@ class ConceptOT(ProjectedMethod):
     forward pass), softplus reference masses (Eq. 1-2), ``config.n_iters`` iterations and the
     solver variant ``config.lowrank_variant``. Score: Eq. 8 evaluated implicitly, passed
     through ``tanh`` for the faithful variant (App. H) and raw for the positive one (already
-    a mean of cosines). The plan stays factored; ``extras`` carry the anchor views: the unit
+    a mean of cosines). When the batch repeats images or captions (:class:`PairSides`), the
+    projections and anchor kernels are formed once per distinct image and caption. The plan
+    stays factored; ``extras`` carry the anchor views: the unit
     ``anchors [r, d_c]``, ``anchor_cosine [r, r]``, ``patch_anchor_cosine [B, N, r]``,
     ``patch_anchor_affinity [B, N, r]`` and ``token_anchor_affinity [B, M, r]`` (``K_ZP``,
     ``K_YP`` over each patch's / token's best anchor, in ``(0, 1]``), ``score_raw`` and
@@ -58,7 +60,8 @@ class ConceptOT(ProjectedMethod):
         return F.normalize(self.anchors, dim=-1)
 
     def align(self, batch: PairBatch) -> Alignment:
-        z, z_scale, y = self.project_scaled(batch)
+        z, z_scale, y, sides = self.project_distinct(batch)
+        source = batch if sides is None else sides
         mu, nu = self.masses(batch)
         anchors = self.unit_anchors()
         cfg = self.config
@@ -74,9 +77,11 @@ class ConceptOT(ProjectedMethod):
             n_iters=cfg.n_iters,
             kpp_reg=cfg.kpp_reg,
             variant=cfg.lowrank_variant,
-            row_mask=batch.patch_mask,
-            col_mask=batch.token_mask,
+            row_mask=source.patch_mask,
+            col_mask=source.token_mask,
             z_scale=z_scale,
+            image_index=None if sides is None else sides.image,
+            text_index=None if sides is None else sides.text,
         )
         plan = res.factors
         score = stabilised_score(res.score) if cfg.lowrank_variant == "faithful" else res.score

@@ -15,6 +15,7 @@ from otviz.methods.base import (
     DensePlan,
     MethodConfig,
     PairBatch,
+    PairSides,
     Projection,
     TransportPlan,
     global_cosine,
@@ -43,8 +44,12 @@ class ProjectedMethod(AlignmentMethod):
         self.proj_t = Projection(token_dim, self.concept_dim, trainable)
 
     def project(self, batch: PairBatch) -> tuple[Tensor, Tensor]:
-        """``(z [B, N, d_c], y [B, M, d_c])`` unit-norm concept features."""
-        return self.proj_v(batch.patches), self.proj_t(batch.tokens)
+        """``(z [B, N, d_c], y [B, M, d_c])`` unit-norm concept features (each distinct image
+        and caption projected once when the batch has :class:`PairSides`)."""
+        sides = batch.sides
+        if sides is None:
+            return self.proj_v(batch.patches), self.proj_t(batch.tokens)
+        return self.proj_v(sides.patches)[sides.image], self.proj_t(sides.tokens)[sides.text]
 
     def project_scaled(self, batch: PairBatch) -> tuple[Tensor, Tensor, Tensor]:
         """``(z_raw, z_scale, y)``: patch features before normalisation with their inverse
@@ -52,10 +57,25 @@ class ProjectedMethod(AlignmentMethod):
         and unit-norm tokens. The patch tensor is the largest of a pair; the OT methods
         only need it inside products, where the row scaling is applied to the result, so it
         is never normalised in memory."""
+        z_raw, z_scale, y, sides = self.project_distinct(batch)
+        if sides is None:
+            return z_raw, z_scale, y
+        z_raw = batch.patches if self.proj_v.linear is None else z_raw[sides.image]
+        return z_raw, z_scale[sides.image], y[sides.text]
+
+    def project_distinct(self, batch: PairBatch) -> tuple[Tensor, Tensor, Tensor, PairSides | None]:
+        """:meth:`project_scaled` of the batch's distinct images and captions when it has
+        :class:`PairSides` (returned last; pair ``p`` uses rows ``sides.image[p]`` and
+        ``sides.text[p]``), else of its pairs (``None`` last). The projections run once
+        per distinct image / caption: in training with ``K_h`` hard negatives each way a
+        batch of ``B`` items makes ``B (1 + 2 K_h)`` pairs but has only ``B`` of each."""
+        sides = batch.sides
+        source = batch if sides is None else sides
+        patches, tokens = source.patches, source.tokens
         linear = self.proj_v.linear
-        z_raw = batch.patches if linear is None else linear(batch.patches)
+        z_raw = patches if linear is None else linear(patches)
         z_scale = 1.0 / torch.linalg.vector_norm(z_raw, dim=-1).clamp_min(1e-12)
-        return z_raw, z_scale, self.proj_t(batch.tokens)
+        return z_raw, z_scale, self.proj_t(tokens), sides
 
 
 @dataclass

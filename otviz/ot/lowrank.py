@@ -47,6 +47,7 @@ it needs no ``tanh``.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -260,13 +261,26 @@ class AnchorKernel:
         self.kernel = kernel
         self.tiny = torch.finfo(xp.dtype).tiny * 1e6
         self._parts = (x, anchors, w, eps, mask)
+        self._index: Tensor | None = None
+
+    def take(self, index: Tensor | None) -> AnchorKernel:
+        """The kernel of rows ``index`` (``[B]`` long into this kernel's batch; ``None``:
+        this kernel): a kernel formed once per distinct image / caption, gathered per pair."""
+        if index is None:
+            return self
+        out = copy.copy(self)
+        out.kernel, out.shift = self.kernel[index], self.shift[index]
+        out.cosine = None if self.cosine is None else self.cosine[index]
+        out._index = index if self._index is None else self._index[index]
+        return out
 
     def log_k(self) -> Tensor:
         """``[B, n, r]`` the log kernel (:data:`NEG` on masked rows), formed on request."""
         x, anchors, w, eps, mask = self._parts
         xp = _anchor_products(x, anchors)
         log_k = torch.addcmul(torch.full_like(xp[:1, :1, :1], -1.0 / eps), xp, w.unsqueeze(-1))
-        return log_k if mask is None else log_k.masked_fill(~mask[:, :, None], NEG)
+        log_k = log_k if mask is None else log_k.masked_fill(~mask[:, :, None], NEG)
+        return log_k if self._index is None else log_k[self._index]
 
     def weights(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """``diag(e^h) K = e^{scale} diag(u) K^``: ``(u [B, n] <= 1, scale [B, 1])``."""
@@ -343,6 +357,11 @@ class _PositiveOps:
         return self._through(self.zp, self.yp, f)
 
 
+def _take(x: Tensor | None, index: Tensor | None) -> Tensor | None:
+    """``x[index]`` (``x`` itself when either is ``None``)."""
+    return x if x is None or index is None else x[index]
+
+
 def lowrank_uot(
     z: Tensor,
     y: Tensor,
@@ -360,6 +379,8 @@ def lowrank_uot(
     clamp: float | None = 20.0,
     floor: float = 1e-8,
     z_scale: Tensor | None = None,
+    image_index: Tensor | None = None,
+    text_index: Tensor | None = None,
 ) -> LowRankResult:
     """Low-rank generalized Sinkhorn with concept anchors (ConceptOT Algorithm 1, Eq. 3-8).
 
@@ -378,6 +399,13 @@ def lowrank_uot(
         z_scale: optional ``[B, N]`` inverse norms when ``z`` comes unnormalised (the unit
             patch features are ``z * z_scale[..., None]``; see
             :meth:`otviz.methods.projected.ProjectedMethod.project_scaled`).
+        image_index, text_index: optional ``[B]`` long: pair ``p`` is patch set
+            ``image_index[p]`` of ``z`` (and ``z_scale``, ``row_mask``) and token set
+            ``text_index[p]`` of ``y`` (and ``col_mask``), so ``z`` / ``y`` hold each distinct
+            image / caption once and the anchor kernels (Eq. 5, 7: ``(N + M) d r``
+            multiply-adds a pair) are formed once for each, then gathered; ``mu``, ``nu`` stay
+            per pair. Needs shared ``[r, d]`` anchors. The result equals the call on the
+            gathered tensors.
 
     Returns:
         :class:`LowRankResult` (``extras``: ``patch_anchor_cosine [B, N, r]``, and
@@ -395,9 +423,12 @@ def lowrank_uot(
         raise ValueError(f"unknown low-rank variant {variant!r}; known: {VARIANTS}")
     alpha_a = damping_exponent(tau_a, eps)
     alpha_b = damping_exponent(tau_b, eps)
+    if (image_index is not None or text_index is not None) and anchors.dim() != 2:
+        raise ValueError("per-pair anchors [B, r, d] need per-pair z and y (no index)")
     row_mask, col_mask = effective_mask(row_mask), effective_mask(col_mask)
-    zp = AnchorKernel(z, anchors, eps, row_mask, z_scale, keep_cosine=True)  # [B, N, r]
-    yp = AnchorKernel(y, anchors, eps, col_mask)  # [B, M, r]
+    zp = AnchorKernel(z, anchors, eps, row_mask, z_scale, keep_cosine=True).take(image_index)
+    yp = AnchorKernel(y, anchors, eps, col_mask).take(text_index)  # [B, M, r]
+    row_mask, col_mask = _take(row_mask, image_index), _take(col_mask, text_index)
     k_reg = regularised_anchor_gram(anchors, eps, kpp_reg)
     ops: _FaithfulOps | _PositiveOps
     if variant == "faithful":
@@ -434,7 +465,8 @@ def lowrank_uot(
     rows, cols = row.marginal(f, plan.log_scale), col.marginal(g, plan.log_scale)
     shifted_mass = rows.sum(1)  # 1^T P~ 1 = sum_i a_i (K~ b)_i
     tiny = torch.finfo(shifted_mass.dtype).tiny
-    score = shifted_similarity(plan, z, y, z_scale) / torch.where(
+    numerator = shifted_similarity(plan, z, y, _take(z_scale, image_index), image_index, text_index)
+    score = numerator / torch.where(
         shifted_mass.abs() < tiny, torch.full_like(shifted_mass, tiny), shifted_mass
     )
     scale = torch.exp(plan.log_scale)
@@ -463,17 +495,40 @@ def lowrank_uot(
 
 
 def shifted_similarity(
-    plan: LowRankPlan, z: Tensor, y: Tensor, z_scale: Tensor | None = None
+    plan: LowRankPlan,
+    z: Tensor,
+    y: Tensor,
+    z_scale: Tensor | None = None,
+    image_index: Tensor | None = None,
+    text_index: Tensor | None = None,
+    chunk_bytes: int = 2**23,
 ) -> Tensor:
     """``[B]`` the numerator of Eq. 8 over ``e^{log_scale}``, without materialising the
     plan: ``sum_ij P~_ij z_i . y_j = Tr(Z^T diag(a) K_ZP C K_PY diag(b) Y)``, contracted as
     ``<C K_PY diag(b), (K_ZP^T diag(a) Z) Y^T>`` over ``[r, M]`` (``C`` the core; ``z`` may
-    come unnormalised with its inverse norms ``z_scale``). Divided by the mass
-    ``1^T P~ 1`` (over the same scale) it is the score."""
+    come unnormalised with its per-pair inverse norms ``z_scale``; with ``image_index`` /
+    ``text_index``, ``z`` / ``y`` hold distinct images / captions, as in
+    :func:`lowrank_uot`). Divided by the mass ``1^T P~ 1`` (over the same scale) it is the
+    score."""
     wz = plan.u if z_scale is None else plan.u * z_scale
-    left = (plan.kernel_zp * wz.unsqueeze(-1)).transpose(1, 2) @ z  # [B, r, d]
+    kernel = (plan.kernel_zp * wz.unsqueeze(-1)).transpose(1, 2)  # [B, r, N]
     right = plan.core @ (plan.kernel_yp * plan.v.unsqueeze(-1)).transpose(1, 2)  # [B, r, M]
-    return (right * (left @ y.transpose(1, 2))).sum((1, 2))
+    y_t = y.transpose(1, 2)
+    if image_index is None and text_index is None:
+        return (right * ((kernel @ z) @ y_t)).sum((1, 2))
+    # distinct features: gathered a chunk of pairs at a time (about chunk_bytes of patch
+    # features), as a [B, N, d] copy costs more memory traffic and page faults than the
+    # products themselves
+    pairs = kernel.shape[0]
+    step = max(1, chunk_bytes // (z[0].numel() * z.element_size()))
+    parts = []
+    for start in range(0, pairs, step):
+        rows = torch.arange(start, min(start + step, pairs), device=kernel.device)
+        images = rows if image_index is None else image_index[rows]
+        texts = rows if text_index is None else text_index[rows]
+        left = kernel[rows] @ z[images]  # [b, r, d]
+        parts.append((right[rows] * (left @ y_t[texts])).sum((1, 2)))
+    return torch.cat(parts)
 
 
 def stabilised_score(score: Tensor) -> Tensor:

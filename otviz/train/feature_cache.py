@@ -127,24 +127,34 @@ class CachedFeatures:
         return out
 
     def pairs(
-        self, image_idx: Tensor | Sequence[int], text_idx: Tensor | Sequence[int],
+        self,
+        image_idx: Tensor | Sequence[int],
+        text_idx: Tensor | Sequence[int],
         device: torch.device | str | None = None,
     ) -> PairBatch:
         """A :class:`PairBatch` of the pairs ``(image_idx[p], text_idx[p])``, which need not
-        match (negatives, retrieval candidates); features as float32."""
+        match (negatives, retrieval candidates); features as float32. Each distinct image and
+        caption is read once; when pairs repeat them the batch carries
+        :class:`~otviz.methods.base.PairSides` (:meth:`PairBatch.index`)."""
         img = _indices(image_idx, self.n_images)
         txt = _indices(text_idx, self.n_pairs)
         if img.shape != txt.shape:
             raise ValueError(f"{img.size} image indices but {txt.size} text indices")
-        patches = _gather(self.patches, img, device)
-        return PairBatch(
+        images, image_of = np.unique(img, return_inverse=True)
+        texts, text_of = np.unique(txt, return_inverse=True)
+        patches = _gather(self.patches, images, device)
+        pool = PairBatch(
             patches=patches,
-            tokens=_gather(self.tokens, txt, device),
+            tokens=_gather(self.tokens, texts, device),
             patch_mask=torch.ones(patches.shape[:2], dtype=torch.bool, device=patches.device),
-            token_mask=_gather(self.token_mask, txt, device, float_=False),
-            image_global=_gather(self.image_global, img, device),
-            text_global=_gather(self.text_global, txt, device),
+            token_mask=_gather(self.token_mask, texts, device, float_=False),
+            image_global=_gather(self.image_global, images, device),
+            text_global=_gather(self.text_global, texts, device),
             grid=self.grid,
+        )
+        return pool.index(
+            torch.from_numpy(image_of.reshape(-1)).to(patches.device),
+            torch.from_numpy(text_of.reshape(-1)).to(patches.device),
         )
 
     def pair_batch(
@@ -244,8 +254,14 @@ class FeatureCache:
 
 # --------------------------------------------------------------------- building
 _ARRAYS = (
-    "patches", "tokens", "token_mask", "token_word", "token_ids",
-    "image_global", "text_global", "pair_image",
+    "patches",
+    "tokens",
+    "token_mask",
+    "token_word",
+    "token_ids",
+    "image_global",
+    "text_global",
+    "pair_image",
 )
 
 
@@ -317,8 +333,7 @@ def _storable(x: Tensor, dtype: str, what: str) -> np.ndarray:
         raise FeatureCacheError(f"the backbone produced non-finite {what} features")
     if dtype == "float16" and np.abs(a).max(initial=0.0) > _FLOAT16_MAX:
         raise FeatureCacheError(
-            f"{what} features exceed the float16 range ({np.abs(a).max():.3g}); "
-            "use dtype='float32'"
+            f"{what} features exceed the float16 range ({np.abs(a).max():.3g}); use dtype='float32'"
         )
     return a.astype(dtype)
 
