@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor
 
 from otviz.backbone import Backbone, Space
 from otviz.methods import METHODS, AlignmentMethod, MethodConfig, PairBatch
@@ -148,3 +150,17 @@ def _text_batch(backbone: Backbone, captions: list[str]) -> PairBatch:
         text_global=torch.zeros(b, backbone.embed_dim),
         grid=backbone.grid,
     )
+
+
+@torch.no_grad()
+def word_concept_embeddings(backbone: Backbone, entry: SuiteMethod, words: list[str]) -> Tensor:
+    """``[n, d_c]`` unit embeddings of ``words`` in the method's concept space: each word's
+    tokens through ``proj_t`` (ConceptOT Sec. 2.1), averaged over the word's BPE tokens,
+    re-normalised. Raises ``ValueError`` for words the model reads as no token."""
+    tokens, mask = backbone.encode_text(words, entry.space)
+    empty = [w for w, m in zip(words, mask, strict=True) if not bool(m.any())]
+    if empty:
+        raise ValueError(f"the model reads no token of: {empty}")
+    concept = entry.method.proj_t(tokens)
+    weights = mask.to(concept.dtype).unsqueeze(-1)
+    return F.normalize((concept * weights).sum(1) / weights.sum(1), dim=-1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -102,10 +103,21 @@ def torchrun(*args: str) -> str:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", "2", *args]
     # ~20 s on a quiet 2-core machine; the limit only guards against a hung process group
-    # (it took over 180 s once while other training jobs shared the two cores)
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+    # (it took over 180 s once while other training jobs shared the two cores). torchrun and
+    # its workers run in a session of their own, killed together on timeout (killing
+    # torchrun alone once left its workers blocked for good).
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return stdout
 
 
 def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:

@@ -16,9 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from matplotlib.figure import Figure
-from torch import Tensor
 
 from otviz.eval.alignment_tables import align_pairs, phrase_queries
 from otviz.eval.grounding_metrics import mean_offdiag_cosine
@@ -26,7 +24,12 @@ from otviz.eval.otclip_table import LOSS_LABELS
 from otviz.eval.runner import build_suite, load_backbone, read_tables
 from otviz.eval.table import Table
 from otviz.eval.world_set import EvalSet
-from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
+from otviz.suite import (
+    ALIGN_METHODS,
+    METHOD_LABELS,
+    MethodSuite,
+    word_concept_embeddings,
+)
 from otviz.train.losses import LOCAL_CONTRASTIVE, POWERSET_TRIPLET, QCT, local_objective
 from otviz.train.method_checkpoint import head_meta
 from otviz.viz.anchors import affinity_figure, anchor_matrix_figure, cluster_order
@@ -117,16 +120,6 @@ def training_curves_figure(heads: str | Path, names: tuple[str, ...] = ALIGN_MET
             panels.setdefault(kind, {})[METHOD_LABELS[name]] = (curve["step"], curve["local"])
     return curves_figure(panels, "local loss", smooth=5,
                          suptitle="Local loss of each method head during training")
-
-
-@torch.no_grad()
-def word_concept_embeddings(backbone, entry: SuiteMethod, words: list[str]) -> Tensor:
-    """``[n, d_c]`` unit embeddings of ``words`` in the method's concept space (each word's
-    tokens through ``proj_t``, averaged, re-normalised)."""
-    tokens, mask = backbone.encode_text(words, entry.space)
-    concept = entry.method.proj_t(tokens)
-    weights = mask.to(concept.dtype).unsqueeze(-1)
-    return F.normalize((concept * weights).sum(1) / weights.sum(1).clamp_min(1.0), dim=-1)
 
 
 def anchor_figures(suite: MethodSuite) -> dict[str, Figure]:

@@ -18,15 +18,13 @@ import gradio as gr
 import numpy as np
 import plotly.graph_objects as go
 import torch
-import torch.nn.functional as F
 from matplotlib.figure import Figure
-from torch import Tensor
 
 from otviz.backbone import Backbone
 from otviz.eval.grounding_metrics import mean_offdiag_cosine
 from otviz.methods.conceptot import ConceptOT
 from otviz.pipeline import InputError
-from otviz.suite import SuiteMethod
+from otviz.suite import SuiteMethod, word_concept_embeddings
 from otviz.ui.context import COMMON_CONCEPTS, EMBEDDED, AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.inputs import user_errors
@@ -98,19 +96,6 @@ def conceptot_entry(ctx: AppContext, checkpoint: str) -> SuiteMethod:
     return entry
 
 
-@torch.no_grad()
-def word_embeddings(backbone: Backbone, entry: SuiteMethod, words: list[str]) -> Tensor:
-    """``[n, d_c]`` unit word embeddings in the method's concept space: each word's tokens
-    through ``proj_t`` (Sec. 2.1), averaged over the word's BPE tokens, re-normalised."""
-    tokens, mask = backbone.encode_text(words, entry.space)
-    concept = entry.method.proj_t(tokens)
-    empty = [w for w, m in zip(words, mask, strict=True) if not bool(m.any())]
-    if empty:
-        raise InputError(f"the model reads no token of: {empty}")
-    weights = mask.to(concept.dtype).unsqueeze(-1)
-    return F.normalize((concept * weights).sum(1) / weights.sum(1), dim=-1)
-
-
 def untrained_words(backbone: Backbone, words: list[str]) -> list[str]:
     """Words with a BPE token whose embedding row is all zero: the embedded tiny CLIP
     trains only the rows its world uses and leaves the rest at zero, so such a word's
@@ -155,7 +140,10 @@ def anchor_bank_view(
     entry = conceptot_entry(ctx, checkpoint)
     backbone = ctx.explainer(checkpoint).backbone
     anchors = entry.method.unit_anchors().detach()
-    word_emb = word_embeddings(backbone, entry, words)
+    try:
+        word_emb = word_concept_embeddings(backbone, entry, words)
+    except ValueError as exc:  # a word the tokenizer reads as nothing
+        raise InputError(str(exc)) from None
     cosine = (anchors @ anchors.T).double().numpy()
     affinity = (anchors @ word_emb.T).double().numpy()
     order = cluster_order(cosine)
