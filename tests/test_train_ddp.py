@@ -74,23 +74,27 @@ def cli_args(root: Path) -> list[str]:
             "--quiet", "--backbone", str(root / "bb"), "--cache-dir", str(root / "cache")]
 
 
-def worker(out: str) -> None:
-    """One torchrun process: every case trains data-parallel in a process group created
-    here (train_method joins it); then the command-line entry runs as ``torchrun -m
-    otviz.train.loop`` would run it, creating its own group (rank 0 builds the feature
-    cache while the other waits)."""
+def worker(out: str, part: str) -> None:
+    """One torchrun process. ``part == "cases"``: every case trains data-parallel in a
+    process group created here (train_method joins it); ``"cli"``: the command-line entry
+    runs as ``torchrun -m otviz.train.loop`` would run it, creating its own group (rank 0
+    builds the feature cache while the other waits). Each part gets fresh processes: a
+    second gloo group in the same processes, on the same torchrun store, can read the
+    first group's stale addresses and wait forever to connect."""
     import torch.distributed as dist
 
     from otviz.train.loop import main
 
     torch.set_num_threads(1)
     root = Path(out)
+    if part == "cli":
+        main([*cli_args(root), "--out", str(root / "cli-ddp")])
+        return
     dist.init_process_group("gloo")
     results = run_cases(root / "runs")
     if dist.get_rank() == 0:
         (root / "ddp.json").write_text(json.dumps(results))
     dist.destroy_process_group()
-    main([*cli_args(root), "--out", str(root / "cli-ddp")])
 
 
 def torchrun(*args: str) -> str:
@@ -127,7 +131,8 @@ def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
 
     torch.set_num_threads(1)
     random_tiny_clip(tmp_path / "bb", 0)
-    stdout = torchrun(__file__, str(tmp_path))
+    torchrun(__file__, str(tmp_path), "cases")
+    stdout = torchrun(__file__, str(tmp_path), "cli")
     assert stdout.count("trained dense_uot for 3 steps") == 2  # both processes finished
 
     assert main([*cli_args(tmp_path), "--out", str(tmp_path / "cli-one")]) == 0
@@ -151,4 +156,4 @@ def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    worker(sys.argv[1])
+    worker(sys.argv[1], sys.argv[2])

@@ -501,7 +501,6 @@ def shifted_similarity(
     z_scale: Tensor | None = None,
     image_index: Tensor | None = None,
     text_index: Tensor | None = None,
-    chunk_bytes: int = 2**23,
 ) -> Tensor:
     """``[B]`` the numerator of Eq. 8 over ``e^{log_scale}``, without materialising the
     plan: ``sum_ij P~_ij z_i . y_j = Tr(Z^T diag(a) K_ZP C K_PY diag(b) Y)``, contracted as
@@ -513,22 +512,33 @@ def shifted_similarity(
     wz = plan.u if z_scale is None else plan.u * z_scale
     kernel = (plan.kernel_zp * wz.unsqueeze(-1)).transpose(1, 2)  # [B, r, N]
     right = plan.core @ (plan.kernel_yp * plan.v.unsqueeze(-1)).transpose(1, 2)  # [B, r, M]
-    y_t = y.transpose(1, 2)
-    if image_index is None and text_index is None:
-        return (right * ((kernel @ z) @ y_t)).sum((1, 2))
-    # distinct features: gathered a chunk of pairs at a time (about chunk_bytes of patch
-    # features), as a [B, N, d] copy costs more memory traffic and page faults than the
-    # products themselves
-    pairs = kernel.shape[0]
-    step = max(1, chunk_bytes // (z[0].numel() * z.element_size()))
-    parts = []
-    for start in range(0, pairs, step):
-        rows = torch.arange(start, min(start + step, pairs), device=kernel.device)
-        images = rows if image_index is None else image_index[rows]
-        texts = rows if text_index is None else text_index[rows]
-        left = kernel[rows] @ z[images]  # [b, r, d]
-        parts.append((right[rows] * (left @ y_t[texts])).sum((1, 2)))
-    return torch.cat(parts)
+    left = kernel @ z if image_index is None else pair_products(kernel, z, image_index)
+    y = y if text_index is None else y[text_index]  # [B, M, d]: the small side
+    return (right * (left @ y.transpose(1, 2))).sum((1, 2))  # left: [B, r, d]
+
+
+def pair_products(a: Tensor, x: Tensor, index: Tensor, chunk_bytes: int = 2**23) -> Tensor:
+    """``[B, p, d]`` the products ``a[b] @ x[index[b]]`` (``a [B, p, n]``, ``x [I, n, d]``)
+    without a ``[B, n, d]`` copy of ``x`` (more memory traffic, and page faults, than the
+    products). When the groups of pairs sharing an ``x`` are even enough that padding them
+    to the largest adds at most half the work, the ``a`` of each group are stacked and
+    multiply their ``x`` in one product per distinct ``x``; otherwise ``x`` is gathered for
+    about ``chunk_bytes`` of pairs at a time."""
+    pairs, p, n = a.shape
+    groups = x.shape[0]
+    counts = torch.bincount(index, minlength=groups)
+    width = int(counts.max()) if pairs else 0
+    if 2 * groups * width <= 3 * pairs:
+        order = torch.argsort(index, stable=True)
+        starts = torch.cumsum(counts, 0) - counts
+        slot = torch.empty_like(index)
+        slot[order] = torch.arange(pairs, device=index.device) - starts[index[order]]
+        stacked = a.new_zeros(groups, width, p, n)
+        stacked[index, slot] = a
+        out = stacked.view(groups, width * p, n) @ x  # [I, width p, d]
+        return out.view(groups, width, p, -1)[index, slot]
+    step = max(1, chunk_bytes // (x[0].numel() * x.element_size()))
+    return torch.cat([a[s : s + step] @ x[index[s : s + step]] for s in range(0, pairs, step)])
 
 
 def stabilised_score(score: Tensor) -> Tensor:
