@@ -300,6 +300,21 @@ def _build(name: str, cfg: BenchConfig, trainable: bool, rank: int | None, batch
     return method
 
 
+def _rank(name: str) -> int | None:
+    """The default anchor rank for methods that sweep it, else ``None``."""
+    return MethodConfig().rank if getattr(METHODS[name], "uses_rank", False) else None
+
+
+def _forward(method: torch.nn.Module, batch: PairBatch) -> Callable[[], None]:
+    """One inference call on ``batch`` (no autograd)."""
+
+    def call() -> None:
+        with torch.no_grad():
+            method(batch)
+
+    return call
+
+
 def _forward_backward(
     method: torch.nn.Module, make_batch: Callable[[], PairBatch]
 ) -> Callable[[], None]:
@@ -336,11 +351,7 @@ def method_rows(cfg: BenchConfig, n: int, m: int, names: list[str]) -> list[dict
                     if trainable:
                         fn = _forward_backward(method, lambda sub=sub: sub)
                     else:
-
-                        def fn(method=method, sub=sub) -> None:
-                            with torch.no_grad():
-                                method(sub)
-
+                        fn = _forward(method, sub)
                 except Exception as exc:
                     slots.append({**base, "status": f"error: {type(exc).__name__}: {exc}"})
                     continue
@@ -460,19 +471,14 @@ def shared_rows(cfg: BenchConfig, names: list[str]) -> list[dict[str, Any]]:
         batch = pool.index(image_idx, text_idx)
         jobs: list[TimedJob] = []
         for name in names:
-            rank = MethodConfig().rank if getattr(METHODS[name], "uses_rank", False) else None
+            rank = _rank(name)
             base = _row("shared", name, TRAIN_N, TRAIN_M, r=rank, L=cfg.n_iters, mode="forward")
             base.update(config="training_free", layout=layout)
             try:
-                method = _build(name, cfg, False, rank, batch)
+                fn = _forward(_build(name, cfg, False, rank, batch), batch)
             except Exception as exc:
                 rows.append({**base, "status": f"error: {type(exc).__name__}: {exc}"})
                 continue
-
-            def fn(method=method, batch=batch) -> None:
-                with torch.no_grad():
-                    method(batch)
-
             jobs.append(TimedJob(base, fn, batch.size, batch.size, torch_peak_mb, "chunk (torch)"))
         rows += timed_rows(jobs, cfg.repeats)
     return rows
@@ -486,7 +492,7 @@ def train_step_rows(cfg: BenchConfig, names: list[str]) -> list[dict[str, Any]]:
     n_pairs = image_idx.numel()
     rows = []
     for name in names:
-        rank = MethodConfig().rank if getattr(METHODS[name], "uses_rank", False) else None
+        rank = _rank(name)
         base = _row("train_step", name, TRAIN_N, TRAIN_M, r=rank, L=cfg.n_iters)
         base.update(mode="forward+backward", config="trainable", items=TRAIN_ITEMS)
         try:

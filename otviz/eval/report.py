@@ -64,25 +64,29 @@ def _labels(table: Table) -> list[str]:
     return [str(r[first]) for r in table.rows]
 
 
+# tables drawn as grouped bars of some columns: series label -> column key, and the y unit
+BAR_COLUMNS: dict[str, tuple[dict[str, str], str]] = {
+    "retrieval": ({"I→T R@1": "i2t_r1", "T→I R@1": "t2i_r1", "Avg R@1": "avg_r1"}, "recall (%)"),
+    "grounding": ({"pointing game": "pointing", "mean IoU": "mean_iou", "hit@0.5": "hit@0.5"}, "%"),
+    "otclip_losses": ({"zero-shot mean": "zs_mean", "I→T R@1": "i2t_r1", "T→I R@1": "t2i_r1"}, "%"),
+    "ablation": ({"Avg R@1": "avg_r1", "probe overall": "overall", "pointing": "pointing"}, "%"),
+}
+
+
 def table_figures(tables: dict[str, Table]) -> dict[str, Figure]:
     """Bars (and the probe matrix) of the tables present, by file stem."""
     figs: dict[str, Figure] = {}
-    if "retrieval" in tables:
-        t = tables["retrieval"]
-        figs["retrieval"] = grouped_bars_figure(
-            _labels(t), {"I→T R@1": t.column("i2t_r1"), "T→I R@1": t.column("t2i_r1"),
-                         "Avg R@1": t.column("avg_r1")}, t.title, "recall (%)")
+    for key, (columns, unit) in BAR_COLUMNS.items():
+        if key in tables:
+            t = tables[key]
+            series = {label: t.column(col) for label, col in columns.items()}
+            figs[key] = grouped_bars_figure(_labels(t), series, t.title, unit)
     if "probe" in tables:
         t = tables["probe"]
         cats = [c for c in (*NEGATIVE_CATEGORIES, "overall", "compositional")
                 if any(c in r for r in t.rows)]
         acc = np.array([[r.get(c, np.nan) for c in cats] for r in t.rows], dtype=float)
         figs["probe"] = probe_accuracy_figure(_labels(t), cats, acc, int(t.rows[0]["n_items"]))
-    if "grounding" in tables:
-        t = tables["grounding"]
-        figs["grounding"] = grouped_bars_figure(
-            _labels(t), {"pointing game": t.column("pointing"), "mean IoU": t.column("mean_iou"),
-                         "hit@0.5": t.column("hit@0.5")}, t.title, "%")
     for key, rules in (("zero_shot", ("softmax", "fgw_isoftmax", "fgw_pgd")),
                        ("selective", ("all", "confidence", "uot", "partial"))):
         if key in tables:
@@ -96,16 +100,6 @@ def table_figures(tables: dict[str, Table]) -> dict[str, Figure]:
         figs["long_tailed"] = grouped_bars_figure(
             groups, {"softmax": t.column("softmax"), "LT Sinkhorn": t.column("lt_sinkhorn")},
             t.title, "top-1 accuracy (%)")
-    if "otclip_losses" in tables:
-        t = tables["otclip_losses"]
-        figs["otclip_losses"] = grouped_bars_figure(
-            _labels(t), {"zero-shot mean": t.column("zs_mean"), "I→T R@1": t.column("i2t_r1"),
-                         "T→I R@1": t.column("t2i_r1")}, t.title, "%")
-    if "ablation" in tables:
-        t = tables["ablation"]
-        figs["ablation"] = grouped_bars_figure(
-            _labels(t), {"Avg R@1": t.column("avg_r1"), "probe overall": t.column("overall"),
-                         "pointing": t.column("pointing")}, t.title, "%")
     return figs
 
 

@@ -536,7 +536,7 @@ def pair_products(a: Tensor, x: Tensor, index: Tensor, chunk_bytes: int = 2**23)
         stacked = a.new_zeros(groups, width, p, n)
         stacked[index, slot] = a
         out = stacked.view(groups, width * p, n) @ x  # [I, width p, d]
-        return out.view(groups, width, p, -1)[index, slot]
+        return out.view(groups, width, p, x.shape[-1])[index, slot]
     step = max(1, chunk_bytes // (x[0].numel() * x.element_size()))
     return torch.cat([a[s : s + step] @ x[index[s : s + step]] for s in range(0, pairs, step)])
 

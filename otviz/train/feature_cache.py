@@ -127,9 +127,7 @@ class CachedFeatures:
         return out
 
     def pairs(
-        self,
-        image_idx: Tensor | Sequence[int],
-        text_idx: Tensor | Sequence[int],
+        self, image_idx: Tensor | Sequence[int], text_idx: Tensor | Sequence[int],
         device: torch.device | str | None = None,
     ) -> PairBatch:
         """A :class:`PairBatch` of the pairs ``(image_idx[p], text_idx[p])``, which need not
@@ -254,14 +252,8 @@ class FeatureCache:
 
 # --------------------------------------------------------------------- building
 _ARRAYS = (
-    "patches",
-    "tokens",
-    "token_mask",
-    "token_word",
-    "token_ids",
-    "image_global",
-    "text_global",
-    "pair_image",
+    "patches", "tokens", "token_mask", "token_word", "token_ids",
+    "image_global", "text_global", "pair_image",
 )
 
 
@@ -333,7 +325,8 @@ def _storable(x: Tensor, dtype: str, what: str) -> np.ndarray:
         raise FeatureCacheError(f"the backbone produced non-finite {what} features")
     if dtype == "float16" and np.abs(a).max(initial=0.0) > _FLOAT16_MAX:
         raise FeatureCacheError(
-            f"{what} features exceed the float16 range ({np.abs(a).max():.3g}); use dtype='float32'"
+            f"{what} features exceed the float16 range ({np.abs(a).max():.3g}); "
+            "use dtype='float32'"
         )
     return a.astype(dtype)
 
