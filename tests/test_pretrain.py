@@ -290,3 +290,70 @@ def test_world_version_fingerprints_the_rendered_samples():
     assert base == world_version(WorldConfig(negatives=False), per_split=4)
     assert base != world_version(WorldConfig(negatives=False, pixel_noise=0.0), per_split=4)
     assert base != world_version(WorldConfig(negatives=True), per_split=4)
+
+
+def test_negative_weights_parse_and_bias_the_draw():
+    from otviz.train.data import RenderedSplit, draw_negatives, negative_weights
+    from otviz.world import NEGATIVE_CATEGORIES
+
+    assert negative_weights("") is None
+    w = negative_weights("replace_obj:3, swap_obj:0")
+    assert w.tolist() == [3.0 if c == "replace_obj" else 0.0 if c == "swap_obj" else 1.0
+                          for c in NEGATIVE_CATEGORIES]
+    for bad in ("colour:2", "replace_obj", "replace_obj:-1"):
+        with pytest.raises(ValueError):
+            negative_weights(bad)
+    C = len(NEGATIVE_CATEGORIES)
+    ids = torch.arange(C).view(1, C, 1).expand(1, C, 2).clone()  # category c -> token id c
+    split = RenderedSplit(torch.zeros(1, 2, 2, 3, dtype=torch.uint8), torch.zeros(1, 2),
+                          ["x"], ids, torch.ones(1, C, dtype=torch.bool))
+    weights = torch.zeros(C)
+    weights[[0, 3]] = torch.tensor([3.0, 1.0])
+    drawn = draw_negatives(split, torch.zeros(4000, dtype=torch.long), 1,
+                           torch.Generator().manual_seed(0), weights)[:, 0]
+    assert set(drawn.tolist()) == {0, 3}  # zero-weight categories never drawn
+    assert abs((drawn == 0).float().mean().item() - 0.75) < 0.03  # odds 3 : 1
+
+
+def test_world_scaled_keeps_layout_and_scales_objects():
+    base = WorldConfig()
+    assert base.scaled(base.image_size) is base
+    big = base.scaled(112)
+    assert big.image_size == 112
+    assert big.small_px == (round(14 * 1.4), round(18 * 1.4))
+    assert big.large_px == (round(24 * 1.4), round(30 * 1.4))
+    from otviz.world import World
+
+    s = World(big, split="train", seed=0).sample(0)
+    assert s.image.shape == (112, 112, 3)
+
+
+def test_pretrain_resumes_to_the_same_weights(tmp_path):
+    """A run stopped after a saved step and resumed ends with exactly the weights of an
+    uninterrupted run, and leaves no training state behind."""
+    base = dict(SMOKE, steps=6, n_train=128, n_test=16, save_every=2)
+    whole = tmp_path / "whole"
+    pretrain(PretrainConfig(**base, out=str(whole)))
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_5(step, total, entry):
+        if step == 5:
+            raise Stop
+
+    cut = tmp_path / "cut"
+    with pytest.raises(Stop):
+        pretrain(PretrainConfig(**base, out=str(cut)), progress=stop_at_5)
+    assert (tmp_path / "cut.resume" / "state.json").is_file()
+    with pytest.raises(ValueError, match="another recipe"):
+        pretrain(PretrainConfig(**dict(base, lr=1e-3), out=str(cut)))
+    seen = []
+    pretrain(PretrainConfig(**base, out=str(cut)), progress=lambda s, t, e: seen.append(s))
+    assert seen == [5, 6]  # resumed after step 4, the last saved one
+    assert not (tmp_path / "cut.resume").exists()
+    (a, _), (b, _) = load_tiny_clip(whole), load_tiny_clip(cut)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name
+    assert [e["loss"] for e in load_meta(whole)["log"]] == [e["loss"] for e in
+                                                            load_meta(cut)["log"]]

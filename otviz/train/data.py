@@ -96,16 +96,42 @@ def _concat(parts: list[RenderedSplit]) -> RenderedSplit:
     )
 
 
-def draw_negatives(split: RenderedSplit, idx: Tensor, k: int, generator: torch.Generator) -> Tensor:
+def draw_negatives(
+    split: RenderedSplit, idx: Tensor, k: int, generator: torch.Generator,
+    weights: Tensor | None = None,
+) -> Tensor:
     """Token ids ``[len(idx) * k, L]`` of ``k`` hard-negative captions per sample ``idx``,
-    drawn uniformly among its valid categories (with replacement when fewer than ``k``)."""
+    drawn among its valid categories (with replacement when fewer than ``k``): uniformly,
+    or in proportion to ``weights`` ``[C]`` (one per category of
+    :data:`NEGATIVE_CATEGORIES`, see :func:`negative_weights`)."""
     if split.negative_ids is None or split.negative_valid is None:
         raise ValueError("this split was rendered without hard negatives")
     valid = split.negative_valid[idx].float()
+    if weights is not None:
+        valid = valid * weights
     if (valid.sum(1) == 0).any():
         raise ValueError("a sample has no hard negative")
     pick = torch.multinomial(valid, k, replacement=True, generator=generator)  # [b, k]
     return split.negative_ids[idx.unsqueeze(1), pick].reshape(-1, split.ids.shape[1])
+
+
+def negative_weights(spec: str) -> Tensor | None:
+    """Category weights ``[C]`` from ``"replace_obj:3,swap_obj:2"`` (unnamed categories keep
+    weight 1; an empty ``spec`` means uniform: ``None``)."""
+    if not spec.strip():
+        return None
+    weights = torch.ones(len(NEGATIVE_CATEGORIES))
+    for item in spec.split(","):
+        name, sep, value = item.partition(":")
+        name = name.strip()
+        if not sep or name not in NEGATIVE_CATEGORIES:
+            raise ValueError(f"negative weight {item!r}: expected CATEGORY:WEIGHT with "
+                             f"CATEGORY one of {', '.join(NEGATIVE_CATEGORIES)}")
+        weight = float(value)
+        if not weight >= 0:
+            raise ValueError(f"negative weight {item!r} must be >= 0")
+        weights[NEGATIVE_CATEGORIES.index(name)] = weight
+    return weights
 
 
 def normalise(images: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:

@@ -49,11 +49,13 @@ from otviz.tiny_clip import (
 from otviz.train.data import (
     RenderedSplit,
     draw_negatives,
+    negative_weights,
     normalise,
     random_shift,
     render_split,
     split_from_samples,
 )
+from otviz.train.pretrain_state import TrainingState
 from otviz.world import World, WorldConfig, ambiguous_caption_share, retrieval_ceiling
 
 Progress = Callable[[int, int, dict[str, float]], None]
@@ -85,15 +87,22 @@ class PretrainConfig:
     init_temperature: float = 0.07  # initial temperature of the logits (learned after)
     loss: str = "infonce"  # or an OT-CLIP kind of otviz.train.otclip_losses
     hard_negatives: int = 2  # world hard-negative captions per image (InfoNCE only)
+    negative_weights: str = ""  # e.g. "replace_obj:3,swap_obj:2" (categories' odds; "": uniform)
+    image_size: int = 80  # world and model image side (objects scale with it; 8-px patches)
+    patch_size: int = 8
     max_shift: int = 2  # augmentation: random translation in pixels (0: none)
     threads: int = 1  # torch threads per process
     processes: int = 2  # data-parallel processes (gloo), each with batch_size / processes
     eval_every: int = 200  # held-out retrieval every this many steps (0: only at the end)
     out: str = "checkpoints/tiny-clip"  # checkpoint directory ("" : do not save)
+    save_every: int = 100  # resumable training state every this many steps (0: never)
+    resume: bool = True  # continue from the training state left by a stopped run
 
     def model_config(self) -> dict[str, Any]:
         return tiny_clip_config(
             embed_dim=self.embed_dim,
+            image_size=self.image_size,
+            patch_size=self.patch_size,
             vision_width=self.vision_width,
             vision_layers=self.vision_layers,
             vision_heads=self.vision_heads,
@@ -106,6 +115,14 @@ class PretrainConfig:
             vision_mlp_ratio=self.vision_mlp_ratio,
             init_temperature=self.init_temperature,
         )
+
+    def world_config(self) -> WorldConfig:
+        """The world it trains on: the default world drawn at ``image_size``."""
+        return WorldConfig(negatives=False).scaled(self.image_size)
+
+    def state_dir(self) -> Path | None:
+        """Where the resumable training state lives (beside ``out``; ``None`` if not saved)."""
+        return Path(self.out + ".resume") if self.out and self.save_every > 0 else None
 
 
 def infonce_loss(image_emb: Tensor, text_emb: Tensor, logit_scale: Tensor) -> Tensor:
@@ -289,7 +306,7 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
     t_start, cpu_start = time.perf_counter(), time.process_time()
     is_main = group.rank == 0
     torch.manual_seed(config.seed)
-    world_cfg = WorldConfig(negatives=False)
+    world_cfg = config.world_config()
     cfg = config.model_config()
     train_cfg = dataclasses.replace(world_cfg, negatives=config.hard_negatives > 0)
     train = render_split("train", config.n_train, config.seed, config.context_length, train_cfg,
@@ -315,13 +332,20 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
     optimizer = _optimizer(model, config)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config))
     gen = torch.Generator().manual_seed(config.seed + 7919 * group.rank)
+    weights = negative_weights(config.negative_weights)
     local_batch = config.batch_size // group.size
     order = torch.randperm(len(train), generator=gen)
     cursor = 0
     log: list[dict[str, float]] = []
     metrics: dict[str, float] = {}
-    bar = tqdm(range(1, config.steps + 1), desc="pretrain", unit="step", mininterval=2.0,
-               disable=not is_main)
+    state = TrainingState(config.state_dir(), group)
+    start = 0
+    if config.resume and (saved := state.load(config)) is not None:
+        start, cursor, order, log, metrics = saved.restore(model, optimizer, schedule, gen)
+        if is_main:
+            tqdm.write(f"resuming from step {start} ({state.path})")
+    bar = tqdm(range(start + 1, config.steps + 1), desc="pretrain", unit="step",
+               mininterval=2.0, disable=not is_main, initial=start, total=config.steps)
     t_train = time.perf_counter()
     for step in bar:
         if cursor + local_batch > len(order):
@@ -331,7 +355,8 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
         images = normalise(random_shift(train.images[idx], config.max_shift, gen), mean, std)
         texts = train.ids[idx]
         if config.hard_negatives:
-            texts = torch.cat([texts, draw_negatives(train, idx, config.hard_negatives, gen)])
+            texts = torch.cat(
+                [texts, draw_negatives(train, idx, config.hard_negatives, gen, weights)])
         image_emb, text_emb, scale = model(images, texts)
         if group.size > 1:  # captions of every process first, then their negatives
             image_emb = group.gather(image_emb)
@@ -358,6 +383,9 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
         bar.set_postfix(loss=f"{entry['loss']:.3f}")
         if progress is not None:
             progress(step, config.steps, entry)
+        if state.path is not None and step % config.save_every == 0 and step < config.steps:
+            state.save(config, step, model, optimizer, schedule, gen, order, cursor, log,
+                       metrics)
     train_time = time.perf_counter() - t_train
     model.eval()
     if not is_main:
@@ -390,6 +418,7 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
         }
         path = save_tiny_clip(config.out, model, cfg, meta)
         result["checkpoint_bytes"] = sum(f.stat().st_size for f in Path(path).iterdir())
+    state.clear()
     return result
 
 
@@ -409,8 +438,13 @@ def command_line(config: PretrainConfig, program: str = "python -m otviz.train.p
     parts = shlex.split(program)
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if value != getattr(default, f.name):
-            parts += ["--" + f.name.replace("_", "-"), str(value)]
+        flag = f.name.replace("_", "-")
+        if value == getattr(default, f.name):
+            continue
+        if isinstance(value, bool):
+            parts.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            parts += [f"--{flag}", str(value)]
     return shlex.join(parts)
 
 

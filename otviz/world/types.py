@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -60,6 +60,19 @@ class WorldConfig:
     pixel_noise: float = 5.0
     colour_jitter: int = 12
     negatives: bool = True
+
+    def scaled(self, image_size: int) -> WorldConfig:
+        """This world drawn at ``image_size`` pixels: object sides and margin scaled by the
+        same factor (rounded), so scenes keep their layout and objects cover more patches."""
+        if image_size == self.image_size:
+            return self
+        f = image_size / self.image_size
+
+        def scale(r: tuple[int, int]) -> tuple[int, int]:
+            return (round(r[0] * f), round(r[1] * f))
+
+        return replace(self, image_size=image_size, small_px=scale(self.small_px),
+                       large_px=scale(self.large_px), margin=max(1, round(self.margin * f)))
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_objects <= self.max_objects <= 4:
