@@ -21,10 +21,12 @@ import argparse
 import dataclasses
 import hashlib
 import math
+import os
 import queue as queue_module
 import shlex
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -253,7 +255,7 @@ def _spawn(config: PretrainConfig, progress: Progress | None) -> dict[str, Any]:
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, config, port, queue), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(r, config, port, queue, os.getpid()), daemon=True)
              for r in range(config.processes)]
     for p in procs:
         p.start()
@@ -280,7 +282,20 @@ def _spawn(config: PretrainConfig, progress: Progress | None) -> dict[str, Any]:
                 p.terminate()
 
 
-def _worker(rank: int, config: PretrainConfig, port: int, queue: Any) -> None:
+def _exit_with_parent(parent: int) -> None:
+    """End this process when the process that spawned it is gone (a stopped run must not
+    leave its workers training on; they hold no state that the next run needs)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _worker(rank: int, config: PretrainConfig, port: int, queue: Any, parent: int) -> None:
+    _exit_with_parent(parent)
     torch.set_num_threads(config.threads)
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
