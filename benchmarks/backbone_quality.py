@@ -8,8 +8,9 @@ Usage::
     python benchmarks/backbone_quality.py [--backbone DIR] [--heads DIR|training-free]
         [--quick] [--out PREFIX] [--n-binding 200 ...]
 
-writes ``PREFIX.json`` and ``PREFIX.md`` (default ``benchmarks/backbone_quality``) and
-prints the Markdown. ``--quick`` draws fewer samples (about a minute on one core), for
+run from the repository root (paths are relative to the current directory), writes
+``PREFIX.json`` and ``PREFIX.md`` (default ``benchmarks/backbone_quality``) and prints the
+Markdown. ``--quick`` draws fewer samples (about a minute on one core), for
 comparing short training runs.
 """
 
@@ -33,21 +34,20 @@ from otviz.backbone import Backbone  # noqa: E402
 from otviz.eval.backbone_quality import QualityConfig, markdown, measure, target_rows  # noqa: E402
 from otviz.eval.world_set import world_config_of  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 COUNTS = [f.name for f in dataclasses.fields(QualityConfig) if f.name.startswith("n_")]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backbone", default=str(ROOT / "checkpoints" / "tiny-clip"))
-    parser.add_argument("--heads", default=str(ROOT / "checkpoints" / "heads"),
+    parser.add_argument("--backbone", default="checkpoints/tiny-clip")
+    parser.add_argument("--heads", default="checkpoints/heads",
                         help="dir of <method>/ heads, or 'training-free'")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "backbone_quality"),
+    parser.add_argument("--out", default="benchmarks/backbone_quality",
                         help="output prefix: writes PREFIX.json and PREFIX.md")
     parser.add_argument("--quick", action="store_true", help="fewer samples (~1 min)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--cache-dir", default=str(ROOT / ".cache" / "otviz-features"))
+    parser.add_argument("--cache-dir", default=".cache/otviz-features")
     parser.add_argument("--world-speed-count", type=int, default=None,
                         help="samples per world-speed repeat (default 3000, quick 500; 0: skip)")
     for name in COUNTS:
