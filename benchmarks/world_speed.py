@@ -21,6 +21,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
@@ -34,16 +35,20 @@ from otviz.world import World, WorldConfig  # noqa: E402
 TARGET_PER_S = 2000.0
 """The issue's bar: samples per second on one core."""
 _WARMUP = 50
+SETTINGS: tuple[tuple[bool, bool], ...] = ((False, False), (True, False), (True, True))
+"""``(negatives, read)``: without hard negatives, with them unread, with them read."""
 
 
 def time_world(
-    negatives: bool, read: bool, count: int, repeats: int, split: str = "train", seed: int = 0
+    negatives: bool, read: bool, count: int, repeats: int, split: str = "train", seed: int = 0,
+    config: WorldConfig | None = None,
 ) -> dict[str, float | int | bool]:
-    """Best-of-``repeats`` wall and CPU seconds of ``count`` samples (reading each one's
-    negatives if ``read``), and the rates; also the wall and CPU seconds of the warm-up
-    (the first samples, filling the caches)."""
+    """Best-of-``repeats`` wall and CPU seconds of ``count`` samples of the world ``config``
+    (default ``WorldConfig()``; its ``negatives`` replaced), reading each one's negatives if
+    ``read``, and the rates; also the wall and CPU seconds of the warm-up (the first
+    samples, filling the caches)."""
     wall, cpu = time.perf_counter(), time.process_time()
-    world = World(WorldConfig(negatives=negatives), split, seed)
+    world = World(dataclasses.replace(config or WorldConfig(), negatives=negatives), split, seed)
     for i in range(_WARMUP):
         _ = world.sample(i).negatives
     warmup_wall, warmup_cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -74,9 +79,13 @@ def time_world(
     }
 
 
-def run(count: int = 3000, repeats: int = 3, cpu: int | None = 0) -> dict:
-    """Time the three settings pinned to ``cpu`` (None: leave the affinity alone; the previous
-    affinity is restored afterwards)."""
+def run(
+    count: int = 3000, repeats: int = 3, cpu: int | None = 0,
+    settings: tuple[tuple[bool, bool], ...] = SETTINGS, config: WorldConfig | None = None,
+) -> dict:
+    """Time the ``(negatives, read)`` settings (default: all three) of the world ``config``
+    pinned to ``cpu`` (None: leave the affinity alone; the previous affinity is restored
+    afterwards)."""
     pin = cpu is not None and hasattr(os, "sched_setaffinity")
     before = os.sched_getaffinity(0) if pin else None
     if pin:
@@ -85,8 +94,8 @@ def run(count: int = 3000, repeats: int = 3, cpu: int | None = 0) -> dict:
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         load = os.getloadavg() if hasattr(os, "getloadavg") else None
         rows = [
-            time_world(negatives, read, count, repeats)
-            for negatives, read in ((False, False), (True, False), (True, True))
+            time_world(negatives, read, count, repeats, config=config)
+            for negatives, read in settings
         ]
     finally:
         if pin:

@@ -40,3 +40,13 @@ def patch_box_to_pixels(box: Tensor, grid: tuple[int, int], image_size: tuple[in
     width, height = image_size
     scale = torch.tensor([width / w, height / h, width / w, height / h], dtype=torch.float64)
     return box.to(torch.float64) * scale
+
+
+def patch_cells(grid: tuple[int, int], image_size: tuple[int, int]) -> Tensor:
+    """``[N, 4]`` float64 pixel boxes of the patch cells of an ``(H, W)`` grid on an image of
+    ``(width, height)``, row-major."""
+    h, w = grid
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    rows, cols = rows.flatten(), cols.flatten()
+    return patch_box_to_pixels(torch.stack([cols, rows, cols + 1, rows + 1], dim=1), grid,
+                               image_size)

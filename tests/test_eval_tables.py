@@ -144,7 +144,7 @@ def test_grounding_table_matches_per_phrase_heatmaps(setup: dict) -> None:
     q = A.phrase_queries(data)
     assert q.image.numel() == sum(len(s.phrases) for s in data.samples)  # all fit the context
     h, w = data.grid
-    for row in table.rows:
+    for row in [r for r in table.rows if not r.get("baseline")]:
         entry = suite.methods[row["name"]]
         hits, ious = [], []
         for p in range(q.image.numel()):
@@ -163,8 +163,42 @@ def test_grounding_table_matches_per_phrase_heatmaps(setup: dict) -> None:
             union = (x1 - x0) * (y1 - y0) + (bx1 - bx0) * (by1 - by0) - inter
             ious.append(float(inter) / float(union))
         assert row["pointing"] == pytest.approx(np.mean(hits)), row["name"]
+        shared = [h for h, s in zip(hits, q.shared_colour.tolist(), strict=True) if s]
+        if shared:
+            assert row["pointing_shared_colour"] == pytest.approx(np.mean(shared)), row["name"]
         assert row["mean_iou"] == pytest.approx(np.mean(ious), abs=1e-6), row["name"]
         assert row["hit@0.5"] == pytest.approx(np.mean(np.array(ious) >= 0.5)), row["name"]
+
+
+def test_grounding_baseline_rows_match_a_pixel_count_reference(setup: dict) -> None:
+    """The colour oracle's peak is the 8 x 8 cell with the most pixels of the phrase's palette
+    colour; the shared-colour flags follow the scene's objects; the uniform map's pointing
+    is the share of patch centres inside the box."""
+    from otviz.world import COLOUR_RGB
+
+    data, suite = setup["test"], setup["suite"]
+    table = A.grounding_table(suite, data, chunk=4)
+    rows = {r["name"]: r for r in table.rows}
+    assert [r["name"] for r in table.rows][-3:] == ["colour_oracle", "centre_prior", "uniform"]
+    q = A.phrase_queries(data)
+    flags, oracle_hits, uniform = [], [], []
+    for sample in data.samples:
+        for phrase in sample.phrases:
+            obj = sample.objects[phrase.object_index]
+            flags.append(sum(o.colour == obj.colour for o in sample.objects) > 1)
+            diff = np.abs(sample.image.astype(int) - np.array(COLOUR_RGB[obj.colour])).max(2)
+            counts = (diff <= 32).reshape(10, 8, 10, 8).sum(axis=(1, 3))
+            row, col = np.unravel_index(counts.argmax(), counts.shape)
+            x0, y0, x1, y1 = phrase.box
+            oracle_hits.append(x0 <= col * 8 + 4 < x1 and y0 <= row * 8 + 4 < y1)
+            centres = np.arange(4, 80, 8)
+            inside_x = ((x0 <= centres) & (centres < x1)).sum()
+            inside_y = ((y0 <= centres) & (centres < y1)).sum()
+            uniform.append(inside_x * inside_y / 100)
+    assert q.shared_colour.tolist() == flags
+    assert rows["colour_oracle"]["pointing"] == pytest.approx(np.mean(oracle_hits))
+    assert rows["uniform"]["pointing"] == pytest.approx(np.mean(uniform))
+    assert rows["uniform"]["n_shared_colour"] == sum(flags)
 
 
 def test_anchor_and_cost_tables(setup: dict) -> None:

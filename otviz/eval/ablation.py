@@ -83,7 +83,8 @@ def ablation_table(
         suite = MethodSuite(data.backbone, {"conceptot": entry}, f"ConceptOT {name}")
         retrieval = A.retrieval_table(suite, data, candidates, progress=progress).rows[0]
         probe = A.probe_table(suite, data, progress=progress).rows[0]
-        grounding = A.grounding_table(suite, data, progress=progress).rows[0]
+        grounding = A.grounding_table(suite, data, progress=progress,
+                                       baselines=False).rows[0]
         table.rows.append({
             "variant": name, "rank": config.rank, "n_iters": config.n_iters,
             "lambda_local": config.lambda_local, "hard_negatives": config.hard_negatives,

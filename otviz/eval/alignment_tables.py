@@ -26,7 +26,19 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from otviz.eval.grounding_metrics import grounding_scores, mean_offdiag_cosine, phrase_token_select
+from otviz.eval.grounding_baselines import (
+    COLOUR_TOLERANCE,
+    centre_prior_heatmaps,
+    colour_oracle_heatmaps,
+    colour_shared,
+    uniform_pointing,
+)
+from otviz.eval.grounding_metrics import (
+    grounding_scores,
+    mean_offdiag_cosine,
+    phrase_token_select,
+    pointing_hits,
+)
 from otviz.eval.probe import probe_accuracy
 from otviz.eval.retrieval import DIRECTIONS, two_stage_recall
 from otviz.eval.table import Column, Table
@@ -192,30 +204,80 @@ def probe_table(
 @dataclass
 class PhraseQueries:
     """Every gold noun phrase of a set's true captions that keeps a token in the context:
-    its image ``[P]``, token selection ``[P, L]``, gold pixel box ``[P, 4]`` and text."""
+    its image ``[P]``, token selection ``[P, L]``, gold pixel box ``[P, 4]``, text, its
+    object's colour and whether another object of the scene shares that colour ``[P]``."""
 
     image: Tensor
     select: Tensor
     boxes: Tensor
     texts: list[str]
+    colours: list[str]
+    shared_colour: Tensor
 
 
 def phrase_queries(data: EvalSet) -> PhraseQueries:
     """The :class:`PhraseQueries` of ``data``, in image order and caption order."""
-    images, spans, boxes, texts = [], [], [], []
+    images, spans, boxes, texts, colours, shared = [], [], [], [], [], []
     for j, sample in enumerate(data.samples):
         for phrase in sample.phrases:
             images.append(j)
             spans.append((phrase.start, phrase.end))
             boxes.append(phrase.box)
             texts.append(phrase.text)
+            colours.append(sample.objects[phrase.object_index].colour)
+            shared.append(colour_shared(sample, phrase.object_index))
     image_idx = torch.tensor(images, dtype=torch.long)
     token_word, mask = data.text_tokens(data.positives[image_idx])
     select = phrase_token_select(token_word, mask, torch.tensor(spans, dtype=torch.long))
     kept = select.any(1)
+    keep = kept.tolist()
     return PhraseQueries(image_idx[kept], select[kept],
                          torch.tensor(boxes, dtype=torch.float64)[kept],
-                         [t for t, k in zip(texts, kept.tolist(), strict=True) if k])
+                         [t for t, k in zip(texts, keep, strict=True) if k],
+                         [c for c, k in zip(colours, keep, strict=True) if k],
+                         torch.tensor(shared, dtype=torch.bool)[kept])
+
+
+GROUNDING_COLUMNS = [
+    Column("method", "Method", "text"), Column("pointing", "Pointing game"),
+    Column("pointing_shared_colour", "Pointing, colour not unique"),
+    Column("mean_iou", "Mean IoU"), Column("hit@0.5", "Hit@0.5"),
+]
+
+
+def _grounding_row(
+    label: str, name: str, heat: Tensor, q: PhraseQueries, grid: tuple[int, int],
+    size: tuple[int, int], threshold: float, hits: Tensor | None = None,
+) -> dict:
+    """Scores of one row: :func:`grounding_scores` of ``heat`` and the pointing on the
+    shared-colour subset (``hits``: per-phrase hits, default the heatmaps' own)."""
+    scores = grounding_scores(heat, grid, q.boxes, size, threshold)
+    if hits is None:
+        hits = pointing_hits(heat, grid, q.boxes, size).double()
+    else:
+        scores["pointing"] = float(hits.mean())
+    subset = hits[q.shared_colour]
+    shared = float(subset.mean()) if subset.numel() else float("nan")
+    return {"method": label, "name": name, **scores, "pointing_shared_colour": shared,
+            "n_shared_colour": int(subset.numel())}
+
+
+def baseline_rows(data: EvalSet, q: PhraseQueries, threshold: float = 0.5) -> list[dict]:
+    """Grounding rows of the model-free baselines (:mod:`otviz.eval.grounding_baselines`):
+    the colour-only pixel oracle, the centre prior and the uniform map."""
+    image = data.samples[0].image
+    size, grid, n = (image.shape[1], image.shape[0]), data.grid, q.image.numel()
+    oracle = colour_oracle_heatmaps([data.samples[int(j)].image for j in q.image], q.colours,
+                                    grid)
+    flat = torch.ones(n, grid[0] * grid[1], dtype=torch.float64)
+    return [
+        {**_grounding_row("Colour oracle (pixels)", "colour_oracle", oracle, q, grid, size,
+                          threshold), "baseline": True},
+        {**_grounding_row("Centre prior", "centre_prior", centre_prior_heatmaps(n, grid, size),
+                          q, grid, size, threshold), "baseline": True},
+        {**_grounding_row("Uniform map", "uniform", flat, q, grid, size, threshold,
+                          uniform_pointing(grid, q.boxes, size)), "baseline": True},
+    ]
 
 
 def grounding_table(
@@ -224,17 +286,18 @@ def grounding_table(
     threshold: float = 0.5,
     chunk: int = CHUNK,
     progress: StageProgress | None = None,
+    baselines: bool = True,
 ) -> Table:
     """Weak phrase grounding (ConceptOT Sec. 2.6) over every gold noun phrase: pointing
     game, mean IoU and hit@0.5 of the heatmap ``Alignment.heatmap`` of the phrase's tokens
-    (box: patches above ``threshold`` x peak, enclosing envelope)."""
+    (box: patches above ``threshold`` x peak, enclosing envelope), and the pointing on the
+    phrases whose colour another object of the scene shares. With ``baselines``, the
+    model-free rows (:func:`baseline_rows`) follow the methods'."""
     q = phrase_queries(data)
     image_idx, select = q.image, q.select
     size = data.samples[0].image.shape[1], data.samples[0].image.shape[0]
-    columns = [Column("method", "Method", "text"), Column("pointing", "Pointing game"),
-               Column("mean_iou", "Mean IoU"), Column("hit@0.5", "Hit@0.5")]
     table = Table("grounding", f"Weak grounding of {image_idx.numel()} gold noun phrases "
-                  f"({data.n_images} world {data.split} images)", columns)
+                  f"({data.n_images} world {data.split} images)", list(GROUNDING_COLUMNS))
     for name, entry in suite.methods.items():
         if name == "global_only":
             continue  # no patch-token plan
@@ -243,10 +306,20 @@ def grounding_table(
             lambda a, rows: a.heatmap(select[rows, : a.token_mask.shape[1]]),
             chunk, _stage(progress, f"grounding {name}"),
         )
-        scores = grounding_scores(heat, data.grid, q.boxes, size, threshold)
-        table.rows.append({"method": _label(name), "name": name, **scores})
+        table.rows.append(_grounding_row(_label(name), name, heat, q, data.grid, size,
+                                         threshold))
+    if baselines:
+        table.rows += baseline_rows(data, q, threshold)
     table.notes.append(f"heatmap box: patches at >= {threshold} of the peak, enclosing "
                        "envelope; a flat heatmap points nowhere (a miss)")
+    table.notes.append(f"colour not unique: the {int(q.shared_colour.sum())} phrases whose "
+                       "object shares its colour with another object of the scene")
+    if baselines:
+        table.notes.append(
+            "baselines: colour oracle = share of a patch's pixels within "
+            f"{COLOUR_TOLERANCE} (per channel) of the phrase's palette colour; centre prior = "
+            "Gaussian on the image centre; uniform map = a flat map (points nowhere), its "
+            "pointing given as the chance that a uniformly drawn patch lies in the box")
     return table
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.grounding import heatmap_boxes, patch_box_to_pixels
+from otviz.grounding import heatmap_boxes, patch_box_to_pixels, patch_cells
 
 
 def phrase_token_select(token_word: Tensor, token_mask: Tensor, spans: Tensor) -> Tensor:
@@ -33,6 +33,37 @@ def phrase_token_select(token_word: Tensor, token_mask: Tensor, spans: Tensor) -
     """
     start, end = spans[:, :1], spans[:, 1:]
     return (token_word >= start) & (token_word < end) & token_mask
+
+
+def peak_centres(heatmaps: Tensor, grid: tuple[int, int], image_size: tuple[int, int]) -> Tensor:
+    """``[n, 2]`` pixel centre ``(x, y)`` (float64) of each heatmap's hottest patch (the first
+    maximum wins ties).
+
+    Args:
+        heatmaps: ``[n, N]`` over the ``(H, W)`` patch grid, row-major.
+        grid: ``(H, W)``.
+        image_size: ``(width, height)`` in pixels.
+    """
+    return patch_centres(grid, image_size)[heatmaps.argmax(dim=1).cpu()]
+
+
+def patch_centres(grid: tuple[int, int], image_size: tuple[int, int]) -> Tensor:
+    """``[N, 2]`` pixel centres ``(x, y)`` (float64) of the patches, row-major."""
+    cell = patch_cells(grid, image_size)
+    return torch.stack([(cell[:, 0] + cell[:, 2]) / 2, (cell[:, 1] + cell[:, 3]) / 2], dim=1)
+
+
+def points_in_boxes(points: Tensor, boxes: Tensor) -> Tensor:
+    """``[...]`` bool: point ``(x, y)`` inside its half-open pixel box (``[..., 2]`` points,
+    ``[..., 4]`` boxes, broadcast)."""
+    x, y = points[..., 0], points[..., 1]
+    b = boxes.to(torch.float64).cpu()
+    return (b[..., 0] <= x) & (x < b[..., 2]) & (b[..., 1] <= y) & (y < b[..., 3])
+
+
+def is_flat(heatmaps: Tensor) -> Tensor:
+    """``[n]`` bool: the heatmap has one value everywhere (it points nowhere)."""
+    return (heatmaps.amax(dim=1) == heatmaps.amin(dim=1)).cpu()
 
 
 def pointing_hits(
@@ -49,15 +80,28 @@ def pointing_hits(
         gold_boxes: ``[n, 4]`` pixel boxes.
         image_size: ``(width, height)`` in pixels.
     """
-    _, w = grid
-    peak = heatmaps.argmax(dim=1)
-    col, row = peak % w, peak // w
-    cell = patch_box_to_pixels(torch.stack([col, row, col + 1, row + 1], dim=1), grid, image_size)
-    cx, cy = (cell[:, 0] + cell[:, 2]) / 2, (cell[:, 1] + cell[:, 3]) / 2
-    gold = gold_boxes.to(torch.float64).cpu()
-    inside = (gold[:, 0] <= cx) & (cx < gold[:, 2]) & (gold[:, 1] <= cy) & (cy < gold[:, 3])
-    flat = heatmaps.amax(dim=1) == heatmaps.amin(dim=1)
-    return inside & ~flat.cpu()
+    inside = points_in_boxes(peak_centres(heatmaps, grid, image_size), gold_boxes)
+    return inside & ~is_flat(heatmaps)
+
+
+def peak_locations(
+    heatmaps: Tensor, grid: tuple[int, int], boxes: Tensor, image_size: tuple[int, int]
+) -> Tensor:
+    """``[n]`` long: which of ``K`` candidate boxes holds each heatmap's peak (the centre of
+    its hottest patch, as in :func:`pointing_hits`): the index of the first box containing
+    it, ``K`` when none does (elsewhere), ``-1`` for a flat heatmap (no peak).
+
+    Args:
+        heatmaps: ``[n, N]`` over the ``(H, W)`` patch grid.
+        grid: ``(H, W)``.
+        boxes: ``[n, K, 4]`` pixel boxes per heatmap.
+        image_size: ``(width, height)`` in pixels.
+    """
+    centres = peak_centres(heatmaps, grid, image_size)
+    inside = points_in_boxes(centres[:, None, :], boxes)  # [n, K]
+    k = boxes.shape[1]
+    first = torch.where(inside, torch.arange(k), k).amin(dim=1)
+    return torch.where(is_flat(heatmaps), -1, first)
 
 
 def pointing_game(

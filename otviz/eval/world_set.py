@@ -19,6 +19,7 @@ score; fewer positions cost less).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +103,16 @@ class WorldProbeDataset(WorldDataset):
         return images, torch.tensor(idx, dtype=torch.long), [self.categories[p] for p in idx]
 
 
+def world_config_of(backbone: Backbone, negatives: bool = True) -> WorldConfig:
+    """The world configuration the backbone was trained on (its checkpoint's recorded
+    ``world_config``; the default world for a model without one), with ``negatives`` set.
+    Recorded fields this code's :class:`WorldConfig` does not know are ignored."""
+    recorded = backbone.info.get("world_config") or {}
+    known = {f.name for f in dataclasses.fields(WorldConfig)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items() if k in known}
+    return dataclasses.replace(WorldConfig(**values), negatives=negatives)
+
+
 def trim_tokens(batch: PairBatch) -> PairBatch:
     """``batch`` with the token axis cut after the last content token of any row (the
     padding positions after it are masked out of every method's score)."""
@@ -143,9 +154,14 @@ class EvalSet:
         seed: int = 0,
         cache_dir: str = ".cache/otviz-features",
         progress: Progress | None = None,
+        config: WorldConfig | None = None,
     ) -> EvalSet:
-        """Samples ``0..n-1`` of the world ``split`` (seed ``seed``) for ``backbone``."""
-        return cls(WorldProbeDataset(n, split, seed), backbone, FeatureCache(cache_dir), progress)
+        """Samples ``0..n-1`` of the world ``split`` (seed ``seed``) for ``backbone``, drawn
+        with ``config`` (default: the world the backbone was trained on,
+        :func:`world_config_of`)."""
+        config = config or world_config_of(backbone)
+        return cls(WorldProbeDataset(n, split, seed, config), backbone, FeatureCache(cache_dir),
+                   progress)
 
     @property
     def split(self) -> str:

@@ -1,0 +1,75 @@
+"""Phrase heatmaps that know nothing of the model: the baselines any grounding method must
+beat on the world's pointing game (ConceptOT Sec. 2.6 protocol).
+
+* :func:`colour_oracle_heatmaps`: the share of each patch's pixels whose colour is the
+  phrase's colour word in the world's palette (``COLOUR_RGB``), within a tolerance: a
+  detector of colour alone, which cannot tell two objects of one colour apart;
+* :func:`centre_prior_heatmaps`: a Gaussian bump on the image centre;
+* :func:`uniform_pointing`: the expected pointing of a uniform map, read as a peak drawn
+  uniformly among the patches (the share of patch centres inside the gold box); a uniform
+  map itself is flat and points nowhere under :func:`~otviz.eval.grounding_metrics.pointing_hits`.
+
+Heatmaps are ``[n, N]`` over the ``(H, W)`` patch grid, row-major, like a method's
+``Alignment.heatmap``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from otviz.eval.grounding_metrics import patch_centres, points_in_boxes
+from otviz.world import COLOUR_RGB, Sample
+
+#: L-infinity distance (0-255) within which a pixel counts as a palette colour: the world's
+#: colour jitter (12) and grain (5) leave room for part of the antialiased edge.
+COLOUR_TOLERANCE = 32
+
+
+def colour_mask(image: np.ndarray, colour: str, tolerance: int = COLOUR_TOLERANCE) -> np.ndarray:
+    """``[H, W]`` bool: pixels of ``image`` (uint8 ``[H, W, 3]``) within ``tolerance`` of the
+    palette colour ``colour`` in every channel."""
+    rgb = np.asarray(COLOUR_RGB[colour], dtype=np.int16)
+    return (np.abs(image.astype(np.int16) - rgb).max(axis=2) <= tolerance)
+
+
+def colour_oracle_heatmaps(
+    images: Sequence[np.ndarray], colours: Sequence[str], grid: tuple[int, int],
+    tolerance: int = COLOUR_TOLERANCE,
+) -> Tensor:
+    """``[n, N]``: per patch, the share of its pixels matching ``colours[i]`` in
+    ``images[i]`` (adaptive average pooling of the pixel mask onto the grid)."""
+    masks = np.stack([colour_mask(im, c, tolerance) for im, c in zip(images, colours,
+                                                                       strict=True)])
+    pooled = F.adaptive_avg_pool2d(torch.from_numpy(masks).float()[:, None], grid)
+    return pooled.flatten(1).double()
+
+
+def centre_prior_heatmaps(n: int, grid: tuple[int, int], image_size: tuple[int, int]) -> Tensor:
+    """``[n, N]``: ``exp(-d^2 / (2 s^2))`` of each patch centre's distance ``d`` to the image
+    centre, ``s`` a quarter of the shorter image side (the same map for every phrase)."""
+    width, height = image_size
+    centres = patch_centres(grid, image_size)
+    d2 = (centres[:, 0] - width / 2) ** 2 + (centres[:, 1] - height / 2) ** 2
+    s = min(width, height) / 4
+    return torch.exp(-d2 / (2 * s * s)).expand(n, -1).clone()
+
+
+def uniform_pointing(
+    grid: tuple[int, int], gold_boxes: Tensor, image_size: tuple[int, int]
+) -> Tensor:
+    """``[n]`` float64: the chance that a patch drawn uniformly has its centre in the gold box
+    (the pointing of a uniform map with ties broken at random)."""
+    centres = patch_centres(grid, image_size)
+    return points_in_boxes(centres[None], gold_boxes[:, None, :]).double().mean(dim=1)
+
+
+def colour_shared(sample: Sample, object_index: int) -> bool:
+    """Whether another object of the scene (distractors included) has the colour of object
+    ``object_index``: colour alone cannot point to it."""
+    colour = sample.objects[object_index].colour
+    return any(o.colour == colour for k, o in enumerate(sample.objects) if k != object_index)
