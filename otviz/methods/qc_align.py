@@ -52,6 +52,7 @@ class QCAlign(ProjectedMethod):
             came.nu,
             self.config.eps,
             n_iters=self.config.n_iters,
+            tol=None,  # the model's fixed iteration count
             row_mask=batch.patch_mask,
             col_mask=batch.token_mask,
         )
@@ -77,6 +78,7 @@ class QCAlign(ProjectedMethod):
             came.nu,
             self.config.eps,
             n_iters=self.config.n_iters,
+            tol=None,  # the model's fixed iteration count
             x_mask=batch.patch_mask,
             y_mask=batch.token_mask,
             a_self=uniform_masses(batch.patch_mask, z.dtype),
