@@ -139,9 +139,12 @@ def test_gradcheck_dbot_and_partial():
     a = torch.ones(1, 3, dtype=DT)
     low = torch.full((1, 2), 1.2, dtype=DT)
     high = torch.full((1, 2), 1.8, dtype=DT)
-    assert torch.autograd.gradcheck(lambda c: dbot_log(c, a, low, high, 0.5, 10, None).plan, (cost,))
-    assert torch.autograd.gradcheck(lambda c: partial_ot_log(c, None, None, 0.5, 1.5, 10, None).plan,
-                                    (cost,))
+    assert torch.autograd.gradcheck(
+        lambda c: dbot_log(c, a, low, high, 0.5, 10, None).plan, (cost,)
+    )
+    assert torch.autograd.gradcheck(
+        lambda c: partial_ot_log(c, None, None, 0.5, 1.5, 10, None).plan, (cost,)
+    )
 
 
 def _selective_set(seed: int):
