@@ -96,12 +96,12 @@ def sinkhorn_divergence(
     b: Tensor,
     eps: float,
     n_iters: int = 1000,
-    tol: float | None = DEFAULT_TOL,
     x_mask: Tensor | None = None,
     y_mask: Tensor | None = None,
     a_self: Tensor | None = None,
     b_self: Tensor | None = None,
     objective: Objective = "sharp",
+    tol: float | None = DEFAULT_TOL,
 ) -> DivergenceResult:
     """``S = W(x,a; y,b) - (W(x,a'; x,a') + W(y,b'; y,b')) / 2`` under the cosine cost.
 
