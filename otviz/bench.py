@@ -372,10 +372,10 @@ def solver_rows(cfg: BenchConfig, n: int, m: int) -> list[dict[str, Any]]:
     rows = []
 
     def ours_uot() -> None:
-        sinkhorn_unbalanced_log(cost, a, b, eps, tau_v, tau_t, n_iters=L)
+        sinkhorn_unbalanced_log(cost, a, b, eps, tau_v, tau_t, n_iters=L, tol=None)
 
     def ours_bal() -> None:
-        sinkhorn_log(cost, a, b, eps, n_iters=L)
+        sinkhorn_log(cost, a, b, eps, n_iters=L, tol=None)
 
     for name, fn in (("ours_sinkhorn_unbalanced", ours_uot), ("ours_sinkhorn", ours_bal)):
         base = _row("solver", name, n, m, r=None, L=L, mode="forward", config="from cost")

@@ -11,16 +11,17 @@ def heatmap_boxes(heat: Tensor, grid: tuple[int, int], threshold: float = 0.5) -
     """Enclosing box of the patches whose heat is at least ``threshold * max``.
 
     Args:
-        heat: ``[B, N]`` non-negative heatmaps over an ``(H, W)`` patch grid, ``N = H * W``.
+        heat: ``[B, N]`` heatmaps over an ``(H, W)`` patch grid, ``N = H * W``; negative
+            values (a signed plan's) count as no heat.
         grid: the patch grid ``(H, W)``.
         threshold: fraction of each heatmap's maximum that a patch must reach.
 
     Returns:
         ``[B, 4]`` boxes ``(x0, y0, x1, y1)`` in patch units, half-open (``x1 - x0`` patches
-        wide). An all-zero heatmap gives the whole grid.
+        wide). An all-zero (or all-negative) heatmap gives the whole grid.
     """
     h, w = grid
-    maps = heat.reshape(heat.shape[0], h, w)
+    maps = heat.reshape(heat.shape[0], h, w).clamp_min(0.0)
     peak = maps.flatten(1).amax(dim=1)
     keep = maps >= threshold * peak[:, None, None]
     rows, cols = keep.any(dim=2), keep.any(dim=1)

@@ -78,21 +78,30 @@ class MethodSuite:
 
     @classmethod
     def training_free(
-        cls, backbone: Backbone, fit_captions: list[str], names: tuple[str, ...] | None = None
+        cls,
+        backbone: Backbone,
+        fit_captions: list[str],
+        names: tuple[str, ...] | None = None,
+        conceptot_variant: str = "faithful",
     ) -> MethodSuite:
         """Every method in its training-free configuration. ConceptOT's anchors are the
         k-means centroids of the token embeddings of ``fit_captions`` (ConceptOT's
-        training-free use; e.g. the world's vocabulary or a list of common concepts)."""
+        training-free use; e.g. the world's vocabulary or a list of common concepts), its
+        low-rank solver ``conceptot_variant`` (:mod:`otviz.ot.lowrank`: the faithful
+        Algorithm 1, whose Nystrom plan can go negative, or the nonnegative ``"positive"``
+        one the app shows by default)."""
         dim = backbone.embed_dim
         methods: dict[str, SuiteMethod] = {}
         fit_batch = None
         for name in names or (("global_only",) + ALIGN_METHODS):
-            method = METHODS[name](dim, dim, MethodConfig(trainable=False)).eval()
+            config = MethodConfig(trainable=False, lowrank_variant=conceptot_variant)
+            method = METHODS[name](dim, dim, config).eval()
             if type(method).fit_training_free is not AlignmentMethod.fit_training_free:
                 fit_batch = fit_batch or _text_batch(backbone, fit_captions)
                 method.fit_training_free(fit_batch)
             methods[name] = SuiteMethod(method, "projected", "training-free")
-        return cls(backbone, methods, f"{backbone.name} (training-free)")
+        variant = "" if conceptot_variant == "faithful" else f", ConceptOT {conceptot_variant}"
+        return cls(backbone, methods, f"{backbone.name} (training-free{variant})")
 
     @classmethod
     def from_heads(

@@ -215,7 +215,11 @@ def _trial_losses(gen: torch.Generator, n_trials: int, tau: float, alphas: list[
 @pytest.mark.parametrize("tau", [0.01, 0.001])
 def test_nla_loss_correlates_with_exact_loss(tau):
     """App. C / Fig. 5: Pearson r >= 0.98 between exact and NLA losses for every alpha
-    (measured here at tau = 0.001: 0.996 at alpha = 0 down to 0.985 at alpha = 1)."""
+    (measured here at tau = 0.001: 0.996 at alpha = 0 down to 0.985 at alpha = 1).
+
+    Not a general reproduction: this holds on this test's seeded inputs; on other random
+    inputs alpha >= 0.75 gives r of about 0.96-0.98 (issue 13), below the appendix's claim.
+    The bound checks above (Theorem 1, Eq. 76) are what holds on every input."""
     alphas = [0.0, 0.25, 0.5, 0.75, 1.0]
     res = _trial_losses(torch.Generator().manual_seed(2024), 600, tau, alphas)
     for i, alpha in enumerate(alphas):

@@ -143,10 +143,17 @@ def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded):
         (224, 224),
     ).tolist()
     text = " ".join(encoded.words[k].text for k in resolve_phrase(encoded, view.phrase))
+    # QC-Align's panel is Pi / (mu nu), not a mass: stretched to the mass panels' peak
+    shown = [np.clip(m, 0.0, None) for m in maps]
+    qc = ALIGN_METHODS.index("qc_align")
+    peak = max(float(m.max()) for k, m in enumerate(shown) if k != qc)
+    shown[qc] = shown[qc] * (peak / float(shown[qc].max()))
+    titles = [METHOD_LABELS[n] + (" Π/(μν), own scale" if n == "qc_align" else "")
+              for n in ALIGN_METHODS]
     expected = compose_heatmaps(
         encoded.image,
-        maps,
-        [METHOD_LABELS[n] for n in ALIGN_METHODS],
+        shown,
+        titles,
         boxes=boxes,
         colorbar_label=f'mass of "{text}"',
     )
@@ -270,9 +277,10 @@ def test_phrase_heatmaps_equal_alignment_heatmap(tools, sample, encoded, view):
     grid, heats = phrase_view(*tools, *sample, typed)
     select = encoded.features.text.word_mask(0, range(np_node.start, np_node.end))
     for name in ALIGN_METHODS:
-        plan = runs[name].alignment.plan.dense()[0]
+        a = runs[name].alignment
+        matrix = (a.plan if a.readout is None else a.readout).dense()[0]  # QC-Align: Pi/(mu nu)
         np.testing.assert_allclose(
-            heats[name].reshape(-1), plan[:, select].sum(1).numpy(), rtol=1e-5, atol=1e-8
+            heats[name].reshape(-1), matrix[:, select].sum(1).numpy(), rtol=1e-5, atol=1e-8
         )
         ref = runs[name].alignment.heatmap(select[None])[0].numpy()
         np.testing.assert_array_equal(heats[name].reshape(-1), ref)

@@ -25,6 +25,7 @@ from otviz.ui.context import (
     REMOTE_MODELS,
     SHIPPED_HEADS,
     TRAINING_FREE,
+    TRAINING_FREE_FAITHFUL,
     AppContext,
     BackboneChoice,
     find_heads,
@@ -181,6 +182,7 @@ def test_shipped_heads_are_offered_per_backbone(tmp_path, monkeypatch):
     ]
     ctx = AppContext.default(heads_root=tmp_path)
     assert ctx.checkpoint_choices() == [f"{EMBEDDED} · {TRAINING_FREE}",
+                                        f"{EMBEDDED} · {TRAINING_FREE_FAITHFUL}",
                                         f"{EMBEDDED} · {SHIPPED_HEADS}"]
     assert ctx.head_sets[0].heads == {"filip": head}
     assert ctx.add_head_set(EMBEDDED, SHIPPED_HEADS, {}) == f"{EMBEDDED} · {SHIPPED_HEADS} #2"
@@ -222,7 +224,7 @@ def test_real_clip_entries_need_the_network(monkeypatch, tmp_path):
     monkeypatch.setenv(context_module.REMOTE_ENV, "")
     assert remote_models() == []
     ctx = AppContext.default([("ViT-B-16", "openai")], heads_root=tmp_path)
-    assert ctx.checkpoint_choices()[1] == f"ViT-B-16 / openai · {TRAINING_FREE}"
+    assert ctx.checkpoint_choices()[2] == f"ViT-B-16 / openai · {TRAINING_FREE}"
     choice = ctx.backbones[1]
     assert choice.train_backbone == {"open_clip_model": "ViT-B-16", "pretrained": "openai"}
     assert choice.takes_heads_of({"name": "ViT-B-16", "tags": {"pretrained": "openai"}})

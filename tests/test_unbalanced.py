@@ -138,16 +138,21 @@ def test_ragged_masks_equal_unpadded_problem() -> None:
     assert torch.allclose(padded.cost, plain.cost)
 
 
-def test_residual_is_the_row_fixed_point_gap() -> None:
+def test_marginal_error_is_the_l1_gap_to_the_next_row_update() -> None:
     cost, a, b = _problem(9)
     eps, tau = 0.1, 0.3
-    res = sinkhorn_unbalanced_log(cost, a, b, eps, tau, tau, n_iters=4)
+    res = sinkhorn_unbalanced_log(cost, a, b, eps, tau, tau, n_iters=4, tol=None)
     alpha = tau / (tau + eps)
     kv = (torch.exp(-cost / eps) * res.log_v.exp()[:, None, :]).sum(2)
-    direct = (res.log_u - alpha * (a.log() - kv.log())).abs().amax(1)
-    assert torch.allclose(res.marginal_error, direct)
-    more = sinkhorn_unbalanced_log(cost, a, b, eps, tau, tau, n_iters=40)
+    rows = res.log_u.exp() * kv  # P 1
+    next_rows = (a / kv) ** alpha * kv  # P 1 after u <- (a / K v)^alpha
+    assert torch.allclose(res.marginal_error, (rows - next_rows).abs().sum(1))
+    assert torch.allclose(rows, res.plan.sum(2))
+    more = sinkhorn_unbalanced_log(cost, a, b, eps, tau, tau, n_iters=40, tol=None)
     assert bool((more.marginal_error < res.marginal_error).all())
+    # a hard row constraint: the same number is |P 1 - a|_1, as the balanced solver's rows
+    hard = sinkhorn_unbalanced_log(cost, a, b, eps, float("inf"), tau, n_iters=3, tol=None)
+    assert torch.allclose(hard.marginal_error, (hard.plan.sum(2) - a).abs().sum(1))
 
 
 def test_gradcheck() -> None:
@@ -178,10 +183,10 @@ def test_cache_chunks_equal_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     import otviz.ot.sinkhorn as sk
 
     cost, a, b = _problem(12, b=5)
-    b_bal = b / b.sum(1, keepdim=True)
     row_mask = torch.ones(5, 7, dtype=torch.bool)
     row_mask[3, 5:] = False
-    kw = dict(n_iters=9, row_mask=row_mask)
+    b_bal = b * ((a * row_mask).sum(1, keepdim=True) / b.sum(1, keepdim=True))
+    kw = dict(n_iters=9, tol=None, row_mask=row_mask)
     whole = sinkhorn_unbalanced_log(cost, a, b, 0.1, 0.3, 0.5, **kw)
     whole_bal = sinkhorn_log(cost, a, b_bal, 0.1, **kw)
     monkeypatch.setattr(sk, "CHUNK_ELEMS", 2 * 7 * 5)  # sub-batches of 2 problems

@@ -28,6 +28,7 @@ class BalancedOT(ProjectedMethod):
             b,
             self.config.eps,
             n_iters=self.config.n_iters,
+            tol=None,  # the model's fixed L iterations
             row_mask=batch.patch_mask,
             col_mask=batch.token_mask,
         )

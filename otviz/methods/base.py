@@ -166,6 +166,8 @@ class Alignment:
             method aimed for (``None`` when it has none).
         marginal_error: ``[B]`` solver convergence measure, ``None`` for non-OT methods.
         extras: method-specific tensors for views (anchor kernels, region matches, ...).
+        readout: the matrix whose columns :meth:`heatmap` sums when it is not the plan
+            itself (QC-Align: the plan relative to its marginals); ``None``: the plan.
     """
 
     local_score: Tensor
@@ -179,6 +181,7 @@ class Alignment:
     col_reference: Tensor | None = None
     marginal_error: Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    readout: TransportPlan | None = None
 
     def combined_score(self, lambda_local: float) -> Tensor:
         """``s_g + lambda_l * s_l`` (ConceptOT App. G.4 reranking score)."""
@@ -186,12 +189,14 @@ class Alignment:
 
     def heatmap(self, token_select: Tensor) -> Tensor:
         """Phrase heatmap ``[B, N]``: the sum of the plan's columns over the selected tokens
-        (ConceptOT Sec. 2.6). ``token_select`` is a ``[B, M]`` (or ``[M]``) bool/float mask."""
+        (ConceptOT Sec. 2.6), or of :attr:`readout`'s where the method defines one.
+        ``token_select`` is a ``[B, M]`` (or ``[M]``) bool/float mask."""
         sel = token_select.to(self.row_marginal.dtype)
         if sel.dim() == 1:
             sel = sel.unsqueeze(0).expand(self.row_marginal.shape[0], -1)
         sel = sel * self.token_mask.to(sel.dtype)
-        return self.plan.apply(sel.unsqueeze(-1)).squeeze(-1)
+        matrix = self.plan if self.readout is None else self.readout
+        return matrix.apply(sel.unsqueeze(-1)).squeeze(-1)
 
 
 @dataclass

@@ -75,6 +75,7 @@ class ConceptOT(ProjectedMethod):
             cfg.tau_v,
             cfg.tau_t,
             n_iters=cfg.n_iters,
+            tol=None,  # the model's fixed L iterations (Alg. 1)
             kpp_reg=cfg.kpp_reg,
             variant=cfg.lowrank_variant,
             row_mask=source.patch_mask,

@@ -34,6 +34,7 @@ class DenseUOT(ProjectedMethod):
             cfg.tau_v,
             cfg.tau_t,
             n_iters=cfg.n_iters,
+            tol=None,  # the model's fixed L iterations
             row_mask=batch.patch_mask,
             col_mask=batch.token_mask,
         )

@@ -7,21 +7,51 @@ only as a training regulariser (``L = L_global + lambda L_QCT``, :meth:`QCAlign.
 for the shared contract its plan is also the alignment, scored like the other OT methods by
 the plan-weighted cosine ``sum Pi_ij cos_ij`` (= ``1 - W_cross``, the plan has unit mass).
 
+Heatmap readout: at QC-Align's ``eps = 0.5`` the plan stays close to the independent
+coupling ``mu nu^T`` (the entropic solution of QC-Align Eq. (QCT) tends to it as eps grows),
+so summing plan columns would only redraw the quota map ``mu``. The phrase heatmap
+(:meth:`Alignment.heatmap`) is therefore read from the plan relative to its marginals,
+
+    h_i(J) = sum_{j in J} Pi_ij / (mu_i nu_j),
+
+the density of ``Pi`` against ``mu nu^T`` (1 where the plan is independent, above 1 where
+patch ``i`` and token ``j`` are coupled more than their quotas alone imply), summed over the
+phrase's tokens ``J`` (:func:`relative_plan`). ``mu`` itself is shown separately as the
+quota map (``Alignment.row_reference``).
+
 Settings: ``config.eps`` and ``config.n_iters`` drive every Sinkhorn solve (the paper uses
-``eps = 0.5``, ``lambda = 0.5``); ``config.extra`` may hold ``came_temperature`` (default 1)
-and ``came_negative_slope`` (default 0.01), see :func:`otviz.ot.came.came_marginals`.
+``eps = 0.5``, ``lambda = 0.5``); ``config.extra`` may hold ``came_temperature`` (default 1,
+the paper's plain softmax; lower values make the quotas less uniform) and
+``came_negative_slope`` (default 0.01), see :func:`otviz.ot.came.came_marginals`.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from otviz.methods.base import Alignment, PairBatch, register
+from otviz.methods.base import Alignment, DensePlan, PairBatch, register
 from otviz.methods.masses import uniform_masses
 from otviz.methods.projected import ProjectedMethod, dense_plan_alignment, masked_similarity
 from otviz.ot.came import CameResult, came_marginals
 from otviz.ot.divergence import sinkhorn_divergence
 from otviz.ot.sinkhorn import sinkhorn_log
+
+
+def relative_plan(plan: Tensor, mu: Tensor, nu: Tensor) -> Tensor:
+    """``[B, N, M]`` ``Pi_ij / (mu_i nu_j)``: the plan's density against the independent
+    coupling of its marginals (QC-Align Sec. 3: ``Pi 1 = mu``, ``Pi^T 1 = nu``), 0 where a
+    quota is 0 (masked patches / tokens)."""
+    outer = mu[:, :, None] * nu[:, None, :]
+    positive = outer > 0
+    return torch.where(positive, plan / torch.where(positive, outer, 1.0), 0.0)
+
+
+def quota_nonuniformity(mu: Tensor, mask: Tensor) -> Tensor:
+    """``[B]`` ``max_i mu_i / (1 / N_valid)``: how far the largest quota is above uniform
+    (1: uniform quotas)."""
+    n_valid = mask.sum(1).clamp_min(1).to(mu.dtype)
+    return mu.amax(1) * n_valid
 
 
 @register
@@ -52,11 +82,14 @@ class QCAlign(ProjectedMethod):
             came.nu,
             self.config.eps,
             n_iters=self.config.n_iters,
+            tol=None,  # the model's fixed iteration count
             row_mask=batch.patch_mask,
             col_mask=batch.token_mask,
         )
         out = dense_plan_alignment(batch, res.plan, sim, came.mu, came.nu, res.marginal_error)
+        out.readout = DensePlan(relative_plan(res.plan, came.mu, came.nu))
         out.extras.update(
+            quota_max_over_uniform=quota_nonuniformity(came.mu, batch.patch_mask),
             came_attention_t2v=came.attn_t2v,
             came_attention_v2t=came.attn_v2t,
             came_weight_token=came.weight_t,
@@ -77,6 +110,7 @@ class QCAlign(ProjectedMethod):
             came.nu,
             self.config.eps,
             n_iters=self.config.n_iters,
+            tol=None,  # the model's fixed iteration count
             x_mask=batch.patch_mask,
             y_mask=batch.token_mask,
             a_self=uniform_masses(batch.patch_mask, z.dtype),

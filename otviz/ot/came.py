@@ -85,11 +85,14 @@ def came_marginals(
         t: ``[B, M, d]`` token features.
         v_mask, t_mask: optional ``[B, N]`` / ``[B, M]`` bool validity masks.
         negative_slope: slope of the leaky-ReLU ``phi`` on negative cosines.
-        temperature: softmax temperature of the attention (1 = the paper's plain softmax).
+        temperature: softmax temperature (> 0) of the attention (1 = the paper's plain
+            softmax); lower values sharpen the attention and make the quotas less uniform.
 
     Returns:
         :class:`CameResult`.
     """
+    if not temperature > 0:
+        raise ValueError(f"CAME temperature must be > 0, got {temperature}")
     sim_tv = F.normalize(t, dim=-1) @ F.normalize(v, dim=-1).transpose(1, 2)  # [B, M, N]
     alpha, w_t = _side(t, v, sim_tv, t_mask, v_mask, negative_slope, temperature)
     beta, w_v = _side(v, t, sim_tv.transpose(1, 2), v_mask, t_mask, negative_slope, temperature)

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from otviz.ot.bregman import col_box_shift, row_box_shift
-from otviz.ot.result import SolverResult
+from otviz.ot.checks import SolverInputError, check_problem
+from otviz.ot.result import DEFAULT_TOL, SolverResult, judge_convergence
 from otviz.ot.sinkhorn import masked_log, masked_log_kernel, transport_cost
 
 
@@ -35,7 +36,8 @@ def dbot_log(
     low: Tensor | None,
     high: Tensor | None,
     eps: float,
-    n_iters: int = 50,
+    n_iters: int = 1000,
+    tol: float | None = DEFAULT_TOL,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
 ) -> SolverResult:
@@ -44,11 +46,15 @@ def dbot_log(
     Args:
         cost: ``[B, N, M]`` cost.
         a: ``[B, N]`` exact row masses.
-        low, high: ``[B, M]`` column-sum bounds (``None``: 0 / no upper bound); OT-CLIP
-            Eq. 8 uses ``b - delta`` and ``b + delta``. Needs ``sum low <= sum a <= sum high``.
-        eps: entropic regularisation.
-        n_iters: Dykstra sweeps (rows then columns), followed by a last row projection so
-            the returned plan meets the rows exactly.
+        low, high: ``[B, M]`` column-sum bounds, the box standing for ``b`` in the shared
+            ``(cost, a, b, eps)`` order (``None``: 0 / no upper bound); OT-CLIP Eq. 8 uses
+            ``b - delta`` and ``b + delta``. Needs ``low <= high`` and
+            ``sum low <= sum a <= sum high`` (refused otherwise: the set is empty).
+        eps: entropic regularisation (> 0).
+        n_iters: maximal Dykstra sweeps (rows then columns), followed by a last row
+            projection so the returned plan meets the rows exactly.
+        tol: stop once every problem's marginal error is ``<= tol``, warn when some is not
+            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot.result`).
         row_mask, col_mask: optional validity masks.
 
     Returns:
@@ -56,6 +62,9 @@ def dbot_log(
         ``marginal_error`` = L1 violation of the column box (rows are exact) and
         ``cost = <C, P>``.
     """
+    solver = "dbot_log"
+    check_problem(cost, a, None, eps, solver, row_mask, col_mask)
+    _check_box(a, low, high, cost.shape[2], row_mask, col_mask)
     log_k = masked_log_kernel(cost, eps, row_mask, col_mask)
     log_a = masked_log(a, row_mask)
     log_low = _log_bound(low, col_mask, -float("inf"))
@@ -68,6 +77,18 @@ def dbot_log(
         shift = row_box_shift(log_k + f[:, :, None] + g[:, None, :], log_a, log_a)
         return f + (shift if row_mask is None else shift.masked_fill(~row_mask, 0.0))
 
+    def violation(f: Tensor, g: Tensor) -> Tensor:
+        col = torch.exp(log_k + f[:, :, None] + g[:, None, :]).sum(1)
+        viol = torch.zeros_like(col)
+        if low is not None:
+            viol = viol + torch.relu(low - col)
+        if high is not None:
+            viol = viol + torch.relu(col - high)
+        if col_mask is not None:
+            viol = viol * col_mask.to(viol.dtype)
+        return viol.sum(1)
+
+    done = 0
     for _ in range(n_iters):
         f = rows(f, g)
         g = g + corr
@@ -76,19 +97,45 @@ def dbot_log(
             shift = shift.masked_fill(~col_mask, 0.0)
         g = g + shift
         corr = -shift
+        done += 1
+        if tol is not None and bool((violation(rows(f, g), g) <= tol).all()):
+            break
     f = rows(f, g)
     plan = torch.exp(log_k + f[:, :, None] + g[:, None, :])
-    col = plan.sum(1)
-    viol = torch.zeros_like(col)
-    if low is not None:
-        viol = viol + torch.relu(low - col)
-    if high is not None:
-        viol = viol + torch.relu(col - high)
-    if col_mask is not None:
-        viol = viol * col_mask.to(viol.dtype)
     log_u = f if row_mask is None else f.masked_fill(~row_mask, -float("inf"))
     log_v = g if col_mask is None else g.masked_fill(~col_mask, -float("inf"))
-    return SolverResult(
-        plan, log_u, log_v, viol.sum(1), n_iters, transport_cost(plan, cost, row_mask, col_mask)
+    res = SolverResult(
+        plan, log_u, log_v, violation(f, g), done, transport_cost(plan, cost, row_mask, col_mask)
     )
+    return judge_convergence(res, tol, solver)
 
+
+def _check_box(
+    a: Tensor,
+    low: Tensor | None,
+    high: Tensor | None,
+    m: int,
+    row_mask: Tensor | None,
+    col_mask: Tensor | None,
+) -> None:
+    """The column box must be ``[B, M]``, non-negative, non-empty and able to hold the row
+    mass ``sum a``."""
+    valid = torch.ones(a.shape[0], m, dtype=torch.bool, device=a.device)
+    valid = valid if col_mask is None else col_mask
+    total = (a if row_mask is None else a * row_mask.to(a.dtype)).sum(1)
+    for name, bound in (("low", low), ("high", high)):
+        if bound is None:
+            continue
+        if tuple(bound.shape) != tuple(valid.shape):
+            raise SolverInputError(
+                f"dbot_log: {name} has shape {tuple(bound.shape)}, expected {tuple(valid.shape)}"
+            )
+        if bool((valid & ~(bound >= 0)).any()) or bool((valid & torch.isnan(bound)).any()):
+            raise SolverInputError(f"dbot_log: {name} must be >= 0 on valid columns")
+    if low is not None and high is not None and bool((valid & (low > high)).any()):
+        raise SolverInputError("dbot_log: some column has low > high (an empty box)")
+    w = valid.to(a.dtype)
+    if low is not None and bool(((low * w).sum(1) > total * (1 + 1e-6)).any()):
+        raise SolverInputError("dbot_log: sum low exceeds the row mass sum a (no feasible plan)")
+    if high is not None and bool(((high.nan_to_num(0.0) * w).sum(1) < total * (1 - 1e-6)).any()):
+        raise SolverInputError("dbot_log: sum high is below the row mass sum a (no feasible plan)")

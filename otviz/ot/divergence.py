@@ -16,6 +16,7 @@ Two readings of ``W`` are offered:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from otviz.ot.costs import cosine_cost
-from otviz.ot.result import SolverResult
+from otviz.ot.result import DEFAULT_TOL, NotConvergedWarning, SolverResult, warn_unconverged
 from otviz.ot.sinkhorn import sinkhorn_log, transport_cost
 
 Objective = Literal["sharp", "entropic"]
@@ -49,19 +50,21 @@ def ot_value(
     b: Tensor,
     eps: float,
     objective: Objective = "sharp",
-    n_iters: int = 50,
+    n_iters: int = 1000,
+    tol: float | None = DEFAULT_TOL,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
 ) -> tuple[Tensor, SolverResult]:
-    """Entropic OT between ``a`` and ``b`` and its value ``W`` (``[B]``) under ``objective``."""
-    res = sinkhorn_log(cost, a, b, eps, n_iters, row_mask=row_mask, col_mask=col_mask)
+    """Entropic OT between ``a`` and ``b`` and its value ``W`` (``[B]``) under ``objective``
+    (``n_iters`` / ``tol`` as :func:`otviz.ot.sinkhorn.sinkhorn_log`)."""
+    if objective not in ("sharp", "entropic"):
+        raise ValueError(f"unknown objective {objective!r}; use 'sharp' or 'entropic'")
+    res = sinkhorn_log(cost, a, b, eps, n_iters, tol, row_mask=row_mask, col_mask=col_mask)
     value = transport_cost(res.plan, cost, row_mask, col_mask)
     if objective == "entropic":
         a0 = a if row_mask is None else a * row_mask.to(a.dtype)
         b0 = b if col_mask is None else b * col_mask.to(b.dtype)
         value = value + eps * _entropy_term(res.plan, a0, b0)
-    elif objective != "sharp":
-        raise ValueError(f"unknown objective {objective!r}; use 'sharp' or 'entropic'")
     return value, res
 
 
@@ -74,6 +77,7 @@ class DivergenceResult:
         cross, self_x, self_y: ``[B]`` the three OT values.
         plan: ``[B, N, M]`` cross plan.
         marginal_error: ``[B]`` the largest L1 marginal error of the three solves.
+        converged: ``[B]`` bool, whether all three solves met their tolerance.
     """
 
     value: Tensor
@@ -82,6 +86,7 @@ class DivergenceResult:
     self_y: Tensor
     plan: Tensor
     marginal_error: Tensor
+    converged: Tensor
 
 
 def sinkhorn_divergence(
@@ -90,12 +95,13 @@ def sinkhorn_divergence(
     a: Tensor,
     b: Tensor,
     eps: float,
-    n_iters: int = 50,
+    n_iters: int = 1000,
     x_mask: Tensor | None = None,
     y_mask: Tensor | None = None,
     a_self: Tensor | None = None,
     b_self: Tensor | None = None,
     objective: Objective = "sharp",
+    tol: float | None = DEFAULT_TOL,
 ) -> DivergenceResult:
     """``S = W(x,a; y,b) - (W(x,a'; x,a') + W(y,b'; y,b')) / 2`` under the cosine cost.
 
@@ -103,7 +109,9 @@ def sinkhorn_divergence(
         x, y: ``[B, N, d]``, ``[B, M, d]`` point clouds (e.g. patches and tokens).
         a, b: ``[B, N]``, ``[B, M]`` marginals of the cross term (QC-Align: CAME quotas).
         eps: entropic regularisation (QC-Align default 0.5).
-        n_iters: Sinkhorn iterations per solve.
+        n_iters: maximal Sinkhorn iterations per solve.
+        tol: marginal-error tolerance of each solve (``None``: exactly ``n_iters``); one
+            :class:`~otviz.ot.result.NotConvergedWarning` when a solve stops above it.
         x_mask, y_mask: optional validity masks.
         a_self, b_self: marginals of the self terms (default ``a``, ``b``: the standard
             divergence; QC-Align uses uniform ones).
@@ -111,13 +119,21 @@ def sinkhorn_divergence(
     """
     a_self = a if a_self is None else a_self
     b_self = b if b_self is None else b_self
+
     def solve(
         p: Tensor, q: Tensor, mp: Tensor, mq: Tensor, pm: Tensor | None, qm: Tensor | None
     ) -> tuple[Tensor, SolverResult]:
-        return ot_value(normalised_cosine_cost(p, q), mp, mq, eps, objective, n_iters, pm, qm)
+        cost = normalised_cosine_cost(p, q)
+        with warnings.catch_warnings():  # one warning for the three solves, below
+            warnings.simplefilter("ignore", NotConvergedWarning)
+            return ot_value(cost, mp, mq, eps, objective, n_iters, tol, pm, qm)
 
     cross, res = solve(x, y, a, b, x_mask, y_mask)
     wxx, rxx = solve(x, x, a_self, a_self, x_mask, x_mask)
     wyy, ryy = solve(y, y, b_self, b_self, y_mask, y_mask)
-    err = torch.stack([res.marginal_error, rxx.marginal_error, ryy.marginal_error]).amax(0)
-    return DivergenceResult(cross - 0.5 * (wxx + wyy), cross, wxx, wyy, res.plan, err)
+    solves = (res, rxx, ryy)
+    err = torch.stack([r.marginal_error for r in solves]).amax(0)
+    converged = torch.stack([r.converged for r in solves]).all(0)
+    warn_unconverged(err, tol, max(r.n_iters for r in solves), "sinkhorn_divergence")
+    value = cross - 0.5 * (wxx + wyy)
+    return DivergenceResult(value, cross, wxx, wyy, res.plan, err, converged)

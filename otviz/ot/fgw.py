@@ -14,34 +14,55 @@ iterates the linearisation of OT-CLIP Eq. 12,
 and re-solves an entropic problem with the cost ``C^(l)``: a row softmax (FGW-ISoftmax),
 a KL mirror step from ``P^(l)`` (FGW-PGD, Eq. 13) or (generalized) Sinkhorn.
 
-One deviation: the plan inside the structural term is scaled to unit mass,
-``C^(l) = C - alpha0 D1 (P / 1^T P 1) D2^T``. For a fixed total mass ``n`` (``C(1)``,
-``U(1, b)``) this only rescales ``alpha0`` by ``1 / n``, so one ``alpha0`` serves every batch
-size (OT-CLIP App. D.2 re-tunes it per batch size), and with unit-mass marginals it is
-Eq. 12 verbatim (the POT cross-check). For relaxed marginals it keeps the shift bounded by
-``alpha0 max |D1| max |D2|``; with the raw plan, mass attracts more mass through the term
-and the unbalanced iteration runs away.
+Two scalings of the Gromov term, chosen by ``scaling``:
+
+* ``"paper"`` (default): Eq. 12 verbatim, the raw plan ``P^(l)``, with OT-CLIP Table 7's
+  weights (``alpha0 = a1 = 0.01`` for FGW-ISoftmax / FGW-PGD zero-shot and for long-tailed
+  CIFAR-100; 0.1 for ImageNet). Over ``C(1)`` or ``U(1, b)`` the plan has total mass ``n``
+  (the number of images), so the term grows with the batch: OT-CLIP App. D.2 re-tunes it per
+  batch size. (The FGW-PGD pseudocode of App. B.2 multiplies by a second weight
+  ``a2 = 0.01`` as well; Eq. 11-13 have one ``alpha0``, used here.)
+* ``"unit_mass"``: the plan scaled to unit mass, ``C - alpha0 D1 (P / 1^T P 1) D2^T``: for a
+  fixed total mass ``n`` this is ``"paper"`` with ``alpha0 / n``, so one ``alpha0`` serves
+  every batch size, and it keeps the shift bounded by ``alpha0 max |D1| max |D2|`` for
+  relaxed marginals (with the raw plan, mass attracts more mass through the term and the
+  unbalanced iteration can run away). The OT-CLIP training losses use it.
+
+POT mapping. ``ot.gromov.entropic_fused_gromov_wasserstein(M, C1, C2, p, q,
+loss_fun='square_loss', epsilon=eps_pot, alpha=beta)`` minimises ``(1 - beta) <M, T> +
+beta sum L(C1_ik, C2_jl) T_ij T_kl - eps_pot H(T)``; with the square loss its gradient is
+``(1 - beta) M - 4 beta C1 T C2^T`` plus terms constant on ``U(p, q)``, so its iterates
+are this module's ``"paper"`` iteration over ``U(a, b)`` with ``alpha0 = 4 beta / (1 - beta)``
+and ``eps = eps_pot / (1 - beta)`` (started from the same plan).
 
 ``D1 [B, N, N]`` and ``D2 [B, M, M]`` compare the rows (images) and columns (classes or
 texts) among themselves. OT-CLIP Eq. 10 calls them cosine *distance* matrices while its
 pseudocode (App. A.3, B.1-B.2) uses the cosine *similarity* ``f f^T``; both are offered by
 :func:`structure_matrix` (default: similarity, as in the code the paper ran). The pseudocode
 also accumulates the correction into ``C`` across iterations; Eq. 12, followed here, does not.
+
+Argument order, as every solver of :mod:`otviz.ot`: ``(cost, a, [b,] eps, d1, d2, alpha0,
+...)``.
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.ot.result import SolverResult
+from otviz.ot.checks import SolverInputError, check_problem
+from otviz.ot.result import DEFAULT_TOL, NotConvergedWarning, SolverResult, judge_convergence
 from otviz.ot.sinkhorn import NEG, sinkhorn_log, transport_cost
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
 
 Structure = Literal["similarity", "distance"]
+Scaling = Literal["paper", "unit_mass"]
+SCALINGS: tuple[str, ...] = ("paper", "unit_mass")
 
 
 def structure_matrix(x: Tensor, kind: Structure = "similarity") -> Tensor:
@@ -54,18 +75,49 @@ def structure_matrix(x: Tensor, kind: Structure = "similarity") -> Tensor:
     raise ValueError(f"unknown structure {kind!r}; use 'similarity' or 'distance'")
 
 
-def linearised_cost(cost: Tensor, d1: Tensor, d2: Tensor, plan: Tensor, alpha0: float) -> Tensor:
-    """``C - alpha0 D1 P^ D2^T`` with ``P^ = P / 1^T P 1`` (OT-CLIP Eq. 12 with the structural
-    cost of Eq. 10, for the unit-mass plan; see the module docstring)."""
+def linearised_cost(
+    cost: Tensor, d1: Tensor, d2: Tensor, plan: Tensor, alpha0: float, scaling: Scaling = "paper"
+) -> Tensor:
+    """OT-CLIP Eq. 12's ``C - alpha0 D1 P D2^T`` (``scaling="paper"``) or its unit-mass form
+    ``C - alpha0 D1 (P / 1^T P 1) D2^T`` (``"unit_mass"``), module docstring."""
     if alpha0 == 0.0:
         return cost
-    mass = plan.sum((-2, -1), keepdim=True).clamp_min(torch.finfo(plan.dtype).tiny)
-    return cost - alpha0 * d1 @ (plan / mass) @ d2.transpose(-1, -2)
+    if scaling == "unit_mass":
+        plan = plan / plan.sum((-2, -1), keepdim=True).clamp_min(torch.finfo(plan.dtype).tiny)
+    elif scaling != "paper":
+        raise ValueError(f"unknown Gromov scaling {scaling!r}; use one of {SCALINGS}")
+    return cost - alpha0 * d1 @ plan @ d2.transpose(-1, -2)
 
 
 def structure_term(d1: Tensor, d2: Tensor, plan: Tensor) -> Tensor:
     """``[B]`` edge agreement ``<D1, P D2 P^T>`` (the quantity weighted by alpha0 in Eq. 11)."""
     return (d1 * (plan @ d2 @ plan.transpose(-1, -2))).sum((-1, -2))
+
+
+def _check_fgw(
+    cost: Tensor,
+    a: Tensor | None,
+    b: Tensor | None,
+    eps: float,
+    d1: Tensor,
+    d2: Tensor,
+    alpha0: float,
+    scaling: str,
+    solver: str,
+    row_mask: Tensor | None,
+    col_mask: Tensor | None,
+) -> None:
+    check_problem(cost, a, b, eps, solver, row_mask, col_mask)
+    bsz, n, m = cost.shape
+    if tuple(d1.shape) != (bsz, n, n) or tuple(d2.shape) != (bsz, m, m):
+        raise SolverInputError(
+            f"{solver}: d1, d2 must be [B, N, N], [B, M, M] = {(bsz, n, n)}, {(bsz, m, m)}; "
+            f"got {tuple(d1.shape)}, {tuple(d2.shape)}"
+        )
+    if not math.isfinite(alpha0):
+        raise SolverInputError(f"{solver}: alpha0 must be finite, got {alpha0}")
+    if scaling not in SCALINGS:
+        raise SolverInputError(f"{solver}: unknown Gromov scaling {scaling!r}; use {SCALINGS}")
 
 
 def _row_masks(
@@ -111,12 +163,13 @@ def _row_log_softmax(logits: Tensor, a: Tensor, cols: Tensor) -> Tensor:
 
 def fgw_isoftmax(
     cost: Tensor,
+    a: Tensor | None,
+    eps: float,
     d1: Tensor,
     d2: Tensor,
     alpha0: float,
-    eps: float,
     n_iters: int = 3,
-    a: Tensor | None = None,
+    scaling: Scaling = "paper",
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
 ) -> SolverResult:
@@ -126,30 +179,35 @@ def fgw_isoftmax(
 
     Args:
         cost: ``[B, N, M]`` cost, e.g. ``1 - cos(image, class)``.
+        a: ``[B, N]`` row masses (``None``: ones, each image sums to one).
+        eps: entropic regularisation (the softmax temperature, > 0).
         d1, d2: ``[B, N, N]``, ``[B, M, M]`` structure matrices.
-        alpha0: weight of the structural (Gromov) term.
-        eps: entropic regularisation (the softmax temperature).
-        n_iters: linearisation steps (OT-CLIP Table 7: 3-5).
-        a: ``[B, N]`` row masses (default ones: each image sums to one).
+        alpha0: weight of the structural (Gromov) term (Table 7's ``a1``).
+        n_iters: linearisation steps (OT-CLIP Table 7: 3-5), a fixed count: the row
+            constraint holds exactly at every step, so ``marginal_error`` is rounding.
+        scaling: ``"paper"`` (Eq. 12) or ``"unit_mass"`` (module docstring).
         row_mask, col_mask: optional validity masks.
     """
+    _check_fgw(cost, a, None, eps, d1, d2, alpha0, scaling, "fgw_isoftmax", row_mask, col_mask)
     rows, cols = _row_masks(cost, row_mask, col_mask)
     a = torch.ones_like(cost[:, :, 0]) if a is None else a
     log_plan = _row_log_softmax(-cost / eps, a, cols)
     for _ in range(n_iters):
         plan = torch.exp(log_plan) * rows[:, :, None].to(cost.dtype)
-        log_plan = _row_log_softmax(-linearised_cost(cost, d1, d2, plan, alpha0) / eps, a, cols)
+        c_l = linearised_cost(cost, d1, d2, plan, alpha0, scaling)
+        log_plan = _row_log_softmax(-c_l / eps, a, cols)
     return _row_result(log_plan, cost, a, rows, d1, d2, n_iters)
 
 
 def fgw_pgd(
     cost: Tensor,
+    a: Tensor | None,
+    eps: float,
     d1: Tensor,
     d2: Tensor,
     alpha0: float,
-    eps: float,
     n_iters: int = 5,
-    a: Tensor | None = None,
+    scaling: Scaling = "paper",
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
 ) -> SolverResult:
@@ -158,59 +216,70 @@ def fgw_pgd(
     of the non-entropic part and step size ``1 / eps``; the KL projection onto ``C(a)`` is a
     row normalisation. Starts from the softmax prediction ``softmax(-C / eps)`` (App. B.2
     starts from ``softmax(-C)``), so with ``alpha0 = 0`` the l-th iterate is
-    ``softmax(-(l + 1) C / eps)`` and the predicted labels are the softmax ones.
+    ``softmax(-(l + 1) C / eps)`` and the predicted labels are the softmax ones. Arguments
+    as :func:`fgw_isoftmax` (``n_iters``: Table 7's 5 steps).
     """
+    _check_fgw(cost, a, None, eps, d1, d2, alpha0, scaling, "fgw_pgd", row_mask, col_mask)
     rows, cols = _row_masks(cost, row_mask, col_mask)
     a = torch.ones_like(cost[:, :, 0]) if a is None else a
     log_plan = _row_log_softmax(-cost / eps, a, cols)
     for _ in range(n_iters):
         plan = torch.exp(log_plan) * rows[:, :, None].to(cost.dtype)
-        grad = linearised_cost(cost, d1, d2, plan, alpha0)
+        grad = linearised_cost(cost, d1, d2, plan, alpha0, scaling)
         log_plan = _row_log_softmax(log_plan - grad / eps, a, cols)
     return _row_result(log_plan, cost, a, rows, d1, d2, n_iters)
 
 
 def fgw_sinkhorn(
     cost: Tensor,
+    a: Tensor,
+    b: Tensor,
+    eps: float,
     d1: Tensor,
     d2: Tensor,
     alpha0: float,
-    eps: float,
-    a: Tensor,
-    b: Tensor,
     n_outer: int = 3,
-    n_inner: int = 50,
+    n_inner: int = 1000,
     tau_a: float = float("inf"),
     tau_b: float = float("inf"),
+    scaling: Scaling = "paper",
+    tol: float | None = DEFAULT_TOL,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
 ) -> SolverResult:
     """Fused Gromov OT over ``U(a, b)`` (OT-CLIP Eq. 14; FGromov OT of Eq. 9 with
     ``alpha1, alpha2 -> inf``) or with KL-relaxed marginals (U-FG OT, Eq. 9 with finite
     ``tau_a = alpha1``, ``tau_b = alpha2``): ``P^(0)`` solves the problem with ``alpha0 = 0``,
-    then ``n_outer`` times ``P^(l+1)`` solves it with the cost ``C^(l)`` (Eq. 12) by
-    ``n_inner`` (generalized) Sinkhorn iterations. ``alpha0 = 0`` with infinite taus is plain
-    entropic OT (:func:`otviz.ot.sinkhorn.sinkhorn_log`).
+    then ``n_outer`` times ``P^(l+1)`` solves it with the cost ``C^(l)`` (Eq. 12, scaled by
+    ``scaling``) by at most ``n_inner`` (generalized) Sinkhorn iterations to ``tol``
+    (``None``: exactly ``n_inner``). ``alpha0 = 0`` with infinite taus is plain entropic OT
+    (:func:`otviz.ot.sinkhorn.sinkhorn_log`).
 
     Returns the last inner solve's :class:`SolverResult` with ``cost = <C, P>`` for the
-    original ``C``, ``extras['structure'] = <D1, P D2 P^T>`` and ``n_iters`` the total count
-    of inner iterations.
+    original ``C``, ``extras['structure'] = <D1, P D2 P^T>``, ``n_iters`` the total count
+    of inner iterations and ``converged`` (one warning) for that last solve.
     """
+    solver = "fgw_sinkhorn"
+    _check_fgw(cost, a, b, eps, d1, d2, alpha0, scaling, solver, row_mask, col_mask)
     balanced = tau_a == float("inf") and tau_b == float("inf")
 
     def solve(c: Tensor) -> SolverResult:
-        if balanced:
-            return sinkhorn_log(c, a, b, eps, n_inner, row_mask=row_mask, col_mask=col_mask)
-        return sinkhorn_unbalanced_log(
-            c, a, b, eps, tau_a, tau_b, n_inner, row_mask=row_mask, col_mask=col_mask
-        )
+        with warnings.catch_warnings():  # judged once, on the last solve
+            warnings.simplefilter("ignore", NotConvergedWarning)
+            if balanced:
+                return sinkhorn_log(
+                    c, a, b, eps, n_inner, tol, row_mask=row_mask, col_mask=col_mask
+                )
+            return sinkhorn_unbalanced_log(
+                c, a, b, eps, tau_a, tau_b, n_inner, tol, row_mask=row_mask, col_mask=col_mask
+            )
 
     res = solve(cost)
     total = res.n_iters
     for _ in range(n_outer if alpha0 != 0.0 else 0):
-        res = solve(linearised_cost(cost, d1, d2, res.plan, alpha0))
+        res = solve(linearised_cost(cost, d1, d2, res.plan, alpha0, scaling))
         total += res.n_iters
     res.cost = transport_cost(res.plan, cost, row_mask, col_mask)
     res.extras["structure"] = structure_term(d1, d2, res.plan)
     res.n_iters = total
-    return res
+    return judge_convergence(res, tol, solver)

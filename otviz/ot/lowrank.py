@@ -54,7 +54,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from otviz.ot.result import SolverResult
+from otviz.ot.checks import SolverInputError, check_eps, check_masses, check_tau
+from otviz.ot.result import DEFAULT_TOL, SolverResult, judge_convergence
 from otviz.ot.sinkhorn import NEG, effective_mask, masked_log
 from otviz.ot.unbalanced import damping_exponent
 
@@ -357,6 +358,44 @@ class _PositiveOps:
         return self._through(self.zp, self.yp, f)
 
 
+def _check_inputs(
+    z: Tensor,
+    y: Tensor,
+    anchors: Tensor,
+    mu: Tensor,
+    nu: Tensor,
+    eps: float,
+    tau_a: float,
+    tau_b: float,
+    row_mask: Tensor | None,
+    col_mask: Tensor | None,
+) -> None:
+    """The checks of :mod:`otviz.ot.checks` for the factored problem (no cost matrix)."""
+    solver = "lowrank_uot"
+    for name, x in (("z", z), ("y", y)):
+        if x.dim() != 3 or 0 in x.shape[1:]:
+            raise SolverInputError(
+                f"{solver}: {name} must be a non-empty batched [B, n, d], got {tuple(x.shape)} "
+                f"({name}[None] for one pair)"
+            )
+    if anchors.dim() not in (2, 3) or anchors.shape[-2] == 0:
+        raise SolverInputError(f"{solver}: anchors must be [r, d] or [B, r, d], r >= 1")
+    for name, x in (("z", z), ("y", y), ("anchors", anchors)):
+        if not bool(torch.isfinite(x.detach()).all()):
+            raise SolverInputError(f"{solver}: {name} holds NaN or infinite entries")
+    check_masses("mu", mu, mu.shape[0], z.shape[1], solver, _batch_mask(row_mask, mu))
+    check_masses("nu", nu, nu.shape[0], y.shape[1], solver, _batch_mask(col_mask, nu))
+    check_eps(eps, solver)
+    check_tau("tau_a", tau_a, solver)
+    check_tau("tau_b", tau_b, solver)
+
+
+def _batch_mask(mask: Tensor | None, masses: Tensor) -> Tensor | None:
+    """A side's mask when it is per pair (``[B, n]`` like the masses), else ``None`` (masks
+    of distinct images / captions are checked through the kernels)."""
+    return mask if mask is not None and mask.shape == masses.shape else None
+
+
 def _take(x: Tensor | None, index: Tensor | None) -> Tensor | None:
     """``x[index]`` (``x`` itself when either is ``None``)."""
     return x if x is None or index is None else x[index]
@@ -371,7 +410,7 @@ def lowrank_uot(
     eps: float,
     tau_a: float,
     tau_b: float,
-    n_iters: int = 5,
+    n_iters: int = 100,
     kpp_reg: float = 1e-2,
     variant: str = "faithful",
     row_mask: Tensor | None = None,
@@ -381,6 +420,7 @@ def lowrank_uot(
     z_scale: Tensor | None = None,
     image_index: Tensor | None = None,
     text_index: Tensor | None = None,
+    tol: float | None = DEFAULT_TOL,
 ) -> LowRankResult:
     """Low-rank generalized Sinkhorn with concept anchors (ConceptOT Algorithm 1, Eq. 3-8).
 
@@ -389,8 +429,10 @@ def lowrank_uot(
         y: ``[B, M, d]`` L2-normalised token features.
         anchors: ``[r, d]`` shared or ``[B, r, d]`` per-pair L2-normalised anchors.
         mu, nu: ``[B, N]``, ``[B, M]`` positive reference masses.
-        eps, tau_a, tau_b: entropic regularisation and KL weights of Eq. 3.
-        n_iters: iterations L.
+        eps, tau_a, tau_b: entropic regularisation (> 0) and KL weights (>= 0) of Eq. 3.
+        n_iters: maximal iterations (ConceptOT's model runs a fixed ``L = 5``, ``tol=None``).
+        tol: stop once every problem's marginal error is ``<= tol``, warn when some is not
+            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot.result`).
         kpp_reg: lambda added to ``K_PP`` (App. H: 1e-2).
         variant: ``"faithful"`` or ``"positive"`` (module docstring).
         row_mask, col_mask: optional validity masks of patches and tokens.
@@ -416,11 +458,20 @@ def lowrank_uot(
         ``log_u``/``log_v`` the log-scalings ``log a``, ``log b`` for
         the unshifted sub-kernels (``-inf`` where masked), the factored plan, the raw Eq. 8
         score, the transported mass, ``cost = <C, P~>`` with ``C = 1 - z.y``, and
-        ``marginal_error`` = the fixed-point residual ``max_i |log a_i - alpha_v (log mu_i -
-        log (K~ b)_i)|`` (as in :func:`otviz.ot.unbalanced.sinkhorn_unbalanced_log`).
+        ``marginal_error`` = ``sum_i |(P~ 1)_i - e^{f'_i} (max(K~ b, 0)_i + floor)|`` with
+        ``f' = alpha_v (log mu - log(max(K~ b, 0) + floor))`` the next row update: the L1
+        distance between the plan's row marginal and the one the update assigns it (as in
+        :func:`otviz.ot.unbalanced.sinkhorn_unbalanced_log`), computed from the plan, so a
+        faithful plan whose ``K~ b`` went negative reports the mass its iterations did not
+        see.
+
+    Raises:
+        SolverInputError: non-batched or empty inputs, non-finite features, bad masses,
+            ``eps <= 0`` or a negative ``tau``.
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown low-rank variant {variant!r}; known: {VARIANTS}")
+    _check_inputs(z, y, anchors, mu, nu, eps, tau_a, tau_b, row_mask, col_mask)
     alpha_a = damping_exponent(tau_a, eps)
     alpha_b = damping_exponent(tau_b, eps)
     if (image_index is not None or text_index is not None) and anchors.dim() != 2:
@@ -446,16 +497,22 @@ def lowrank_uot(
     f = _hold(torch.zeros_like(log_mu), row_mask)
     g = _hold(torch.zeros_like(log_nu), col_mask)
     col = None
+    done = 0
     for _ in range(n_iters):
-        log_kb = ops.row(g).log(floor)
-        f = _hold(_centre_clamp(alpha_a * (log_mu - log_kb), row_mask, bound), row_mask)
+        row = ops.row(g)
+        log_kb = row.log(floor)
+        f_next = _hold(_centre_clamp(alpha_a * (log_mu - log_kb), row_mask, bound), row_mask)
+        if tol is not None and done > 0:
+            if bool((_row_gap(row, f, alpha_a * (log_mu - log_kb), log_kb, row_mask) <= tol).all()):
+                break
+        f = f_next
         col = ops.col(f)
         g = _hold(_centre_clamp(alpha_b * (log_nu - col.log(floor)), col_mask, bound), col_mask)
+        done += 1
     col = ops.col(f) if col is None else col  # K~^T a at the final a
     row = ops.row(g)  # K~ b at the final b
-    residual = (f - alpha_a * (log_mu - row.log(floor))).abs()
-    if row_mask is not None:
-        residual = residual.masked_fill(~row_mask, 0.0)
+    log_kb = row.log(floor)
+    residual = _row_gap(row, f, alpha_a * (log_mu - log_kb), log_kb, row_mask)
 
     plan = LowRankPlan(
         zp.kernel, yp.kernel, core, col.weights, row.weights, (col.scale + row.scale).squeeze(1)
@@ -474,12 +531,12 @@ def lowrank_uot(
     row_marginal, col_marginal = rows * scale.unsqueeze(1), cols * scale.unsqueeze(1)
     log_u = f if row_mask is None else f.masked_fill(~row_mask, -float("inf"))
     log_v = g if col_mask is None else g.masked_fill(~col_mask, -float("inf"))
-    return LowRankResult(
+    result = LowRankResult(
         plan=None,
         log_u=log_u,
         log_v=log_v,
-        marginal_error=residual.amax(1),
-        n_iters=n_iters,
+        marginal_error=residual,
+        n_iters=done,
         cost=mass * (1.0 - score),
         factors=plan,
         score=score,
@@ -492,6 +549,20 @@ def lowrank_uot(
             "col_marginal": col_marginal,
         },
     )
+    return judge_convergence(result, tol, "lowrank_uot")
+
+
+def _row_gap(
+    row: KernelProduct, f: Tensor, f_next: Tensor, log_kb_floored: Tensor, mask: Tensor | None
+) -> Tensor:
+    """``[B]`` ``sum_i |(P~ 1)_i - e^{f_next_i} (max(K~ b, 0)_i + floor)|``: the L1 distance
+    between the plan's row marginal (``e^f K~ b``, negative where the faithful ``K~ b`` is)
+    and the row marginal the (unclamped) update of Alg. 1 line 9 assigns it; 0 at the
+    fixed point when ``K~ b > 0`` and the floor is 0."""
+    rows = row.s * torch.exp(f + row.offset)
+    target = torch.exp(f_next + log_kb_floored)
+    gap = (rows - target).abs()
+    return (gap if mask is None else gap.masked_fill(~mask, 0.0)).sum(1)
 
 
 def shifted_similarity(

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from otviz.ot.bregman import col_box_shift, row_box_shift, total_mass_shift
-from otviz.ot.result import SolverResult
+from otviz.ot.checks import check_problem, check_transported_mass
+from otviz.ot.result import DEFAULT_TOL, SolverResult, judge_convergence
 from otviz.ot.sinkhorn import masked_log, masked_log_kernel, transport_cost
 
 
@@ -27,11 +28,12 @@ def _masked(shift: Tensor, mask: Tensor | None) -> Tensor:
 
 def partial_ot_log(
     cost: Tensor,
-    mass: float | Tensor,
+    a: Tensor | None,
+    b: Tensor | None,
     eps: float,
-    a: Tensor | None = None,
-    b: Tensor | None = None,
-    n_iters: int = 300,
+    mass: float | Tensor,
+    n_iters: int = 1000,
+    tol: float | None = DEFAULT_TOL,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
 ) -> SolverResult:
@@ -39,24 +41,31 @@ def partial_ot_log(
 
     Args:
         cost: ``[B, N, M]`` cost.
-        mass: total transported mass ``s`` (float or ``[B]``), at most ``sum a`` (and
-            ``sum b``).
-        eps: entropic regularisation.
-        a: ``[B, N]`` row upper bounds (default ones).
-        b: ``[B, M]`` column upper bounds (default: none).
-        n_iters: Dykstra sweeps (rows, columns if bounded, total mass); the returned plan
-            meets the total mass exactly.
+        a: ``[B, N]`` row upper bounds (``None``: ones, OT-CLIP Eq. 16's ``P 1 <= 1``).
+        b: ``[B, M]`` column upper bounds (``None``: none).
+        eps: entropic regularisation (> 0).
+        mass: total transported mass ``s`` (float or ``[B]``), ``0 < s <= sum a`` (and
+            ``<= sum b``); more than is available is refused.
+        n_iters: maximal Dykstra sweeps (rows, columns if bounded, total mass); the
+            returned plan meets the total mass exactly.
+        tol: stop once every problem's marginal error is ``<= tol``, warn when some is not
+            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot.result`).
         row_mask, col_mask: optional validity masks.
 
     Returns:
         :class:`SolverResult` with ``marginal_error`` = L1 excess over the row (and column)
         bounds plus ``|1^T P 1 - s|`` (0 up to rounding) and ``cost = <C, P>``.
     """
+    solver = "partial_ot_log"
+    check_problem(cost, a, b, eps, solver, row_mask, col_mask)
     log_k = masked_log_kernel(cost, eps, row_mask, col_mask)
     a = torch.ones_like(cost[:, :, 0]) if a is None else a
+    available = _total(a, row_mask)
+    if b is not None:
+        available = torch.minimum(available, _total(b, col_mask))
+    mass_t = check_transported_mass(mass, available, solver)
     log_a = masked_log(a, row_mask)
     log_b = None if b is None else masked_log(b, col_mask)
-    mass_t = torch.as_tensor(mass, dtype=cost.dtype, device=cost.device).expand(cost.shape[0])
     log_s = torch.log(mass_t)
     f = torch.zeros_like(log_k[:, :, 0])
     g = torch.zeros_like(log_k[:, 0])
@@ -66,6 +75,11 @@ def partial_ot_log(
     def log_plan() -> Tensor:
         return log_k + f[:, :, None] + g[:, None, :] + h[:, None, None]
 
+    def error(plan: Tensor) -> Tensor:
+        err = _excess(plan.sum(2), a, row_mask) + (plan.sum((1, 2)) - mass_t).abs()
+        return err if b is None else err + _excess(plan.sum(1), b, col_mask)
+
+    done = 0
     for _ in range(n_iters):
         f = f + c_row
         shift = _masked(row_box_shift(log_plan(), None, log_a), row_mask)
@@ -77,22 +91,27 @@ def partial_ot_log(
         h = h + c_tot
         shift = total_mass_shift(log_plan(), log_s)
         h, c_tot = h + shift, -shift
+        done += 1
+        if tol is not None and bool((error(torch.exp(log_plan())) <= tol).all()):
+            break
     plan = torch.exp(log_plan())
-    excess = torch.relu(plan.sum(2) - a)
-    if row_mask is not None:
-        excess = excess * row_mask.to(excess.dtype)
-    err = excess.sum(1) + (plan.sum((1, 2)) - mass_t).abs()
-    if b is not None:
-        col_excess = torch.relu(plan.sum(1) - b)
-        if col_mask is not None:
-            col_excess = col_excess * col_mask.to(col_excess.dtype)
-        err = err + col_excess.sum(1)
     log_u = f + h[:, None]
     log_v = g
     if row_mask is not None:
         log_u = log_u.masked_fill(~row_mask, -math.inf)
     if col_mask is not None:
         log_v = log_v.masked_fill(~col_mask, -math.inf)
-    return SolverResult(
-        plan, log_u, log_v, err, n_iters, transport_cost(plan, cost, row_mask, col_mask)
+    res = SolverResult(
+        plan, log_u, log_v, error(plan), done, transport_cost(plan, cost, row_mask, col_mask)
     )
+    return judge_convergence(res, tol, solver)
+
+
+def _excess(sums: Tensor, bound: Tensor, mask: Tensor | None) -> Tensor:
+    """``[B]`` L1 excess of ``sums`` over ``bound`` on valid entries."""
+    excess = torch.relu(sums - bound)
+    return (excess if mask is None else excess * mask.to(excess.dtype)).sum(1)
+
+
+def _total(x: Tensor, mask: Tensor | None) -> Tensor:
+    return (x if mask is None else x * mask.to(x.dtype)).sum(1)

@@ -12,8 +12,9 @@ Conventions shared by every function here:
   masked rows and columns carry zero mass; the log kernel and the log-scalings hold a large
   finite negative value :data:`NEG` there (never ``-inf`` inside the iterations, so no NaN
   reaches autograd), and the returned log-scalings are ``-inf`` there;
-* a fixed number of iterations is run (autograd goes through all of them); with ``tol`` the
-  loop stops early once *every* problem in the batch is below ``tol``.
+* at most ``n_iters`` iterations are run (autograd goes through all of them); with ``tol``
+  the loop stops early once *every* problem in the batch is below ``tol`` and warns when
+  one is not (:mod:`otviz.ot.result`); ``tol=None`` runs exactly ``n_iters``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from otviz.ot.result import SolverResult, safe_log
+from otviz.ot.checks import check_equal_mass, check_problem
+from otviz.ot.result import DEFAULT_TOL, SolverResult, judge_convergence, safe_log
 
 # Bias added to the log-kernel of masked pairs: exp(NEG) == 0 in float32 and float64, and
 # it stays finite so softmax-type gradients of the log-sum-exp are exactly zero there.
@@ -164,7 +166,6 @@ def log_scaling_iterations(
     alpha_b: float,
     n_iters: int,
     tol: float | None = None,
-    row_error: Callable[[Tensor], Tensor] | None = None,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
 ) -> ScalingState:
@@ -179,23 +180,30 @@ def log_scaling_iterations(
         log_a, log_b: ``[B, N]``, ``[B, M]`` log target masses (any finite value where masked).
         alpha_a, alpha_b: update exponents ``tau / (tau + eps)`` (1 for a hard marginal).
         n_iters: maximal number of (f, g) update pairs.
-        tol: optional early-stop threshold on ``row_error``.
-        row_error: maps ``delta = f - f_next [B, N]`` (the change the next row update would
-            make; the column equation holds exactly after each g-update) to a ``[B]`` error.
+        tol: optional early stop once every problem's :func:`row_update_gap` is ``<= tol``
+            (the column equation holds exactly after each g-update, so this is the
+            marginal error of :mod:`otviz.ot.result`).
         row_mask, col_mask: validity masks; masked scalings are held at :data:`NEG`.
     """
     f = _hold(torch.zeros_like(log_a), row_mask)
     g = _hold(torch.zeros_like(log_b), col_mask)
     done = 0
     for _ in range(n_iters):
-        f_next = _hold(alpha_a * (log_a - kernel.row_lse(g)), row_mask)
-        if tol is not None and done > 0 and row_error is not None:
-            if bool((row_error(f - f_next) <= tol).all()):
+        log_kb = kernel.row_lse(g)
+        f_next = _hold(alpha_a * (log_a - log_kb), row_mask)
+        if tol is not None and done > 0:
+            if bool((row_update_gap(f + log_kb, f_next + log_kb, row_mask) <= tol).all()):
                 break
         f = f_next
         g = _hold(alpha_b * (log_b - kernel.col_lse(f)), col_mask)
         done += 1
     return ScalingState(f, g, done)
+
+
+def row_update_gap(log_rows: Tensor, log_rows_next: Tensor, mask: Tensor | None) -> Tensor:
+    """``[B]`` L1 distance ``|P 1 - P' 1|_1`` between the plan's row marginal and the one the
+    next row update gives (``log`` of both; for a hard row constraint ``P' 1 = a``)."""
+    return _l1(torch.exp(log_rows) - torch.exp(log_rows_next), mask)
 
 
 def _hold(x: Tensor, mask: Tensor | None) -> Tensor:
@@ -286,8 +294,8 @@ def sinkhorn_log(
     a: Tensor,
     b: Tensor,
     eps: float,
-    n_iters: int = 100,
-    tol: float | None = None,
+    n_iters: int = 1000,
+    tol: float | None = DEFAULT_TOL,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
 ) -> SolverResult:
@@ -299,10 +307,16 @@ def sinkhorn_log(
         cost: ``[B, N, M]`` cost matrices.
         a, b: ``[B, N]``, ``[B, M]`` marginals (equal total mass per problem over valid
             entries; masked entries are ignored).
-        eps: entropic regularisation.
-        n_iters: iterations (each one row and one column update).
-        tol: optional early stop once every problem's L1 marginal error is ``<= tol``.
+        eps: entropic regularisation (> 0).
+        n_iters: maximal iterations (each one row and one column update).
+        tol: stop once every problem's L1 marginal error is ``<= tol``; warns when some
+            problem is above it after ``n_iters``; ``None``: exactly ``n_iters`` iterations
+            (:mod:`otviz.ot.result`).
         row_mask, col_mask: optional ``[B, N]``/``[B, M]`` bool validity masks.
+
+    Raises:
+        SolverInputError: a 2-D or empty cost, NaN/inf costs on valid pairs, negative or
+            missing masses, unequal total masses, ``eps <= 0``.
 
     Returns:
         :class:`SolverResult` with the dense plan, ``log_u``/``log_v`` (``f/eps``, ``g/eps`` in
@@ -312,9 +326,12 @@ def sinkhorn_log(
         run in cache-sized sub-batches (:func:`in_cache_chunks`; ``tol`` then applies per
         sub-batch).
     """
-    return in_cache_chunks(
+    check_problem(cost, a, b, eps, "sinkhorn_log", row_mask, col_mask)
+    check_equal_mass(a, b, "sinkhorn_log", row_mask, col_mask)
+    res = in_cache_chunks(
         _sinkhorn_log, cost, a, b, row_mask, col_mask, eps=eps, n_iters=n_iters, tol=tol
     )
+    return judge_convergence(res, tol, "sinkhorn_log")
 
 
 def _sinkhorn_log(
@@ -331,14 +348,7 @@ def _sinkhorn_log(
     kernel = ShiftedKernel.from_cost(cost, eps, row_mask, col_mask)
     log_a = masked_log(a, row_mask)
     log_b = masked_log(b, col_mask)
-
-    def row_error(delta: Tensor) -> Tensor:
-        # row marginal of the current plan is a * exp(delta); columns are exact.
-        return _l1(a * torch.expm1(delta), row_mask)
-
-    state = log_scaling_iterations(
-        kernel, log_a, log_b, 1.0, 1.0, n_iters, tol, row_error, row_mask, col_mask
-    )
+    state = log_scaling_iterations(kernel, log_a, log_b, 1.0, 1.0, n_iters, tol, row_mask, col_mask)
     plan = kernel.into_plan(state.log_u, state.log_v)
     rows, cols = plan.sum(2), plan.sum(1)
     err = _l1(rows - a, row_mask) + _l1(cols - b, col_mask)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from otviz.ot.result import SolverResult, safe_log
+from otviz.ot.checks import check_problem, check_tau
+from otviz.ot.result import DEFAULT_TOL, SolverResult, judge_convergence, safe_log
 from otviz.ot.sinkhorn import (
     ShiftedKernel,
     effective_mask,
@@ -28,6 +29,7 @@ from otviz.ot.sinkhorn import (
     in_cache_chunks,
     log_scaling_iterations,
     masked_log,
+    row_update_gap,
     transport_cost,
 )
 
@@ -37,13 +39,6 @@ def damping_exponent(tau: float, eps: float) -> float:
     return 1.0 if tau == float("inf") else tau / (tau + eps)
 
 
-def _max_abs(x: Tensor, mask: Tensor | None) -> Tensor:
-    x = x.abs()
-    if mask is not None:
-        x = x.masked_fill(~mask, 0.0)
-    return x.amax(-1)
-
-
 def sinkhorn_unbalanced_log(
     cost: Tensor,
     a: Tensor,
@@ -51,8 +46,8 @@ def sinkhorn_unbalanced_log(
     eps: float,
     tau_a: float,
     tau_b: float,
-    n_iters: int = 5,
-    tol: float | None = None,
+    n_iters: int = 1000,
+    tol: float | None = DEFAULT_TOL,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
 ) -> SolverResult:
@@ -61,24 +56,30 @@ def sinkhorn_unbalanced_log(
     Args:
         cost: ``[B, N, M]`` cost matrices (ConceptOT: ``1 - z_i . y_j``).
         a, b: ``[B, N]``, ``[B, M]`` positive reference masses mu, nu.
-        eps: entropic regularisation.
-        tau_a, tau_b: KL weights on the row / column marginals (``float('inf')``: hard
-            constraint, the balanced update on that side).
-        n_iters: iterations L (ConceptOT default 5).
-        tol: optional early stop once every problem's fixed-point residual is ``<= tol``.
+        eps: entropic regularisation (> 0).
+        tau_a, tau_b: KL weights (>= 0) on the row / column marginals (``float('inf')``:
+            hard constraint, the balanced update on that side; 0: that side free).
+        n_iters: maximal iterations (ConceptOT's model runs a fixed L = 5 with ``tol=None``).
+        tol: stop once every problem's marginal error is ``<= tol``, warn when some is not
+            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot.result`).
         row_mask, col_mask: optional ``[B, N]``/``[B, M]`` bool validity masks.
 
     Returns:
         :class:`SolverResult` with the dense plan, log-scalings (``-inf`` where masked),
-        ``cost = <C, P>`` and ``marginal_error`` = the **fixed-point residual**
-        ``max_i |log u_i - alpha_a (log a_i - log (K v)_i)|`` over valid rows: how far the
-        row scaling is from its own update (the column update holds exactly after the last
-        half-step). It is not a marginal violation: unbalanced plans need not meet ``a, b``.
-        ``extras`` hold the plan's ``row_marginal`` ``[B, N]`` and ``col_marginal`` ``[B, M]``.
-        Large batches run in cache-sized sub-batches (:func:`otviz.ot.sinkhorn.in_cache_chunks`;
-        ``tol`` then applies per sub-batch).
+        ``cost = <C, P>`` and ``marginal_error`` = ``|P 1 - P' 1|_1``, the L1 distance
+        between the plan's row marginal and the one the next row update
+        ``u <- (a / K v)^alpha_a`` gives it (the column update holds exactly after the
+        last half-step): 0 exactly at the fixed point, ``|P 1 - a|_1`` for a hard row
+        constraint. Unbalanced plans need not meet ``a, b``. ``extras`` hold the plan's
+        ``row_marginal`` ``[B, N]`` and ``col_marginal`` ``[B, M]``. Large batches run in
+        cache-sized sub-batches (:func:`otviz.ot.sinkhorn.in_cache_chunks`; ``tol`` then
+        applies per sub-batch).
     """
-    return in_cache_chunks(
+    solver = "sinkhorn_unbalanced_log"
+    check_problem(cost, a, b, eps, solver, row_mask, col_mask)
+    check_tau("tau_a", tau_a, solver)
+    check_tau("tau_b", tau_b, solver)
+    res = in_cache_chunks(
         _sinkhorn_unbalanced_log,
         cost,
         a,
@@ -91,6 +92,11 @@ def sinkhorn_unbalanced_log(
         n_iters=n_iters,
         tol=tol,
     )
+    return judge_convergence(res, tol, solver)
+
+
+def _hold_rows(x: Tensor, mask: Tensor | None) -> Tensor:
+    return x if mask is None else x.masked_fill(~mask, -float("inf"))
 
 
 def _sinkhorn_unbalanced_log(
@@ -109,10 +115,6 @@ def _sinkhorn_unbalanced_log(
     alpha_a = damping_exponent(tau_a, eps)
     alpha_b = damping_exponent(tau_b, eps)
     kernel = ShiftedKernel.from_cost(cost, eps, row_mask, col_mask)
-
-    def row_error(delta: Tensor) -> Tensor:
-        return _max_abs(delta, row_mask)
-
     log_a = masked_log(a, row_mask)
     state = log_scaling_iterations(
         kernel,
@@ -122,7 +124,6 @@ def _sinkhorn_unbalanced_log(
         alpha_b,
         n_iters,
         tol,
-        row_error,
         row_mask,
         col_mask,
     )
@@ -130,7 +131,8 @@ def _sinkhorn_unbalanced_log(
     rows = plan.sum(2)
     # log (K v)_i = log (P 1)_i - log u_i
     log_kv = safe_log(rows) - state.log_u
-    residual = _max_abs(state.log_u - alpha_a * (log_a - log_kv), row_mask)
+    log_next = _hold_rows(alpha_a * (log_a - log_kv) + log_kv, row_mask)
+    residual = row_update_gap(safe_log(rows), log_next, row_mask)
     log_u, log_v = finalise_scalings(state, row_mask, col_mask)
     transport = transport_cost(plan, cost, row_mask, col_mask)
     extras = {"row_marginal": rows, "col_marginal": plan.sum(1)}

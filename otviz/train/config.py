@@ -66,6 +66,7 @@ class TrainConfig:
     beta: float = 1e-3  # anchor diversity weight
     # ---------------------------------------------------------------- QC-Align
     qc_eps: float = 0.5  # QC-Align's Sinkhorn entropy (replaces eps for qc_align)
+    came_temperature: float = 1.0  # CAME's softmax temperature (1: the paper's plain softmax)
     # ---------------------------------------------------------------- PowerCLIP
     lambda_powerset: float = 0.2
     powerset_tau: float = 1e-3
@@ -87,6 +88,8 @@ class TrainConfig:
         """The :class:`MethodConfig` of the trained method (QC-Align's own ``eps``; the
         PowerCLIP settings in ``extra``)."""
         extra: dict[str, Any] = {}
+        if self.method == "qc_align":
+            extra = {"came_temperature": self.came_temperature}
         if self.method == "powerclip":
             extra = {
                 "tau": self.powerset_tau,
@@ -119,8 +122,9 @@ class TrainConfig:
         """Fields that differ from a saved run's config and would change its loss curve:
         ``{field: (saved, now)}``."""
         now = self.to_dict()
+        default = type(self)().to_dict()  # fields added after a run was saved: their default
         return {
-            k: (saved.get(k), v)
+            k: (saved.get(k, default[k]), v)
             for k, v in now.items()
-            if k not in RESUMABLE_CHANGES and saved.get(k) != v
+            if k not in RESUMABLE_CHANGES and saved.get(k, default[k]) != v
         }

@@ -108,8 +108,8 @@ def otclip_loss(
     if kind == "dbot":
         low = (ones - cfg.dbot_delta).clamp_min(0.0)
         high = ones + cfg.dbot_delta
-        row = dbot_log(cost, ones, low, high, eps, cfg.n_iters).plan
-        col = dbot_log(cost.transpose(1, 2), ones, low, high, eps, cfg.n_iters).plan
+        row = dbot_log(cost, ones, low, high, eps, cfg.n_iters, tol=None).plan
+        col = dbot_log(cost.transpose(1, 2), ones, low, high, eps, cfg.n_iters, tol=None).plan
         return 0.5 * (kl_to_identity(row) + kl_to_identity(col))
     if kind not in KINDS:
         raise ValueError(f"unknown OT-CLIP loss {kind!r}; known: {', '.join(KINDS)}")
@@ -125,6 +125,7 @@ def otclip_loss(
     d1 = structure_matrix(img[None], cfg.structure)
     d2 = structure_matrix(txt[None], cfg.structure)
     res = fgw_sinkhorn(
-        cost, d1, d2, alpha0, eps, ones, ones, n_outer, cfg.n_iters, tau_a=tau, tau_b=tau
+        cost, ones, ones, eps, d1, d2, alpha0, n_outer, cfg.n_iters, tau_a=tau, tau_b=tau,
+        scaling="unit_mass", tol=None,  # the losses' fixed iterations, as trained
     )
     return kl_to_identity(res.plan)

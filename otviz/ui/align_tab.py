@@ -27,6 +27,7 @@ from otviz.text.words import split_words
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.inputs import truncation_note, user_errors
+from otviz.viz.mass import displayable_mass, negative_mass, negative_mass_note
 from otviz.viz.panels import compose_heatmaps
 from otviz.viz.plans import convergence_figure, plan_matrix_figure, token_marginal_figure
 from otviz.viz.tables import ScoreRow, score_frame, score_records
@@ -50,6 +51,12 @@ hover for the row and column), columns are the caption's BPE tokens; pick a toke
 column on the image. *Marginals:* how much mass each patch and token kept (plan row and
 column sums) against the reference masses mu and nu the method aimed for; "unmatched" is
 the part of mu a patch did not transport (unbalanced methods leave background unmatched).
+*QC-Align* is read relative to its marginals: its panel shows sum over the phrase's tokens
+of Pi_ij / (mu_i nu_j) (1 = no more coupling than the quotas imply), and its CAME quota map
+mu is the "reference mu" panel when QC-Align is the selected method. *ConceptOT*'s faithful
+Nystrom plan (checkpoint "training-free, ConceptOT faithful") can hold negative entries:
+they are never drawn as mass (clipped at 0, the titles and the score table's "negative
+mass" column say how much); the default training-free entry uses the nonnegative variant.
 Global+Patch, FILIP, Text-Attn and PowerCLIP have no reference masses. *Scores:* global
 cosine s_g, local score s_l, their combination s_g + λ·s_l (ConceptOT App. G.4), the
 solver's final marginal error (blank without an OT solver) and the solve time."""
@@ -214,6 +221,7 @@ def score_rows(runs: dict[str, MethodRun], lambda_local: float) -> list[ScoreRow
     for name, run in runs.items():
         a = run.alignment
         err = None if a.marginal_error is None else float(a.marginal_error[0])
+        negative = negative_mass(a.plan.dense()[0].numpy())
         rows.append(
             ScoreRow.make(
                 name,
@@ -224,6 +232,7 @@ def score_rows(runs: dict[str, MethodRun], lambda_local: float) -> list[ScoreRow
                 err,
                 run.ms,
                 run.source,
+                negative,
             )
         )
     return rows
@@ -231,23 +240,40 @@ def score_rows(runs: dict[str, MethodRun], lambda_local: float) -> list[ScoreRow
 
 # ----------------------------------------------------------------------- drawing
 def heatmap_grid_image(
-    encoded: Encoded, heats: dict[str, np.ndarray], phrase_text: str, shared_scale: bool
+    encoded: Encoded,
+    heats: dict[str, np.ndarray],
+    phrase_text: str,
+    shared_scale: bool,
+    relative: frozenset[str] = frozenset(),
 ) -> np.ndarray:
-    """The per-method heatmap panels with their grounding boxes, as one image."""
-    maps = [heats[n] for n in ALIGN_METHODS]
+    """The per-method heatmap panels with their grounding boxes, as one image. Panels of
+    ``relative`` methods (a readout relative to the marginals, not a mass) are stretched to
+    the mass panels' peak on a shared scale and titled "own scale"."""
+    shown = [displayable_mass(heats[n]) for n in ALIGN_METHODS]
+    maps = [m for m, _ in shown]
+    peak = max((float(m.max()) for n, m in zip(ALIGN_METHODS, maps, strict=True)
+                if n not in relative), default=1.0)
+    for k, name in enumerate(ALIGN_METHODS):
+        if name in relative and shared_scale and float(maps[k].max()) > 0:
+            maps[k] = maps[k] * (peak / float(maps[k].max()))
     return compose_heatmaps(
         encoded.image,
         maps,
-        [METHOD_LABELS[n] for n in ALIGN_METHODS],
+        [METHOD_LABELS[n] + (" Π/(μν), own scale" if n in relative else "")
+         + negative_mass_note(neg) for n, (_, neg) in zip(ALIGN_METHODS, shown, strict=True)],
         boxes=grounding_boxes(encoded, maps),
         shared_scale=shared_scale,
         colorbar_label=f'mass of "{phrase_text}"',
     )
 
 
-def patch_marginal_image(encoded: Encoded, data: PlanData, label: str) -> np.ndarray:
-    """Kept patch mass on the image beside the reference mu and the unmatched part of mu."""
-    kept = data.row_marginal.reshape(encoded.grid)
+def patch_marginal_image(
+    encoded: Encoded, data: PlanData, label: str, reference_name: str = "reference mu"
+) -> np.ndarray:
+    """Kept patch mass on the image beside the reference mu (titled ``reference_name``, with
+    its largest entry over the uniform mass) and the unmatched part of mu."""
+    kept, negative = displayable_mass(data.row_marginal.reshape(encoded.grid))
+    label = label + negative_mass_note(negative)
     if data.row_reference is None:
         return compose_heatmaps(
             encoded.image,
@@ -258,10 +284,12 @@ def patch_marginal_image(encoded: Encoded, data: PlanData, label: str) -> np.nda
             colorbar_label="patch mass",
         )
     mu = data.row_reference.reshape(encoded.grid)
+    valid = max(int((data.row_reference > 0).sum()), 1)
+    mu_title = f"{reference_name} (max {float(mu.max()) * valid:.2f}x uniform)"
     return compose_heatmaps(
         encoded.image,
         [mu, kept, np.clip(mu - kept, 0.0, None)],
-        ["reference mu", f"{label}: kept", "unmatched (mu − kept)+"],
+        [mu_title, f"{label}: kept", "unmatched (mu − kept)+"],
         columns=3,
         panel_px=160,
         colorbar_label="patch mass",
@@ -270,11 +298,11 @@ def patch_marginal_image(encoded: Encoded, data: PlanData, label: str) -> np.nda
 
 def token_map_image(encoded: Encoded, data: PlanData, column: int, label: str) -> np.ndarray:
     """One plan column (a token's mass over the patches) on the image, with its box."""
-    heat = data.plan[:, column].reshape(encoded.grid)
+    heat, negative = displayable_mass(data.plan[:, column].reshape(encoded.grid))
     return compose_heatmaps(
         encoded.image,
         [heat],
-        [f'{label}: "{data.tokens[column]}"'],
+        [f'{label}: "{data.tokens[column]}"' + negative_mass_note(negative)],
         boxes=grounding_boxes(encoded, [heat]),
         columns=1,
         panel_px=224,
@@ -323,7 +351,8 @@ def _phrase_grid(
     words = resolve_phrase(encoded, phrase)
     heats = phrase_heatmaps(runs, encoded, words)
     text = " ".join(encoded.words[k].text for k in words)
-    return heatmap_grid_image(encoded, heats, text, shared_scale), heats
+    relative = frozenset(n for n in ALIGN_METHODS if runs[n].alignment.readout is not None)
+    return heatmap_grid_image(encoded, heats, text, shared_scale, relative), heats
 
 
 def _plan_view(
@@ -342,10 +371,15 @@ def _plan_view(
             encoded.grid,
             data.tokens,
             data.words,
-            f"{label}: transport plan (patches x tokens)",
+            f"{label}: transport plan (patches x tokens)"
+            + negative_mass_note(negative_mass(data.plan))
+            + (" (colour from 0; hover shows the signed value)"
+               if negative_mass(data.plan) > 0 else ""),
         ),
         token_map=token_map_image(encoded, data, column, label),
-        patch_marginals=patch_marginal_image(encoded, data, label),
+        patch_marginals=patch_marginal_image(
+            encoded, data, label, "CAME quota map mu" if method == "qc_align" else "reference mu"
+        ),
         token_marginals=token_marginal_figure(
             data.col_marginal, data.col_reference, data.tokens, f"{label}: token marginals vs nu"
         ),
@@ -542,6 +576,10 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
         note = truncation_note(explainer.encode(img, text))  # cached
         if note:
             gr.Warning(note)
+        signed = [r.label for r in v.rows if r.negative_mass > 0]
+        if signed:
+            gr.Warning(f"negative plan mass in {', '.join(signed)}: clipped at 0 on screen, "
+                       "see the score table")
         return (
             gr.Dropdown(choices=v.phrase_choices, value=v.phrase),
             gr.Dropdown(choices=v.token_choices, value=v.token),

@@ -25,6 +25,11 @@ from otviz.ui.inputs import UploadExplainer
 
 EMBEDDED = "otviz-tiny (embedded)"
 TRAINING_FREE = "training-free"
+#: The training-free entry with ConceptOT's faithful Algorithm 1 (its plan can go negative;
+#: the plain training-free entry uses the nonnegative "positive" variant).
+TRAINING_FREE_FAITHFUL = "training-free, ConceptOT faithful"
+#: Picker entry -> ConceptOT low-rank variant of the training-free suite.
+FREE_VARIANTS: dict[str, str] = {TRAINING_FREE: "positive", TRAINING_FREE_FAITHFUL: "faithful"}
 SHIPPED_HEADS = "trained heads"
 SEPARATOR = " · "
 #: Where shipped method heads live: ``<root>/<method>/`` (or ``<root>/<method>/head/``).
@@ -189,6 +194,7 @@ class AppContext:
             out = []
             for b in self.backbones:
                 out.append(f"{b.label}{SEPARATOR}{TRAINING_FREE}")
+                out.append(f"{b.label}{SEPARATOR}{TRAINING_FREE_FAITHFUL}")
                 out += [f"{b.label}{SEPARATOR}{h.label}" for h in self.head_sets
                         if h.backbone == b.label]
             return out
@@ -201,7 +207,7 @@ class AppContext:
         with self._lock:
             taken = {h.label for h in self.head_sets if h.backbone == backbone}
             unique, k = label, 2
-            while unique in taken or unique == TRAINING_FREE:
+            while unique in taken or unique in FREE_VARIANTS:
                 unique, k = f"{label} #{k}", k + 1
             self.head_sets.append(HeadSet(unique, backbone, dict(heads)))
             return f"{backbone}{SEPARATOR}{unique}"
@@ -217,7 +223,7 @@ class AppContext:
     def _head_set(self, checkpoint: str) -> HeadSet | None:
         choice = self.backbone_choice(checkpoint)
         part = checkpoint[len(choice.label) + len(SEPARATOR):]
-        if checkpoint == choice.label or part == TRAINING_FREE:
+        if checkpoint == choice.label or part in FREE_VARIANTS:
             return None
         with self._lock:
             for h in self.head_sets:
@@ -240,11 +246,14 @@ class AppContext:
         choice = self.backbone_choice(checkpoint)
         heads = self._head_set(checkpoint)
         explainer = self.explainer(checkpoint)
-        free_key = f"{choice.label}{SEPARATOR}{TRAINING_FREE}"
+        part = checkpoint[len(choice.label) + len(SEPARATOR):]
+        free = part if heads is None and part in FREE_VARIANTS else TRAINING_FREE
+        free_key = f"{choice.label}{SEPARATOR}{free}"
         with self._lock:
             if free_key not in self._suites:
                 self._suites[free_key] = MethodSuite.training_free(
-                    explainer.backbone, choice.fit_captions
+                    explainer.backbone, choice.fit_captions,
+                    conceptot_variant=FREE_VARIANTS[free],
                 )
             if heads is None:
                 return self._suites[free_key]

@@ -15,6 +15,7 @@ SCORE_COLUMNS: dict[str, str] = {
     "local_score": "local s_l",
     "combined": "combined s_g + λ·s_l",
     "marginal_error": "marginal error",
+    "negative_mass": "negative mass",
     "ms": "ms",
     "source": "heads",
 }
@@ -25,7 +26,9 @@ class ScoreRow:
     """One method's scores for one (image, caption) pair.
 
     ``combined = global_score + lambda_local * local_score`` (ConceptOT App. G.4);
-    ``marginal_error`` is ``None`` for methods without an OT solver.
+    ``marginal_error`` is ``None`` for methods without an OT solver; ``negative_mass`` is the
+    total of the plan's negative entries (nonzero only for a signed plan, e.g. ConceptOT's
+    faithful Nystrom plan).
     """
 
     name: str
@@ -37,6 +40,7 @@ class ScoreRow:
     marginal_error: float | None
     ms: float
     source: str
+    negative_mass: float = 0.0
 
     @classmethod
     def make(
@@ -49,6 +53,7 @@ class ScoreRow:
         marginal_error: float | None,
         ms: float,
         source: str,
+        negative_mass: float = 0.0,
     ) -> ScoreRow:
         """A row with ``combined`` computed from the scores."""
         combined = global_score + lambda_local * local_score
@@ -62,6 +67,7 @@ class ScoreRow:
             marginal_error,
             ms,
             source,
+            negative_mass,
         )
 
 
@@ -73,7 +79,9 @@ def score_frame(rows: Sequence[ScoreRow], digits: int = 4) -> pd.DataFrame:
         rec = {}
         for key, title in SCORE_COLUMNS.items():
             value = getattr(row, key)
-            if key == "marginal_error":
+            if key == "negative_mass":
+                value = "" if value <= 0 else f"{value:.2e}"
+            elif key == "marginal_error":
                 value = "" if value is None or not math.isfinite(value) else f"{value:.2e}"
             elif key == "ms":
                 value = round(value, 1)
