@@ -92,7 +92,9 @@ class TrainConfig:
                 "tau": self.powerset_tau,
                 "alpha": self.powerset_alpha,
                 "gamma": self.powerset_gamma,
+                "negatives": self.powerset_negatives,
                 "n_regions": self.n_regions,
+                "proposals": "boxes",  # evaluated on the kind of regions it trains on
             }
         return MethodConfig(
             concept_dim=self.concept_dim,
