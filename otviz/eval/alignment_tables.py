@@ -226,8 +226,10 @@ def grounding_table(
     progress: StageProgress | None = None,
 ) -> Table:
     """Weak phrase grounding (ConceptOT Sec. 2.6) over every gold noun phrase: pointing
-    game, mean IoU and hit@0.5 of the heatmap ``Alignment.heatmap`` of the phrase's tokens
-    (box: patches above ``threshold`` x peak, enclosing envelope)."""
+    game, mean IoU and hit@0.5 of the heatmap ``Alignment.heatmap`` of the phrase's tokens,
+    or the method's own ``phrase_patch_map`` when it has one (PowerCLIP: the membership-
+    weighted regions of the phrase's node) (box: patches above ``threshold`` x peak,
+    enclosing envelope)."""
     q = phrase_queries(data)
     image_idx, select = q.image, q.select
     size = data.samples[0].image.shape[1], data.samples[0].image.shape[0]
@@ -238,11 +240,14 @@ def grounding_table(
     for name, entry in suite.methods.items():
         if name == "global_only":
             continue  # no patch-token plan
-        heat = align_pairs(
-            entry, data, image_idx, data.positives[image_idx],
-            lambda a, rows: a.heatmap(select[rows, : a.token_mask.shape[1]]),
-            chunk, _stage(progress, f"grounding {name}"),
-        )
+        patch_map = getattr(entry.method, "phrase_patch_map", None)
+
+        def phrase_map(a: Alignment, rows: slice, patch_map=patch_map) -> Tensor:
+            sel = select[rows, : a.token_mask.shape[1]]
+            return a.heatmap(sel) if patch_map is None else patch_map(a, sel)
+
+        heat = align_pairs(entry, data, image_idx, data.positives[image_idx], phrase_map,
+                           chunk, _stage(progress, f"grounding {name}"))
         scores = grounding_scores(heat, data.grid, q.boxes, size, threshold)
         table.rows.append({"method": _label(name), "name": name, **scores})
     table.notes.append(f"heatmap box: patches at >= {threshold} of the peak, enclosing "

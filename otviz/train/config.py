@@ -71,6 +71,7 @@ class TrainConfig:
     powerset_tau: float = 1e-3
     powerset_alpha: float = 0.75
     powerset_gamma: float = 0.2  # triplet margin (the paper gives no value)
+    powerset_negatives: str = "all"  # "all" (mean hinge, VSE++) or "hardest" (Eq. 9)
     n_regions: int = 10  # random boxes per image (PowerCLIP-R, Sec. 3.2)
     # ---------------------------------------------------------------- global term
     train_global_head: bool = False  # a trainable linear head on the pooled embeddings
