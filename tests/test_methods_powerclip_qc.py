@@ -6,9 +6,9 @@ import torch.nn.functional as F
 
 from otviz.methods import METHODS, MethodConfig, PairBatch, build_method
 from otviz.methods.masses import uniform_masses
+from otviz.methods.powerclip import phrase_embeddings, region_embeddings, triplet_loss
 from otviz.ot.came import came_marginals
 from otviz.ot.divergence import sinkhorn_divergence
-from otviz.methods.powerclip import phrase_embeddings, region_embeddings, triplet_loss
 from otviz.ot.powerset import exact_r2t, exact_t2r, nla_t1, nla_t2
 from otviz.regions import grid_cells, random_boxes
 

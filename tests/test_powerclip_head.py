@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from otviz.backbone import Backbone
 from otviz.methods import MethodConfig, PairBatch, build_method
