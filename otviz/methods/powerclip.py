@@ -319,9 +319,7 @@ class PowerCLIP(ProjectedMethod):
         sigma(q_mB / tau) R_mn`` of the node ``B`` that best matches ``token_select``
         (``[B, M]`` or ``[M]``)."""
         ex = alignment.extras
-        sel = token_select.bool() & alignment.token_mask.bool()
-        if sel.dim() == 1:
-            sel = sel[None].expand(alignment.token_mask.shape[0], -1)
+        sel = token_select.bool() & alignment.token_mask.bool()  # [M] broadcasts to [B, M]
         node = best_node(ex["nodes"], ex["node_mask"], sel)
         maps = ex["node_patch_maps"]
         return maps[torch.arange(maps.shape[0], device=maps.device), node]
