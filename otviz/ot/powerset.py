@@ -1,8 +1,8 @@
 """PowerCLIP powerset aggregations (PowerCLIP Eq. 5-7, 11-16, App. A-B).
 
 The exact region-set-to-tree (R2T, Eq. 6/42) and tree-to-region-set (T2R, Eq. 7/21)
-aggregations by enumerating the powerset of the region masks, and their linear-time Non-Linear Aggregator
-approximations NLA-T1 (Eq. 14, Theorem 1) and NLA-T2 (Eq. 15, Theorem 2).
+aggregations by enumerating the powerset of the region masks, and their linear-time
+Non-Linear Aggregator approximations NLA-T1 (Eq. 14, Theorem 1) and NLA-T2 (Eq. 15, Theorem 2).
 
 Every aggregator takes the region-node score tensor ``q [..., R, K]`` with
 ``q[..., m, B] = <phi(I | R_m), p_B>`` (Eq. 18, the bilinear expansion of Eq. 5:
