@@ -116,11 +116,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_ablate(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from otviz.cli_args import dataclass_from_args
-    from otviz.eval.ablation import ablation_table
-    from otviz.eval.runner import load_backbone, write_tables
+    from otviz.eval.ablation import ABLATION_HEADLINE, ablation_table
+    from otviz.eval.runner import load_backbone, over_seeds, write_tables
+    from otviz.eval.table import Table
     from otviz.eval.world_set import EvalSet
     from otviz.train.config import TrainConfig
 
@@ -128,15 +129,27 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     backbone = load_backbone(base.backbone)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
 
-    def run(bars: _StageBars) -> object:
-        data = EvalSet.build(backbone, args.n_test, "test", args.test_seed, base.cache_dir,
-                             lambda done, total: bars("encoding", done, total))
-        return ablation_table(base, data, variants, args.candidates, bars)
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
 
-    table = _with_bars(args.quiet, run)
-    print(table.markdown())
-    paths = write_tables([table], args.tables_out, {"config": asdict(base),
-                                                    "command": args.command_line},
+    def one_seed(bars: _StageBars, seed: int | None) -> Table:
+        config, test_seed = base, args.test_seed
+        if seed is not None:  # training seed and test draw
+            config = replace(base, seed=seed, out=str(Path(base.out) / f"seed-{seed}"))
+            test_seed = seed
+        data = EvalSet.build(backbone, args.n_test, "test", test_seed, base.cache_dir,
+                             lambda done, total: bars("encoding", done, total))
+        return ablation_table(config, data, variants, args.candidates, bars)
+
+    def run(bars: _StageBars) -> object:
+        if not seeds:
+            return [one_seed(bars, None)]
+        return over_seeds([[one_seed(bars, s)] for s in seeds], headline=ABLATION_HEADLINE)
+
+    tables = _with_bars(args.quiet, run)
+    for table in tables:
+        print(table.markdown())
+    paths = write_tables(tables, args.tables_out, {"config": asdict(base), "seeds": seeds,
+                                                   "command": args.command_line},
                          stem="ablation")
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
@@ -234,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"comma list of {', '.join(VARIANTS)} (λ may be typed lambda)")
     ablate.add_argument("--n-test", type=int, default=500, help="world test images")
     ablate.add_argument("--test-seed", type=int, default=0)
+    ablate.add_argument("--seeds", default="",
+                        help="comma list: repeat per seed (training seed and test draw, runs "
+                        "in OUT/seed-S) and report mean and 95%% interval with the claims")
     ablate.add_argument("--candidates", type=int, default=16,
                         help="global top-k per query (two-stage retrieval)")
     ablate.add_argument("--tables-out", default="runs/eval",

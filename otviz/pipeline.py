@@ -147,7 +147,8 @@ class Explainer:
             run = self._runs.get(key)
             if run is None:
                 entry = suite.methods[name]
-                batch = self.pair_batch(encoded, entry.space, regions)
+                n_regions = int(entry.method.config.extra.get("n_regions", 9))  # PowerCLIP's M
+                batch = self.pair_batch(encoded, entry.space, regions, n_regions)
                 start = time.perf_counter()
                 with torch.no_grad():
                     alignment = entry.method(batch)
@@ -159,12 +160,15 @@ class Explainer:
             runs[name] = run
         return runs
 
-    def pair_batch(self, encoded: Encoded, space: str, regions: str = "grid") -> PairBatch:
-        """The method input of the pair: features in ``space``, region masks of kind
-        ``regions`` on the patch grid, and the caption's parse-tree nodes as token sets."""
+    def pair_batch(
+        self, encoded: Encoded, space: str, regions: str = "grid", n_regions: int = 9
+    ) -> PairBatch:
+        """The method input of the pair: features in ``space``, ``n_regions`` region masks
+        of kind ``regions`` on the patch grid (seed 0, as PowerCLIP's evaluation proposals),
+        and the caption's parse-tree nodes as token sets."""
         feats = encoded.features if space == "width" else self.projected(encoded)
         batch = feats.pair_batch()
-        batch.regions = region_masks(encoded, regions)[None]
+        batch.regions = region_masks(encoded, regions, n_regions)[None]
         batch.nodes, batch.node_mask = batch_node_masks([encoded.parse.tree], feats.token_word)
         return batch
 

@@ -150,3 +150,42 @@ def test_manifest_merges_and_publishing_replaces(tmp_path: Path) -> None:
     entry = read_manifest(manifest)["checkpoints"]["heads/x"]
     assert entry["a"] == 1 and entry["c"] == 3 and "created" in entry
     assert not [p for p in (tmp_path / "heads").iterdir() if p.name.startswith(".")]
+
+
+def test_eval_over_seeds_reports_intervals_and_claims(tmp_path: Path,
+                                                      trained: dict[str, Path]) -> None:
+    argv = ["eval", "--backbone", str(trained["bb"]), "--heads", "training-free", "--methods",
+            "filip,powerclip", "--tables", "retrieval,grounding", "--n-test", "6",
+            "--candidates", "2", "--also-candidates", "4", "--seeds", "0,1,2",
+            "--claims", "retrieval:avg_r1:filip>powerclip", "--threads", "1",
+            "--cache-dir", str(trained["cache"]), "--out", str(tmp_path), "--quiet"]
+    assert main(argv) == 0
+    record = json.loads((tmp_path / "tables.json").read_text())
+    assert sorted(record["per_seed"]) == ["0", "1", "2"]
+    tables = read_tables(tmp_path / "tables.json")
+    assert list(tables) == ["retrieval", "grounding", "claims"]
+    for key, metric in (("retrieval", "avg_r1"), ("retrieval", "avg_r1_top4"),
+                        ("grounding", "pointing")):
+        for row in tables[key].rows:
+            seeds = [next(r for r in record["per_seed"][s][key]["rows"]
+                          if r["name"] == row["name"])[metric] for s in ("0", "1", "2")]
+            assert row[f"{metric}_seeds"] == seeds
+            low, high = row[f"{metric}_ci"]
+            assert low <= min(seeds) and max(seeds) <= high
+    claims = tables["claims"].rows
+    assert claims[-1]["claim"] == "filip beats powerclip on retrieval avg_r1"
+    assert {r["verdict"] for r in claims} <= {"holds", "does not hold", "inconclusive"}
+
+
+def test_ablate_over_seeds(trained: dict[str, Path]) -> None:
+    out = trained["root"] / "abl-seeds"
+    argv = ["ablate", "--variants", "default,lambda_l=0.25", *SMALL, "--backbone",
+            str(trained["bb"]), "--cache-dir", str(trained["cache"]), "--out", str(out),
+            "--n-test", "4", "--seeds", "0,1,2", "--tables-out", str(out / "tables")]
+    assert main(argv) == 0
+    tables = read_tables(out / "tables" / "ablation.json")
+    assert [r["variant"] for r in tables["ablation"].rows] == ["default", "λ_l=0.25"]
+    row = tables["ablation"].rows[0]
+    assert len(row["avg_r1_seeds"]) == 3 and row["avg_r1_ci"][0] <= min(row["avg_r1_seeds"])
+    assert len(tables["claims"].rows) == 3
+    assert (out / "seed-2" / "lambda_l-0.25" / "head").is_dir()

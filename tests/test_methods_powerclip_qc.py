@@ -6,17 +6,10 @@ import torch.nn.functional as F
 
 from otviz.methods import METHODS, MethodConfig, PairBatch, build_method
 from otviz.methods.masses import uniform_masses
+from otviz.methods.powerclip import phrase_embeddings, region_embeddings, triplet_loss
 from otviz.ot.came import came_marginals
 from otviz.ot.divergence import sinkhorn_divergence
-from otviz.ot.powerset import (
-    exact_r2t,
-    exact_t2r,
-    nla_t1,
-    nla_t2,
-    phrase_embeddings,
-    region_embeddings,
-    triplet_loss,
-)
+from otviz.ot.powerset import exact_r2t, exact_t2r, nla_t1, nla_t2
 from otviz.regions import grid_cells, random_boxes
 
 DT = torch.float64
@@ -130,7 +123,12 @@ def test_powerclip_score_with_given_structure(exact):
     else:
         ref = nla_t1(q, tau, rmask, batch.node_mask) + nla_t2(q, tau, alpha, rmask,
                                                               batch.node_mask)
-    assert torch.allclose(out.local_score, ref)
+    assert torch.allclose(out.extras["raw_local_score"], ref)
+    # local_score = S / S_max, S_max = R (mean_B ||p_B|| + max_B ||p_B||)
+    norms = [phr[b, batch.node_mask[b]].norm(dim=-1) for b in range(3)]
+    bound = torch.stack([rmask[b].sum() * (n.mean() + n.max()) for b, n in enumerate(norms)])
+    assert torch.allclose(out.local_score, ref / bound)
+    assert out.local_score.abs().max() <= 1.0
     assert torch.allclose(out.extras["region_node_scores"], q)
 
 
@@ -194,7 +192,7 @@ def test_powerset_loss_is_triplet_over_batch_matrix():
     for i in range(4):
         for j in range(4):
             pair = batch.index(torch.tensor([i]), torch.tensor([j]))
-            scores[i, j] = method.align(pair).local_score[0]
+            scores[i, j] = method.align(pair).extras["raw_local_score"][0]
     assert float(method.powerset_loss(batch)) == pytest.approx(float(triplet_loss(scores, 0.3)))
 
 

@@ -8,19 +8,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from otviz.methods.powerclip import (
+    leaf_partition,
+    phrase_embeddings,
+    region_embeddings,
+    region_node_scores,
+    triplet_loss,
+)
 from otviz.ot.powerset import (
     exact_r2t,
     exact_t2r,
-    leaf_partition,
     nla_t1,
     nla_t2,
-    phrase_embeddings,
     powerset_scores,
     powerset_similarity,
-    region_embeddings,
-    region_node_scores,
     subset_indicators,
-    triplet_loss,
 )
 from otviz.regions import random_boxes
 

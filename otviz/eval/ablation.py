@@ -43,6 +43,9 @@ ABLATION_COLUMNS = [
     Column("final_local", "Final local loss", "num"), Column("minutes", "Train min", "num"),
 ]
 
+#: Metrics whose "best variant" claim is judged over seeds.
+ABLATION_HEADLINE = (("ablation", "avg_r1"), ("ablation", "overall"), ("ablation", "pointing"))
+
 
 def canonical_variant(name: str) -> str:
     """A variant name as :data:`VARIANTS` spells it ("lambda_l=0.25" -> "λ_l=0.25")."""

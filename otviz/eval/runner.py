@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import torch
 from otviz.backbone import Backbone
 from otviz.eval import alignment_tables as A
 from otviz.eval import classification_tables as C
+from otviz.eval import seeds as S
 from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet
 from otviz.suite import ALIGN_METHODS, WORLD_FIT_CAPTIONS, MethodSuite
@@ -45,7 +46,11 @@ class EvalConfig:
     n_test: int = 1000  # world test images (retrieval, probe, grounding)
     n_compositional: int = 500  # compositional-split images (held-out probe column)
     seed: int = 0  # world seed of the test and compositional splits
+    seeds: str = ""  # comma list: repeat over these seeds (test draw; heads "{seed}") and
+    # report mean and 95 % interval (otviz.eval.seeds); "" : the one seed above
+    claims: str = ""  # with seeds: "table:metric:A>B;..." claims to judge (plus every "best")
     candidates: int = 16  # global top-k candidates per query (two-stage retrieval)
+    also_candidates: str = "128"  # comma list of further top-k columns (ConceptOT: 128)
     n_classify: int = 400  # images per zero-shot / selective task
     lt_n_max: int = 100  # images of the largest class of a long-tailed test set
     imbalance: float = 10.0
@@ -62,6 +67,21 @@ class EvalConfig:
         if unknown:
             raise ValueError(f"unknown tables {unknown}; known: {', '.join(TABLES)}")
         return names
+
+    def seed_list(self) -> list[int]:
+        return [int(s) for s in self.seeds.split(",") if s.strip()]
+
+    def claim_list(self) -> list[tuple[str, str, str, str]]:
+        """``claims`` as ``(table, metric, A, B)``."""
+        out = []
+        for claim in filter(None, (c.strip() for c in self.claims.split(";"))):
+            key, metric, pair = claim.split(":")
+            a, b = pair.split(">")
+            out.append((key.strip(), metric.strip(), a.strip(), b.strip()))
+        return out
+
+    def also_k(self) -> list[int]:
+        return [int(k) for k in self.also_candidates.split(",") if k.strip()]
 
     def method_names(self) -> tuple[str, ...]:
         if not self.methods:
@@ -86,19 +106,51 @@ def build_suite(backbone: Backbone, heads: str, names: tuple[str, ...]) -> Metho
     return MethodSuite.from_heads(backbone, heads, names)
 
 
+#: The metric of every "best ..." claim judged over seeds (best mean vs the runner-up).
+HEADLINE_METRICS = (("retrieval", "avg_r1"), ("probe", "overall"), ("grounding", "pointing"))
+
+
 def run_eval(config: EvalConfig, progress: StageProgress | None = None) -> list[Table]:
     """The tables ``config.tables`` for ``config``'s backbone and suite (see the module
-    docstring); writes them to ``config.out`` unless it is empty."""
+    docstring); writes them to ``config.out`` unless it is empty. With ``config.seeds``:
+    every table once per seed (test draw ``seed``; heads ``config.heads`` with ``{seed}``
+    replaced, when it has one), then the tables over seeds (mean and interval) and the
+    claims table (:mod:`otviz.eval.seeds`); the per-seed tables go to the JSON too."""
     names = config.table_names()
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, config.threads))
+    extra: dict[str, Any] = {"config": asdict(config)}
     try:
-        tables = _run(config, names, progress)
+        seeds = config.seed_list()
+        if not seeds:
+            tables = _run(config, names, progress)
+        else:
+            per_seed = {s: _run(seed_config(config, s), names, progress) for s in seeds}
+            tables = over_seeds(list(per_seed.values()), config.claim_list())
+            extra["per_seed"] = {str(s): {t.key: t.to_dict() for t in ts}
+                                 for s, ts in per_seed.items()}
     finally:
         torch.set_num_threads(threads)
     if config.out:
-        write_tables(tables, config.out, {"config": asdict(config)})
+        write_tables(tables, config.out, extra)
     return tables
+
+
+def seed_config(config: EvalConfig, seed: int) -> EvalConfig:
+    """``config`` for one seed: the test draw ``seed``, heads ``heads.format(seed=seed)``."""
+    heads = config.heads.replace("{seed}", str(seed))
+    return replace(config, seed=seed, seeds="", heads=heads, out="")
+
+
+def over_seeds(
+    per_seed: list[list[Table]], claims: Sequence[tuple[str, str, str, str]] = (),
+    headline: Sequence[tuple[str, str]] = HEADLINE_METRICS,
+) -> list[Table]:
+    """Tables over seeds (one list of tables per seed) and the claims table: the given
+    claims and, for the headline metrics, "the best mean row beats the runner-up"."""
+    runs = {t.key: [tables[i] for tables in per_seed] for i, t in enumerate(per_seed[0])}
+    judged = S.best_vs_runner_up(runs, headline) + list(claims)
+    return [S.aggregate(r) for r in runs.values()] + [S.claims_table(runs, judged)]
 
 
 def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -> list[Table]:
@@ -115,7 +167,8 @@ def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -
                              encoding)
         kw: dict[str, Any] = {"chunk": config.chunk, "progress": progress}
         if "retrieval" in names or "cost" in names:
-            tables["retrieval"] = A.retrieval_table(suite, test, config.candidates, **kw)
+            tables["retrieval"] = A.retrieval_table(suite, test, config.candidates,
+                                                    also_k=config.also_k(), **kw)
         if "probe" in names:
             comp = None if config.n_compositional < 1 else EvalSet.build(
                 backbone, config.n_compositional, "compositional", config.seed,

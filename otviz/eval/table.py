@@ -42,7 +42,7 @@ class Table:
         rule = "|" + "|".join("---" if c.fmt == "text" else "---:" for c in self.columns) + "|"
         lines = [f"**{self.title}**", "", head, rule]
         for row in self.rows:
-            cells = [format_value(row.get(c.key), c.fmt) for c in self.columns]
+            cells = [format_cell(row, c) for c in self.columns]
             lines.append("| " + " | ".join(cells) + " |")
         lines += [""] + [f"- {n}" for n in self.notes]
         return "\n".join(lines).rstrip() + "\n"
@@ -55,6 +55,18 @@ class Table:
             "rows": self.rows,
             "notes": self.notes,
         }
+
+
+def format_cell(row: dict[str, Any], column: Column) -> str:
+    """A row's cell: the value, then ``[low, high]`` when the row has an interval
+    ``<key>_ci`` (tables over seeds, :mod:`otviz.eval.seeds`)."""
+    text = format_value(row.get(column.key), column.fmt)
+    ci = row.get(f"{column.key}_ci")
+    if ci is None:
+        return text
+    low, high = (format_value(v, column.fmt) if math.isfinite(v) else ("-∞" if v < 0 else "∞")
+                 for v in ci)
+    return f"{text} [{low}, {high}]"
 
 
 def format_value(value: Any, fmt: Format) -> str:

@@ -2,27 +2,41 @@
 
 Per pair: region embeddings pool the projected patches inside each region mask (Eq. 2),
 phrase embeddings sum the normalised leaf embeddings of each tree node (Eq. 3-4), and the
-local score is ``T2R + R2T`` by the NLAs (Eq. 16; NLA-T1 softplus, NLA-T2 tanh) or, with
-``exact``, by enumerating the powerset (Eq. 6-7, at most 12 regions).
+powerset score is ``T2R + R2T`` by the NLAs (Eq. 16; NLA-T1 softplus, NLA-T2 tanh) or, with
+``exact``, by enumerating the powerset (Eq. 6-7, at most 12 regions); the aggregations live
+in :mod:`otviz.ot.powerset`, the embeddings and the triplet loss here.
 
-Defaults when the batch carries no structure: regions are ``rows x cols`` grid cells with at
-most ``n_regions`` cells (:func:`otviz.regions.cell_layout`), nodes are the single content
-tokens (PowerCLIP's "w/o parse trees" ablation, Table 6).
+Region proposals when the batch carries none (``config.extra["proposals"]``): ``"grid"``
+cells (at most ``n_regions``, :func:`otviz.regions.cell_layout`) or ``"boxes"``, the
+PowerCLIP-R random boxes it trains on (Sec. 3.2, ``n_regions`` boxes drawn with
+``proposal_seed``, the same boxes for every image of the batch). A trained head records
+``"boxes"`` (:meth:`otviz.train.config.TrainConfig.method_config`); a head without the key
+uses the grid. Nodes default to the single content tokens (the "w/o parse trees" ablation,
+Table 6).
 
-The plan (for heatmaps; PowerCLIP itself has none): each valid node B gets mass ``1/K``,
-spread uniformly over its tokens and over the patches of its best-matching region subset
-``A*_B = argmax_A Q_{A,B}``, taken as the union of its regions. The membership of region m in
-``A*_B`` is ``1[q_mB > 0]`` in exact mode (Corollary 1) and ``sigmoid(q_mB / tau)`` with the
-NLAs (the derivative of NLA-T1's ``tau softplus(q / tau)``: a soft version of the same set),
-and the union is ``1 - prod_m (1 - membership_m R_mn)``. A node whose best subset is empty
-(no region scores positively) keeps its mass out of the plan, which the marginals show.
-The ``heatmap`` of a phrase therefore lights the patches of the best region subsets of the
-nodes that contain its tokens, weighted by their share of those nodes.
+Scores. The powerset score is a sum of region-phrase inner products, not a cosine: with
+``R`` regions and phrase norms ``||p_B||`` (a node of ``L`` leaves has norm up to ``L``) it
+lies in ``[-S_max, S_max]``, ``S_max = R (mean_B ||p_B|| + max_B ||p_B||)`` (every
+``q_mB`` at its Cauchy-Schwarz bound ``||p_B||``; T2R is at most ``R mean_B ||p_B||`` and
+R2T at most ``R max_B ||p_B||``). ``Alignment.local_score`` is ``S / S_max``, on the
+cosine-like scale of the other methods, wherever it is combined with ``s_g`` or compared;
+``extras["raw_local_score"]`` keeps ``S``. Training uses the raw ``S`` (Eq. 8-9).
+
+Patch map of a node ``B`` (:meth:`PowerCLIP.phrase_patch_map`, used by the grounding eval):
+``map_B(n) = sum_m sigma(q_mB / tau) R_mn``, each region weighted by its soft membership
+in ``B``'s best subset ``A*_B = argmax_A Q_{A,B}`` (``sigma(q / tau)`` is the derivative of
+NLA-T1's ``tau softplus(q / tau)``; ``1[q_mB > 0]`` in exact mode, Corollary 1), summed
+over the regions covering patch ``n``. A phrase uses the tree node whose token set overlaps
+its tokens best (Jaccard; the phrase's own node when it is one).
+
+The plan (for the plan views; PowerCLIP itself has none): each valid node B gets mass
+``max_m membership_mB / K``, spread uniformly over its tokens and over the soft union
+``1 - prod_m (1 - membership_mB R_mn)`` of its best subset's regions; a node whose best
+subset is empty keeps its mass out of the plan, which the marginals show.
 
 ``config.extra``: ``tau`` (1e-3), ``alpha`` (0.75), ``exact`` (False), ``n_regions`` (9),
-``gamma`` (triplet margin of :meth:`PowerCLIP.powerset_loss`, 0.2; the paper gives none).
-Note the local score is a sum of region-phrase cosines, not a cosine: its scale grows with
-the numbers of regions and leaves.
+``proposals`` ("grid"), ``proposal_seed`` (0), ``gamma`` (triplet margin, 0.2; the paper
+gives none) and ``negatives`` ("hardest", Eq. 9, or "all": see :func:`triplet_loss`).
 """
 
 from __future__ import annotations
@@ -30,19 +44,126 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from otviz.methods.base import Alignment, DensePlan, PairBatch, register
 from otviz.methods.projected import ProjectedMethod, build_alignment
-from otviz.ot.powerset import (
-    exact_t2r,
-    phrase_embeddings,
-    powerset_similarity,
-    region_embeddings,
-    region_node_scores,
-    triplet_loss,
-)
-from otviz.regions import cell_layout, grid_cells
+from otviz.ot.powerset import exact_t2r, powerset_similarity
+from otviz.regions import cell_layout, grid_cells, random_boxes
+
+PROPOSALS = ("grid", "boxes")
+TRIPLET_NEGATIVES = ("hardest", "all")
+
+def region_embeddings(patches: Tensor, regions: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-region embeddings ``phi(I | R_m) = r_m / ||r_m||``, ``r_m = sum_n R_mn v_n`` (Eq. 2).
+
+    Args:
+        patches: ``[B, N, d]`` (projected) patch embeddings ``v_n``.
+        regions: ``[B, R, N]`` bool region masks; an empty mask is an absent region.
+
+    Returns:
+        ``([B, R, d] embeddings (zero for empty regions), [B, R] bool validity)``.
+    """
+    valid = regions.any(-1)
+    pooled = regions.to(patches.dtype) @ patches
+    return F.normalize(pooled, dim=-1) * valid[..., None].to(patches.dtype), valid
+
+
+def leaf_partition(nodes: Tensor, token_mask: Tensor | None = None) -> Tensor:
+    """``[B, M, M]`` bool: tokens ``m, m'`` lie in the same leaf token mask ``P_{m'}``.
+
+    A leaf is a maximal group of tokens that belong to exactly the same tree nodes (the atoms
+    of the node sets). With word-level pre-terminal nodes a leaf is one word (all its BPE
+    tokens); with phrase-level leaves, e.g. an NP "a dog" without word nodes, the leaf is the
+    phrase, as in PowerCLIP's example (Sec. 3.3). Tokens in no node belong to no leaf.
+
+    Args:
+        nodes: ``[B, K, M]`` bool token sets of the (valid) tree nodes.
+        token_mask: optional ``[B, M]`` bool validity of tokens.
+    """
+    member = nodes if token_mask is None else nodes & token_mask[:, None, :]
+    sig = member.transpose(1, 2).to(torch.float64)  # [B, M, K] node memberships per token
+    shared = sig @ sig.transpose(1, 2)  # common memberships
+    count = sig.sum(-1)
+    covered = count > 0
+    same = (shared == count[:, :, None]) & (shared == count[:, None, :])
+    return same & covered[:, :, None] & covered[:, None, :]
+
+
+def phrase_embeddings(
+    tokens: Tensor,
+    nodes: Tensor,
+    node_mask: Tensor | None = None,
+    token_mask: Tensor | None = None,
+) -> Tensor:
+    """Phrase embeddings ``p_B = sum_{P_m' in Leaf(B)} psi(T | P_m')`` (Eq. 3) with
+    ``psi(T | P) = p / ||p||``, ``p = sum_{n in P} t_n`` (Eq. 4); leaves from
+    :func:`leaf_partition`.
+
+    Args:
+        tokens: ``[B, M, d]`` (projected) token embeddings.
+        nodes: ``[B, K, M]`` bool token sets of the tree nodes.
+        node_mask: optional ``[B, K]`` bool, True for real nodes.
+        token_mask: optional ``[B, M]`` bool, True for real tokens.
+
+    Returns:
+        ``[B, K, d]`` phrase embeddings (zero for masked or empty nodes).
+    """
+    if node_mask is not None:
+        nodes = nodes & node_mask[:, :, None]
+    if token_mask is not None:
+        nodes = nodes & token_mask[:, None, :]
+    same = leaf_partition(nodes).to(tokens.dtype)  # [B, M, M]
+    leaf_psi = F.normalize(same @ tokens, dim=-1)  # psi of each token's leaf, [B, M, d]
+    leaf_size = same.sum(-1).clamp_min(1.0)
+    # every token of a leaf carries 1/|leaf| of the leaf's psi, so each leaf counts once
+    return nodes.to(tokens.dtype) @ (leaf_psi / leaf_size[..., None])
+
+
+def region_node_scores(region_emb: Tensor, phrase_emb: Tensor) -> Tensor:
+    """``q[..., m, B] = <phi(I | R_m), p_B>`` (Eq. 10 summed over the leaves of B, Eq. 18).
+
+    Shapes broadcast like ``matmul``: ``[B, R, d] x [B, K, d] -> [B, R, K]`` for pairs, or
+    ``region_emb[:, None]`` against ``phrase_emb[None]`` for a ``[C, C, R, K]`` matrix.
+    """
+    return region_emb @ phrase_emb.transpose(-1, -2)
+
+
+def triplet_loss(
+    sim: Tensor, gamma: float, negatives: str = "hardest", excluded: Tensor | None = None
+) -> Tensor:
+    """``Phi_gamma(X) + Phi_gamma(X^T)`` (Eq. 8) for ``[..., C, C]`` similarity matrices
+    whose diagonals hold the matched pairs.
+
+    ``negatives="hardest"`` is Eq. 9: the mean over rows of the hinge on the hardest
+    negative. ``"all"`` averages the hinge over every negative of the row instead (the
+    "sum of hinges" of VSE++, Faghri et al. 2018, normalised by the count): on a frozen
+    backbone the hardest-negative form collapses to the trivial solution (all ``q < 0``,
+    scores constant, loss ``2 gamma``), which the mean over negatives avoids.
+
+    Args:
+        sim: ``[..., C, C]`` similarities, matched pairs on the diagonal.
+        gamma: margin.
+        negatives: ``"hardest"`` or ``"all"``.
+        excluded: optional ``[C, C]`` bool, pairs that are no negatives (duplicate
+            captions or images; the diagonal is always excluded).
+    """
+    if negatives not in TRIPLET_NEGATIVES:
+        raise ValueError(f"negatives must be one of {TRIPLET_NEGATIVES}, got {negatives!r}")
+    eye = torch.eye(sim.shape[-1], dtype=torch.bool, device=sim.device)
+    skip = eye if excluded is None else eye | excluded.to(sim.device)
+
+    def phi(x: Tensor, skip: Tensor) -> Tensor:
+        diag = x.diagonal(dim1=-2, dim2=-1)[..., None]
+        if negatives == "hardest":
+            hardest = x.masked_fill(skip, -torch.inf).amax(-1, keepdim=True)
+            return F.relu(hardest - diag + gamma)[..., 0].mean(-1)
+        hinge = F.relu(x - diag + gamma).masked_fill(skip, 0.0)
+        count = (~skip).sum(-1).clamp_min(1)
+        return (hinge.sum(-1) / count).mean(-1)
+
+    return phi(sim, skip) + phi(sim.transpose(-1, -2), skip.transpose(-1, -2))
 
 
 @dataclass
@@ -57,10 +178,14 @@ class PowersetInputs:
     phrase_emb: Tensor  # [B, K, d]
 
 
-def default_regions(batch: PairBatch, n_regions: int) -> Tensor:
-    """``[B, R, N]`` grid cells (at most ``n_regions``) of the batch's patch grid."""
-    cells = grid_cells(batch.grid, *cell_layout(batch.grid, n_regions))
-    return cells.to(batch.patch_mask.device)[None].expand(batch.size, -1, -1)
+def proposal_regions(grid: tuple[int, int], kind: str, n_regions: int, seed: int = 0) -> Tensor:
+    """``[R, N]`` region proposals of the module docstring: ``"grid"`` cells or seeded
+    random ``"boxes"``."""
+    if kind == "grid":
+        return grid_cells(grid, *cell_layout(grid, n_regions))
+    if kind == "boxes":
+        return random_boxes(grid, n_regions, seed=seed)
+    raise ValueError(f"unknown region proposals {kind!r}; choose one of {PROPOSALS}")
 
 
 def default_nodes(batch: PairBatch) -> tuple[Tensor, Tensor]:
@@ -68,6 +193,23 @@ def default_nodes(batch: PairBatch) -> tuple[Tensor, Tensor]:
     m = batch.token_mask.shape[1]
     eye = torch.eye(m, dtype=torch.bool, device=batch.token_mask.device)
     return eye[None] & batch.token_mask[:, :, None], batch.token_mask
+
+
+def score_bound(inp: PowersetInputs) -> Tensor:
+    """``[B]`` ``S_max = R (mean_B ||p_B|| + max_B ||p_B||)`` of the module docstring."""
+    norms = torch.linalg.vector_norm(inp.phrase_emb, dim=-1) * inp.node_mask
+    n_nodes = inp.node_mask.sum(-1).clamp_min(1)
+    n_regions = inp.region_mask.sum(-1)
+    return n_regions * (norms.sum(-1) / n_nodes + norms.amax(-1))
+
+
+def best_node(nodes: Tensor, node_mask: Tensor, token_select: Tensor) -> Tensor:
+    """``[B]`` index of the valid node whose token set has the largest Jaccard overlap with
+    ``token_select [B, M]`` (ties: the first)."""
+    sel = token_select.bool()[:, None, :]
+    inter = (nodes & sel).sum(-1).to(torch.float64)
+    union = (nodes | sel).sum(-1).clamp_min(1).to(torch.float64)
+    return (inter / union).masked_fill(~node_mask, -1.0).argmax(-1)
 
 
 @register
@@ -89,12 +231,21 @@ class PowerCLIP(ProjectedMethod):
     def exact(self) -> bool:
         return bool(self.config.extra.get("exact", False))
 
+    @property
+    def proposals(self) -> str:
+        return str(self.config.extra.get("proposals", "grid"))
+
+    def default_regions(self, batch: PairBatch) -> Tensor:
+        """``[B, R, N]`` the configured proposals, the same for every image of the batch."""
+        regions = proposal_regions(batch.grid, self.proposals,
+                                   int(self.config.extra.get("n_regions", 9)),
+                                   int(self.config.extra.get("proposal_seed", 0)))
+        return regions.to(batch.patch_mask.device)[None].expand(batch.size, -1, -1)
+
     def inputs(self, batch: PairBatch) -> PowersetInputs:
         """Region / phrase embeddings (Eq. 2-4) with the documented defaults."""
         z, y = self.project(batch)
-        regions = batch.regions
-        if regions is None:
-            regions = default_regions(batch, int(self.config.extra.get("n_regions", 9)))
+        regions = batch.regions if batch.regions is not None else self.default_regions(batch)
         regions = regions & batch.patch_mask[:, None, :]
         if batch.nodes is None:
             nodes, node_mask = default_nodes(batch)
@@ -117,7 +268,7 @@ class PowerCLIP(ProjectedMethod):
         else:
             qt = q.transpose(1, 2)
             member = torch.sigmoid(qt / self.tau) * rmask
-            best = (self.tau * torch.nn.functional.softplus(qt / self.tau) * rmask).sum(-1)
+            best = (self.tau * F.softplus(qt / self.tau) * rmask).sum(-1)
         return member, best
 
     def _plan(self, inp: PowersetInputs, member: Tensor) -> Tensor:
@@ -136,7 +287,7 @@ class PowerCLIP(ProjectedMethod):
     def align(self, batch: PairBatch) -> Alignment:
         inp = self.inputs(batch)
         q = region_node_scores(inp.region_emb, inp.phrase_emb)  # [B, R, K]
-        score = powerset_similarity(
+        raw = powerset_similarity(
             q, self.tau, self.alpha, inp.region_mask, inp.node_mask, self.exact
         )
         member, best = self._membership(q, inp)
@@ -149,20 +300,34 @@ class PowerCLIP(ProjectedMethod):
             "region_node_scores": q,
             "node_best_regions": member,
             "node_best_score": best,
+            "node_patch_maps": member @ inp.regions.to(member.dtype),  # [B, K, N]
+            "raw_local_score": raw,
             "exact": self.exact,
         }
         return build_alignment(
             batch,
             DensePlan(plan),
-            score,
+            raw / score_bound(inp).clamp_min(torch.finfo(raw.dtype).tiny),
             row_marginal=plan.sum(2),
             col_marginal=plan.sum(1),
             extras=extras,
         )
 
-    def powerset_loss(self, batch: PairBatch) -> Tensor:
-        """Triplet loss ``Phi(S) + Phi(S^T)`` (Eq. 8-9, 16) over the ``C x C`` similarity of
-        the batch's images and captions (pair i matched with pair i)."""
+    @staticmethod
+    def phrase_patch_map(alignment: Alignment, token_select: Tensor) -> Tensor:
+        """``[B, N]`` patch map of a phrase (module docstring): ``map_B(n) = sum_m
+        sigma(q_mB / tau) R_mn`` of the node ``B`` that best matches ``token_select``
+        (``[B, M]`` or ``[M]``)."""
+        ex = alignment.extras
+        sel = token_select.bool() & alignment.token_mask.bool()  # [M] broadcasts to [B, M]
+        node = best_node(ex["nodes"], ex["node_mask"], sel)
+        maps = ex["node_patch_maps"]
+        return maps[torch.arange(maps.shape[0], device=maps.device), node]
+
+    def powerset_loss(self, batch: PairBatch, excluded: Tensor | None = None) -> Tensor:
+        """Triplet loss ``Phi(S) + Phi(S^T)`` (Eq. 8-9, 16) over the ``C x C`` raw NLA
+        similarities of the batch's images and captions (pair i matched with pair i);
+        ``excluded`` ``[C, C]``: pairs that are no negatives (see :func:`triplet_loss`)."""
         inp = self.inputs(batch)
         q = region_node_scores(inp.region_emb[:, None], inp.phrase_emb[None])  # [C, C, R, K]
         sim = powerset_similarity(
@@ -173,4 +338,5 @@ class PowerCLIP(ProjectedMethod):
             inp.node_mask[None, :, :],
             self.exact,
         )
-        return triplet_loss(sim, float(self.config.extra.get("gamma", 0.2)))
+        return triplet_loss(sim, float(self.config.extra.get("gamma", 0.2)),
+                            str(self.config.extra.get("negatives", "hardest")), excluded)

@@ -1,13 +1,13 @@
-"""PowerCLIP powerset alignment (PowerCLIP Eq. 1-16, App. A-B).
+"""PowerCLIP powerset aggregations (PowerCLIP Eq. 5-7, 11-16, App. A-B).
 
-Region embeddings (Eq. 1-2), phrase embeddings from parse-tree leaves (Eq. 3-4), the exact
-region-set-to-tree (R2T, Eq. 6/42) and tree-to-region-set (T2R, Eq. 7/21) aggregations by
-enumerating the powerset of the region masks, and their linear-time Non-Linear Aggregator
-approximations NLA-T1 (Eq. 14, Theorem 1) and NLA-T2 (Eq. 15, Theorem 2).
+The exact region-set-to-tree (R2T, Eq. 6/42) and tree-to-region-set (T2R, Eq. 7/21)
+aggregations by enumerating the powerset of the region masks, and their linear-time
+Non-Linear Aggregator approximations NLA-T1 (Eq. 14, Theorem 1) and NLA-T2 (Eq. 15, Theorem 2).
 
 Every aggregator takes the region-node score tensor ``q [..., R, K]`` with
 ``q[..., m, B] = <phi(I | R_m), p_B>`` (Eq. 18, the bilinear expansion of Eq. 5:
-``Q_{A,B} = sum_{m in A} q[m, B]``) and optional validity masks ``region_mask [..., R]`` and
+``Q_{A,B} = sum_{m in A} q[m, B]``; the embeddings and the triplet loss live in
+:mod:`otviz.methods.powerclip`) and optional validity masks ``region_mask [..., R]`` and
 ``node_mask [..., K]`` (broadcastable), so the same code scores a batch of pairs
 (``[B, R, K]``) or a whole ``C x C`` similarity matrix (``[C, C, R, K]``).
 
@@ -26,81 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 MAX_EXACT_REGIONS = 12
-
-
-def region_embeddings(patches: Tensor, regions: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-region embeddings ``phi(I | R_m) = r_m / ||r_m||``, ``r_m = sum_n R_mn v_n`` (Eq. 2).
-
-    Args:
-        patches: ``[B, N, d]`` (projected) patch embeddings ``v_n``.
-        regions: ``[B, R, N]`` bool region masks; an empty mask is an absent region.
-
-    Returns:
-        ``([B, R, d] embeddings (zero for empty regions), [B, R] bool validity)``.
-    """
-    valid = regions.any(-1)
-    pooled = regions.to(patches.dtype) @ patches
-    return F.normalize(pooled, dim=-1) * valid[..., None].to(patches.dtype), valid
-
-
-def leaf_partition(nodes: Tensor, token_mask: Tensor | None = None) -> Tensor:
-    """``[B, M, M]`` bool: tokens ``m, m'`` lie in the same leaf token mask ``P_{m'}``.
-
-    A leaf is a maximal group of tokens that belong to exactly the same tree nodes (the atoms
-    of the node sets). With word-level pre-terminal nodes a leaf is one word (all its BPE
-    tokens); with phrase-level leaves, e.g. an NP "a dog" without word nodes, the leaf is the
-    phrase, as in PowerCLIP's example (Sec. 3.3). Tokens in no node belong to no leaf.
-
-    Args:
-        nodes: ``[B, K, M]`` bool token sets of the (valid) tree nodes.
-        token_mask: optional ``[B, M]`` bool validity of tokens.
-    """
-    member = nodes if token_mask is None else nodes & token_mask[:, None, :]
-    sig = member.transpose(1, 2).to(torch.float64)  # [B, M, K] node memberships per token
-    shared = sig @ sig.transpose(1, 2)  # common memberships
-    count = sig.sum(-1)
-    covered = count > 0
-    same = (shared == count[:, :, None]) & (shared == count[:, None, :])
-    return same & covered[:, :, None] & covered[:, None, :]
-
-
-def phrase_embeddings(
-    tokens: Tensor,
-    nodes: Tensor,
-    node_mask: Tensor | None = None,
-    token_mask: Tensor | None = None,
-) -> Tensor:
-    """Phrase embeddings ``p_B = sum_{P_m' in Leaf(B)} psi(T | P_m')`` (Eq. 3) with
-    ``psi(T | P) = p / ||p||``, ``p = sum_{n in P} t_n`` (Eq. 4); leaves from
-    :func:`leaf_partition`.
-
-    Args:
-        tokens: ``[B, M, d]`` (projected) token embeddings.
-        nodes: ``[B, K, M]`` bool token sets of the tree nodes.
-        node_mask: optional ``[B, K]`` bool, True for real nodes.
-        token_mask: optional ``[B, M]`` bool, True for real tokens.
-
-    Returns:
-        ``[B, K, d]`` phrase embeddings (zero for masked or empty nodes).
-    """
-    if node_mask is not None:
-        nodes = nodes & node_mask[:, :, None]
-    if token_mask is not None:
-        nodes = nodes & token_mask[:, None, :]
-    same = leaf_partition(nodes).to(tokens.dtype)  # [B, M, M]
-    leaf_psi = F.normalize(same @ tokens, dim=-1)  # psi of each token's leaf, [B, M, d]
-    leaf_size = same.sum(-1).clamp_min(1.0)
-    # every token of a leaf carries 1/|leaf| of the leaf's psi, so each leaf counts once
-    return nodes.to(tokens.dtype) @ (leaf_psi / leaf_size[..., None])
-
-
-def region_node_scores(region_emb: Tensor, phrase_emb: Tensor) -> Tensor:
-    """``q[..., m, B] = <phi(I | R_m), p_B>`` (Eq. 10 summed over the leaves of B, Eq. 18).
-
-    Shapes broadcast like ``matmul``: ``[B, R, d] x [B, K, d] -> [B, R, K]`` for pairs, or
-    ``region_emb[:, None]`` against ``phrase_emb[None]`` for a ``[C, C, R, K]`` matrix.
-    """
-    return region_emb @ phrase_emb.transpose(-1, -2)
 
 
 def _mask_regions(q: Tensor, region_mask: Tensor | None) -> Tensor:
@@ -229,16 +154,3 @@ def powerset_similarity(
     if exact:
         return exact_r2t(q, region_mask, node_mask) + exact_t2r(q, region_mask, node_mask)[0]
     return nla_t1(q, tau, region_mask, node_mask) + nla_t2(q, tau, alpha, region_mask, node_mask)
-
-
-def triplet_loss(sim: Tensor, gamma: float) -> Tensor:
-    """``Phi_gamma(X) + Phi_gamma(X^T)`` (Eq. 8-9) for ``[..., C, C]`` similarity matrices
-    whose diagonals hold the matched pairs: the mean hinge on the hardest negative per row
-    (``[...]``, a scalar for one matrix)."""
-    eye = torch.eye(sim.shape[-1], dtype=torch.bool, device=sim.device)
-
-    def phi(x: Tensor) -> Tensor:
-        hardest = x.masked_fill(eye, -torch.inf).amax(-1)
-        return F.relu(hardest - x.diagonal(dim1=-2, dim2=-1) + gamma).mean(-1)
-
-    return phi(sim) + phi(sim.transpose(-1, -2))

@@ -10,10 +10,10 @@ the method (:func:`local_objective`):
 * ``qct`` (QC-Align): the batch mean of the Sinkhorn-divergence QCT loss over the positive
   pairs (``L = L_global + lambda L_QCT``, QC-Align's only local term; no negatives);
 * ``powerset_triplet`` (PowerCLIP): the triplet loss ``Phi(S) + Phi(S^T)`` over the ``C x C``
-  NLA similarities of the batch (Eq. 8-9, 16), hardest negative over the whole batch (not
-  mined; :meth:`PowerCLIP.powerset_loss` does not exclude duplicate captions: a row whose
-  hardest "negative" is the same caption text has its hinge fixed at the margin, with no
-  gradient);
+  NLA similarities of the batch (Eq. 8-9, 16), over every in-batch negative (not mined;
+  pairs sharing a caption or an image are no negatives), with the hinge averaged over the
+  negatives (``powerset_negatives="all"``, the default) or on the hardest one (``"hardest"``,
+  Eq. 9, which collapses on a frozen backbone: :func:`otviz.methods.powerclip.triplet_loss`);
 * ``none`` (Global-only): no local scorer, only the global term (which needs a trainable
   global head to train anything).
 
@@ -201,4 +201,4 @@ class TrainObjective(nn.Module):
         """PowerCLIP's triplet loss over the whole ``C x C`` batch (Eq. 8-9, 16). It is cheap
         (region and phrase embeddings once per item), so every process computes all of it
         and takes ``1 / world_size`` as its share."""
-        return self.method.powerset_loss(batch) / self.world_size
+        return self.method.powerset_loss(batch, excluded) / self.world_size

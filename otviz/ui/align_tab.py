@@ -222,10 +222,13 @@ def score_rows(runs: dict[str, MethodRun], lambda_local: float) -> list[ScoreRow
         a = run.alignment
         err = None if a.marginal_error is None else float(a.marginal_error[0])
         negative = negative_mass(a.plan.dense()[0].numpy())
+        label = METHOD_LABELS[name]
+        if "raw_local_score" in a.extras:  # PowerCLIP: local = S / S_max, the raw S named
+            label = f"{label} (raw S = {float(a.extras['raw_local_score'][0]):.3g})"
         rows.append(
             ScoreRow.make(
                 name,
-                METHOD_LABELS[name],
+                label,
                 float(a.global_score[0]),
                 float(a.local_score[0]),
                 float(lambda_local),
