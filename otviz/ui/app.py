@@ -11,7 +11,7 @@ from otviz.ui.align_tab import build_align_tab
 from otviz.ui.anchors_tab import build_anchors_tab
 from otviz.ui.context import AppContext, SharedInputs, on_space, remote_models
 from otviz.ui.examples import load_examples
-from otviz.ui.inputs import checked_uploads, on_upload
+from otviz.ui.inputs import checked_uploads, guard_callbacks, on_upload
 from otviz.ui.phrases_tab import build_phrases_tab
 from otviz.ui.probe_tab import build_probe_tab
 from otviz.ui.train_tab import build_train_tab
@@ -92,6 +92,7 @@ def build_app(ctx: AppContext | None = None, jobs: TrainingJobs | None = None) -
         # heads trained in another session since this page was built
         app.load(lambda: gr.Dropdown(choices=ctx.checkpoint_choices()), None,
                  shared.checkpoint, api_visibility="private")
+    guard_callbacks(app)
     return app
 
 

@@ -284,9 +284,10 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
         for update in follow_job(ctx, job):
             yield (job.id, *update)
 
+    @user_errors
     def on_stop(current: str | None) -> str:
         if not jobs.stop(current):
-            raise gr.Error("no run of yours is in progress")
+            raise InputError("no run of yours is in progress")
         return "**Stopping** after the current step ..."
 
     inputs = [shared.checkpoint, data, n_train, folder, uploads, split, methods, eps, tau,

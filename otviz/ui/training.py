@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 
+from otviz.errors import UserInputError
 from otviz.pipeline import InputError
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
 from otviz.train.config import TrainConfig
 from otviz.train.folders import DatasetError, load_image_captions
 from otviz.train.loop import ENCODING, TrainResult, train_method
 from otviz.ui.context import AppContext, on_space
-from otviz.ui.inputs import USER_ERRORS
 from otviz.ui.probe_tab import run_batch_probe
 
 log = logging.getLogger("otviz.ui.training")
@@ -315,7 +315,7 @@ class TrainingJob:
                 self._register_and_probe(heads)
             with self._lock:
                 self._state = "stopped" if self.stop_event.is_set() else "finished"
-        except USER_ERRORS as e:
+        except UserInputError as e:
             self._fail(str(e))
         except Exception as e:  # a failed run must end the job and say why, not hang it
             log.exception("training job %s failed", self.id)
