@@ -542,6 +542,9 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
         note = truncation_note(explainer.encode(img, text))  # cached
         if note:
             gr.Warning(note)
+        notice = ctx.world_notice(checkpoint, img)
+        if notice:
+            gr.Warning(notice, duration=None, title="Far from the synthetic world")
         return (
             gr.Dropdown(choices=v.phrase_choices, value=v.phrase),
             gr.Dropdown(choices=v.token_choices, value=v.token),
