@@ -137,19 +137,19 @@ def check_image_file(path: str, name: str | None = None) -> tuple[int, int]:
     :data:`MAX_IMAGE_PIXELS` (from its header, before anything decodes it), and for one
     that is not an image or does not decode (truncated, corrupt) alike."""
     shown = name or str(path).rsplit("/", 1)[-1]
+    limit = f"at most {MAX_IMAGE_PIXELS / 1e6:.0f} MP): scale it down and upload it again"
     try:
         with Image.open(path) as image:
             width, height = image.size
             if width * height <= MAX_IMAGE_PIXELS:
                 image.load()  # a truncated or corrupt file fails here, like a non-image
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError,
-            SyntaxError):
+    except Image.DecompressionBombError:  # Pillow's own limit, far beyond ours
+        raise InputError(f"{shown} is too large ({limit}") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
         raise InputError(f"{shown} is {UNREADABLE_IMAGE}") from None
     if width * height > MAX_IMAGE_PIXELS:
         raise InputError(
-            f"{shown} is too large ({width}x{height} = {width * height / 1e6:.0f} MP; at "
-            f"most {MAX_IMAGE_PIXELS / 1e6:.0f} MP): scale it down and upload it again"
-        )
+            f"{shown} is too large ({width}x{height} = {width * height / 1e6:.0f} MP; {limit}")
     return width, height
 
 
