@@ -286,3 +286,26 @@ def test_a_zip_cannot_unpack_outside_its_folder(client, checkpoint, tmp_path):
     message = _train(client, checkpoint, "upload", "", [handle_file(str(archive))])
     assert "points outside" in message and not (tmp_path.parent / "escape.csv").exists()
 
+
+
+def _raw_call(url: str, api_name: str, data: list) -> str:
+    """The event stream of one API call sent as raw JSON (no client-side upload)."""
+    post = httpx.post(f"{url}gradio_api/call/{api_name}", json={"data": data}, timeout=60)
+    post.raise_for_status()
+    answer = httpx.get(f"{url}gradio_api/call/{api_name}/{post.json()['event_id']}",
+                       timeout=120)
+    return answer.text
+
+
+def test_a_server_path_posing_as_an_upload_is_refused(live_app, checkpoint, secret):
+    """A request naming a server file as if it were an upload (never sent through the
+    upload endpoint) is refused before any callback opens it."""
+    posing = {"path": str(secret), "meta": {"_type": "gradio.FileData"}}
+    train = [checkpoint, "upload", 64, "", [posing], "train", ["filip"], 0.05, 0.1, 0.05, 16,
+             10, 0.5, 1, 1, 1, 2, 1e-3]
+    with _OPENED.watch() as opened:
+        streams = [_raw_call(live_app.url, "words", [posing, "a red circle", checkpoint]),
+                   _raw_call(live_app.url, "train", train)]
+    for stream in streams:
+        assert "event: error" in stream and "event: complete" not in stream, stream
+    assert [p for p in opened.paths if "secret" in p] == []
