@@ -3,6 +3,9 @@
 #   make test   install into .venv (with test extras), Chromium for the browser tests
 #               (Debian package, as root), and run the test suite
 #   make screenshots   rerun the browser tests, writing the views to docs/screenshots/
+#   make remake   everything measured on the shipped backbone, re-made in order: the eight
+#                 heads, the eval tables over 3 seeds, the ablation, the OT-CLIP loss table,
+#                 the report figures and the backbone-quality benchmark (about 1.5 h, 2 cores)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -12,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 export GRADIO_ANALYTICS_ENABLED := False
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: demo test install browser screenshots lint bench clean
+.PHONY: demo test install browser screenshots lint bench remake clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +54,19 @@ lint: install
 
 bench: install
 	$(BIN)/python benchmarks/run_bench.py
+
+OTVIZ := $(BIN)/otviz
+remake: install
+	$(OTVIZ) train --method all --n-train 4000 --epochs 3 --lr 2e-3 --threads 2 \
+		--out runs/heads --publish checkpoints/heads --manifest checkpoints/manifest.json
+	$(OTVIZ) eval --heads checkpoints/heads --seeds 0,1,2 --n-test 1000 --n-compositional 500 \
+		--threads 2 --out runs/eval --manifest checkpoints/manifest.json
+	$(OTVIZ) ablate --n-train 4000 --max-steps 60 --lr 2e-3 --threads 2 --out runs/ablation \
+		--n-test 500 --tables-out runs/eval
+	$(OTVIZ) eval --otclip-losses --out runs/eval
+	$(OTVIZ) report --eval-dir runs/eval --out benchmarks/eval/figures
+	cp runs/eval/tables.* runs/eval/ablation.* runs/eval/otclip_losses.* benchmarks/eval/
+	$(BIN)/python benchmarks/backbone_quality.py --out benchmarks/backbone_quality
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -7,4 +7,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from otviz.ui.app import launch  # noqa: E402
 
 if __name__ == "__main__":
-    launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Serve the otviz app.")
+    parser.add_argument("--max-file-size", default=None,
+                        help="largest accepted upload, e.g. 50mb (default: $OTVIZ_MAX_FILE_SIZE "
+                        "or 50mb)")
+    args = parser.parse_args()
+    launch(args.max_file_size, server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))

@@ -36,6 +36,7 @@ from open_clip.tokenizer import SimpleTokenizer
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor, nn
 
+from otviz.errors import UserInputError
 from otviz.methods.base import PairBatch
 from otviz.text.tokens import TokenBatch, TokenizationError, WordTokenizer
 from otviz.text.words import Word
@@ -45,12 +46,16 @@ Space = Literal["width", "projected"]
 ImageInput = Image.Image | np.ndarray | str | os.PathLike | bytes
 
 
-class BackboneLoadError(RuntimeError):
+class BackboneLoadError(UserInputError, RuntimeError):
     """A backbone could not be built (unknown name, weights unreachable, unsupported tower)."""
 
 
-class ImageInputError(ValueError):
+class ImageInputError(UserInputError, ValueError):
     """An input is not a usable image."""
+
+
+#: What every unreadable upload (not an image, truncated, corrupt) is told, after its name.
+UNREADABLE_IMAGE = "not an image this app can read: upload a PNG, JPEG, WebP, BMP, ..."
 
 
 class CaptionTooLongError(TokenizationError):
@@ -372,7 +377,7 @@ def _open(source: str | os.PathLike | bytes | bytearray) -> Image.Image:
             image = Image.open(Path(source))
         image.load()
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError, ValueError) as e:
-        raise ImageInputError(f"cannot read an image from the input: {e}") from e
+        raise ImageInputError(f"the input is {UNREADABLE_IMAGE}") from e
     return image
 
 

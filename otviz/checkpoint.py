@@ -23,12 +23,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from otviz.errors import UserInputError
+
 TENSORS_FILE = "model.safetensors"
 META_FILE = "config.json"
 FORMAT = "otviz-checkpoint/1"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserInputError, RuntimeError):
     """A checkpoint is missing, corrupt, or does not match what the caller expects."""
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from otviz.backbone import Backbone, ImageInput, TokenFeatures, to_rgb
+from otviz.errors import UserInputError
 from otviz.methods import Alignment, PairBatch
 from otviz.regions import cell_layout, grid_cells, patch_means, random_boxes, segments
 from otviz.suite import MethodSuite
@@ -25,7 +26,7 @@ from otviz.text.words import Word
 MAX_CAPTION_CHARS = 1000
 
 
-class InputError(ValueError):
+class InputError(UserInputError, ValueError):
     """Bad user input (no image, empty caption, unknown phrase); the message is for people."""
 
 

@@ -29,18 +29,19 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def live_app(tmp_path_factory) -> LiveApp:
-    """``otviz.ui.app.build_app`` on the embedded checkpoint, queued as :func:`launch` does,
-    on 127.0.0.1 and a free port; training runs and feature caches in a temp dir."""
-    from otviz.ui.app import CONCURRENCY, QUEUE_SIZE, build_app
+    """``otviz.ui.app.build_app`` on the embedded checkpoint, queued and limited as
+    :func:`launch` does, on 127.0.0.1 and a free port; training runs and feature caches in
+    a temp dir."""
+    from otviz.ui.app import build_app, serve_options
 
     root = tmp_path_factory.mktemp("live-app")
     ctx = AppContext.default()
     jobs = TrainingJobs(ctx, root / "runs", root / "features")
     app = build_app(ctx, jobs)
-    app.queue(default_concurrency_limit=CONCURRENCY, max_size=QUEUE_SIZE)
+    options = serve_options(app)
     port = free_port()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
-               quiet=True, ssr_mode=False)
+               quiet=True, ssr_mode=False, **options)
     yield LiveApp(f"http://127.0.0.1:{port}/", ctx, jobs)
     job = jobs.current()
     if job is not None:

@@ -3,7 +3,10 @@ CLIP: same features, no re-encoding on a hit, rebuilt on a changed backbone or d
 reading a half-written entry."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -216,3 +219,29 @@ def test_bad_arguments(tmp_path, backbone):
     with pytest.raises(ValueError):
         entry.pairs([0, 1], [0])
 
+
+
+def test_least_recently_used_entries_are_evicted_beyond_the_cap(tmp_path, backbone):
+    cache = FeatureCache(tmp_path)
+    a, b, c = (cache.get_or_build(backbone, WorldDataset(2, "test", seed=s)).directory
+               for s in (0, 1, 2))
+    cache.get_or_build(backbone, WorldDataset(2, "test", seed=0))  # a used again: newest
+    assert cache.entries() == [b, c, a]
+    size = sum(f.stat().st_size for f in a.iterdir())
+    assert cache.evict(3 * size) == [] and len(cache.entries()) == 3
+    assert cache.evict(2 * size) == [b]
+    assert cache.evict(0) == [c] and cache.entries() == [a]  # the newest always stays
+
+
+def test_builds_of_dead_processes_are_removed_live_ones_kept(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    for name, owner in (("dead", dead), ("live", str(os.getpid()))):
+        d = tmp_path / f".{name}.x.building"
+        d.mkdir()
+        (d / "owner.pid").write_text(owner)
+        (d / "patches.npy").write_bytes(b"\0" * 100)
+    (tmp_path / ".discard.y").mkdir()
+    removed = FeatureCache(tmp_path).remove_stale_builds()
+    assert sorted(p.name for p in removed) == [".dead.x.building", ".discard.y"]
+    assert (tmp_path / ".live.x.building").is_dir()

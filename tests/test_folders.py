@@ -85,7 +85,7 @@ def test_karpathy_splits(tmp_path):
     assert test.image_paths == [tmp_path / "val2014" / "x.jpg.png"]
     train = load_karpathy(path, tmp_path, ("train", "restval"))
     assert train.captions == ["y one", "z one"] and train.n_images == 2
-    with pytest.raises(EmptyDatasetError, match="restval.*test.*train"):
+    with pytest.raises(EmptyDatasetError, match=r"no captioned image in split\(s\) \['val'\]"):
         load_karpathy(path, tmp_path, "val")
 
 
@@ -125,7 +125,8 @@ def test_malformed_files(tmp_path):
         ("{not json", "not valid JSON"),
         (json.dumps({"images": good["images"]}), "no list 'annotations'"),
         (json.dumps({**good, "annotations": [{"image_id": 3}]}), r"annotations\[0\] lacks"),
-        (json.dumps({**good, "annotations": [{"image_id": 99, "caption": "x"}]}), "unknown image"),
+        (json.dumps({**good, "annotations": [{"image_id": 99, "caption": "x"}]}),
+         "image_id is not the id of any entry"),
         (json.dumps({**good, "annotations": [{"image_id": 3, "caption": "  "}]}), "empty"),
     ]
     for text, match in cases:
@@ -204,3 +205,78 @@ def test_world_fingerprint_ignores_negatives_only():
     others = [WorldDataset(4, "test", 1), WorldDataset(3, "train", 1), WorldDataset(3, "test", 2),
               WorldDataset(3, "test", 1, WorldConfig(pixel_noise=0.0))]
     assert all(o.fingerprint() != full.fingerprint() for o in others)
+
+
+# --------------------------------------------------------------------- confinement
+@pytest.fixture()
+def jail(tmp_path):
+    """A root holding one good image, and a secret file outside it."""
+    root = tmp_path / "root"
+    write_png(root / "ok.png", 1)
+    secret = tmp_path / "secret.png"
+    write_png(secret, 2)
+    return root, secret
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["{secret}", "../secret.png", "sub/../../secret.png", "link.png", "nowhere.png",
+     "C:\\secret.png"],
+    ids=["absolute", "dotdot", "nested-dotdot", "symlink-out", "missing", "windows-drive"],
+)
+def test_confined_csv_refuses_paths_leaving_the_root_like_missing_ones(jail, bad):
+    root, secret = jail
+    (root / "link.png").symlink_to(secret)
+    name = bad.format(secret=secret)
+    csv_file = root / "captions.csv"
+    csv_file.write_text(f"ok.png,fine\n{name},sneaky\n")
+    with pytest.raises(MissingFilesError) as caught:
+        load_caption_csv(csv_file, root=root)
+    message = str(caught.value)
+    assert message == f"images: 1 file(s) not found or not allowed: {Path(name)}"
+    assert str(root) not in message  # shown relative to the root
+
+
+def test_confined_coco_and_karpathy_refuse_escaping_images(jail):
+    root, secret = jail
+    ann = root / "annotations" / "captions_train.json"
+    ann.parent.mkdir()
+    (root / "train").mkdir()
+    (root / "train" / "ok.png").symlink_to(root / "ok.png")  # a symlink inside stays allowed
+    ann.write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "ok.png"}, {"id": 2, "file_name": str(secret)}],
+        "annotations": [{"image_id": 1, "caption": "a"}, {"image_id": 2, "caption": "b"}],
+    }))
+    with pytest.raises(MissingFilesError, match="1 file\\(s\\) not found or not allowed"):
+        load_coco_captions(ann, root=root)
+    karpathy = root / "dataset_x.json"
+    karpathy.write_text(json.dumps({"images": [
+        {"split": "test", "filepath": "..", "filename": "secret.png", "sentences": [{"raw": "s"}]},
+        {"split": "test", "filepath": "", "filename": "ok.png", "sentences": [{"raw": "o"}]},
+    ]}))
+    with pytest.raises(MissingFilesError, match="not allowed: ../secret.png$"):
+        load_karpathy(karpathy, root, root=root)
+    karpathy.write_text(json.dumps({"images": [
+        {"split": "test", "filepath": "train", "filename": "ok.png", "sentences": [{"raw": "o"}]},
+    ]}))
+    assert load_karpathy(karpathy, root, root=root).captions == ["o"]
+
+
+def test_confined_annotation_outside_the_root_is_not_read(jail, tmp_path):
+    root, _ = jail
+    outside = tmp_path / "private.csv"
+    outside.write_text("root:x:0:0:secret-field,caption\n")
+    (root / "captions.csv").symlink_to(outside)
+    for target in (outside, root / "captions.csv", root.parent, tmp_path / "absent.csv"):
+        with pytest.raises(MissingFilesError) as caught:
+            load_image_captions(target, root=root)
+        assert "not found or not allowed" in str(caught.value)
+        assert "secret-field" not in str(caught.value) and str(tmp_path) not in str(caught.value)
+
+
+def test_messages_do_not_quote_file_contents(tmp_path):
+    csv_file = tmp_path / "rows.csv"
+    csv_file.write_text("a.png,one,SECRET-VALUE\n")
+    with pytest.raises(MalformedDatasetError) as caught:
+        load_caption_csv(csv_file, check_files=False, root=tmp_path)
+    assert "SECRET-VALUE" not in str(caught.value) and "line 1" in str(caught.value)

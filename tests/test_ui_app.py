@@ -86,6 +86,13 @@ def test_every_view_reads_the_shared_inputs(built):
     assert picker._id in [c._id for c in fns["train"].outputs]  # new heads reach the picker
 
 
+def test_every_callback_turns_errors_into_page_messages(built):
+    _, app = built
+    callbacks = [fn.fn for fn in app.fns.values() if fn.fn is not None]
+    assert len(callbacks) > 20
+    assert all(getattr(fn, "page_errors", False) for fn in callbacks)
+
+
 def test_callbacks_work_together_on_one_server(client, example, live_app):
     """One image and caption through every view of one served app: the Align click fills
     the feature cache the others read, the phrase change reuses it."""

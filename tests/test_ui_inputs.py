@@ -4,6 +4,8 @@ generator callbacks) turned into page messages."""
 
 from __future__ import annotations
 
+import re
+
 import gradio as gr
 import numpy as np
 import pytest
@@ -89,7 +91,7 @@ def test_api_callers_get_the_same_fitting():
     assert explainer.encode(fit_image(image)[0], "a red circle") is encoded
 
 
-def test_user_errors_wrap_callbacks_and_generators():
+def test_user_errors_wrap_callbacks_and_generators(caplog):
     def fails(text):
         raise InputError(f"bad {text}")
 
@@ -106,8 +108,13 @@ def test_user_errors_wrap_callbacks_and_generators():
     assert next(gen) == 1
     with pytest.raises(gr.Error, match="worse upload"):
         next(gen)
-    with pytest.raises(KeyError):  # bugs stay bugs (logged by Gradio), not user messages
-        user_errors(crashes)()
+    with pytest.raises(gr.Error, match=r"error id [0-9a-f]{8}, KeyError") as caught:
+        user_errors(crashes)()  # a bug: a message with an id, never its own text
+    assert "a bug" not in str(caught.value)
+    error_id = re.search(r"error id ([0-9a-f]{8})", str(caught.value)).group(1)
+    assert error_id in caplog.text and "KeyError: 'a bug" in caplog.text  # the server log
+    with pytest.raises(gr.Error, match="&lt;h1&gt;x&lt;/h1&gt;"):  # user text escaped
+        user_errors(fails)("<h1>x</h1>")
 
 
 def test_cut_caption_words_are_named():

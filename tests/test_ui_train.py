@@ -4,9 +4,11 @@ one run at a time with stop, the finished heads in the picker, live updates, cap
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import gradio as gr
@@ -138,6 +140,9 @@ def test_configs_carry_the_hyperparameters_and_the_step_cap(tmp_path, monkeypatc
 def test_a_space_caps_runs_and_reads_no_server_folder(monkeypatch, caption_folder, tmp_path):
     monkeypatch.delenv("OTVIZ_TRAIN_MAX_STEPS", raising=False)
     monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("OTVIZ_DATA_ROOT", raising=False)
+    assert data_sources() == [WORLD, UPLOAD]  # no data root: no server folder either
+    monkeypatch.setenv("OTVIZ_DATA_ROOT", str(tmp_path))
     assert FOLDER in data_sources() and step_cap() > SPACE_MAX_STEPS
     monkeypatch.setenv("SPACE_ID", "someone/otviz")
     assert data_sources() == [WORLD, UPLOAD] and step_cap() == SPACE_MAX_STEPS
@@ -149,15 +154,17 @@ def test_a_space_caps_runs_and_reads_no_server_folder(monkeypatch, caption_folde
 
 
 # ----------------------------------------------------------------------- data
-def test_csv_folder_is_read_and_checked(caption_folder, tmp_path):
-    small = TrainRequest(methods=["filip"], data=FOLDER, folder=str(caption_folder),
+def test_csv_folder_is_read_and_checked(caption_folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("OTVIZ_DATA_ROOT", str(tmp_path))
+    small = TrainRequest(methods=["filip"], data=FOLDER, folder="pairs",
                          batch_size=4, hard_negatives=2)
-    assert resolve_data(small, tmp_path) == (str(caption_folder), 8)
+    assert resolve_data(small, tmp_path) == (str(caption_folder.resolve()), 8)
     with pytest.raises(InputError, match="fewer than one batch of 32"):
         resolve_data(TrainRequest(methods=["filip"], data=FOLDER, folder=str(caption_folder),
                                   **SMALL), tmp_path)
     (caption_folder / "test_0_00000.png").unlink()
-    with pytest.raises(InputError, match="1 file\\(s\\) missing: .*test_0_00000.png"):
+    with pytest.raises(InputError, match="1 file\\(s\\) not found or not allowed: "
+                                         "test_0_00000.png"):
         resolve_data(small, tmp_path)
 
 
@@ -170,7 +177,8 @@ def test_csv_folder_is_read_and_checked(caption_folder, tmp_path):
         (lambda d: (d / "dataset_coco.json").write_text("{not json"), "dataset_coco.json"),
     ],
 )
-def test_bad_folders_are_messages(tmp_path, make, message):
+def test_bad_folders_are_messages(tmp_path, make, message, monkeypatch):
+    monkeypatch.setenv("OTVIZ_DATA_ROOT", str(tmp_path))
     folder = tmp_path / "bad"
     folder.mkdir()
     make(folder)
@@ -178,9 +186,8 @@ def test_bad_folders_are_messages(tmp_path, make, message):
                            hard_negatives=2)
     with pytest.raises(InputError, match=message):
         resolve_data(request, tmp_path / "x")
-    with pytest.raises(InputError, match="does not exist"):
-        resolve_data(TrainRequest(methods=["filip"], data=FOLDER, folder=str(tmp_path / "no")),
-                     tmp_path / "x")
+    with pytest.raises(InputError, match="no: not found or not allowed"):
+        resolve_data(TrainRequest(methods=["filip"], data=FOLDER, folder="no"), tmp_path / "x")
 
 
 def test_uploads_zip_or_flat(caption_folder, tmp_path):
@@ -261,6 +268,12 @@ def test_one_run_at_a_time_and_stop(ctx, cache_dir, tmp_path):
     again = jobs.start(TrainRequest(methods=["filip"], max_steps=1, **SMALL), checkpoint)
     assert wait(again).state == "finished"
     assert len(ctx.checkpoint_choices()) == len(before) + 1
+    # a restarted server (a fresh context on the same runs folder) offers the head again
+    restarted = AppContext.default(heads_root=tmp_path / "no-heads")
+    TrainingJobs(restarted, tmp_path / "runs", cache_dir, evaluate=False)
+    entry = again.status().picker_entry
+    assert restarted.checkpoint_choices() == [checkpoint, entry]
+    assert "filip" in restarted.suite(entry).methods
 
 
 def test_live_updates_end_with_metrics_files_and_the_picker(ctx, cache_dir, tmp_path):
@@ -314,5 +327,88 @@ def test_a_failing_run_ends_with_its_message(ctx, cache_dir, tmp_path, monkeypat
     status = wait(jobs.start(TrainRequest(methods=["filip"], max_steps=1, **SMALL),
                              ctx.checkpoint_choices()[0]))
     assert status.state == "failed"
-    assert status.error == "training failed: FloatingPointError: non-finite loss at step 1"
+    assert re.fullmatch(r"training failed: FloatingPointError: non-finite loss at step 1 "
+                        r"\(error id [0-9a-f]{8}\)", status.error)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     assert f"{EMBEDDED} · {TRAINING_FREE}" == ctx.checkpoint_choices()[0]
+
+
+# ----------------------------------------------------------------------- hostile data
+def _upload_csv(tmp_path, rows: str) -> list[str]:
+    """An upload of one good image and a CSV with ``rows`` after its good row."""
+    e = load_examples()[0]
+    up = tmp_path / "upload"
+    up.mkdir(exist_ok=True)
+    shutil.copy(e.image_path, up / "ok.png")
+    (up / "captions.csv").write_text(f"ok.png,a caption\n{rows}")
+    return [str(up / "ok.png"), str(up / "captions.csv")]
+
+
+@pytest.mark.parametrize(
+    "row",
+    ["/etc/passwd,x", "../../../../etc/passwd,x", "{secret},x", "../secret.png,x"],
+    ids=["absolute", "dotdot", "absolute-image", "dotdot-image"],
+)
+def test_uploaded_annotations_read_only_the_uploads(tmp_path, row):
+    secret = tmp_path / "secret.png"
+    shutil.copy(load_examples()[1].image_path, secret)
+    row = row.format(secret=secret)
+    request = TrainRequest(methods=["filip"], data=UPLOAD, batch_size=2, hard_negatives=1,
+                           uploads=_upload_csv(tmp_path, row + "\n"))
+    with pytest.raises(InputError) as caught:
+        resolve_data(request, tmp_path / "run" / "data")
+    name = row.split(",")[0]  # the row's path as written, nothing read from the server
+    assert str(caught.value) == (
+        f"cannot train on this data: images: 1 file(s) not found or not allowed: {name}")
+
+
+def test_existence_probes_learn_nothing(tmp_path):
+    """A file outside the upload that exists and one that does not get the same answer."""
+    answers = []
+    for name in ("/etc/hostname", "/etc/no-such-file-here"):
+        request = TrainRequest(methods=["filip"], data=UPLOAD, batch_size=2, hard_negatives=1,
+                               uploads=_upload_csv(tmp_path, f"{name},x\n"))
+        with pytest.raises(InputError) as caught:
+            resolve_data(request, tmp_path / name.replace("/", "_"))
+        answers.append(str(caught.value).replace(name, "NAME"))
+    assert answers[0] == answers[1] and "not found or not allowed" in answers[0]
+
+
+def test_zip_members_and_symlinks_cannot_reach_outside(tmp_path, monkeypatch):
+    secret = tmp_path / "secret.png"
+    shutil.copy(load_examples()[1].image_path, secret)
+    archive = tmp_path / "pairs.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.write(load_examples()[0].image_path, "pairs/ok.png")
+        z.writestr("pairs/captions.csv", f"ok.png,a\n../../secret.png,b\n{secret},c\n")
+    request = TrainRequest(methods=["filip"], data=UPLOAD, batch_size=2, hard_negatives=1,
+                           uploads=[str(archive)])
+    with pytest.raises(InputError, match="2 file\\(s\\) not found or not allowed"):
+        resolve_data(request, tmp_path / "run" / "data")
+    # the data root: a symlink leaving it is refused like a missing file, and so is the
+    # root's parent, typed absolute or with ..
+    root = tmp_path / "root"
+    (root / "pairs").mkdir(parents=True)
+    shutil.copy(load_examples()[0].image_path, root / "pairs" / "ok.png")
+    (root / "pairs" / "out.png").symlink_to(secret)
+    (root / "pairs" / "captions.csv").write_text("ok.png,a\nout.png,b\n")
+    (root / "escape").symlink_to(tmp_path)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.setenv("OTVIZ_DATA_ROOT", str(root))
+    folder = TrainRequest(methods=["filip"], data=FOLDER, folder="pairs", batch_size=2,
+                          hard_negatives=1)
+    with pytest.raises(InputError, match="images: 1 file\\(s\\) not found or not allowed: "
+                                         "out.png$"):
+        resolve_data(folder, tmp_path / "x")
+    for typed in (str(tmp_path), "..", "escape", "escape/secret.png", "/etc", "pairs/../.."):
+        with pytest.raises(InputError, match="not found or not allowed"):
+            resolve_data(replace(folder, folder=typed), tmp_path / "x")
+
+
+def test_rejected_requests_leave_no_files(ctx, cache_dir, tmp_path):
+    jobs = jobs_for(ctx, tmp_path, cache_dir)
+    request = TrainRequest(methods=["filip"], data=UPLOAD, batch_size=2, hard_negatives=1,
+                           uploads=_upload_csv(tmp_path, "/etc/passwd,x\n"))
+    with pytest.raises(InputError, match="not found or not allowed"):
+        jobs.start(request, ctx.checkpoint_choices()[0])
+    assert not any((tmp_path / "runs").rglob("*"))

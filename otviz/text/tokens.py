@@ -30,10 +30,11 @@ import torch
 from open_clip.tokenizer import SimpleTokenizer
 from torch import Tensor
 
+from otviz.errors import UserInputError
 from otviz.text.words import Word, split_words
 
 
-class TokenizationError(ValueError):
+class TokenizationError(UserInputError, ValueError):
     """A caption cannot be tokenised (not a string, or empty after cleaning)."""
 
 

@@ -29,6 +29,12 @@ when complete (``os.rename`` of a directory is atomic on POSIX), so a crash or a
 mid-way never leaves a readable half-written entry; an entry that fails validation (missing
 ``meta.json``, a key mismatch, an array of the wrong shape or a truncated file) is discarded
 and rebuilt.
+
+Housekeeping: a build records its process id in its temporary directory, so that
+:meth:`FeatureCache.remove_stale_builds` can delete the leftovers of a process that died
+mid-build (a server stopped while encoding) and leave builds in progress alone; every read
+of an entry marks it used (its ``meta.json``'s modification time), and
+:meth:`FeatureCache.evict` deletes the least recently used entries beyond a size cap.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,17 +56,23 @@ from numpy.lib.format import open_memmap
 from torch import Tensor
 
 from otviz.backbone import Backbone
+from otviz.errors import OtvizError
 from otviz.methods.base import PairBatch
 from otviz.train.folders import ImageCaptionDataset
 
 FORMAT = "otviz-feature-cache/1"
 META_FILE = "meta.json"
+OWNER_FILE = "owner.pid"
+BUILDING_SUFFIX = ".building"
+#: A build directory without its owner file is stale after this long (its owner wrote the
+#: file right after creating it, unless it died first).
+ORPHAN_AGE_S = 60.0
 STORAGE_DTYPES = ("float16", "float32")
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
 Progress = Callable[[int, int], None]
 
 
-class FeatureCacheError(RuntimeError):
+class FeatureCacheError(OtvizError, RuntimeError):
     """Features cannot be cached (non-finite features, float16 overflow, bad arguments)."""
 
 
@@ -229,12 +242,15 @@ class FeatureCache:
         final = self.root / key[:24]
         cached = _open_entry(final, key)
         if cached is not None:
+            _mark_used(final)
             return cached
         if final.exists():  # invalid (half-written by something else, truncated, foreign)
             _discard(final)
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:24]}.", suffix=".building", dir=self.root))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:24]}.", suffix=BUILDING_SUFFIX,
+                                    dir=self.root))
         try:
+            (tmp / OWNER_FILE).write_text(str(os.getpid()))
             captions = _build(tmp, backbone, dataset, batch_size, progress, dtype)
             _write_meta(tmp, key, record, backbone, captions)
             try:
@@ -248,6 +264,40 @@ class FeatureCache:
         if cached is None:
             raise FeatureCacheError(f"cache entry {final} did not validate after building")
         return cached
+
+    def entries(self) -> list[Path]:
+        """The complete entries, least recently used first."""
+        if not self.root.is_dir():
+            return []
+        found = [d for d in self.root.iterdir()
+                 if not d.name.startswith(".") and (d / META_FILE).is_file()]
+        return sorted(found, key=lambda d: (d / META_FILE).stat().st_mtime_ns)
+
+    def evict(self, max_bytes: int) -> list[Path]:
+        """Delete the least recently used entries until the complete ones take at most
+        ``max_bytes`` on disk (the most recently used entry always stays); returns the
+        deleted entries."""
+        entries = self.entries()
+        sizes = [_disk_bytes(d) for d in entries]
+        total, deleted = sum(sizes), []
+        for entry, size in zip(entries[:-1], sizes[:-1], strict=True):
+            if total <= max_bytes:
+                break
+            _discard(entry)
+            total -= size
+            deleted.append(entry)
+        return deleted
+
+    def remove_stale_builds(self) -> list[Path]:
+        """Delete the temporary directories of builds whose process is gone (and of
+        discards that a crash interrupted); returns them."""
+        if not self.root.is_dir():
+            return []
+        stale = [d for d in self.root.glob(f".*{BUILDING_SUFFIX}") if not _build_alive(d)]
+        stale += list(self.root.glob(".discard.*"))
+        for d in stale:
+            shutil.rmtree(d, ignore_errors=True)
+        return stale
 
 
 # --------------------------------------------------------------------- building
@@ -369,6 +419,35 @@ def _open_entry(directory: Path, key: str) -> CachedFeatures | None:
     if len(meta.get("captions", [])) != arrays["tokens"].shape[0]:
         return None
     return CachedFeatures(directory=directory, meta=meta, **arrays)
+
+
+def _mark_used(directory: Path) -> None:
+    try:
+        os.utime(directory / META_FILE)
+    except OSError:  # a read-only cache still serves its entries
+        pass
+
+
+def _disk_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
+
+
+def _build_alive(directory: Path) -> bool:
+    """Whether the process that is building in ``directory`` still runs."""
+    try:
+        pid = int((directory / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        try:
+            return time.time() - directory.stat().st_mtime < ORPHAN_AGE_S
+        except OSError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
 
 
 def _discard(directory: Path) -> None:

@@ -16,7 +16,13 @@ has five captions per image). Images with no caption are dropped. Pairs are orde
 image, so an image's captions are contiguous. Loaders check that every image file exists
 (:class:`MissingFilesError` lists the first few that do not), that the annotation file
 parses (:class:`MalformedDatasetError` says where it does not), and that something is left
-(:class:`EmptyDatasetError`).
+(:class:`EmptyDatasetError`). Messages name files and fields, never quote their values.
+
+Confinement: given a ``root``, a loader reads only files inside it. The annotation file and
+every image path must resolve (symlinks followed) inside ``root``; image paths written
+absolute or with ``..`` are refused. A refused path is reported exactly like a missing one
+("not found or not allowed"), so a message never tells whether a file outside exists, and
+paths are shown relative to ``root``. This is how the app reads uploads and its data root.
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Protocol, runtime_checkable
 
 from PIL import Image
 
 from otviz.backbone import to_rgb
+from otviz.errors import UserInputError
 from otviz.world import Sample, World, WorldConfig
 
 _SHOWN = 5  # missing paths listed in an error message
@@ -42,18 +49,23 @@ _PATH_HEADERS = {"path", "image", "file", "filename", "filepath", "image_path"}
 _CAPTION_HEADERS = {"caption", "text", "sentence"}
 
 
-class DatasetError(ValueError):
+class DatasetError(UserInputError, ValueError):
     """A dataset cannot be read."""
 
 
-class MissingFilesError(DatasetError, FileNotFoundError):
-    """Image or annotation files are missing; ``missing`` lists them all."""
+NOT_FOUND = "not found or not allowed"
 
-    def __init__(self, what: str, missing: Sequence[Path | str]) -> None:
+
+class MissingFilesError(DatasetError, FileNotFoundError):
+    """Image or annotation files are missing (or, when confined to a root, outside it);
+    ``missing`` lists them all."""
+
+    def __init__(self, what: str, missing: Sequence[Path | str], confined: bool = False) -> None:
         self.missing = [Path(p) for p in missing]
         shown = ", ".join(str(p) for p in self.missing[:_SHOWN])
         more = f" (and {len(self.missing) - _SHOWN} more)" if len(self.missing) > _SHOWN else ""
-        super().__init__(f"{what}: {len(self.missing)} file(s) missing: {shown}{more}")
+        state = NOT_FOUND if confined else "missing"
+        super().__init__(f"{what}: {len(self.missing)} file(s) {state}: {shown}{more}")
 
 
 class MalformedDatasetError(DatasetError):
@@ -157,41 +169,90 @@ class CaptionFolder:
         }
 
 
+# --------------------------------------------------------------------- confinement
+def inside(root: str | os.PathLike, path: str | os.PathLike) -> bool:
+    """Whether ``path`` resolves (symlinks followed) to ``root`` or below it."""
+    try:
+        return Path(path).resolve().is_relative_to(Path(root).resolve())
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a NUL in the name
+        return False
+
+
+def confine(root: str | os.PathLike, base: Path, name: str) -> Path | None:
+    """``base / name`` when ``name`` is relative, has no ``..`` and resolves inside ``root``
+    (symlinks followed); ``None`` otherwise."""
+    posix, windows = PurePosixPath(name), PureWindowsPath(name)
+    if posix.is_absolute() or windows.is_absolute() or windows.drive:
+        return None
+    if ".." in posix.parts or ".." in windows.parts:
+        return None
+    path = base / posix
+    return path if inside(root, path) else None
+
+
+def _shown(path: Path, root: str | os.PathLike | None) -> str:
+    """``path`` as messages show it: relative to ``root`` when confined."""
+    if root is None:
+        return str(path)
+    try:
+        return str(path.resolve().relative_to(Path(root).resolve()))
+    except (OSError, RuntimeError, ValueError):
+        return path.name
+
+
+def _annotation(path: Path, root: str | os.PathLike | None) -> str:
+    """The shown name of an annotation file that must exist (inside ``root`` if given)."""
+    shown = _shown(path, root)
+    if not path.is_file() or (root is not None and not inside(root, path)):
+        raise MissingFilesError("annotation file", [shown], confined=root is not None)
+    return shown
+
+
+def _image(root: str | os.PathLike | None, base: Path, name: str) -> Path | None:
+    """An annotation's image path: ``base / name``, confined to ``root`` if given."""
+    return base / name if root is None else confine(root, base, name)
+
+
 # --------------------------------------------------------------------- loaders
 def load_coco_captions(
     annotation_file: str | os.PathLike,
     image_dir: str | os.PathLike | None = None,
     check_files: bool = True,
+    root: str | os.PathLike | None = None,
 ) -> CaptionFolder:
-    """A COCO captions file (``captions_<split>.json``).
+    """A COCO captions file (``captions_<split>.json``), confined to ``root`` if given.
 
     ``image_dir`` defaults to ``<parent of the annotations folder>/<split>`` where the file
     is ``.../annotations/captions_<split>.json``."""
     path = Path(annotation_file)
-    data = _read_json(path)
+    shown = _annotation(path, root)
+    data = _read_json(path, shown)
     if image_dir is None:
-        image_dir = _coco_image_dir(path)
+        image_dir = _coco_image_dir(path, shown)
     image_dir = Path(image_dir)
-    images = _list_field(data, "images", path)
-    annotations = _list_field(data, "annotations", path)
+    images = _list_field(data, "images", shown)
+    annotations = _list_field(data, "annotations", shown)
     order: dict[Any, int] = {}
     files: list[str] = []
     for k, im in enumerate(images):
-        im_id, name = _fields(im, ("id", "file_name"), path, f"images[{k}]")
+        im_id, name = _fields(im, ("id", "file_name"), shown, f"images[{k}]")
         order[im_id] = len(files)
         files.append(str(name))
     by_image: dict[int, list[str]] = {}
     for k, ann in enumerate(annotations):
-        im_id, caption = _fields(ann, ("image_id", "caption"), path, f"annotations[{k}]")
+        im_id, caption = _fields(ann, ("image_id", "caption"), shown, f"annotations[{k}]")
         if im_id not in order:
-            raise MalformedDatasetError(f"{path}: annotations[{k}] refers to unknown image {im_id}")
-        by_image.setdefault(order[im_id], []).append(_caption(caption, path, f"annotations[{k}]"))
+            raise MalformedDatasetError(
+                f"{shown}: annotations[{k}].image_id is not the id of any entry of images"
+            )
+        by_image.setdefault(order[im_id], []).append(_caption(caption, shown, f"annotations[{k}]"))
     kept = sorted(by_image)
     return _build(
-        [image_dir / files[j] for j in kept],
+        [(files[j], _image(root, image_dir, files[j])) for j in kept],
         [by_image[j] for j in kept],
         {"format": "coco", "file": str(path.resolve()), "image_dir": str(image_dir.resolve())},
         check_files,
+        root,
     )
 
 
@@ -200,75 +261,82 @@ def load_karpathy(
     image_root: str | os.PathLike,
     split: str | Sequence[str] = "test",
     check_files: bool = True,
+    root: str | os.PathLike | None = None,
 ) -> CaptionFolder:
-    """A Karpathy split file (``dataset_coco.json``, ``dataset_flickr30k.json``).
+    """A Karpathy split file (``dataset_coco.json``, ``dataset_flickr30k.json``), confined
+    to ``root`` if given.
 
     ``split``: one split name or several (e.g. ``("train", "restval")``)."""
     path = Path(json_file)
-    root = Path(image_root)
+    images_at = Path(image_root)
     splits = (split,) if isinstance(split, str) else tuple(split)
-    data = _read_json(path)
-    images = _list_field(data, "images", path)
-    paths, captions, seen = [], [], set()
+    shown = _annotation(path, root)
+    data = _read_json(path, shown)
+    images = _list_field(data, "images", shown)
+    paths, captions = [], []
     for k, im in enumerate(images):
         where = f"images[{k}]"
-        im_split, name, sentences = _fields(im, ("split", "filename", "sentences"), path, where)
-        seen.add(im_split)
+        im_split, name, sentences = _fields(im, ("split", "filename", "sentences"), shown, where)
         if im_split not in splits:
             continue
         if not isinstance(sentences, list):
-            raise MalformedDatasetError(f"{path}: {where}.sentences is not a list")
+            raise MalformedDatasetError(f"{shown}: {where}.sentences is not a list")
         texts = [
-            _caption(_fields(s, ("raw",), path, f"{where}.sentences[{n}]")[0], path, where)
+            _caption(_fields(s, ("raw",), shown, f"{where}.sentences[{n}]")[0], shown, where)
             for n, s in enumerate(sentences)
         ]
         if texts:
-            paths.append(root / str(im.get("filepath", "")) / str(name))
+            relative = str(PurePosixPath(str(im.get("filepath", ""))) / str(name))
+            paths.append((relative, _image(root, images_at, relative)))
             captions.append(texts)
     if not paths:
-        raise EmptyDatasetError(
-            f"{path}: no captioned image in split(s) {list(splits)}; splits present: "
-            f"{sorted(seen)}"
-        )
+        raise EmptyDatasetError(f"{shown}: no captioned image in split(s) {list(splits)}")
     source = {
         "format": "karpathy",
         "file": str(path.resolve()),
-        "image_root": str(root.resolve()),
+        "image_root": str(images_at.resolve()),
         "split": list(splits),
     }
-    return _build(paths, captions, source, check_files)
+    return _build(paths, captions, source, check_files, root)
 
 
-def load_caption_csv(csv_file: str | os.PathLike, check_files: bool = True) -> CaptionFolder:
-    """A CSV of ``path,caption`` rows; rows naming the same file share one image."""
+def load_caption_csv(
+    csv_file: str | os.PathLike,
+    check_files: bool = True,
+    root: str | os.PathLike | None = None,
+) -> CaptionFolder:
+    """A CSV of ``path,caption`` rows, confined to ``root`` if given; rows naming the same
+    file share one image."""
     path = Path(csv_file)
-    if not path.is_file():
-        raise MissingFilesError("caption CSV", [path])
+    shown = _annotation(path, root)
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             rows = [(n, r) for n, r in enumerate(csv.reader(f, strict=True), start=1) if r]
     except (csv.Error, UnicodeDecodeError) as e:
-        raise MalformedDatasetError(f"{path}: not a readable CSV: {e}") from e
+        raise MalformedDatasetError(f"{shown}: not a readable UTF-8 CSV ({type(e).__name__})"
+                                    ) from e
     if rows and _is_header(rows[0][1]):
         rows = rows[1:]
-    index: dict[Path, int] = {}
-    paths: list[Path] = []
+    index: dict[Path | str, int] = {}
+    paths: list[tuple[str, Path | None]] = []
     captions: list[list[str]] = []
     for n, row in rows:
         if len(row) != 2:
             raise MalformedDatasetError(
-                f"{path}, line {n}: expected 2 fields (path,caption), got {len(row)}: {row[:3]}"
+                f"{shown}, line {n}: expected 2 fields (path,caption), got {len(row)}"
             )
-        if not row[0].strip():
-            raise MalformedDatasetError(f"{path}, line {n}: empty image path")
-        image = (path.parent / row[0].strip()).resolve()
-        if image not in index:
-            index[image] = len(paths)
-            paths.append(image)
+        name = row[0].strip()
+        if not name:
+            raise MalformedDatasetError(f"{shown}, line {n}: empty image path")
+        image = _image(root, path.parent, name)
+        key = image.resolve() if image is not None else name
+        if key not in index:
+            index[key] = len(paths)
+            paths.append((name, image))
             captions.append([])
-        captions[index[image]].append(_caption(row[1], path, f"line {n}"))
+        captions[index[key]].append(_caption(row[1], shown, f"line {n}"))
     source = {"format": "csv", "file": str(path.resolve())}
-    return _build(paths, captions, source, check_files)
+    return _build(paths, captions, source, check_files, root)
 
 
 def load_image_captions(
@@ -276,22 +344,25 @@ def load_image_captions(
     split: str | Sequence[str] = "test",
     image_root: str | os.PathLike | None = None,
     check_files: bool = True,
+    root: str | os.PathLike | None = None,
 ) -> CaptionFolder:
     """Any of the formats, recognised from ``path``: a ``.csv`` file; a JSON file with
     ``annotations`` (COCO) or with ``sentences`` in its images (Karpathy; images under
     ``image_root``, default the JSON's folder); or a folder holding exactly one of
-    ``annotations/captions_<split>.json``, ``dataset_*.json``, ``*.csv``."""
+    ``annotations/captions_<split>.json``, ``dataset_*.json``, ``*.csv``. With ``root``
+    every file read is confined to it (see the module's docstring)."""
     p = Path(path)
-    if p.is_dir():
-        p = _find_annotation(p, split)
+    if p.is_dir() and (root is None or inside(root, p)):
+        p = _find_annotation(p, split, root)
     if p.suffix.lower() == ".csv":
-        return load_caption_csv(p, check_files)
-    data = _read_json(p)
+        return load_caption_csv(p, check_files, root)
+    data = _read_json(p, _annotation(p, root))
     if isinstance(data, dict) and "annotations" in data:
-        return load_coco_captions(p, image_root, check_files)
+        return load_coco_captions(p, image_root, check_files, root)
     if isinstance(data, dict) and isinstance(data.get("images"), list):
-        return load_karpathy(p, image_root or p.parent, split, check_files)
-    raise MalformedDatasetError(f"{p}: neither COCO captions nor a Karpathy split file")
+        return load_karpathy(p, image_root or p.parent, split, check_files, root)
+    raise MalformedDatasetError(
+        f"{_shown(p, root)}: neither COCO captions nor a Karpathy split file")
 
 
 # --------------------------------------------------------------------- the world
@@ -349,44 +420,51 @@ class WorldDataset:
 
 # --------------------------------------------------------------------- helpers
 def _build(
-    paths: list[Path], captions: list[list[str]], source: dict[str, Any], check_files: bool
+    images: list[tuple[str, Path | None]],
+    captions: list[list[str]],
+    source: dict[str, Any],
+    check_files: bool,
+    root: str | os.PathLike | None,
 ) -> CaptionFolder:
-    if check_files:
-        missing = [p for p in paths if not p.is_file()]
-        if missing:
-            raise MissingFilesError(f"images of {source.get('file', source)}", missing)
+    """The folder of ``images`` (``(name as written, path or None where refused)``)."""
+    missing = [name for name, p in images if p is None or (check_files and not p.is_file())]
+    if missing:
+        what = "images" if root is not None else f"images of {source.get('file', source)}"
+        raise MissingFilesError(what, missing, confined=root is not None)
     flat = [c for group in captions for c in group]
     pair_image = [j for j, group in enumerate(captions) for _ in group]
-    return CaptionFolder(paths, flat, pair_image, source)
+    return CaptionFolder([p for _, p in images if p is not None], flat, pair_image, source)
 
 
-def _read_json(path: Path) -> Any:
-    if not path.is_file():
-        raise MissingFilesError("annotation file", [path])
+def _read_json(path: Path, shown: str) -> Any:
+    """The JSON at ``path`` (checked to exist by :func:`_annotation`)."""
     try:
         return json.loads(path.read_text(encoding="utf-8-sig"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise MalformedDatasetError(f"{path}: not valid JSON: {e}") from e
+    except json.JSONDecodeError as e:
+        raise MalformedDatasetError(
+            f"{shown}: not valid JSON (line {e.lineno}, column {e.colno})") from e
+    except UnicodeDecodeError as e:
+        raise MalformedDatasetError(f"{shown}: not UTF-8 text") from e
 
 
-def _list_field(data: Any, key: str, path: Path) -> list[Any]:
+def _list_field(data: Any, key: str, shown: str) -> list[Any]:
     if not isinstance(data, dict) or not isinstance(data.get(key), list):
-        raise MalformedDatasetError(f"{path}: no list {key!r} at the top level")
+        raise MalformedDatasetError(f"{shown}: no list {key!r} at the top level")
     return data[key]
 
 
-def _fields(entry: Any, keys: tuple[str, ...], path: Path, where: str) -> tuple[Any, ...]:
+def _fields(entry: Any, keys: tuple[str, ...], shown: str, where: str) -> tuple[Any, ...]:
     if not isinstance(entry, dict):
-        raise MalformedDatasetError(f"{path}: {where} is not an object")
+        raise MalformedDatasetError(f"{shown}: {where} is not an object")
     missing = [k for k in keys if k not in entry]
     if missing:
-        raise MalformedDatasetError(f"{path}: {where} lacks {missing}")
+        raise MalformedDatasetError(f"{shown}: {where} lacks {missing}")
     return tuple(entry[k] for k in keys)
 
 
-def _caption(value: Any, path: Path, where: str) -> str:
+def _caption(value: Any, shown: str, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise MalformedDatasetError(f"{path}: {where}: caption is empty or not text")
+        raise MalformedDatasetError(f"{shown}: {where}: caption is empty or not text")
     return value.strip()
 
 
@@ -395,19 +473,18 @@ def _is_header(row: list[str]) -> bool:
     return len(cells) == 2 and cells[0] in _PATH_HEADERS and cells[1] in _CAPTION_HEADERS
 
 
-def _coco_image_dir(annotation_file: Path) -> Path:
+def _coco_image_dir(annotation_file: Path, shown: str) -> Path:
     stem = annotation_file.stem
     if not stem.startswith("captions_"):
-        raise DatasetError(
-            f"cannot infer the image folder of {annotation_file}; pass image_dir"
-        )
+        raise DatasetError(f"cannot infer the image folder of {shown}; pass image_dir")
     root = annotation_file.parent
     if root.name == "annotations":
         root = root.parent
     return root / stem[len("captions_") :]
 
 
-def _find_annotation(folder: Path, split: str | Sequence[str]) -> Path:
+def _find_annotation(folder: Path, split: str | Sequence[str],
+                     root: str | os.PathLike | None) -> Path:
     names = [split] if isinstance(split, str) else list(split)
     found = [folder / "annotations" / f"captions_{s}.json" for s in names]
     found = [p for p in found if p.is_file()]
@@ -415,8 +492,8 @@ def _find_annotation(folder: Path, split: str | Sequence[str]) -> Path:
     if len(found) != 1:
         what = "no" if not found else "several"
         raise DatasetError(
-            f"{folder}: {what} caption annotation file(s) found "
-            f"{[str(p) for p in found]}; pass the file itself"
+            f"{_shown(folder, root)}: {what} caption annotation file(s) found "
+            f"{[str(p.relative_to(folder)) for p in found]}; pass the file itself"
         )
     return found[0]
 

@@ -583,6 +583,9 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
         if signed:
             gr.Warning(f"negative plan mass in {', '.join(signed)}: clipped at 0 on screen, "
                        "see the score table")
+        notice = ctx.world_notice(checkpoint, img)
+        if notice:
+            gr.Warning(notice, duration=None, title="Far from the synthetic world")
         return (
             gr.Dropdown(choices=v.phrase_choices, value=v.phrase),
             gr.Dropdown(choices=v.token_choices, value=v.token),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import gradio as gr
 
@@ -11,7 +12,7 @@ from otviz.ui.align_tab import build_align_tab
 from otviz.ui.anchors_tab import build_anchors_tab
 from otviz.ui.context import AppContext, SharedInputs, on_space, remote_models
 from otviz.ui.examples import load_examples
-from otviz.ui.inputs import checked_uploads, on_upload
+from otviz.ui.inputs import checked_uploads, guard_callbacks, on_upload
 from otviz.ui.phrases_tab import build_phrases_tab
 from otviz.ui.probe_tab import build_probe_tab
 from otviz.ui.train_tab import build_train_tab
@@ -40,7 +41,10 @@ VIEWS = (
 TRAIN_TITLE = "Train small model"
 #: Concurrent events per server (one model, a few CPU cores) and waiting requests.
 CONCURRENCY, SPACE_CONCURRENCY, QUEUE_SIZE = 2, 1, 32
+#: Largest accepted upload (Gradio size syntax), everywhere; ``OTVIZ_MAX_FILE_SIZE`` or
+#: ``app.py --max-file-size`` overrides.
 MAX_UPLOAD = "50mb"
+MAX_UPLOAD_ENV = "OTVIZ_MAX_FILE_SIZE"
 
 
 def tab_id(title: str) -> str:
@@ -92,18 +96,28 @@ def build_app(ctx: AppContext | None = None, jobs: TrainingJobs | None = None) -
         # heads trained in another session since this page was built
         app.load(lambda: gr.Dropdown(choices=ctx.checkpoint_choices()), None,
                  shared.checkpoint, api_visibility="private")
+    guard_callbacks(app)
     return app
 
 
-def launch(**kwargs) -> None:
-    """Build and serve the app with a bounded queue. On a Space: one event at a time (a
-    small shared CPU), bounded uploads, and the benepar parser fetched at start-up."""
-    space = on_space()
-    if space and not try_download_benepar():
+def upload_limit() -> str:
+    """The largest accepted upload: ``$OTVIZ_MAX_FILE_SIZE`` or :data:`MAX_UPLOAD`."""
+    return os.environ.get(MAX_UPLOAD_ENV, "").strip() or MAX_UPLOAD
+
+
+def serve_options(app: gr.Blocks, max_file_size: str | int | None = None) -> dict:
+    """Queue ``app`` as this server runs it (one event at a time on a Space's small shared
+    CPU, a bounded queue) and return the ``launch`` options every server uses: the upload
+    limit (:func:`upload_limit` unless given)."""
+    app.queue(default_concurrency_limit=SPACE_CONCURRENCY if on_space() else CONCURRENCY,
+              max_size=QUEUE_SIZE)
+    return {"max_file_size": max_file_size or upload_limit()}
+
+
+def launch(max_file_size: str | int | None = None, **kwargs) -> None:
+    """Build and serve the app with a bounded queue and bounded uploads; on a Space the
+    benepar parser is fetched at start-up."""
+    if on_space() and not try_download_benepar():
         log.info("benepar unavailable: trees come from the built-in parser")
     app = build_app()
-    app.queue(default_concurrency_limit=SPACE_CONCURRENCY if space else CONCURRENCY,
-              max_size=QUEUE_SIZE)
-    kwargs.setdefault("max_file_size", MAX_UPLOAD if space else None)
-    app.launch(**kwargs)
-
+    app.launch(**{**serve_options(app, max_file_size), **kwargs})

@@ -15,13 +15,14 @@ from typing import Any
 
 import gradio as gr
 
-from otviz.backbone import Backbone
+from otviz.backbone import Backbone, ImageInput
 from otviz.checkpoint import CheckpointError
+from otviz.ood import WorldDistance
 from otviz.pipeline import Explainer, InputError
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, SuiteMethod
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.train.method_checkpoint import head_meta, load_method_checkpoint
-from otviz.ui.inputs import UploadExplainer
+from otviz.ui.inputs import UploadExplainer, fit_image
 
 EMBEDDED = "otviz-tiny (embedded)"
 TRAINING_FREE = "training-free"
@@ -45,6 +46,16 @@ COMMON_CONCEPTS: list[str] = (
     "dog cat horse bird person woman man child car bus train bicycle street kitchen room "
     "table food pizza water beach snow tree grass sky red blue green white black wooden"
 ).split()
+
+
+#: What the views say when an upload is far from the synthetic world the backbone knows.
+WORLD_NOTICE = (
+    "This image looks far from the synthetic world (flat shapes on plain grounds) that the "
+    "embedded model was trained on: the embedded tiny CLIP knows only that world, so its "
+    "maps mean little here. For real photos, pick a real CLIP in the checkpoint picker "
+    "(offered where the server can download weights, or listed in OTVIZ_REMOTE_MODELS, e.g. "
+    "ViT-B-16/openai), or in Python use Backbone.from_pretrained(\"ViT-B-16\", \"openai\")."
+)
 
 
 def on_space() -> bool:
@@ -81,9 +92,10 @@ def remote_models(probe: Callable[[], bool] = hub_reachable) -> list[tuple[str, 
 class BackboneChoice:
     """One entry of the backbone picker: how to load it, what to fit training-free anchors
     on, the identity (:func:`otviz.train.feature_cache.backbone_fingerprint` name and
-    pretrained tag) of the backbones whose method heads it can take, and the
+    pretrained tag) of the backbones whose method heads it can take, the
     :class:`~otviz.train.config.TrainConfig` fields that train heads on it (none: the
-    shipped tiny CLIP)."""
+    shipped tiny CLIP), and whether it was trained on the synthetic world alone (its views
+    then say so for uploads far from that world)."""
 
     label: str
     load: Callable[[], Backbone]
@@ -91,6 +103,7 @@ class BackboneChoice:
     model_name: str = "otviz-tiny"
     pretrained: str | None = None
     train_backbone: dict[str, str] = field(default_factory=dict)
+    knows_only_world: bool = False
 
     def takes_heads_of(self, identity: dict[str, Any]) -> bool:
         """Whether heads trained on the backbone of ``identity`` are meant for this one (by
@@ -155,6 +168,7 @@ class AppContext:
     head_sets: list[HeadSet] = field(default_factory=list)
     _explainers: dict[str, Explainer] = field(default_factory=dict)
     _suites: dict[str, MethodSuite] = field(default_factory=dict)
+    _world_distances: dict[str, WorldDistance] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     @classmethod
@@ -164,7 +178,8 @@ class AppContext:
         """The embedded tiny CLIP, plus open_clip ``(name, pretrained)`` models that need
         the network (offered where weights can be downloaded, e.g. on a Space), plus the
         trained heads found under ``heads_root``."""
-        choices = [BackboneChoice(EMBEDDED, Backbone.from_checkpoint, WORLD_FIT_CAPTIONS)]
+        choices = [BackboneChoice(EMBEDDED, Backbone.from_checkpoint, WORLD_FIT_CAPTIONS,
+                                  knows_only_world=True)]
         for name, tag in remote or []:
             choices.append(
                 BackboneChoice(
@@ -238,6 +253,27 @@ class AppContext:
             if choice.label not in self._explainers:
                 self._explainers[choice.label] = UploadExplainer(choice.load())
             return self._explainers[choice.label]
+
+    def world_distance(self, checkpoint: str) -> WorldDistance | None:
+        """The picked backbone's :class:`~otviz.ood.WorldDistance` (calibrated on first
+        use) when it knows only the synthetic world, else None."""
+        choice = self.backbone_choice(checkpoint)
+        if not choice.knows_only_world:
+            return None
+        backbone = self.explainer(checkpoint).backbone
+        with self._lock:
+            if choice.label not in self._world_distances:
+                self._world_distances[choice.label] = WorldDistance.calibrate(backbone)
+            return self._world_distances[choice.label]
+
+    def world_notice(self, checkpoint: str, image: ImageInput | None) -> str | None:
+        """:data:`WORLD_NOTICE` when the picked backbone knows only the synthetic world and
+        ``image`` is far from it, else None."""
+        distance = self.world_distance(checkpoint) if image is not None else None
+        if distance is None:
+            return None
+        backbone = self.explainer(checkpoint).backbone
+        return WORLD_NOTICE if distance.is_far(backbone, fit_image(image)[0]) else None
 
     def suite(self, checkpoint: str) -> MethodSuite:
         """The picked checkpoint's methods (loaded on first use): training-free, or with

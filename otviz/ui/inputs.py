@@ -5,7 +5,10 @@ them."""
 from __future__ import annotations
 
 import functools
+import html
 import inspect
+import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -13,22 +16,12 @@ import gradio as gr
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from otviz.backbone import BackboneLoadError, ImageInput, ImageInputError, to_rgb
-from otviz.checkpoint import CheckpointError
+from otviz.backbone import UNREADABLE_IMAGE, ImageInput, ImageInputError, to_rgb
+from otviz.errors import UserInputError
 from otviz.pipeline import Encoded, Explainer, InputError
-from otviz.text.tokens import TokenizationError
-from otviz.train.folders import DatasetError
 
-#: Errors caused by what the user gave (an upload, a caption, a picked checkpoint, a
-#: training folder): their message is for people and goes to the page as ``gr.Error``.
-USER_ERRORS: tuple[type[Exception], ...] = (
-    InputError,
-    ImageInputError,
-    TokenizationError,
-    CheckpointError,
-    BackboneLoadError,
-    DatasetError,
-)
+log = logging.getLogger("otviz.ui")
+
 #: Uploads are scaled down to this longer side (every backbone resizes to <= 224 px, and
 #: the figures are drawn at panel size), ...
 MAX_IMAGE_SIDE = 1024
@@ -36,28 +29,70 @@ MAX_IMAGE_SIDE = 1024
 MAX_IMAGE_PIXELS = 50_000_000
 
 
+def page_error(message: str, **kwargs: Any) -> gr.Error:
+    """A ``gr.Error`` showing ``message`` as text: Gradio renders error messages as HTML,
+    so user text in them (a caption, a file name) is escaped."""
+    return gr.Error(html.escape(message, quote=False), **kwargs)
+
+
+def unexpected_error(where: str, error: BaseException) -> gr.Error:
+    """The page's message for a bug or an input nobody foresaw: a short id that the server
+    log repeats next to the traceback, never the exception's own text."""
+    error_id = uuid.uuid4().hex[:8]
+    log.error("unexpected error %s in %s", error_id, where, exc_info=error)
+    return page_error(
+        f"Something unexpected went wrong in this view (error id {error_id}, "
+        f"{type(error).__name__}; the server log has the details). Try another image or "
+        "caption, or report the id.",
+        print_exception=False,
+    )
+
+
 def user_errors(fn: Callable) -> Callable:
-    """``fn`` (a callback or a generator callback) with :data:`USER_ERRORS` turned into a
-    ``gr.Error`` carrying their message."""
+    """``fn`` (a callback or a generator callback) with every exception turned into a
+    message in the page: a :class:`~otviz.errors.UserInputError` as its own (escaped)
+    message, anything else as :func:`unexpected_error`. Every callback of the app goes
+    through it (``tests/test_ui_app.py`` checks)."""
+    if getattr(fn, "page_errors", False):
+        return fn
+    where = getattr(fn, "__qualname__", repr(fn))
+
+    def translate(error: Exception) -> gr.Error:
+        if isinstance(error, gr.Error):
+            return error
+        if isinstance(error, UserInputError):
+            return page_error(str(error))
+        return unexpected_error(where, error)
+
     if inspect.isgeneratorfunction(fn):
 
         @functools.wraps(fn)
         def wrapped_gen(*args, **kwargs):
             try:
                 yield from fn(*args, **kwargs)
-            except USER_ERRORS as e:
-                raise gr.Error(str(e)) from None
+            except Exception as e:
+                raise translate(e) from None
 
+        wrapped_gen.page_errors = True  # type: ignore[attr-defined]
         return wrapped_gen
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except USER_ERRORS as e:
-            raise gr.Error(str(e)) from None
+        except Exception as e:
+            raise translate(e) from None
 
+    wrapped.page_errors = True  # type: ignore[attr-defined]
     return wrapped
+
+
+def guard_callbacks(blocks: gr.Blocks) -> None:
+    """Every callback registered on ``blocks`` through :func:`user_errors` (those already
+    wrapped stay as they are), so that no event of the page can end in a bare "Error"."""
+    for block_fn in blocks.fns.values():
+        if block_fn.fn is not None:
+            block_fn.fn = user_errors(block_fn.fn)
 
 
 def image_size(image: Any) -> tuple[int, int] | None:
@@ -98,22 +133,23 @@ def fit_image(image: ImageInput | None) -> tuple[ImageInput | None, str | None]:
 
 
 def check_image_file(path: str, name: str | None = None) -> tuple[int, int]:
-    """``(width, height)`` of an uploaded file, read from its header only; raises
-    :class:`InputError` for a file that is not an image or is over
-    :data:`MAX_IMAGE_PIXELS` (before anything decodes it)."""
+    """``(width, height)`` of an uploaded file; raises :class:`InputError` for a file over
+    :data:`MAX_IMAGE_PIXELS` (from its header, before anything decodes it), and for one
+    that is not an image or does not decode (truncated, corrupt) alike."""
     shown = name or str(path).rsplit("/", 1)[-1]
+    limit = f"at most {MAX_IMAGE_PIXELS / 1e6:.0f} MP): scale it down and upload it again"
     try:
-        with Image.open(path) as header:
-            width, height = header.size
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError):
-        raise InputError(
-            f"{shown} is not an image this app can read: upload a PNG, JPEG, WebP, BMP, ..."
-        ) from None
+        with Image.open(path) as image:
+            width, height = image.size
+            if width * height <= MAX_IMAGE_PIXELS:
+                image.load()  # a truncated or corrupt file fails here, like a non-image
+    except Image.DecompressionBombError:  # Pillow's own limit, far beyond ours
+        raise InputError(f"{shown} is too large ({limit}") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        raise InputError(f"{shown} is {UNREADABLE_IMAGE}") from None
     if width * height > MAX_IMAGE_PIXELS:
         raise InputError(
-            f"{shown} is too large ({width}x{height} = {width * height / 1e6:.0f} MP; at "
-            f"most {MAX_IMAGE_PIXELS / 1e6:.0f} MP): scale it down and upload it again"
-        )
+            f"{shown} is too large ({width}x{height} = {width * height / 1e6:.0f} MP; {limit}")
     return width, height
 
 
@@ -126,12 +162,16 @@ def checked_uploads(image: gr.Image) -> gr.Image:
 
     def preprocess(payload: Any) -> Any:
         path = getattr(payload, "path", None)
-        if path and not str(getattr(payload, "url", "") or "").startswith("data:"):
-            try:
-                check_image_file(path, getattr(payload, "orig_name", None))
-            except InputError as e:
-                raise gr.Error(str(e)) from None
-        return decode(payload)
+        name = getattr(payload, "orig_name", None)
+        try:
+            if path and not str(getattr(payload, "url", "") or "").startswith("data:"):
+                check_image_file(path, name)
+            return decode(payload)
+        except InputError as e:
+            raise page_error(str(e)) from None
+        except Exception:  # Gradio's own decoding of a file that passed the check
+            log.warning("upload %r failed to decode", name, exc_info=True)
+            raise page_error(f"{name or 'the upload'} is {UNREADABLE_IMAGE}") from None
 
     image.preprocess = preprocess  # type: ignore[method-assign]
     return image
@@ -155,13 +195,11 @@ class UploadExplainer(Explainer):
         return super().encode(fit_image(image)[0], caption)
 
 
+@user_errors
 def on_upload(image: np.ndarray | None) -> np.ndarray | None:
     """The shared image's upload callback: scale a large upload down in the page (with a
     warning saying so) or refuse it with a message."""
-    try:
-        fitted, note = fit_image(image)
-    except (InputError, ImageInputError) as e:
-        raise gr.Error(str(e)) from None
+    fitted, note = fit_image(image)
     if note is None:
         return gr.skip()
     gr.Warning(note)

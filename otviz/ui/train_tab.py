@@ -139,7 +139,7 @@ def status_markdown(status: JobStatus) -> str:
     """The run's state, its notes (caps, constant terms, ...) and any error."""
     lines = []
     if status.error:
-        lines.append(f"**Training failed.** {status.error}")
+        lines.append(f"**Training failed.** {html.escape(status.error)}")
     elif status.state == "stopped":
         lines.append("**Stopped.** Runs stopped before the end save no head.")
     elif status.state == "finished":
@@ -148,7 +148,7 @@ def status_markdown(status: JobStatus) -> str:
             lines.append(f"The checkpoint picker now offers **{status.picker_entry}**.")
     else:
         lines.append("**Training ...** (Stop ends the run after the current step.)")
-    lines += [f"- {n}" for n in status.notes]
+    lines += [f"- {html.escape(n)}" for n in status.notes]
     return "\n".join(lines)
 
 
@@ -233,8 +233,9 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
             data = gr.Radio(data_sources(), value=WORLD, label="Training data")
             n_train = gr.Number(defaults.n_train, precision=0, minimum=2, maximum=pair_cap(),
                                 label="World samples (train split)")
-            folder = gr.Textbox(label="Local folder, or its COCO / Karpathy JSON or CSV",
-                                placeholder="/data/coco (annotations/captions_train.json)",
+            folder = gr.Textbox(label="Folder under the server's data root (OTVIZ_DATA_ROOT), "
+                                "or its COCO / Karpathy JSON or CSV",
+                                placeholder="coco (annotations/captions_train.json)",
                                 visible=FOLDER in data_sources())
             uploads = gr.File(file_count="multiple", label="Upload: a .zip of the folder, or "
                               "the images and their captions file (CSV path,caption)")
@@ -284,9 +285,10 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
         for update in follow_job(ctx, job):
             yield (job.id, *update)
 
+    @user_errors
     def on_stop(current: str | None) -> str:
         if not jobs.stop(current):
-            raise gr.Error("no run of yours is in progress")
+            raise InputError("no run of yours is in progress")
         return "**Stopping** after the current step ..."
 
     inputs = [shared.checkpoint, data, n_train, folder, uploads, split, methods, eps, tau,

@@ -19,20 +19,22 @@ import threading
 import time
 import uuid
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from otviz.errors import UserInputError
 from otviz.pipeline import InputError
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
 from otviz.train.config import TrainConfig
-from otviz.train.folders import DatasetError, load_image_captions
+from otviz.train.feature_cache import FeatureCache
+from otviz.train.folders import NOT_FOUND, DatasetError, inside, load_image_captions
 from otviz.train.loop import ENCODING, TrainResult, train_method
-from otviz.ui.context import AppContext, on_space
-from otviz.ui.inputs import USER_ERRORS
+from otviz.ui.context import SEPARATOR, AppContext, HeadSet, on_space
+from otviz.ui.head_registry import load_head_sets, record_head_set
 from otviz.ui.probe_tab import run_batch_probe
 
 log = logging.getLogger("otviz.ui.training")
@@ -47,6 +49,11 @@ SPACE_MAX_PAIRS, LOCAL_MAX_PAIRS = 5000, 200_000
 MAX_UPLOAD_BYTES = 500 * 2**20
 MAX_EPOCHS = 100
 RUNS_ROOT = Path("runs") / "app"
+#: The only server folder the "local folder" data source may read (unset: no such source).
+DATA_ROOT_ENV = "OTVIZ_DATA_ROOT"
+#: The feature cache is cut back to this many MB (least recently used entries first) at
+#: start and after every run, Space / elsewhere; ``OTVIZ_FEATURE_CACHE_MB`` overrides.
+SPACE_CACHE_MB, LOCAL_CACHE_MB = 2048, 8192
 
 
 class TrainingBusyError(InputError):
@@ -66,9 +73,26 @@ def pair_cap() -> int:
     return SPACE_MAX_PAIRS if on_space() else LOCAL_MAX_PAIRS
 
 
+def data_root() -> Path | None:
+    """The folder whose contents the "local folder" source may read: ``$OTVIZ_DATA_ROOT``
+    if it is a folder, never on a Space."""
+    root = os.environ.get(DATA_ROOT_ENV, "").strip()
+    if on_space() or not root or not Path(root).is_dir():
+        return None
+    return Path(root).resolve()
+
+
 def data_sources() -> list[str]:
-    """The data choices: a Space does not read the server's own folders."""
-    return [WORLD, UPLOAD] if on_space() else [WORLD, FOLDER, UPLOAD]
+    """The data choices: server folders only under a configured data root (never on a
+    Space)."""
+    return [WORLD, UPLOAD] if data_root() is None else [WORLD, FOLDER, UPLOAD]
+
+
+def cache_cap_bytes() -> int:
+    """The feature cache's size cap in bytes."""
+    env = os.environ.get("OTVIZ_FEATURE_CACHE_MB")
+    mb = int(env) if env else (SPACE_CACHE_MB if on_space() else LOCAL_CACHE_MB)
+    return max(0, mb) * 2**20
 
 
 @dataclass
@@ -164,26 +188,43 @@ def _unzip(archive: Path, target: Path) -> Path:
     return tops[0] if len(tops) == 1 and tops[0].is_dir() else target
 
 
+def data_folder(typed: str) -> Path:
+    """The folder (or annotation file) ``typed`` in the form, under :func:`data_root`:
+    relative to it, or absolute inside it; no ``..``. Anything else, and what does not
+    exist, is "not found or not allowed" alike."""
+    root = data_root()
+    if root is None:
+        raise InputError("this server reads no local folders: upload the data instead")
+    typed = typed.strip()
+    if not typed:
+        raise InputError("type the path of an image-caption folder (or its CSV / JSON) under "
+                         "the server's data root")
+    path = root / typed  # an absolute ``typed`` replaces the root, then must be inside it
+    if ".." in Path(typed).parts or not inside(root, path) or not path.exists():
+        raise InputError(f"{typed}: {NOT_FOUND} (give a path under the server's data root)")
+    return path
+
+
 def resolve_data(request: TrainRequest, upload_dir: Path) -> tuple[str, int]:
     """``(TrainConfig.data, number of training pairs)`` of the request, the folder read and
-    checked (every image present) now, so that a bad folder fails before training."""
+    checked (every image present) now, so that a bad folder fails before training. Only
+    files under the data root (local folder) or among the uploads are read."""
     cap = pair_cap()
     if request.data == WORLD:
         _check_range("world samples", request.n_train, request.batch_size, cap)
         return WORLD, int(request.n_train)
     if request.data == FOLDER:
-        folder = (request.folder or "").strip()
-        if not folder:
-            raise InputError("type the path of an image-caption folder (or its CSV / JSON)")
-        if not Path(folder).exists():
-            raise InputError(f"{folder} does not exist on this server")
-        path = Path(folder)
+        path = data_folder(request.folder or "")
+        root = data_root()
     else:
         path = unpack_uploads(request.uploads, upload_dir)
+        root = upload_dir
     try:
-        dataset = load_image_captions(path, split=request.split)
-    except (DatasetError, OSError) as e:
-        raise InputError(f"cannot train on {path.name or path}: {e}") from None
+        dataset = load_image_captions(path, split=request.split, root=root)
+    except DatasetError as e:
+        raise InputError(f"cannot train on this data: {e}") from None
+    except OSError:
+        raise InputError(f"cannot train on this data: a file is {NOT_FOUND}") from None
     if len(dataset) > cap:
         raise InputError(f"the data has {len(dataset)} pairs; at most {cap} here")
     if len(dataset) < request.batch_size:
@@ -269,10 +310,11 @@ class TrainingJob:
     """One run of one or more methods in a background thread."""
 
     def __init__(self, ctx: AppContext, backbone: str, configs: list[TrainConfig],
-                 notes: list[str], evaluate: bool = True) -> None:
+                 notes: list[str], evaluate: bool = True, registry: Path | None = None,
+                 on_end: Callable[[], None] | None = None) -> None:
         self.id = uuid.uuid4().hex[:12]
         self.ctx, self.checkpoint, self.configs = ctx, backbone, configs
-        self.evaluate = evaluate
+        self.evaluate, self.registry, self.on_end = evaluate, registry, on_end
         self.stop_event = threading.Event()
         self.finished = threading.Event()
         self._lock = threading.Lock()
@@ -315,19 +357,28 @@ class TrainingJob:
                 self._register_and_probe(heads)
             with self._lock:
                 self._state = "stopped" if self.stop_event.is_set() else "finished"
-        except USER_ERRORS as e:
+        except UserInputError as e:
             self._fail(str(e))
         except Exception as e:  # a failed run must end the job and say why, not hang it
-            log.exception("training job %s failed", self.id)
-            self._fail(f"training failed: {type(e).__name__}: {e}")
+            error_id = uuid.uuid4().hex[:8]
+            log.exception("training job %s failed (error id %s)", self.id, error_id)
+            self._fail(f"training failed: {type(e).__name__}: {e} (error id {error_id})")
         finally:
             with self._lock:
                 self._phase = ""
+            if self.on_end is not None:
+                self.on_end()
             self.finished.set()
 
     def _fail(self, message: str) -> None:
+        """End the job as failed, leaving nothing behind: unless its heads are already in the
+        picker, its run directory (unpacked data, partial states) goes; a stopped run keeps
+        its resume state instead."""
         with self._lock:
             self._state, self._error = "failed", message
+            registered = self._entry is not None
+        if not registered:
+            shutil.rmtree(Path(self.configs[0].out).parent, ignore_errors=True)
 
     def _train_all(self) -> dict[str, Path]:
         heads: dict[str, Path] = {}
@@ -349,6 +400,9 @@ class TrainingJob:
     def _register_and_probe(self, heads: dict[str, Path]) -> None:
         label = "trained here: " + "+".join(heads)
         entry = self.ctx.add_head_set(self.checkpoint, label, heads)
+        if self.registry is not None:
+            unique = entry[len(self.checkpoint) + len(SEPARATOR):]
+            record_head_set(self.registry, HeadSet(unique, self.checkpoint, heads))
         with self._lock:
             self._entry, self._phase = entry, "evaluating"
         if not self.evaluate:
@@ -372,11 +426,13 @@ def _subset(suite: MethodSuite, names: list[str], tag: str) -> MethodSuite:
 
 
 class TrainingJobs:
-    """The one training slot of a server.
+    """The one training slot of a server. At creation it offers again the heads trained
+    here before (the registry under ``runs_root``), removes the feature cache's half-built
+    entries and cuts it to :func:`cache_cap_bytes`; the cap is applied again after each run.
 
     Args:
         ctx: where finished heads are registered.
-        runs_root: where run directories (and unpacked uploads) go.
+        runs_root: where run directories (and unpacked uploads) and the head registry go.
         cache_dir: the frozen-backbone feature cache (default: TrainConfig's; on a Space,
             in the temp dir).
         evaluate: score finished heads on the examples gallery's probe.
@@ -391,6 +447,19 @@ class TrainingJobs:
         self.evaluate = evaluate
         self._lock = threading.Lock()
         self._job: TrainingJob | None = None
+        for head_set in load_head_sets(self.runs_root):
+            if any(b.label == head_set.backbone for b in ctx.backbones):
+                ctx.add_head_set(head_set.backbone, head_set.label, head_set.heads)
+        FeatureCache(self.feature_cache_dir).remove_stale_builds()
+        self.trim_cache()
+
+    @property
+    def feature_cache_dir(self) -> Path:
+        return Path(self.cache_dir or TrainConfig.cache_dir)
+
+    def trim_cache(self) -> None:
+        """Cut the feature cache to :func:`cache_cap_bytes` (least recently used first)."""
+        FeatureCache(self.feature_cache_dir).evict(cache_cap_bytes())
 
     def current(self) -> TrainingJob | None:
         with self._lock:
@@ -409,10 +478,15 @@ class TrainingJobs:
             check_request(request)
             choice = self.ctx.backbone_choice(checkpoint)
             run_dir = self.runs_root / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-            data, n_pairs = resolve_data(request, run_dir / "data")
+            try:
+                data, n_pairs = resolve_data(request, run_dir / "data")
+            except BaseException:  # a refused request leaves no files
+                shutil.rmtree(run_dir, ignore_errors=True)
+                raise
             configs, notes = train_configs(request, data, n_pairs, choice.train_backbone,
                                            run_dir, self.cache_dir)
-            job = TrainingJob(self.ctx, choice.label, configs, notes, self.evaluate)
+            job = TrainingJob(self.ctx, choice.label, configs, notes, self.evaluate,
+                              self.runs_root, self.trim_cache)
             self._job = job
             job.thread.start()
             return job

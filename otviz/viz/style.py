@@ -15,9 +15,19 @@ SIMILARITY_CMAP = "viridis"
 DIVERGING_CMAP = "RdBu_r"
 
 
+#: Figures are drawn at this resolution, ...
+DPI = 110
+#: ... lowered so that neither side exceeds this many pixels (WebP, the page's figure
+#: format, stops at 16383; a 400-word caption's parse tree is 460 inches wide).
+MAX_FIGURE_SIDE_PX = 12_000
+
+
 def new_figure(width: float, height: float) -> Figure:
-    """A figure not registered with pyplot's global state (safe in a multi-user server)."""
-    return Figure(figsize=(width, height), dpi=110, layout="constrained")
+    """A figure not registered with pyplot's global state (safe in a multi-user server),
+    at :data:`DPI` or, for a very large one, at the resolution that keeps its longer side
+    within :data:`MAX_FIGURE_SIDE_PX`."""
+    dpi = min(DPI, MAX_FIGURE_SIDE_PX / max(width, height))
+    return Figure(figsize=(width, height), dpi=dpi, layout="constrained")
 
 
 def figure_png(fig: Figure) -> bytes:
