@@ -229,7 +229,10 @@ def test_the_app_trains_what_train_method_trains(ctx, cache_dir, tmp_path):
     assert [r["step"] for r in status.histories["conceptot"]] == [1, 2, 3]
     config = job.configs[0]
     direct = train_method(type(config)(**{**config.to_dict(), "out": str(tmp_path / "cli")}))
-    assert direct.losses() == [r["loss"] for r in status.histories["conceptot"]]
+    # same config and data; float32 sums may differ in the last digits between the job's
+    # thread and this one (intra-op thread teams are per calling thread)
+    assert direct.losses() == pytest.approx(
+        [r["loss"] for r in status.histories["conceptot"]], rel=1e-5)
     head = Path(status.results["conceptot"].head_checkpoint)
     assert head_meta(head)["train_config"]["eps"] == request.eps
     backbone = ctx.explainer(status.picker_entry).backbone
@@ -237,7 +240,7 @@ def test_the_app_trains_what_train_method_trains(ctx, cache_dir, tmp_path):
     cli_head = load_method_checkpoint(direct.head_checkpoint, backbone)
     for a, b in zip(app_head.state_dict().values(), cli_head.state_dict().values(),
                     strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, b)
     assert status.picker_entry == f"{EMBEDDED} · trained here: conceptot"
     assert status.picker_entry in ctx.checkpoint_choices()
     suite = ctx.suite(status.picker_entry)
