@@ -6,7 +6,7 @@ the head checkpoints ``otviz train`` writes) or in its training-free configurati
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -128,6 +128,19 @@ class MethodSuite:
         for name in names or ALIGN_METHODS:
             methods[name] = load_head(root / name, identity)
         return cls(backbone, methods, f"{backbone.name} (heads: {root.name})")
+
+
+def with_came_temperature(suite: MethodSuite, temperature: float) -> MethodSuite:
+    """``suite`` with QC-Align's CAME softmax at ``temperature``
+    (:meth:`otviz.methods.qc_align.QCAlign.with_came_temperature`; the other methods are
+    shared), labelled with the temperature so cached runs of the two never mix; ``suite``
+    itself when it has no QC-Align or already uses that temperature."""
+    entry = suite.methods.get("qc_align")
+    if entry is None or entry.method.came_temperature == float(temperature):
+        return suite
+    method = entry.method.with_came_temperature(temperature)
+    methods = {**suite.methods, "qc_align": replace(entry, method=method)}
+    return MethodSuite(suite.backbone, methods, f"{suite.label} · CAME T={temperature:g}")
 
 
 def load_head(path: str | os.PathLike, backbone: Backbone | dict) -> SuiteMethod:

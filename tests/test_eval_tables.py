@@ -9,15 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from otviz.backbone import Backbone
 from otviz.eval import alignment_tables as A
 from otviz.eval import classification_tables as C
+from otviz.eval.classification_metrics import accuracy, shot_split_accuracy
 from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet, WorldProbeDataset, trim_tokens
+from otviz.ot.classify import long_tailed_predict, zero_shot_predict
+from otviz.ot.sinkhorn import sinkhorn_log
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
 from otviz.text.words import split_words
-from otviz.world import NEGATIVE_CATEGORIES
+from otviz.world import NEGATIVE_CATEGORIES, ClassificationView, long_tailed_counts
+from otviz.world.classification import ORDERS
 from tests.test_train_loop import random_tiny_clip
 
 NAMES = ("global_only", "filip", "dense_uot", "conceptot", "powerclip")
@@ -226,7 +231,14 @@ def test_classification_tables_match_direct_predictions(setup: dict) -> None:
     assert [s.label for s in sets] == ["shape", "colour", "colour_shape",
                                        "colour_shape (held-out)"]
     zs = C.zero_shot_table(backbone, sets=sets)
+    eps = C.temperature(backbone)
+    # every FGW rule in both scalings, each next to its unit-mass variant
+    assert [c.key for c in zs.columns[2:]] == ["softmax", "fgw_isoftmax", "fgw_isoftmax_unit",
+                                               "fgw_pgd", "fgw_pgd_unit"]
     for cs, row in zip(sets, zs.rows, strict=True):
+        for rule in C.ZERO_SHOT_RULES:
+            pred = zero_shot_predict(cs.image_emb, cs.class_emb, rule, eps=eps)
+            assert row[rule] == accuracy(pred.labels, cs.labels)
         images, labels = cs.view.batch(range(12))
         emb = torch.cat([backbone.model.encode_image(backbone.image_tensor([im]))
                          for im in images]).detach()
@@ -241,6 +253,26 @@ def test_classification_tables_match_direct_predictions(setup: dict) -> None:
     lt = C.long_tailed_table(backbone, n_max=10, imbalance=10.0, tasks=("shape",))
     # 10 * 10 ** (-k / 7) rounded: 10, 7, 5, 4, 3, 2, 1, 1 images per class
     assert [(r["order"], r["images"]) for r in lt.rows] == [("LT", 33), ("U", 80), ("RLT", 33)]
+    labels = {c.key: c.label for c in lt.columns}
+    assert labels["lt_fgw"] == "LT fused Gromov OT (Eq. 14, alpha0 = 0.01)"
+    assert labels["lt_sinkhorn"] == "LT Sinkhorn (alpha0 = 0)"
+    view = ClassificationView("shape", split="test", seed=0)
+    for row, order in zip(lt.rows, ORDERS, strict=True):
+        images, truth = view.long_tailed(10, 10.0, order)
+        image_emb = C.pooled_image_embeddings(backbone, list(images))
+        class_emb = C.pooled_text_embeddings(backbone, view.prompts())
+        counts = long_tailed_counts(len(view.classes), 10, 10.0, order)
+        prior = torch.tensor(counts, dtype=torch.float32)
+        # alpha0 = 0: plain entropic OT with the images' unit rows and the prior's columns
+        cost = 1 - F.normalize(image_emb, dim=-1) @ F.normalize(class_emb, dim=-1).T
+        b = len(truth) * prior / prior.sum()
+        plain = sinkhorn_log(cost[None], torch.ones(1, len(truth)), b[None], eps, 1000,
+                             tol=1e-4).plan[0].argmax(1)
+        assert row["lt_sinkhorn"] == accuracy(plain, torch.from_numpy(truth))
+        assert row["lt_sinkhorn_class"] == shot_split_accuracy(
+            plain, torch.from_numpy(truth), counts)["mean_per_class"]
+        fgw = long_tailed_predict(image_emb, class_emb, prior, eps=eps, alpha0=0.01).labels
+        assert row["lt_fgw"] == accuracy(fgw, torch.from_numpy(truth))
 
 
 def test_table_markdown_and_json() -> None:

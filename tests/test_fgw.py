@@ -178,3 +178,34 @@ def test_gradcheck_fgw_solvers():
     assert torch.autograd.gradcheck(
         lambda c: fgw_sinkhorn(c, a, b, 0.5, d1, d2, 0.1, 2, 10, tol=None).plan, (cost,)
     )
+
+
+def test_paper_and_unit_mass_scalings_predict_differently_by_hand():
+    """Two images, two orthonormal classes (D2 = I), eps = alpha0 = 0.01. Image 0 is
+    clearly class 0 (cosines 0.9, 0.1); image 1 leans to class 1 (cosines 0.496, 0.5) and
+    resembles image 0 (D1_01 = d ~ 0.80). One FGW-ISoftmax step by hand:
+    P0_1 = softmax(-[0.504, 0.5] / 0.01) = [0.401, 0.599], P0_0 ~ [1, 0], so the Gromov
+    shift of row 1 is alpha0 (d P0_0 + P0_1) = 0.01 [d + 0.401, 0.599]. With the paper's
+    scaling (raw plan, mass 2) the costs become [0.492, 0.494]: class 0; the unit-mass
+    plan halves the shift, [0.498, 0.497]: class 1 stays, as softmax."""
+    def unit(c0: float, c1: float) -> torch.Tensor:
+        return torch.tensor([c0, c1, (1 - c0 * c0 - c1 * c1) ** 0.5], dtype=DT)
+
+    images = torch.stack([unit(0.9, 0.1), unit(0.496, 0.5)])
+    classes = torch.eye(3, dtype=DT)[:2]
+    eps = alpha0 = 0.01
+    d = float(images[0] @ images[1])
+    p0 = torch.softmax(-torch.tensor([0.504, 0.5], dtype=DT) / eps, 0)
+    # the unit-mass variant divides the plan by its mass n = 2
+    for rule, plan_divisor in (("fgw_isoftmax", 1.0), ("fgw_isoftmax_unit", 2.0)):
+        shift = alpha0 * torch.stack([d + p0[0], p0[1]]) / plan_divisor
+        hand = torch.softmax(-(torch.tensor([0.504, 0.5], dtype=DT) - shift) / eps, 0)
+        pred = zero_shot_predict(images, classes, rule, eps=eps, alpha0=alpha0, n_iters=1)
+        assert torch.allclose(pred.scores[1], hand, atol=1e-9)
+    labels = {rule: zero_shot_predict(images, classes, rule, eps=eps, n_iters=1).labels.tolist()
+              for rule in ("softmax", "fgw_isoftmax", "fgw_isoftmax_unit")}
+    assert labels == {"softmax": [0, 1], "fgw_isoftmax": [0, 0], "fgw_isoftmax_unit": [0, 1]}
+    # at the default steps both FGW rules keep the split (PGD as well)
+    for paper, previous in (("fgw_isoftmax", "fgw_isoftmax_unit"), ("fgw_pgd", "fgw_pgd_unit")):
+        assert zero_shot_predict(images, classes, paper, eps=eps).labels.tolist() == [0, 0]
+        assert zero_shot_predict(images, classes, previous, eps=eps).labels.tolist() == [0, 1]

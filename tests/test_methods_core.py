@@ -170,6 +170,7 @@ def test_dense_uot_masses_and_solver() -> None:
         cfg.tau_v,
         cfg.tau_t,
         cfg.n_iters,
+        tol=None,  # the method's fixed iteration count
         row_mask=batch.patch_mask,
         col_mask=batch.token_mask,
     )
@@ -207,6 +208,7 @@ def test_conceptot_uses_the_low_rank_solver(variant: str) -> None:
         variant,
         batch.patch_mask,
         batch.token_mask,
+        tol=None,  # the method's fixed iteration count
     )
     expected = torch.tanh(ref.score) if variant == "faithful" else ref.score
     assert torch.allclose(out.local_score, expected)

@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from PIL import Image
 
 from otviz.backbone import Backbone, ImageInputError
+from otviz.eval.came_quotas import quota_ratio_table
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.pipeline import InputError
-from otviz.suite import ALIGN_METHODS, METHOD_LABELS
+from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.ui.align_tab import (
     SCORED_METHODS,
@@ -34,6 +35,7 @@ from otviz.ui.align_tab import (
     phrase_choices,
     phrase_view,
     plan_view,
+    quota_note,
     resolve_phrase,
     scores_view,
     token_labels,
@@ -319,6 +321,46 @@ def test_region_kind_resolves_powerclip_alone(tools, sample, encoded):
     )
     v = align_view(*tools, *sample, regions="segments")
     assert len(v.heats) == 8
+
+
+def test_came_temperature_control_sharpens_the_quotas_monotonically(tools, sample, encoded):
+    """Lowering CAME's temperature re-solves QC-Align alone and raises its quotas'
+    max/uniform ratio at every step; the note beside the control shows that ratio."""
+    explainer, suite = tools
+    base = _runs(tools, encoded)
+    assert align_runs(*tools, encoded, came_temperature=1.0)["qc_align"] is base["qc_align"]
+    ratios = []
+    for temperature in (1.0, 0.5, 0.2, 0.1, 0.05):
+        runs = align_runs(*tools, encoded, came_temperature=temperature)
+        assert all(runs[n] is base[n] for n in SCORED_METHODS if n != "qc_align")
+        alignment = runs["qc_align"].alignment
+        ratio = float(alignment.extras["quota_max_over_uniform"][0])
+        mu = alignment.row_reference[0]
+        assert ratio == pytest.approx(float(mu.max()) * mu.numel(), rel=1e-5)
+        v = align_view(*tools, *sample, method="qc_align", came_temperature=temperature)
+        assert f"max **{ratio:.2f}x** uniform at T = {temperature:g} (training-free)" \
+            in v.quota_note
+        ratios.append(ratio)
+    assert all(later > earlier for earlier, later in zip(ratios, ratios[1:], strict=False))
+    # a trained head can take another temperature; the note names the one it was trained at
+    own = suite.methods["qc_align"]
+    trained = MethodSuite(suite.backbone, {"qc_align": SuiteMethod(
+        own.method.with_came_temperature(0.5), own.space, "heads/qc_align")}, "trained")
+    assert "at T = 0.2 (head trained at T = 0.5)" in quota_note(runs, trained, 0.2)
+    with pytest.raises(InputError, match="CAME temperature"):
+        align_runs(*tools, encoded, came_temperature=0.0)
+
+
+def test_quota_ratio_table_reports_the_views_number(tools, sample, encoded):
+    """benchmarks/came_temperature.py's table: per temperature, the ratio the Align view
+    shows (one pair: mean = min = max)."""
+    table = quota_ratio_table(*tools, [sample], (1.0, 0.1))
+    for row, temperature in zip(table.rows, (1.0, 0.1), strict=True):
+        runs = align_runs(*tools, encoded, came_temperature=temperature)
+        ratio = float(runs["qc_align"].alignment.extras["quota_max_over_uniform"][0])
+        assert row["temperature"] == f"{temperature:g}"
+        assert row["mean"] == row["min"] == row["max"] == pytest.approx(ratio)
+    assert table.rows[1]["mean"] > table.rows[0]["mean"]
 
 
 # ----------------------------------------------------------------------- errors

@@ -25,16 +25,21 @@ from otviz.eval.classification_tables import (
     pooled_text_embeddings,
     temperature,
 )
-from otviz.ot.classify import long_tailed_predict, selective_predict, zero_shot_predict
+from otviz.eval.zero_shot_run import CURVE_RATES, run_zero_shot
+from otviz.ot.classify import (
+    LONG_TAILED_RULES,
+    long_tailed_predict,
+    selective_predict,
+    zero_shot_predict,
+)
 from otviz.pipeline import InputError
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.zeroshot_tab import (
-    CURVE_RATES,
     CUSTOM,
     LAYOUTS,
     LONG_TAILED,
-    PRIOR_RULE,
+    PRIOR_RULES,
     RULE_LABELS,
     SELECTIVE_RULES,
     TAB_TITLE,
@@ -49,7 +54,6 @@ from otviz.ui.zeroshot_tab import (
     load_images,
     parse_classes,
     parse_prior,
-    run_zero_shot,
     world_batch,
     world_classes,
     zero_shot_view,
@@ -127,14 +131,16 @@ def test_predictions_equal_the_classify_outputs(backbone, batch, embeddings):
     image_emb, class_emb = embeddings
     eps = temperature(backbone)
     prior = torch.arange(1.0, 9.0, dtype=torch.float64)
-    run = run_zero_shot(backbone, images, classes, prior=prior, rate=0.5, labels=labels,
-                        label_names=classes)
+    run = run_zero_shot(backbone, images, classes, class_prompts(classes), prior=prior,
+                        rate=0.5, labels=labels, label_names=classes)
     for rule in ZERO_SHOT_RULES:
         ref = zero_shot_predict(image_emb, class_emb, rule, eps=eps)
         torch.testing.assert_close(run.predictions[rule].labels, ref.labels)
         torch.testing.assert_close(run.predictions[rule].scores, ref.scores)
-    ref = long_tailed_predict(image_emb, class_emb, prior.float(), eps=eps)
-    torch.testing.assert_close(run.predictions[PRIOR_RULE].scores, ref.scores)
+    assert set(run.predictions) == {*ZERO_SHOT_RULES, *PRIOR_RULES}
+    for rule, alpha0 in LONG_TAILED_RULES.items():
+        ref = long_tailed_predict(image_emb, class_emb, prior.float(), eps=eps, alpha0=alpha0)
+        torch.testing.assert_close(run.predictions[rule].scores, ref.scores)
     for rule in SELECTIVE_RULES:
         ref = selective_predict(image_emb, class_emb, 0.5, rule, eps=eps)
         torch.testing.assert_close(run.selective[rule].accepted, ref.accepted)
@@ -154,8 +160,8 @@ def test_predictions_equal_the_classify_outputs(backbone, batch, embeddings):
 
 def test_rate_one_accepts_all_and_zero_none(backbone, batch):
     images, labels, classes = batch
-    everything = run_zero_shot(backbone, images, classes, rate=1.0, labels=labels,
-                               label_names=classes)
+    everything = run_zero_shot(backbone, images, classes, class_prompts(classes), rate=1.0,
+                               labels=labels, label_names=classes)
     assert all(bool(p.accepted.all()) for p in everything.selective.values())
     softmax = everything.predictions["softmax"].labels
     for rule, s in everything.selective_accuracy().items():
@@ -163,7 +169,7 @@ def test_rate_one_accepts_all_and_zero_none(backbone, batch):
         # no class constraint: every rule labels an image by its softmax argmax
         torch.testing.assert_close(everything.selective[rule].labels, softmax)
         assert s["accuracy"] == everything.accuracy()["softmax"]
-    nothing = run_zero_shot(backbone, images, classes, rate=0.0)
+    nothing = run_zero_shot(backbone, images, classes, class_prompts(classes), rate=0.0)
     assert not any(bool(p.accepted.any()) for p in nothing.selective.values())
 
 
@@ -171,8 +177,8 @@ def test_view_outputs_and_downloads(view, backbone):
     summary, table, acc_fig, sel_fig, gallery, files = view
     images, labels, classes = world_batch("shape", 0, N_IMAGES)
     prior = torch.arange(1.0, 9.0, dtype=torch.float64)
-    run = run_zero_shot(backbone, images, classes, prior=prior, rate=0.5, labels=labels,
-                        label_names=classes)
+    run = run_zero_shot(backbone, images, classes, class_prompts(classes), prior=prior,
+                        rate=0.5, labels=labels, label_names=classes)
     assert len(table) == N_IMAGES == len(gallery)
     assert list(table["true"]) == [classes[k] for k in labels]
     for rule, pred in run.predictions.items():

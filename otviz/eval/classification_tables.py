@@ -1,8 +1,10 @@
 """OT-CLIP's inference tables on the world's classification view (OT-CLIP Sec. 4.1-4.3,
-Tables 4-6): zero-shot classification by softmax vs FGW-ISoftmax vs FGW-PGD, long-tailed
-test sets (imbalance 10; long-tailed, uniform, reverse) by softmax vs long-tailed Sinkhorn
-given the test label distribution, and selective classification at a 50 % rate by softmax
-confidence vs unbalanced OT vs partial OT.
+Tables 4-6): zero-shot classification by softmax vs FGW-ISoftmax vs FGW-PGD (each FGW rule
+with the paper's Eq. 12 scaling of the Gromov term next to the unit-mass variant this
+package used before, :mod:`otviz.ot.fgw`), long-tailed test sets (imbalance 10;
+long-tailed, uniform, reverse) by softmax vs the fused Gromov OT of Eq. 14 (alpha0 = 0.01)
+vs long-tailed Sinkhorn (alpha0 = 0), both given the test label distribution, and selective
+classification at a 50 % rate by softmax confidence vs unbalanced OT vs partial OT.
 
 They need the backbone's pooled embeddings only (the method heads do not enter), so each
 function takes a :class:`~otviz.backbone.Backbone`; the temperature ``eps`` is the model's
@@ -22,11 +24,29 @@ from torch import Tensor
 from otviz.backbone import Backbone
 from otviz.eval.classification_metrics import accuracy, selective_accuracy, shot_split_accuracy
 from otviz.eval.table import Column, Table
-from otviz.ot.classify import long_tailed_predict, selective_predict, zero_shot_predict
+from otviz.ot.classify import (
+    LONG_TAILED_RULES,
+    long_tailed_predict,
+    selective_predict,
+    zero_shot_predict,
+)
 from otviz.world.classification import ORDERS, TASKS, ClassificationView, long_tailed_counts
 
 StageProgress = Callable[[str, int, int], None]
-ZERO_SHOT_RULES = ("softmax", "fgw_isoftmax", "fgw_pgd")
+#: Zero-shot rule -> its label; each FGW rule next to its unit-mass variant.
+ZERO_SHOT_RULES: dict[str, str] = {
+    "softmax": "Softmax",
+    "fgw_isoftmax": "FGW-ISoftmax (paper Eq. 12 scaling)",
+    "fgw_isoftmax_unit": "FGW-ISoftmax (unit-mass, previous)",
+    "fgw_pgd": "FGW-PGD (paper Eq. 12 scaling)",
+    "fgw_pgd_unit": "FGW-PGD (unit-mass, previous)",
+}
+#: Long-tailed rule (:data:`otviz.ot.classify.LONG_TAILED_RULES`) -> its label.
+LONG_TAILED_LABELS: dict[str, str] = {
+    rule: (f"LT fused Gromov OT (Eq. 14, alpha0 = {alpha0:g})" if alpha0 > 0
+           else "LT Sinkhorn (alpha0 = 0)")
+    for rule, alpha0 in LONG_TAILED_RULES.items()
+}
 SELECTIVE_RULES = ("confidence", "uot", "partial")
 ORDER_LABELS = {"lt": "LT", "uniform": "U", "reverse": "RLT"}
 
@@ -99,12 +119,12 @@ def zero_shot_table(
     sets: list[ClassificationSet] | None = None,
 ) -> Table:
     """Zero-shot top-1 accuracy (OT-CLIP Table 4) of ``n_images`` balanced test images per
-    task by softmax, FGW-ISoftmax and FGW-PGD (``sets``: already embedded test sets)."""
+    task by softmax, FGW-ISoftmax and FGW-PGD, each FGW rule with the paper's scaling and
+    the unit-mass one (:data:`ZERO_SHOT_RULES`; ``sets``: already embedded test sets)."""
     eps = temperature(backbone)
     sets = sets if sets is not None else classification_sets(backbone, n_images, tasks, seed)
-    columns = [Column("task", "Task", "text"), Column("classes", "Classes", "int"),
-               Column("softmax", "Softmax"), Column("fgw_isoftmax", "FGW-ISoftmax"),
-               Column("fgw_pgd", "FGW-PGD")]
+    columns = [Column("task", "Task", "text"), Column("classes", "Classes", "int")]
+    columns += [Column(rule, label) for rule, label in ZERO_SHOT_RULES.items()]
     n = sets[0].labels.numel() if sets else n_images
     table = Table("zero_shot", f"Zero-shot classification, {n} images per task", columns)
     for cs in sets:
@@ -114,7 +134,8 @@ def zero_shot_table(
             row[rule] = accuracy(pred.labels, cs.labels)
         table.rows.append(row)
     table.notes.append(f"eps = 1/logit_scale = {eps:.4f}; FGW: alpha0 = 0.01, 3 steps "
-                       "(OT-CLIP Table 7); prompts 'a photo of a <class>'")
+                       "(OT-CLIP Table 7) on the raw plan of mass n (paper Eq. 12) or on the "
+                       "unit-mass plan (alpha0 / n in effect); prompts 'a photo of a <class>'")
     return table
 
 
@@ -128,13 +149,15 @@ def long_tailed_table(
 ) -> Table:
     """Long-tailed zero-shot classification (OT-CLIP Table 5): for each task and test
     order (LT, uniform, reverse LT; imbalance ``imbalance``, ``n_max`` images in the largest
-    class), softmax vs long-tailed Sinkhorn with the test set's label distribution as the
-    prior (Eq. 14); top-1 and mean per-class accuracy."""
+    class), softmax vs each rule of :data:`LONG_TAILED_RULES` (the fused Gromov OT of Eq.
+    14, and long-tailed Sinkhorn with alpha0 = 0) with the test set's label distribution as
+    the prior; top-1 and mean per-class accuracy."""
     eps = temperature(backbone)
+    rules = {"softmax": "Softmax", **LONG_TAILED_LABELS}
     columns = [Column("task", "Task", "text"), Column("order", "Test", "text"),
-               Column("images", "Images", "int"), Column("softmax", "Softmax"),
-               Column("lt_sinkhorn", "LT Sinkhorn"), Column("softmax_class", "Softmax (per class)"),
-               Column("lt_sinkhorn_class", "LT Sinkhorn (per class)")]
+               Column("images", "Images", "int")]
+    columns += [Column(rule, label) for rule, label in rules.items()]
+    columns += [Column(f"{rule}_class", f"{label} (per class)") for rule, label in rules.items()]
     table = Table("long_tailed", f"Long-tailed classification, imbalance {imbalance:g}", columns)
     total, done = len(tasks) * len(ORDERS), 0
     for task in tasks:
@@ -145,19 +168,23 @@ def long_tailed_table(
             counts = long_tailed_counts(len(view.classes), n_max, imbalance, order)
             prior = torch.tensor(counts, dtype=torch.float32)
             truth = torch.from_numpy(labels)
-            soft = zero_shot_predict(image_emb, class_emb, "softmax", eps=eps).labels
-            ot = long_tailed_predict(image_emb, class_emb, prior, eps=eps).labels
-            table.rows.append({
-                "task": task, "order": ORDER_LABELS[order], "images": len(labels),
-                "softmax": accuracy(soft, truth), "lt_sinkhorn": accuracy(ot, truth),
-                "softmax_class": shot_split_accuracy(soft, truth, counts)["mean_per_class"],
-                "lt_sinkhorn_class": shot_split_accuracy(ot, truth, counts)["mean_per_class"],
+            predicted = {"softmax": zero_shot_predict(image_emb, class_emb, "softmax", eps=eps)}
+            predicted.update({
+                rule: long_tailed_predict(image_emb, class_emb, prior, eps=eps, alpha0=alpha0)
+                for rule, alpha0 in LONG_TAILED_RULES.items()
             })
+            row = {"task": task, "order": ORDER_LABELS[order], "images": len(labels)}
+            for rule, pred in predicted.items():
+                row[rule] = accuracy(pred.labels, truth)
+                row[f"{rule}_class"] = shot_split_accuracy(pred.labels, truth,
+                                                           counts)["mean_per_class"]
+            table.rows.append(row)
             done += 1
             if progress is not None:
                 progress("long-tailed", done, total)
     table.notes.append("label prior: the class distribution of each test set (OT-CLIP Sec. "
-                       "4.2 assumes it known); hard class marginal (Eq. 14)")
+                       "4.2 assumes it known); hard class marginal (Eq. 14); fused Gromov OT: "
+                       "3 linearisation steps on the raw plan (paper Eq. 12 scaling)")
     return table
 
 

@@ -19,11 +19,13 @@ import torch
 from matplotlib.figure import Figure
 
 from otviz.eval.alignment_tables import align_pairs, phrase_queries
+from otviz.eval.classification_tables import ZERO_SHOT_RULES
 from otviz.eval.grounding_metrics import mean_offdiag_cosine
 from otviz.eval.otclip_table import LOSS_LABELS
 from otviz.eval.runner import build_suite, load_backbone, read_tables
 from otviz.eval.table import Table
 from otviz.eval.world_set import EvalSet
+from otviz.ot.classify import LONG_TAILED_RULES
 from otviz.suite import (
     ALIGN_METHODS,
     METHOD_LABELS,
@@ -87,18 +89,21 @@ def table_figures(tables: dict[str, Table]) -> dict[str, Figure]:
                 if any(c in r for r in t.rows)]
         acc = np.array([[r.get(c, np.nan) for c in cats] for r in t.rows], dtype=float)
         figs["probe"] = probe_accuracy_figure(_labels(t), cats, acc, int(t.rows[0]["n_items"]))
-    for key, rules in (("zero_shot", ("softmax", "fgw_isoftmax", "fgw_pgd")),
+    for key, rules in (("zero_shot", tuple(ZERO_SHOT_RULES)),
                        ("selective", ("all", "confidence", "uot", "partial"))):
         if key in tables:
             t = tables[key]
             labels = {c.key: c.label for c in t.columns}
-            figs[key] = grouped_bars_figure(_labels(t), {labels[r]: t.column(r) for r in rules},
-                                            t.title, "top-1 accuracy (%)")
+            figs[key] = grouped_bars_figure(
+                _labels(t), {labels[r]: t.column(r) for r in rules if r in labels}, t.title,
+                "top-1 accuracy (%)")
     if "long_tailed" in tables:
         t = tables["long_tailed"]
         groups = [f"{r['task']} {r['order']}" for r in t.rows]
+        labels = {c.key: c.label for c in t.columns}
         figs["long_tailed"] = grouped_bars_figure(
-            groups, {"softmax": t.column("softmax"), "LT Sinkhorn": t.column("lt_sinkhorn")},
+            groups, {labels[r]: t.column(r) for r in ("softmax", *LONG_TAILED_RULES)
+                     if r in labels},
             t.title, "top-1 accuracy (%)")
     return figs
 

@@ -19,6 +19,13 @@ def uniform_masses(mask: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     return w / w.sum(1, keepdim=True).clamp_min(1.0)
 
 
+def max_over_uniform(masses: Tensor, mask: Tensor) -> Tensor:
+    """``[B]`` ``max_i m_i / (1 / N_valid)``: how far the largest mass is above the uniform
+    one over the ``mask``'s valid entries (1: uniform masses), for masses summing to one."""
+    n_valid = mask.sum(1).clamp_min(1).to(masses.dtype)
+    return masses.amax(1) * n_valid
+
+
 class MassHead(nn.Module):
     """``softplus(w^T x + b)`` normalised over the valid entries (Eq. 1 / Eq. 2).
 

@@ -23,15 +23,23 @@ Settings: ``config.eps`` and ``config.n_iters`` drive every Sinkhorn solve (the 
 ``eps = 0.5``, ``lambda = 0.5``); ``config.extra`` may hold ``came_temperature`` (default 1,
 the paper's plain softmax; lower values make the quotas less uniform) and
 ``came_negative_slope`` (default 0.01), see :func:`otviz.ot.came.came_marginals`.
+
+CAME has no parameters, so its temperature can change at inference for a trained head as
+well (:meth:`QCAlign.with_came_temperature`); the head's projections were trained under its
+own temperature (``came_temperature`` of its training config, ``--came-temperature``), so
+another one scores the pair with quotas the head never saw in training.
 """
 
 from __future__ import annotations
+
+import copy
+import dataclasses
 
 import torch
 from torch import Tensor
 
 from otviz.methods.base import Alignment, DensePlan, PairBatch, register
-from otviz.methods.masses import uniform_masses
+from otviz.methods.masses import max_over_uniform, uniform_masses
 from otviz.methods.projected import ProjectedMethod, dense_plan_alignment, masked_similarity
 from otviz.ot.came import CameResult, came_marginals
 from otviz.ot.divergence import sinkhorn_divergence
@@ -47,13 +55,6 @@ def relative_plan(plan: Tensor, mu: Tensor, nu: Tensor) -> Tensor:
     return torch.where(positive, plan / torch.where(positive, outer, 1.0), 0.0)
 
 
-def quota_nonuniformity(mu: Tensor, mask: Tensor) -> Tensor:
-    """``[B]`` ``max_i mu_i / (1 / N_valid)``: how far the largest quota is above uniform
-    (1: uniform quotas)."""
-    n_valid = mask.sum(1).clamp_min(1).to(mu.dtype)
-    return mu.amax(1) * n_valid
-
-
 @register
 class QCAlign(ProjectedMethod):
     """Quota-calibrated OT with CAME marginals (QC-Align)."""
@@ -61,15 +62,29 @@ class QCAlign(ProjectedMethod):
     name = "qc_align"
     paper = "QC-Align"
 
+    @property
+    def came_temperature(self) -> float:
+        """CAME's softmax temperature (``config.extra["came_temperature"]``, default 1)."""
+        return float(self.config.extra.get("came_temperature", 1.0))
+
+    def with_came_temperature(self, temperature: float) -> QCAlign:
+        """This method with CAME's softmax at ``temperature`` (> 0), sharing its projections
+        (trained or identity; CAME itself has no parameters)."""
+        if not temperature > 0:
+            raise ValueError(f"CAME temperature must be > 0, got {temperature}")
+        clone = copy.copy(self)
+        extra = {**self.config.extra, "came_temperature": float(temperature)}
+        clone.config = dataclasses.replace(self.config, extra=extra)
+        return clone
+
     def _quotas(self, z: Tensor, y: Tensor, batch: PairBatch) -> CameResult:
-        extra = self.config.extra
         return came_marginals(
             z,
             y,
             batch.patch_mask,
             batch.token_mask,
-            negative_slope=extra.get("came_negative_slope", 0.01),
-            temperature=extra.get("came_temperature", 1.0),
+            negative_slope=self.config.extra.get("came_negative_slope", 0.01),
+            temperature=self.came_temperature,
         )
 
     def align(self, batch: PairBatch) -> Alignment:
@@ -89,7 +104,7 @@ class QCAlign(ProjectedMethod):
         out = dense_plan_alignment(batch, res.plan, sim, came.mu, came.nu, res.marginal_error)
         out.readout = DensePlan(relative_plan(res.plan, came.mu, came.nu))
         out.extras.update(
-            quota_max_over_uniform=quota_nonuniformity(came.mu, batch.patch_mask),
+            quota_max_over_uniform=max_over_uniform(came.mu, batch.patch_mask),
             came_attention_t2v=came.attn_t2v,
             came_attention_v2t=came.attn_v2t,
             came_weight_token=came.weight_t,

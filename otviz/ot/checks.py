@@ -9,8 +9,6 @@ a result's shapes never depend on how the input was given.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -26,10 +24,12 @@ def check_eps(eps: float | Tensor, solver: str) -> None:
         raise SolverInputError(f"{solver}: eps must be finite and > 0, got {_show(eps)}")
 
 
-def check_tau(name: str, tau: float, solver: str) -> None:
-    """A KL weight must be ``>= 0`` (``float('inf')``: a hard constraint)."""
-    if math.isnan(tau) or tau < 0:
-        raise SolverInputError(f"{solver}: {name} must be >= 0 (inf: hard), got {tau}")
+def check_tau(name: str, tau: float | Tensor, solver: str) -> None:
+    """A KL weight must be ``>= 0`` (``float('inf')``: a hard constraint; a tensor ``tau``,
+    e.g. a learned one: all entries, read without its gradient)."""
+    value = tau.detach() if isinstance(tau, Tensor) else torch.tensor(float(tau))
+    if bool(torch.isnan(value).any()) or bool((value < 0).any()):
+        raise SolverInputError(f"{solver}: {name} must be >= 0 (inf: hard), got {_show(tau)}")
 
 
 def check_cost(

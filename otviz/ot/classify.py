@@ -63,6 +63,9 @@ def _prediction(
     return Prediction(labels, plan, conf, acc, err)
 
 
+#: OT-CLIP Table 7's Gromov weight ``a1`` (FGW zero-shot and long-tailed CIFAR-100).
+TABLE7_ALPHA0 = 0.01
+
 #: Zero-shot rules: name -> (FGW solver, Gromov scaling); ``softmax`` has none.
 FGW_RULES: dict[str, tuple[str, Scaling]] = {
     "fgw_isoftmax": ("isoftmax", "paper"),
@@ -72,13 +75,18 @@ FGW_RULES: dict[str, tuple[str, Scaling]] = {
 }
 ZERO_SHOT_METHODS: tuple[str, ...] = ("softmax", *FGW_RULES)
 
+#: Long-tailed rules: name -> ``alpha0`` of Eq. 14 (:func:`long_tailed_predict`): the fused
+#: Gromov OT with Table 7's weight, and ``alpha0 = 0``, long-tailed Sinkhorn (the plain
+#: entropic plan with the label prior as its class marginal).
+LONG_TAILED_RULES: dict[str, float] = {"lt_fgw": TABLE7_ALPHA0, "lt_sinkhorn": 0.0}
+
 
 def zero_shot_predict(
     image_emb: Tensor,
     class_emb: Tensor,
     method: str = "softmax",
     eps: float = 0.01,
-    alpha0: float = 0.01,
+    alpha0: float = TABLE7_ALPHA0,
     n_iters: int = 3,
     structure: Structure = "similarity",
 ) -> Prediction:
@@ -113,7 +121,7 @@ def long_tailed_predict(
     class_emb: Tensor,
     label_prior: Tensor,
     eps: float = 0.01,
-    alpha0: float = 0.01,
+    alpha0: float = TABLE7_ALPHA0,
     n_outer: int = 3,
     n_inner: int = 1000,
     prior_strength: float = float("inf"),
@@ -156,7 +164,8 @@ def selective_predict(
     method: Literal["confidence", "uot", "partial"] = "confidence",
     eps: float = 0.01,
     tau: float = 0.01,
-    n_iters: int = 500,
+    n_iters: int = 1000,
+    tol: float | None = DEFAULT_TOL,
 ) -> Prediction:
     """Selective zero-shot classification (OT-CLIP Sec. 4.3, results in its Table 6):
     classify only the ``round(rate * n)`` images ranked most confident, reject the rest.
@@ -167,7 +176,8 @@ def selective_predict(
       ``r_i = (sum_j exp(-C_ij / eps))^{eps/(eps+tau)}``: images far from every class keep
       less mass; ``tau -> inf`` gives back the softmax (all masses 1);
     * ``"partial"``: the row mass of the entropic partial plan of Eq. 16 moving exactly
-      ``s = rate * n`` mass with ``P 1 <= 1`` (no class constraint).
+      ``s = rate * n`` mass with ``P 1 <= 1`` (no class constraint), in at most ``n_iters``
+      iterations to the marginal-error tolerance ``tol`` (:mod:`otviz.ot.result`).
 
     Labels are the argmax of each plan row (for ``"uot"`` the softmax's labels).
     """
@@ -188,7 +198,7 @@ def selective_predict(
         plan, err = res.plan[0], res.marginal_error[0]
         conf = plan.sum(1)
     elif method == "partial":
-        res = partial_ot_log(cost, ones_n, None, eps, float(max(k, 1e-6)), n_iters, tol=1e-6)
+        res = partial_ot_log(cost, ones_n, None, eps, float(max(k, 1e-6)), n_iters, tol=tol)
         plan, err = res.plan[0], res.marginal_error[0]
         conf = plan.sum(1)
     else:

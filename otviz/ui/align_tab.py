@@ -20,8 +20,9 @@ import plotly.graph_objects as go
 import torch
 
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
+from otviz.methods.masses import max_over_uniform
 from otviz.pipeline import REGION_KINDS, Encoded, Explainer, InputError, MethodRun
-from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
+from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, with_came_temperature
 from otviz.text.parse import phrase_nodes
 from otviz.text.words import split_words
 from otviz.ui.context import AppContext, SharedInputs
@@ -36,6 +37,9 @@ TAB_TITLE = "Align"
 SCORED_METHODS: tuple[str, ...] = ("global_only", *ALIGN_METHODS)
 DEFAULT_METHOD = "conceptot"
 DEFAULT_LAMBDA = 0.5
+#: CAME's temperature control: the paper's plain softmax (1) down to sharp quotas.
+CAME_TEMPERATURES = (0.05, 2.0)
+DEFAULT_CAME_TEMPERATURE = 1.0
 # Rasters go to the page as JPEG: ~1 ms to encode against ~50 ms for PNG on this CPU (the
 # downloads stay PNG).
 RASTER_FORMAT = "jpeg"
@@ -53,7 +57,11 @@ column sums) against the reference masses mu and nu the method aimed for; "unmat
 the part of mu a patch did not transport (unbalanced methods leave background unmatched).
 *QC-Align* is read relative to its marginals: its panel shows sum over the phrase's tokens
 of Pi_ij / (mu_i nu_j) (1 = no more coupling than the quotas imply), and its CAME quota map
-mu is the "reference mu" panel when QC-Align is the selected method. *ConceptOT*'s faithful
+mu is the "reference mu" panel when QC-Align is the selected method. *CAME temperature*
+re-scores QC-Align with CAME's attention softmax at that temperature (1 = the paper's plain
+softmax; lower = sharper, less uniform quotas); the note beside it gives the quotas' largest
+entry over uniform. CAME has no parameters, so the control applies to a trained head too,
+but its projections were trained at the temperature the note names. *ConceptOT*'s faithful
 Nystrom plan (checkpoint "training-free, ConceptOT faithful") can hold negative entries:
 they are never drawn as mass (clipped at 0, the titles and the score table's "negative
 mass" column say how much); the default training-free entry uses the nonnegative variant.
@@ -142,19 +150,48 @@ def _kept_words(encoded: Encoded) -> set[int]:
 
 # ----------------------------------------------------------------------- computing
 def align_runs(
-    explainer: Explainer, suite: MethodSuite, encoded: Encoded, regions: str = "grid"
+    explainer: Explainer,
+    suite: MethodSuite,
+    encoded: Encoded,
+    regions: str = "grid",
+    came_temperature: float | None = None,
 ) -> dict[str, MethodRun]:
     """Every scored method's (cached) run on the pair. Only PowerCLIP reads regions, so the
-    others always run on ``"grid"`` and a region-kind change re-solves PowerCLIP alone."""
+    others always run on ``"grid"`` and a region-kind change re-solves PowerCLIP alone;
+    QC-Align runs with CAME at ``came_temperature`` (``None``: its own), so a temperature
+    change re-solves QC-Align alone."""
     if regions not in REGION_KINDS:
         raise InputError(f"unknown region kind {regions!r}; choose one of {REGION_KINDS}")
     missing = [n for n in ALIGN_METHODS if n not in suite.methods]
     if missing:
         raise InputError(f"the checkpoint has no {', '.join(missing)}")
-    names = [n for n in SCORED_METHODS if n in suite.methods and n != "powerclip"]
+    tuned = suite if came_temperature is None else _tuned_suite(suite, came_temperature)
+    names = [n for n in SCORED_METHODS if n in suite.methods and n not in ("powerclip",
+                                                                           "qc_align")]
     runs = explainer.align(encoded, suite, names)
+    runs.update(explainer.align(encoded, tuned, ["qc_align"]))
     runs.update(explainer.align(encoded, suite, ["powerclip"], regions))
     return {n: runs[n] for n in SCORED_METHODS if n in runs}
+
+
+def _tuned_suite(suite: MethodSuite, came_temperature: float) -> MethodSuite:
+    low, high = CAME_TEMPERATURES
+    if not low <= float(came_temperature) <= high:
+        raise InputError(f"the CAME temperature must be between {low} and {high}")
+    return with_came_temperature(suite, float(came_temperature))
+
+
+def quota_note(
+    runs: dict[str, MethodRun], suite: MethodSuite, came_temperature: float | None = None
+) -> str:
+    """QC-Align's quota non-uniformity (the run's ``quota_max_over_uniform``) at the CAME
+    temperature it ran with (``None``: its own), and the one its head was trained at."""
+    ratio = float(runs["qc_align"].alignment.extras["quota_max_over_uniform"][0])
+    own = suite.methods["qc_align"]
+    used = own.method.came_temperature if came_temperature is None else came_temperature
+    trained = ("training-free" if own.source == "training-free"
+               else f"head trained at T = {own.method.came_temperature:g}")
+    return f"QC-Align's CAME quotas: max **{ratio:.2f}x** uniform at T = {used:g} ({trained})"
 
 
 def phrase_heatmaps(
@@ -287,8 +324,9 @@ def patch_marginal_image(
             colorbar_label="patch mass",
         )
     mu = data.row_reference.reshape(encoded.grid)
-    valid = max(int((data.row_reference > 0).sum()), 1)
-    mu_title = f"{reference_name} (max {float(mu.max()) * valid:.2f}x uniform)"
+    reference = torch.from_numpy(data.row_reference)[None]
+    ratio = float(max_over_uniform(reference, reference > 0)[0])
+    mu_title = f"{reference_name} (max {ratio:.2f}x uniform)"
     return compose_heatmaps(
         encoded.image,
         [mu, kept, np.clip(mu - kept, 0.0, None)],
@@ -339,13 +377,19 @@ class AlignView:
     scores: pd.DataFrame
     rows: list[ScoreRow]
     convergence: go.Figure
+    quota_note: str
 
 
 def _encode_and_align(
-    explainer: Explainer, suite: MethodSuite, image, caption: str | None, regions: str
+    explainer: Explainer,
+    suite: MethodSuite,
+    image,
+    caption: str | None,
+    regions: str,
+    came_temperature: float | None = None,
 ) -> tuple[Encoded, dict[str, MethodRun]]:
     encoded = explainer.encode(image, caption)
-    return encoded, align_runs(explainer, suite, encoded, regions)
+    return encoded, align_runs(explainer, suite, encoded, regions, came_temperature)
 
 
 def _phrase_grid(
@@ -398,10 +442,12 @@ def phrase_view(
     phrase: str | None,
     regions: str = "grid",
     shared_scale: bool = True,
+    came_temperature: float | None = None,
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The phrase callback: the heatmap grid and the per-method heatmaps (cached features
     and plans; nothing is re-encoded or re-solved)."""
-    encoded, runs = _encode_and_align(explainer, suite, image, caption, regions)
+    encoded, runs = _encode_and_align(explainer, suite, image, caption, regions,
+                                      came_temperature)
     return _phrase_grid(encoded, runs, phrase, shared_scale)
 
 
@@ -413,9 +459,11 @@ def plan_view(
     method: str,
     token: int | None = None,
     regions: str = "grid",
+    came_temperature: float | None = None,
 ) -> PlanView:
     """The method / token callback: plan matrix, token column map and marginals."""
-    encoded, runs = _encode_and_align(explainer, suite, image, caption, regions)
+    encoded, runs = _encode_and_align(explainer, suite, image, caption, regions,
+                                      came_temperature)
     return _plan_view(encoded, runs, method, token)
 
 
@@ -426,9 +474,10 @@ def scores_view(
     caption: str | None,
     lambda_local: float = DEFAULT_LAMBDA,
     regions: str = "grid",
+    came_temperature: float | None = None,
 ) -> tuple[pd.DataFrame, list[ScoreRow]]:
     """The lambda callback: the score table (display frame and full-precision rows)."""
-    _, runs = _encode_and_align(explainer, suite, image, caption, regions)
+    _, runs = _encode_and_align(explainer, suite, image, caption, regions, came_temperature)
     rows = score_rows(runs, lambda_local)
     return score_frame(rows), rows
 
@@ -444,10 +493,13 @@ def align_view(
     lambda_local: float = DEFAULT_LAMBDA,
     phrase: str | None = None,
     token: int | None = None,
+    came_temperature: float | None = None,
 ) -> AlignView:
     """The Align click: encode and solve (cached), then every figure of the view. A
-    ``phrase`` / ``token`` still valid for this caption is kept, else the defaults."""
-    encoded, runs = _encode_and_align(explainer, suite, image, caption, regions)
+    ``phrase`` / ``token`` still valid for this caption is kept, else the defaults;
+    QC-Align runs with CAME at ``came_temperature`` (``None``: its own)."""
+    encoded, runs = _encode_and_align(explainer, suite, image, caption, regions,
+                                      came_temperature)
     phrases = phrase_choices(encoded)
     if phrase not in {v for _, v in phrases}:
         phrase = default_phrase(phrases)
@@ -468,6 +520,7 @@ def align_view(
         scores=score_frame(rows),
         rows=rows,
         convergence=convergence_figure([METHOD_LABELS[n] for n in ALIGN_METHODS], errors),
+        quota_note=quota_note(runs, suite, came_temperature),
     )
 
 
@@ -482,10 +535,12 @@ def align_downloads(
     shared_scale: bool = True,
     lambda_local: float = DEFAULT_LAMBDA,
     token: int | None = None,
+    came_temperature: float | None = None,
 ) -> list[str]:
     """Files of the current view: the heatmap grid, marginal and token maps (PNG), the
     phrase heatmaps, the plan and its marginals (.npy + .csv) and the scores (JSON)."""
-    encoded, runs = _encode_and_align(explainer, suite, image, caption, regions)
+    encoded, runs = _encode_and_align(explainer, suite, image, caption, regions,
+                                      came_temperature)
     grid, heats = _phrase_grid(encoded, runs, phrase, shared_scale)
     view = _plan_view(encoded, runs, method, token)
     data, out = view.data, DownloadDir()
@@ -522,6 +577,8 @@ def align_downloads(
             "tokens": data.tokens,
             "token_words": data.words,
             "lambda_local": lambda_local,
+            "came_temperature": suite.methods["qc_align"].method.came_temperature
+            if came_temperature is None else came_temperature,
             "scores": score_records(score_rows(runs, lambda_local)),
         },
         "scores",
@@ -539,6 +596,10 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
         lam = gr.Slider(
             0.0, 2.0, DEFAULT_LAMBDA, step=0.05, scale=2, label="λ_l in combined = s_g + λ_l·s_l"
         )
+    with gr.Row():
+        came_t = gr.Slider(*CAME_TEMPERATURES, DEFAULT_CAME_TEMPERATURE, step=0.05, scale=1,
+                           label="QC-Align: CAME temperature (1 = the paper's softmax)")
+        quotas = gr.Markdown()
     with gr.Row():
         with gr.Column(scale=3):
             phrase = gr.Dropdown(
@@ -573,9 +634,9 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
     def tools(checkpoint: str) -> tuple[Explainer, MethodSuite]:
         return ctx.explainer(checkpoint), ctx.suite(checkpoint)
 
-    def on_align(img, text, checkpoint, meth, reg, scale, lam_l, phr, tok):
+    def on_align(img, text, checkpoint, meth, reg, scale, lam_l, phr, tok, temp):
         explainer, suite = tools(checkpoint)
-        v = align_view(explainer, suite, img, text, meth, reg, scale, lam_l, phr, tok)
+        v = align_view(explainer, suite, img, text, meth, reg, scale, lam_l, phr, tok, temp)
         note = truncation_note(explainer.encode(img, text))  # cached
         if note:
             gr.Warning(note)
@@ -596,26 +657,28 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
             v.plan.token_marginals,
             v.scores,
             v.convergence,
+            v.quota_note,
         )
 
-    def on_phrase(img, text, checkpoint, reg, scale, phr):
-        return phrase_view(*tools(checkpoint), img, text, phr, reg, scale)[0]
+    def on_phrase(img, text, checkpoint, reg, scale, phr, temp):
+        return phrase_view(*tools(checkpoint), img, text, phr, reg, scale, temp)[0]
 
-    def on_plan(img, text, checkpoint, meth, tok, reg):
-        v = plan_view(*tools(checkpoint), img, text, meth, tok, reg)
+    def on_plan(img, text, checkpoint, meth, tok, reg, temp):
+        v = plan_view(*tools(checkpoint), img, text, meth, tok, reg, temp)
         return v.plan, v.token_map, v.patch_marginals, v.token_marginals
 
-    def on_token(img, text, checkpoint, meth, tok, reg):
-        return plan_view(*tools(checkpoint), img, text, meth, tok, reg).token_map
+    def on_token(img, text, checkpoint, meth, tok, reg, temp):
+        return plan_view(*tools(checkpoint), img, text, meth, tok, reg, temp).token_map
 
-    def on_lambda(img, text, checkpoint, lam_l, reg):
-        return scores_view(*tools(checkpoint), img, text, lam_l, reg)[0]
+    def on_lambda(img, text, checkpoint, lam_l, reg, temp):
+        return scores_view(*tools(checkpoint), img, text, lam_l, reg, temp)[0]
 
-    def on_download(img, text, checkpoint, phr, meth, reg, scale, lam_l, tok):
-        return align_downloads(*tools(checkpoint), img, text, phr, meth, reg, scale, lam_l, tok)
+    def on_download(img, text, checkpoint, phr, meth, reg, scale, lam_l, tok, temp):
+        return align_downloads(*tools(checkpoint), img, text, phr, meth, reg, scale, lam_l, tok,
+                               temp)
 
     base = [shared.image, shared.caption, shared.checkpoint]
-    all_inputs = [*base, method, regions, shared_scale, lam, phrase, token]
+    all_inputs = [*base, method, regions, shared_scale, lam, phrase, token, came_t]
     all_outputs = [
         phrase,
         token,
@@ -626,21 +689,24 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
         token_marginals,
         scores,
         convergence,
+        quotas,
     ]
-    phrase_inputs = [*base, regions, shared_scale, phrase]
-    plan_inputs = [*base, method, token, regions]
+    phrase_inputs = [*base, regions, shared_scale, phrase, came_t]
+    plan_inputs = [*base, method, token, regions, came_t]
     plan_outputs = [plan, token_map, patch_marginals, token_marginals]
     hidden = {"api_visibility": "private"}  # the same endpoint again, from another control
     run.click(user_errors(on_align), all_inputs, all_outputs, api_name="align")
     regions.input(user_errors(on_align), all_inputs, all_outputs, **hidden)
+    came_t.release(user_errors(on_align), all_inputs, all_outputs, **hidden)
     phrase.input(user_errors(on_phrase), phrase_inputs, grid, api_name="align_phrase")
     shared_scale.input(user_errors(on_phrase), phrase_inputs, grid, **hidden)
     method.input(user_errors(on_plan), plan_inputs, plan_outputs, api_name="align_plan")
     token.input(user_errors(on_token), plan_inputs, token_map, api_name="align_token")
-    lam.release(user_errors(on_lambda), [*base, lam, regions], scores, api_name="align_scores")
+    lam.release(user_errors(on_lambda), [*base, lam, regions, came_t], scores,
+                api_name="align_scores")
     prepare.click(
         user_errors(on_download),
-        [*base, phrase, method, regions, shared_scale, lam, token],
+        [*base, phrase, method, regions, shared_scale, lam, token, came_t],
         files,
         api_name="align_downloads",
     )

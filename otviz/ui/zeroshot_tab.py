@@ -2,9 +2,11 @@
 
 A set of images (uploads, or a seeded batch of the world's classification view) is
 classified into a list of class names, prompted with a template, by the softmax of CLIP
-and by the set-level OT rules of :mod:`otviz.ot.classify`: FGW-ISoftmax and FGW-PGD
-(Eq. 11-13), OT with a label prior for long-tailed data (Eq. 14) and selective
-classification by softmax confidence, unbalanced OT (Eq. 15) or partial OT (Eq. 16).
+and by the set-level OT rules: FGW-ISoftmax and FGW-PGD (Eq. 11-13; the paper's Eq. 12
+scaling next to the previous unit-mass one), OT with a label prior for long-tailed data
+(Eq. 14: fused Gromov OT, and plain Sinkhorn) and selective classification by softmax
+confidence, unbalanced OT (Eq. 15) or partial OT (Eq. 16). The predictions come from
+:func:`otviz.eval.zero_shot_run.run_zero_shot`; this module parses inputs and draws.
 
 Callbacks are plain functions of plain values (testable without a browser); the tab only
 wires them to components.
@@ -15,7 +17,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import gradio as gr
 import numpy as np
@@ -26,18 +27,8 @@ from PIL import Image
 from torch import Tensor
 
 from otviz.backbone import Backbone, ImageInputError, to_rgb
-from otviz.eval.classification_metrics import accuracy, selective_accuracy
-from otviz.eval.classification_tables import (
-    pooled_image_embeddings,
-    pooled_text_embeddings,
-    temperature,
-)
-from otviz.ot.classify import (
-    Prediction,
-    long_tailed_predict,
-    selective_predict,
-    zero_shot_predict,
-)
+from otviz.eval.classification_tables import ZERO_SHOT_RULES
+from otviz.eval.zero_shot_run import ZeroShotRun, check_rate, run_zero_shot
 from otviz.pipeline import InputError
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
@@ -49,13 +40,12 @@ from otviz.world.grammar import article
 
 TAB_TITLE = "Zero-shot"
 TEMPLATE = "a photo of a {}"
-ZERO_SHOT_RULES: dict[str, str] = {
-    "softmax": "Softmax (CLIP)",
-    "fgw_isoftmax": "FGW-ISoftmax",
-    "fgw_pgd": "FGW-PGD",
+#: The label-prior rules (:data:`otviz.ot.classify.LONG_TAILED_RULES`) as the view names them.
+PRIOR_RULES: dict[str, str] = {
+    "lt_fgw": "OT + label prior, FGW (Eq. 14)",
+    "lt_sinkhorn": "OT + label prior, plain Sinkhorn",
 }
-PRIOR_RULE = "label_prior"
-RULE_LABELS: dict[str, str] = {**ZERO_SHOT_RULES, PRIOR_RULE: "OT + label prior"}
+RULE_LABELS: dict[str, str] = {**ZERO_SHOT_RULES, **PRIOR_RULES}
 SELECTIVE_RULES: dict[str, str] = {
     "confidence": "softmax confidence",
     "uot": "unbalanced OT",
@@ -70,20 +60,22 @@ LAYOUTS: tuple[str, ...] = ("balanced", "long-tailed (imbalance 10)")
 MAX_IMAGES = 128
 MAX_CLASSES = 100
 MAX_PIXELS = 40_000_000
-CURVE_RATES: tuple[float, ...] = tuple(np.linspace(0.1, 1.0, 10).round(2))
 
 HOW_TO_READ = """**How to read this view.** Each image is classified into one of the
 class names, each turned into a prompt ("a photo of a {}"). *Softmax* is CLIP's rule:
 every image on its own, the class of highest cosine. The OT rules classify the whole set
 at once (OT-CLIP Sec. 4), so one image's label depends on the others: *FGW-ISoftmax* and
 *FGW-PGD* match the image set to the class set while keeping their internal structure
-(fused Gromov-Wasserstein, Eq. 11-13); *OT + label prior* makes the classes receive the
-share of images the prior says (Eq. 14): give it the test set's label distribution, e.g.
-the long-tailed preset for a long-tailed batch (the uniform prior forces equal shares,
-which costs accuracy on a batch whose classes are not exactly balanced). The selective
-rules accept only the share *rate* of images they trust most and reject the rest: by
-softmax confidence, by the mass an unbalanced OT plan keeps on each image (Eq. 15), or
-by the mass partial OT moves (Eq. 16). The curve shows accuracy on the accepted images
+(fused Gromov-Wasserstein, Eq. 11-13), each twice: with the paper's Eq. 12 scaling of the
+structure term (alpha0 = 0.01 on the plan of mass n, OT-CLIP Table 7) and with the
+unit-mass plan this app used before (alpha0 / n, n times weaker); *OT + label prior* makes
+the classes receive the share of images the prior says (Eq. 14), by fused Gromov OT
+(alpha0 = 0.01, "FGW") or by plain Sinkhorn (alpha0 = 0): give it the test set's label
+distribution, e.g. the long-tailed preset for a long-tailed batch (the uniform prior forces
+equal shares, which costs accuracy on a batch whose classes are not exactly balanced). The
+selective rules accept only the share *rate* of images they trust most and reject the
+rest: by softmax confidence, by the mass an unbalanced OT plan keeps on each image (Eq.
+15), or by the mass partial OT moves (Eq. 16). The curve shows accuracy on the accepted images
 as coverage grows; a good rule is accurate at low coverage. Accuracies need known labels
 (the world batch); uploads get predictions only. The temperature is the model's own (1 /
 logit scale)."""
@@ -224,137 +216,6 @@ def label_prior(preset: str, text: str | None, classes: Sequence[str]) -> Tensor
     raise InputError(f"the prior preset must be one of {PRIOR_PRESETS}")
 
 
-def check_rate(rate: float) -> float:
-    """The selective rate as a float in [0, 1]."""
-    value = float(rate)
-    if not 0.0 <= value <= 1.0:
-        raise InputError(f"the selective rate must be between 0 and 1, got {rate}")
-    return value
-
-
-# ----------------------------------------------------------------------- the run
-@dataclass
-class ZeroShotRun:
-    """Predictions of every rule on one image set.
-
-    Attributes:
-        classes, prompts: the class names and their prompts.
-        labels: ``[n]`` true classes (indices into ``classes``), or None if unknown.
-        predictions: rule -> :class:`Prediction` (softmax, FGW rules, label prior).
-        selective: selective rule -> :class:`Prediction` at ``rate``.
-        curves: selective rule -> (coverages, accuracies) over :data:`CURVE_RATES`.
-        prior: the ``[K]`` label prior used (normalised).
-        eps: the temperature; rate: the selective rate.
-        notes: remarks for the summary.
-    """
-
-    classes: list[str]
-    prompts: list[str]
-    labels: np.ndarray | None
-    predictions: dict[str, Prediction]
-    selective: dict[str, Prediction]
-    curves: dict[str, tuple[list[float], list[float]]]
-    prior: Tensor
-    eps: float
-    rate: float
-    notes: list[str] = field(default_factory=list)
-
-    def accuracy(self) -> dict[str, float]:
-        """Top-1 accuracy per rule (empty without labels)."""
-        if self.labels is None:
-            return {}
-        truth = torch.from_numpy(self.labels)
-        return {rule: accuracy(p.labels, truth) for rule, p in self.predictions.items()}
-
-    def selective_accuracy(self) -> dict[str, dict[str, float]]:
-        """Per selective rule at ``rate``: accuracy on the accepted images and coverage."""
-        if self.labels is None:
-            return {}
-        truth = torch.from_numpy(self.labels)
-        return {
-            rule: selective_accuracy(p.labels, truth, p.accepted)
-            for rule, p in self.selective.items()
-        }
-
-
-def _selective_curves(
-    image_emb: Tensor, class_emb: Tensor, labels: np.ndarray, eps: float
-) -> dict[str, tuple[list[float], list[float]]]:
-    truth = torch.from_numpy(labels)
-    curves = {}
-    for rule in SELECTIVE_RULES:
-        coverage, acc = [], []
-        for rate in CURVE_RATES:
-            pred = selective_predict(image_emb, class_emb, rate, rule, eps=eps)
-            result = selective_accuracy(pred.labels, truth, pred.accepted)
-            if not math.isnan(result["accuracy"]):
-                coverage.append(result["coverage"])
-                acc.append(result["accuracy"])
-        curves[rule] = (coverage, acc)
-    return curves
-
-
-def _map_labels(
-    labels: np.ndarray | None, label_names: Sequence[str] | None, classes: Sequence[str]
-) -> tuple[np.ndarray | None, list[str]]:
-    """World labels as indices into the user's class list (matched by name)."""
-    if labels is None or label_names is None:
-        return None, []
-    needed = sorted({label_names[int(k)] for k in labels})
-    missing = [n for n in needed if n not in classes]
-    if missing:
-        return None, [f"accuracy not shown: the class list lacks the world classes {missing}"]
-    return np.array([classes.index(label_names[int(k)]) for k in labels], dtype=np.int64), []
-
-
-def run_zero_shot(
-    backbone: Backbone,
-    images: Sequence,
-    classes: Sequence[str],
-    *,
-    template: str | None = TEMPLATE,
-    prior: Tensor | None = None,
-    rate: float = 0.5,
-    labels: np.ndarray | None = None,
-    label_names: Sequence[str] | None = None,
-) -> ZeroShotRun:
-    """Classify ``images`` into ``classes`` by every rule.
-
-    Args:
-        backbone: the CLIP model giving the global embeddings.
-        images: RGB images (anything :func:`otviz.backbone.to_rgb` reads).
-        classes: class names.
-        template: the prompt template with one ``{}``.
-        prior: ``[K]`` label prior for the long-tailed rule (default uniform).
-        rate: the selective rate in [0, 1].
-        labels, label_names: true labels as indices into ``label_names`` (matched to
-            ``classes`` by name), if known.
-    """
-    if not len(images):
-        raise InputError("no images: upload some, or use a world batch")
-    rate = check_rate(rate)
-    classes = list(classes)
-    prompts = class_prompts(classes, template)
-    prior = torch.ones(len(classes), dtype=torch.float64) if prior is None else prior
-    if prior.numel() != len(classes):
-        raise InputError(f"the label prior has {prior.numel()} weights for {len(classes)} classes")
-    truth, notes = _map_labels(labels, label_names, classes)
-    image_emb = pooled_image_embeddings(backbone, images)
-    class_emb = pooled_text_embeddings(backbone, prompts)
-    eps = temperature(backbone)
-    predictions = {
-        rule: zero_shot_predict(image_emb, class_emb, rule, eps=eps) for rule in ZERO_SHOT_RULES
-    }
-    predictions[PRIOR_RULE] = long_tailed_predict(image_emb, class_emb, prior.float(), eps=eps)
-    selective = {
-        rule: selective_predict(image_emb, class_emb, rate, rule, eps=eps)
-        for rule in SELECTIVE_RULES
-    }
-    curves = {} if truth is None else _selective_curves(image_emb, class_emb, truth, eps)
-    return ZeroShotRun(classes, prompts, truth, predictions, selective, curves,
-                       prior / prior.sum(), eps, rate, notes)
-
-
 # ----------------------------------------------------------------------- outputs
 def prediction_table(run: ZeroShotRun) -> pd.DataFrame:
     """One row per image: true class (if known), the class each rule predicts, softmax
@@ -462,8 +323,8 @@ def zero_shot_view(
         images, labels, names = load_images(files), None, None
     else:
         raise InputError(f"the image source must be one of {SOURCES}")
-    run = run_zero_shot(backbone, images, classes, template=template, prior=prior, rate=rate,
-                        labels=labels, label_names=names)
+    run = run_zero_shot(backbone, images, classes, class_prompts(classes, template),
+                        prior=prior, rate=rate, labels=labels, label_names=names)
     table = prediction_table(run)
     figures = zero_shot_figures(run)
     files_out = zero_shot_files(run, table, figures)
@@ -499,7 +360,7 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
                                  label="Class names (one per line or comma-separated)")
             template = gr.Textbox(TEMPLATE, label='Prompt template ("{}" = class name)')
             preset = gr.Radio(list(PRIOR_PRESETS), value=UNIFORM,
-                              label="Label prior (for OT + label prior)")
+                              label="Label prior (for OT + label prior, FGW and Sinkhorn)")
             prior_text = gr.Textbox(label="Custom prior: class:weight, ... (or one weight "
                                     "per class)", placeholder="circle:10, square:5, ...")
             rate = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label="Selective rate")
