@@ -19,7 +19,7 @@ from otviz.methods import METHODS, MethodConfig
 from otviz.suite import ALIGN_METHODS
 from otviz.train.method_checkpoint import save_method_checkpoint
 from otviz.ui import context as context_module
-from otviz.ui.app import TRAIN_TITLE, VIEWS, build_app
+from otviz.ui.app import BROWSE_TITLE, TRAIN_TITLE, VIEWS, build_app
 from otviz.ui.context import (
     EMBEDDED,
     REMOTE_MODELS,
@@ -62,7 +62,7 @@ def example():
 def test_views_in_order_each_with_how_to_read(built):
     _, app = built
     tabs = [b for b in app.blocks.values() if isinstance(b, gr.Tab)]
-    assert [t.label for t in tabs] == [title for title, _ in VIEWS] + [TRAIN_TITLE]
+    assert [t.label for t in tabs] == [title for title, _ in VIEWS] + [BROWSE_TITLE, TRAIN_TITLE]
     assert tabs[0].label == "Align"
     for tab in tabs:
         notes = [b.value for b in _walk(tab) if isinstance(b, gr.Markdown)]

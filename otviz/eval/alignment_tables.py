@@ -95,6 +95,28 @@ def pair_scores(
     return both[:, 0], both[:, 1]
 
 
+def phrase_heatmaps(
+    entry: SuiteMethod,
+    data: EvalSet,
+    image_idx: Tensor,
+    text_idx: Tensor,
+    select: Tensor,
+    chunk: int = CHUNK,
+    progress: Callable[[int, int], None] | None = None,
+) -> Tensor:
+    """``[P, N]`` (float64) phrase heatmaps of the pairs ``(image_idx[p], text_idx[p])``, each
+    over the tokens ``select[p]`` (``[P, L]`` on the untrimmed token axis), batched:
+    ``Alignment.heatmap`` (ConceptOT Sec. 2.6), or the method's own ``phrase_patch_map``
+    when it has one (PowerCLIP: the membership-weighted regions of the phrase's node)."""
+    patch_map = getattr(entry.method, "phrase_patch_map", None)
+
+    def phrase_map(a: Alignment, rows: slice) -> Tensor:
+        sel = select[rows, : a.token_mask.shape[1]]
+        return a.heatmap(sel) if patch_map is None else patch_map(a, sel)
+
+    return align_pairs(entry, data, image_idx, text_idx, phrase_map, chunk, progress)
+
+
 def _stage(progress: StageProgress | None, stage: str) -> Callable[[int, int], None] | None:
     if progress is None:
         return None
@@ -219,7 +241,8 @@ def probe_table(
 class PhraseQueries:
     """Every gold noun phrase of a set's true captions that keeps a token in the context:
     its image ``[P]``, token selection ``[P, L]``, gold pixel box ``[P, 4]``, text, its
-    object's colour and whether another object of the scene shares that colour ``[P]``."""
+    object's colour, whether another object of the scene shares that colour ``[P]`` and
+    its caption word span ``[P, 2]`` (``start, end``)."""
 
     image: Tensor
     select: Tensor
@@ -227,6 +250,7 @@ class PhraseQueries:
     texts: list[str]
     colours: list[str]
     shared_colour: Tensor
+    spans: Tensor
 
 
 def phrase_queries(data: EvalSet) -> PhraseQueries:
@@ -242,14 +266,15 @@ def phrase_queries(data: EvalSet) -> PhraseQueries:
             shared.append(colour_shared(sample, phrase.object_index))
     image_idx = torch.tensor(images, dtype=torch.long)
     token_word, mask = data.text_tokens(data.positives[image_idx])
-    select = phrase_token_select(token_word, mask, torch.tensor(spans, dtype=torch.long))
+    span_idx = torch.tensor(spans, dtype=torch.long)
+    select = phrase_token_select(token_word, mask, span_idx)
     kept = select.any(1)
     keep = kept.tolist()
     return PhraseQueries(image_idx[kept], select[kept],
                          torch.tensor(boxes, dtype=torch.float64)[kept],
                          [t for t, k in zip(texts, keep, strict=True) if k],
                          [c for c, k in zip(colours, keep, strict=True) if k],
-                         torch.tensor(shared, dtype=torch.bool)[kept])
+                         torch.tensor(shared, dtype=torch.bool)[kept], span_idx[kept])
 
 
 GROUNDING_COLUMNS = [
@@ -317,14 +342,8 @@ def grounding_table(
     for name, entry in suite.methods.items():
         if name == "global_only":
             continue  # no patch-token plan
-        patch_map = getattr(entry.method, "phrase_patch_map", None)
-
-        def phrase_map(a: Alignment, rows: slice, patch_map=patch_map) -> Tensor:
-            sel = select[rows, : a.token_mask.shape[1]]
-            return a.heatmap(sel) if patch_map is None else patch_map(a, sel)
-
-        heat = align_pairs(entry, data, image_idx, data.positives[image_idx], phrase_map,
-                           chunk, _stage(progress, f"grounding {name}"))
+        heat = phrase_heatmaps(entry, data, image_idx, data.positives[image_idx], select,
+                               chunk, _stage(progress, f"grounding {name}"))
         table.rows.append(_grounding_row(_label(name), name, heat, q, data.grid, size,
                                          threshold))
     if baselines:

@@ -13,7 +13,9 @@ come from.
 :class:`~otviz.methods.PairBatch` in the feature space a method consumes (``"width"`` for
 trained heads, ``"projected"`` for training-free methods), with the parse-tree nodes and
 the token axis cut to the batch's last content token (padding positions never change a
-score; fewer positions cost less).
+score; fewer positions cost less). An :class:`EvalSet` over :class:`ParsedCaptions` (an
+image-caption folder whose captions are parsed) serves the same features, pairs and nodes;
+the world-only parts (samples, positives, negatives) need a :class:`WorldProbeDataset`.
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ from torch import Tensor
 
 from otviz.backbone import Backbone, Space
 from otviz.methods.base import PairBatch
-from otviz.text.parse import batch_node_masks
+from otviz.text.parse import batch_node_masks, parse_caption
 from otviz.text.tree import Tree
 from otviz.train.feature_cache import CachedFeatures, FeatureCache
-from otviz.train.folders import WorldDataset
+from otviz.train.folders import CaptionFolder, WorldDataset
 from otviz.world import NEGATIVE_CATEGORIES, Sample, WorldConfig, realise
 
 Progress = Callable[[int, int], None]
@@ -103,6 +105,35 @@ class WorldProbeDataset(WorldDataset):
         return images, torch.tensor(idx, dtype=torch.long), [self.categories[p] for p in idx]
 
 
+class ParsedCaptions:
+    """An image-caption folder with each caption's constituency tree
+    (:func:`~otviz.text.parse.parse_caption`: benepar where installed, else the built-in
+    parser), as an :class:`~otviz.train.folders.ImageCaptionDataset` with ``trees``."""
+
+    def __init__(self, folder: CaptionFolder) -> None:
+        self.folder = folder
+        self.trees: list[Tree] = [parse_caption(c).tree for c in folder.captions]
+
+    @property
+    def n_images(self) -> int:
+        return self.folder.n_images
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def item(self, i: int) -> tuple[Any, str]:
+        return self.folder.item(i)
+
+    def image_of(self, i: int) -> int:
+        return self.folder.image_of(i)
+
+    def groups(self) -> list[list[int]]:
+        return self.folder.groups()
+
+    def fingerprint(self) -> dict[str, Any]:
+        return self.folder.fingerprint()
+
+
 def world_config_of(backbone: Backbone, negatives: bool = True) -> WorldConfig:
     """The world configuration the backbone was trained on (its checkpoint's recorded
     ``world_config``; the default world for a model without one), with ``negatives`` set.
@@ -138,7 +169,7 @@ class EvalSet:
     use of a space.
     """
 
-    dataset: WorldProbeDataset
+    dataset: WorldProbeDataset | ParsedCaptions
     backbone: Backbone
     cache: FeatureCache
     progress: Progress | None = None

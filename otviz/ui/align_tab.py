@@ -11,6 +11,7 @@ alignment, so a phrase, method, token, scale or lambda change only reads cached 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gradio as gr
@@ -587,7 +588,16 @@ def align_downloads(
 
 
 # ----------------------------------------------------------------------- the tab
-def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
+@dataclass
+class AlignLink:
+    """What another view needs to open a pair in Align: the phrase picker to set, and the
+    Align click (its function, inputs and outputs) to run after setting it."""
+
+    phrase: gr.Dropdown
+    click: tuple[Callable, list, list]
+
+
+def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
     """Add the Align view to the enclosing ``gr.Blocks`` (inside its tab)."""
     with gr.Row():
         run = gr.Button("Align", variant="primary", scale=1)
@@ -710,3 +720,4 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
         files,
         api_name="align_downloads",
     )
+    return AlignLink(phrase, (user_errors(on_align), all_inputs, all_outputs))

@@ -10,6 +10,8 @@ import gradio as gr
 from otviz.text.parse import try_download_benepar
 from otviz.ui.align_tab import build_align_tab
 from otviz.ui.anchors_tab import build_anchors_tab
+from otviz.ui.browse_tab import TAB_TITLE as BROWSE_TITLE
+from otviz.ui.browse_tab import AlignTarget, BrowseSources, build_browse_tab
 from otviz.ui.context import AppContext, SharedInputs, on_space, remote_models
 from otviz.ui.examples import load_examples
 from otviz.ui.inputs import checked_uploads, guard_callbacks, on_upload
@@ -80,19 +82,28 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
     return SharedInputs(image, caption, checkpoint)
 
 
-def build_app(ctx: AppContext | None = None, jobs: TrainingJobs | None = None) -> gr.Blocks:
-    """The app's Blocks: every view on one shared image, caption and checkpoint; on the
-    embedded tiny CLIP (plus the real CLIPs :func:`remote_models` allows) unless another
-    context is given."""
+def build_app(
+    ctx: AppContext | None = None, jobs: TrainingJobs | None = None,
+    browse: BrowseSources | None = None,
+) -> gr.Blocks:
+    """The app's Blocks: every view on one shared image, caption and checkpoint, then
+    Browse (whose rows open in Align) and Train; on the embedded tiny CLIP (plus the real
+    CLIPs :func:`remote_models` allows) unless another context is given."""
     ctx = ctx or AppContext.default(remote_models())
     with gr.Blocks(title="otviz") as app:
         gr.Markdown(INTRO)
         shared = build_shared_inputs(ctx)
-        for title, build in VIEWS:
-            with gr.Tab(title, elem_id=tab_id(title)):
-                build(ctx, shared)
-        with gr.Tab(TRAIN_TITLE, elem_id=tab_id(TRAIN_TITLE)):
-            build_train_tab(ctx, shared, jobs)
+        links = {}
+        with gr.Tabs() as tabs:
+            for title, build in VIEWS:
+                with gr.Tab(title, id=tab_id(title), elem_id=tab_id(title)):
+                    links[title] = build(ctx, shared)
+            with gr.Tab(BROWSE_TITLE, id=tab_id(BROWSE_TITLE), elem_id=tab_id(BROWSE_TITLE)):
+                align = VIEWS[0][0]
+                build_browse_tab(ctx, shared, AlignTarget(tabs, tab_id(align), links[align]),
+                                 browse)
+            with gr.Tab(TRAIN_TITLE, id=tab_id(TRAIN_TITLE), elem_id=tab_id(TRAIN_TITLE)):
+                build_train_tab(ctx, shared, jobs)
         # heads trained in another session since this page was built
         app.load(lambda: gr.Dropdown(choices=ctx.checkpoint_choices()), None,
                  shared.checkpoint, api_visibility="private")

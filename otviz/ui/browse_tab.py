@@ -1,0 +1,257 @@
+"""The "Browse" view: page through many images (a world split with gold boxes, or an
+uploaded image-caption folder), every chosen method's phrase heatmap side by side with its
+hit/miss mark and IoU, filtered by where methods disagree and by phrase kind, sorted by
+IoU; a click on a row opens its image and phrase in Align.
+
+The view composes: tables come from :mod:`otviz.eval.browse` (computed once per checkpoint
+and source, kept in memory, features from the on-disk feature cache), the page picture and
+table from :mod:`otviz.viz.browse`; uploads go through the Train view's validated unpacking
+(:func:`otviz.ui.training.unpack_uploads`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import numpy as np
+import pandas as pd
+
+from otviz.eval.browse import (
+    ALL_ROWS,
+    HIT_FILTERS,
+    KINDS,
+    MAX_IMAGES,
+    MAX_PER_PAGE,
+    ORDERS,
+    SET_ORDER,
+    BrowseCache,
+    BrowseTable,
+    first_captions,
+    folder_browse,
+    page_of,
+    select_rows,
+    world_browse,
+)
+from otviz.pipeline import InputError
+from otviz.suite import ALIGN_METHODS, METHOD_LABELS
+from otviz.train.folders import DatasetError, load_image_captions
+from otviz.ui.align_tab import AlignLink
+from otviz.ui.context import AppContext, SharedInputs
+from otviz.ui.inputs import user_errors
+from otviz.ui.training import unpack_uploads
+from otviz.viz.browse import browse_frame, browse_page_image
+
+TAB_TITLE = "Browse"
+WORLD_SOURCE, UPLOAD_SOURCE = "world split", "uploaded folder"
+SOURCES = (WORLD_SOURCE, UPLOAD_SOURCE)
+WORLD_SPLITS = ("test", "compositional")
+DEFAULT_IMAGES, DEFAULT_PER_PAGE = 96, 12
+DEFAULT_METHODS = ("filip", "dense_uot", "conceptot", "qc_align")
+DEFAULT_A, DEFAULT_B = "conceptot", "filip"
+
+HOW_TO_READ = """**How to read this view.** Each row is one phrase of one image: a gold noun
+phrase of a world caption (with its gold box, green), or a noun phrase of an uploaded
+caption (no gold box). Next to the image, each chosen method's phrase heatmap (the plan's
+columns summed over the phrase's tokens, ConceptOT Sec. 2.6) on its own colour scale, with
+the box of the patches above half its peak (cyan) and its hottest patch (white cross). The
+title's ✓/✗ is the pointing game (is the hottest patch's centre inside the gold box?) and
+the number the IoU of the cyan box with the gold box. *Filters:* compare two methods A and
+B (e.g. "A hits, B misses"), keep phrase kinds (*colour shared*: another object of the
+scene has the phrase's colour, for an upload another phrase of the caption names it;
+*relation*: subject or landmark of a spatial relation; *size*: has a size word), sort by
+IoU. Click a row of the table to open that image and phrase in Align. The first load
+encodes and solves every method on every image (seconds); paging, filters and sorting then
+read the kept results."""
+
+
+@dataclass
+class BrowseSources:
+    """Where the view's tables come from: computed tables kept in memory, the on-disk
+    feature cache and the folder that uploads are unpacked into."""
+
+    cache: BrowseCache = field(default_factory=BrowseCache)
+    features_dir: Path = Path(".cache/otviz-features")
+    uploads_dir: Path = field(
+        default_factory=lambda: Path(tempfile.mkdtemp(prefix="otviz-browse-"))
+    )
+
+
+@dataclass
+class AlignTarget:
+    """The Align view as a target: the page's tabs, Align's tab id and its link."""
+
+    tabs: gr.Tabs
+    tab_id: str
+    link: AlignLink
+
+
+def _uploaded_paths(files: Any) -> list[str]:
+    return [str(getattr(f, "name", f)) for f in files or []]
+
+
+def load_table(
+    ctx: AppContext, sources: BrowseSources, checkpoint: str, source: str,
+    n_images: float | None = DEFAULT_IMAGES, split: str = "test", files: Any = None,
+) -> BrowseTable:
+    """The checkpoint's table of the source (computed on first use, then kept): the first
+    ``n_images`` of a world split, or the uploaded folder (a .zip or its files)."""
+    if source not in SOURCES:
+        raise InputError(f"unknown source {source!r}; choose one of {list(SOURCES)}")
+    suite = ctx.suite(checkpoint)
+    if source == WORLD_SOURCE:
+        if split not in WORLD_SPLITS:
+            raise InputError(f"unknown split {split!r}; choose one of {list(WORLD_SPLITS)}")
+        try:
+            n = int(n_images)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise InputError("the number of images is empty") from None
+        if not 1 <= n <= MAX_IMAGES:
+            raise InputError(f"the number of images must be in [1, {MAX_IMAGES}]")
+        return sources.cache.get(
+            (checkpoint, source, split, n),
+            lambda: world_browse(suite, n, split, cache_dir=sources.features_dir),
+        )
+    paths = _uploaded_paths(files)
+
+    def compute() -> BrowseTable:
+        root = unpack_uploads(paths, sources.uploads_dir / uuid.uuid4().hex)
+        try:
+            folder = load_image_captions(root)
+        except (DatasetError, OSError) as e:
+            raise InputError(f"cannot read the uploaded folder: {e}") from None
+        return folder_browse(suite, first_captions(folder, root), sources.features_dir)
+
+    if not paths:
+        raise InputError("no files uploaded: upload a .zip of the folder, or the images and "
+                         "their captions file")
+    return sources.cache.get((checkpoint, source, tuple(paths)), compute)
+
+
+@dataclass
+class BrowseView:
+    """One page of the view: its picture (``None`` when empty), table, status line, page
+    number and the query index of each table row."""
+
+    image: np.ndarray | None
+    frame: pd.DataFrame
+    status: str
+    page: int
+    rows: list[int]
+
+
+def browse_view(
+    table: BrowseTable, methods: list[str] | None, a: str = DEFAULT_A, b: str = DEFAULT_B,
+    hit_filter: str = ALL_ROWS, kinds: list[str] | None = None, order: str = SET_ORDER,
+    page: float | None = 1, per_page: float | None = DEFAULT_PER_PAGE,
+) -> BrowseView:
+    """The rows passing the filters, in ``order``, page ``page`` (clamped) drawn."""
+    if not methods:
+        raise InputError("tick at least one method to show")
+    rows = select_rows(table, a, b, hit_filter, kinds or [], order)
+    shown = page_of(rows, page, per_page)
+    ids = shown.rows.tolist()
+    n_images = len({it.image for it in table.items})
+    if not ids:
+        return BrowseView(None, browse_frame(table, [], methods),
+                          f"no phrase of the {len(table)} ({n_images} images) passes these "
+                          "filters", 1, [])
+    status = (f"rows {shown.first}–{shown.last} of {shown.n_rows} passing "
+              f"(of {len(table)} phrases in {n_images} images) · page {shown.number} of "
+              f"{shown.n_pages}")
+    return BrowseView(browse_page_image(table, ids, methods), browse_frame(table, ids, methods),
+                      status, shown.number, ids)
+
+
+def open_row(table: BrowseTable, rows: list[int], index: int) -> tuple[np.ndarray, str, str]:
+    """``(image, caption, phrase picker value "span:start:end")`` of table row ``index``."""
+    if not 0 <= int(index) < len(rows):
+        raise InputError("that row is not on this page")
+    q = rows[int(index)]
+    if not 0 <= q < len(table):
+        raise InputError("that row is not in the table: load it again")
+    item = table.items[q]
+    return table.load_image(item.image), item.caption, f"span:{item.start}:{item.end}"
+
+
+def method_choices() -> list[tuple[str, str]]:
+    return [(METHOD_LABELS[n], n) for n in ALIGN_METHODS]
+
+
+def build_browse_tab(
+    ctx: AppContext, shared: SharedInputs, align: AlignTarget,
+    sources: BrowseSources | None = None,
+) -> None:
+    """Add the Browse view to the enclosing ``gr.Blocks`` (inside its tab)."""
+    sources = sources or BrowseSources()
+    with gr.Row():
+        source = gr.Radio(list(SOURCES), value=WORLD_SOURCE, label="Images", scale=1)
+        split = gr.Dropdown(list(WORLD_SPLITS), value="test", label="World split", scale=1)
+        n_images = gr.Number(DEFAULT_IMAGES, label=f"World images (1-{MAX_IMAGES})",
+                             precision=0, minimum=1, maximum=MAX_IMAGES, scale=1)
+        files = gr.File(label="Image-caption folder (.zip, or images + captions.csv)",
+                        file_count="multiple", scale=2)
+        load = gr.Button("Load", variant="primary", scale=1)
+    with gr.Row():
+        methods = gr.CheckboxGroup(method_choices(), value=list(DEFAULT_METHODS),
+                                   label="Methods shown", scale=3)
+        a = gr.Dropdown(method_choices(), value=DEFAULT_A, label="Method A", scale=1)
+        b = gr.Dropdown(method_choices(), value=DEFAULT_B, label="Method B", scale=1)
+    with gr.Row():
+        hit_filter = gr.Dropdown(list(HIT_FILTERS), value=ALL_ROWS, label="Hits", scale=1)
+        kinds = gr.CheckboxGroup(list(KINDS), value=[], label="Phrase kinds (all ticked)",
+                                 scale=1)
+        order = gr.Dropdown(list(ORDERS), value=SET_ORDER, label="Sort", scale=1)
+        per_page = gr.Slider(1, MAX_PER_PAGE, DEFAULT_PER_PAGE, step=1, label="Rows per page",
+                             scale=1)
+    with gr.Row():
+        prev = gr.Button("◀ Previous", scale=1)
+        page = gr.Number(1, label="Page", precision=0, minimum=1, scale=1)
+        nxt = gr.Button("Next ▶", scale=1)
+        status = gr.Markdown(elem_id="browse-status")
+    grid = gr.Image(label="Phrase heatmaps per method", format="jpeg", interactive=False,
+                    elem_id="browse-grid")
+    frame = gr.Dataframe(label="Rows (click one to open it in Align)", interactive=False,
+                         elem_id="browse-table")
+    rows = gr.State([])
+    gr.Markdown(HOW_TO_READ)
+
+    def show(checkpoint, src, n, spl, fls, meth, ma, mb, hf, kd, od, pg, pp):
+        table = load_table(ctx, sources, checkpoint, src, n, spl, fls)
+        v = browse_view(table, meth, ma, mb, hf, kd, od, pg, pp)
+        return v.image, v.frame, v.status, v.page, v.rows
+
+    def first_page(*args):
+        return show(*args[:-2], 1, args[-1])
+
+    def step(delta: int):
+        def turn(*args):
+            current = args[-2] if isinstance(args[-2], int | float) else 1
+            return show(*args[:-2], current + delta, args[-1])
+        return turn
+
+    def on_select(checkpoint, src, n, spl, fls, shown, evt: gr.SelectData):
+        table = load_table(ctx, sources, checkpoint, src, n, spl, fls)
+        image, caption, phrase = open_row(table, shown, evt.index[0])
+        return (image, caption, gr.Dropdown(choices=[(phrase, phrase)], value=phrase),
+                gr.Tabs(selected=align.tab_id))
+
+    source_inputs = [shared.checkpoint, source, n_images, split, files]
+    inputs = [*source_inputs, methods, a, b, hit_filter, kinds, order, page, per_page]
+    outputs = [grid, frame, status, page, rows]
+    load.click(user_errors(first_page), inputs, outputs, api_name="browse")
+    hidden = {"api_visibility": "private"}
+    for control in (methods, a, b, hit_filter, kinds, order, per_page):
+        control.input(user_errors(first_page), inputs, outputs, **hidden)
+    page.submit(user_errors(show), inputs, outputs, api_name="browse_page")
+    prev.click(user_errors(step(-1)), inputs, outputs, **hidden)
+    nxt.click(user_errors(step(1)), inputs, outputs, **hidden)
+    fn, align_inputs, align_outputs = align.link.click
+    frame.select(
+        user_errors(on_select), [*source_inputs, rows],
+        [shared.image, shared.caption, align.link.phrase, align.tabs], **hidden,
+    ).success(fn, align_inputs, align_outputs, **hidden)
