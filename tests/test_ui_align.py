@@ -25,6 +25,7 @@ from otviz.pipeline import InputError
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.ui.align_tab import (
+    GRID_PANEL_PX,
     SCORED_METHODS,
     TAB_TITLE,
     align_downloads,
@@ -44,7 +45,14 @@ from otviz.ui.context import EMBEDDED, WORLD_FIT_CAPTIONS, AppContext, BackboneC
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.examples import load_examples
 from otviz.ui.inputs import user_errors
-from otviz.viz.panels import BOX_COLOUR, GAP_PX, TITLE_PX, colormap_lut, compose_heatmaps
+from otviz.viz.panels import (
+    BAR_PX,
+    BOX_COLOUR,
+    GAP_PX,
+    TITLE_PX,
+    colormap_lut,
+    compose_heatmaps,
+)
 from otviz.viz.panels import overlay as heat_overlay
 
 LAMBDA = 0.7
@@ -135,7 +143,7 @@ def test_per_panel_scales_differ_from_the_shared_scale():
 
 
 # ----------------------------------------------------------------------- click
-def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded):
+def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded, tools, sample):
     assert list(view.heats) == list(ALIGN_METHODS)
     assert all(h.shape == encoded.grid for h in view.heats.values())
     maps = [view.heats[n] for n in ALIGN_METHODS]
@@ -144,12 +152,11 @@ def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded):
         encoded.grid,
         (224, 224),
     ).tolist()
+    # a box over (nearly) the whole image localises nothing and is not drawn
+    boxes = [None if (b[2] - b[0]) * (b[3] - b[1]) >= 0.9 * 224 * 224 else b for b in boxes]
     text = " ".join(encoded.words[k].text for k in resolve_phrase(encoded, view.phrase))
-    # QC-Align's panel is Pi / (mu nu), not a mass: stretched to the mass panels' peak
+    # by default every panel on its own scale (QC-Align's Pi / (mu nu) as it is)
     shown = [np.clip(m, 0.0, None) for m in maps]
-    qc = ALIGN_METHODS.index("qc_align")
-    peak = max(float(m.max()) for k, m in enumerate(shown) if k != qc)
-    shown[qc] = shown[qc] * (peak / float(shown[qc].max()))
     titles = [METHOD_LABELS[n] + (" Π/(μν), own scale" if n == "qc_align" else "")
               for n in ALIGN_METHODS]
     expected = compose_heatmaps(
@@ -157,15 +164,27 @@ def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded):
         shown,
         titles,
         boxes=boxes,
+        shared_scale=False,
+        panel_px=GRID_PANEL_PX,
         colorbar_label=f'mass of "{text}"',
     )
     np.testing.assert_array_equal(view.grid, expected)
     # eight panels in two rows of four: each panel carries its box outline
-    panel = (view.grid.shape[0] // 2) - TITLE_PX - GAP_PX
-    for k in range(8):
-        x, y = (k % 4) * (panel + GAP_PX), (k // 4) * (panel + TITLE_PX + GAP_PX) + TITLE_PX
+    under = BAR_PX // 2 + 14  # the per-panel colour bar
+    cell_h = view.grid.shape[0] // 2
+    panel = cell_h - TITLE_PX - GAP_PX - under
+    for k in (k for k in range(8) if boxes[k] is not None):
+        x, y = (k % 4) * (panel + GAP_PX), (k // 4) * cell_h + TITLE_PX
         x0, y0 = round(boxes[k][0] * panel / 224), round(boxes[k][1] * panel / 224)
         assert tuple(view.grid[y + y0 + 1, x + x0 + 1]) == BOX_COLOUR
+    # one shared scale: QC-Align's readout is stretched to the mass panels' peak
+    shared, _ = phrase_view(*tools, *sample, view.phrase, shared_scale=True)
+    qc = ALIGN_METHODS.index("qc_align")
+    peak = max(float(m.max()) for k, m in enumerate(shown) if k != qc)
+    shown[qc] = shown[qc] * (peak / float(shown[qc].max()))
+    np.testing.assert_array_equal(shared, compose_heatmaps(
+        encoded.image, shown, titles, boxes=boxes, panel_px=GRID_PANEL_PX,
+        colorbar_label=f'mass of "{text}"'))
 
 
 def test_plan_matrix_is_the_alignment_plan_on_valid_tokens(view, tools, encoded):
@@ -206,11 +225,12 @@ def test_marginals_are_the_plan_sums(tools, sample, encoded, method):
         encoded.image,
         [data.plan[:, 1].reshape(encoded.grid)],
         [f'{METHOD_LABELS[method]}: "{data.tokens[1]}"'],
-        boxes=patch_box_to_pixels(
-            heatmap_boxes(torch.from_numpy(data.plan[:, 1])[None], encoded.grid),
-            encoded.grid,
-            (224, 224),
-        ).tolist(),
+        boxes=[None if (b[2] - b[0]) * (b[3] - b[1]) >= 0.9 * 224 * 224 else b
+               for b in patch_box_to_pixels(
+                   heatmap_boxes(torch.from_numpy(data.plan[:, 1])[None], encoded.grid),
+                   encoded.grid,
+                   (224, 224),
+               ).tolist()],
         columns=1,
         panel_px=224,
         colorbar_label="token mass",
@@ -288,8 +308,8 @@ def test_phrase_heatmaps_equal_alignment_heatmap(tools, sample, encoded, view):
         np.testing.assert_array_equal(heats[name].reshape(-1), ref)
     grid_span, _ = phrase_view(*tools, *sample, f"span:{np_node.start}:{np_node.end}")
     np.testing.assert_array_equal(grid, grid_span)
-    own, _ = phrase_view(*tools, *sample, typed, shared_scale=False)
-    assert own.shape != grid.shape  # per-panel colour bars under each panel
+    shared, _ = phrase_view(*tools, *sample, typed, shared_scale=True)
+    assert shared.shape != grid.shape  # one bar at the right, none under each panel
 
 
 def test_phrase_change_reads_the_cache(tools, sample, view, monkeypatch):

@@ -214,6 +214,14 @@ class AppContext:
                         if h.backbone == b.label]
             return out
 
+    def default_checkpoint(self) -> str:
+        """The picker's initial entry: the first backbone's shipped trained heads where
+        they exist (the methods as trained, which is what the views are meant to show),
+        else its training-free entry."""
+        choices = self.checkpoint_choices()
+        shipped = f"{self.backbones[0].label}{SEPARATOR}{SHIPPED_HEADS}"
+        return shipped if shipped in choices else choices[0]
+
     def add_head_set(self, backbone: str, label: str, heads: dict[str, Path]) -> str:
         """Offer ``heads`` (method -> checkpoint directory) on the backbone labelled
         ``backbone`` as a new picker entry (a label already taken gets a number); returns

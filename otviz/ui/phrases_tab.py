@@ -273,9 +273,10 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
             tau = gr.Number(value=None, label="tau of the NLA column (empty or 0: the method's)",
                             minimum=0.0)
             run = gr.Button("Show phrases & regions", variant="primary")
-            note = gr.Markdown()
         with gr.Column(scale=2):
-            tree_plot = gr.Plot(label="Constituency tree", elem_id="phrases-tree")
+            note = gr.Markdown()
+    # full width: a long caption's tree stays legible
+    tree_plot = gr.Plot(label="Constituency tree", elem_id="phrases-tree")
     with gr.Row():
         regions_plot = gr.Plot(label="Region masks", elem_id="phrases-regions")
         subset_plot = gr.Plot(label="Best-matching regions of the phrase")
