@@ -439,6 +439,37 @@ def test_downloads_load_back(tools, sample, encoded, view):
     assert scores["tokens"] == data.tokens and scores["grid"] == list(encoded.grid)
     png = np.asarray(Image.open(by_name["phrase_heatmaps.png"]).convert("RGB"))
     np.testing.assert_array_equal(png, view.grid)
+    for figure in ("plan_conceptot", "token_marginals_conceptot", "solver_convergence"):
+        assert by_name[f"{figure}.png"].read_bytes()[:4] == b"\x89PNG"  # plotly, as PNG
+        assert by_name[f"{figure}.html"].stat().st_size > 0  # and interactive
+
+
+def test_static_twin_draws_the_plotly_figures_values():
+    """The PNG twin of a plotly figure holds its data: heatmap values (on the trace's colour
+    limits), grouped bar heights, line points, one panel per stacked y-axis, the titles."""
+    import plotly.graph_objects as go
+
+    from otviz.viz.plans import convergence_figure, plan_matrix_figure, token_marginal_figure
+    from otviz.viz.plotly_static import static_figure
+    from otviz.viz.training import loss_curves_figure
+
+    rng = np.random.default_rng(0)
+    plan = rng.random((6, 3))
+    twin = static_figure(plan_matrix_figure(plan, (2, 3), ["a", "🐶", "c"], ["a", "b", "c"], "P"))
+    np.testing.assert_array_equal(twin.axes[0].images[0].get_array(), plan)
+    assert [t.get_text() for t in twin.axes[0].get_xticklabels()] == ["a", "U+1F436", "c"]
+    assert twin.axes[0].get_ylim()[0] > twin.axes[0].get_ylim()[1]  # rows top to bottom
+    bars = static_figure(token_marginal_figure(np.array([1.0, 2.0]), np.array([3.0, 4.0]),
+                                               ["x", "y"], "marginals"))
+    assert [r.get_height() for r in bars.axes[0].patches] == [1.0, 2.0, 3.0, 4.0]
+    assert bars._suptitle.get_text() == "marginals"
+    log = static_figure(convergence_figure(["A", "B"], [1e-3, None]))
+    assert log.axes[0].get_yscale() == "log" and log.axes[0].get_ylim()[1] == pytest.approx(1e-2)
+    curves = static_figure(loss_curves_figure(
+        {"m": [{"step": 1, "loss": 2.0, "local": 0.5}]}, {"m": "M"}))
+    assert len(curves.axes) == 2  # loss and local term, stacked
+    assert list(curves.axes[0].lines[0].get_ydata()) == [2.0]  # one step: one point
+    assert isinstance(static_figure(go.Figure()), matplotlib.figure.Figure)
 
 
 def test_download_dir_writes_safe_names_and_prunes_old_requests(tmp_path):

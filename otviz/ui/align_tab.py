@@ -553,7 +553,7 @@ def align_downloads(
     token: int | None = None,
     came_temperature: float | None = None,
 ) -> list[str]:
-    """Files of the current view: the heatmap grid, marginal and token maps (PNG), the
+    """Files of the current view: every figure (PNG; the plotly ones also as HTML), the
     phrase heatmaps, the plan and its marginals (.npy + .csv) and the scores (JSON)."""
     encoded, runs = _encode_and_align(explainer, suite, image, caption, regions,
                                       came_temperature)
@@ -563,6 +563,12 @@ def align_downloads(
     out.save_figure(grid, "phrase_heatmaps")
     out.save_figure(view.patch_marginals, f"patch_marginals_{method}")
     out.save_figure(view.token_map, f"token_map_{method}")
+    out.save_figure(view.plan, f"plan_{method}")
+    out.save_figure(view.token_marginals, f"token_marginals_{method}")
+    rows = score_rows(runs, lambda_local)
+    out.save_figure(convergence_figure(
+        [METHOD_LABELS[n] for n in ALIGN_METHODS],
+        [r.marginal_error for r in rows if r.name in ALIGN_METHODS]), "solver_convergence")
     out.save_array(
         np.stack([heats[n].reshape(-1) for n in ALIGN_METHODS], axis=1),
         "phrase_heatmaps",
@@ -595,7 +601,7 @@ def align_downloads(
             "lambda_local": lambda_local,
             "came_temperature": suite.methods["qc_align"].method.came_temperature
             if came_temperature is None else came_temperature,
-            "scores": score_records(score_rows(runs, lambda_local)),
+            "scores": score_records(rows),
         },
         "scores",
     )
