@@ -11,6 +11,8 @@ alignment, so a phrase, method, token, scale or lambda change only reads cached 
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import gradio as gr
@@ -248,6 +250,28 @@ class PlanData:
     words: list[str]
 
 
+#: Dense plans of the latest runs, by run identity: a low-rank plan takes tens of ms to
+#: expand, and the plan view and the score table both read it on every click.
+_DENSE: OrderedDict[int, tuple[MethodRun, np.ndarray]] = OrderedDict()
+_DENSE_KEPT = 64
+_DENSE_LOCK = threading.Lock()
+
+
+def dense_plan(run: MethodRun) -> np.ndarray:
+    """``[N, L]`` the run's plan as a dense array (``plan.dense()[0]``), expanded once."""
+    with _DENSE_LOCK:
+        hit = _DENSE.get(id(run))
+        if hit is not None and hit[0] is run:
+            _DENSE.move_to_end(id(run))
+            return hit[1]
+    dense = run.alignment.plan.dense()[0].numpy()
+    with _DENSE_LOCK:
+        _DENSE[id(run)] = (run, dense)
+        while len(_DENSE) > _DENSE_KEPT:
+            _DENSE.popitem(last=False)
+    return dense
+
+
 def plan_data(run: MethodRun, encoded: Encoded) -> PlanData:
     """The run's plan and marginals on the pair's valid tokens."""
     positions, texts, words = token_labels(encoded)
@@ -257,7 +281,7 @@ def plan_data(run: MethodRun, encoded: Encoded) -> PlanData:
         return None if t is None else (t[0, positions] if cols else t[0]).numpy()
 
     return PlanData(
-        plan=a.plan.dense()[0][:, positions].numpy(),
+        plan=dense_plan(run)[:, positions.numpy()],
         row_marginal=a.row_marginal[0].numpy(),
         row_reference=ref(a.row_reference, False),
         col_marginal=a.col_marginal[0, positions].numpy(),
@@ -273,7 +297,7 @@ def score_rows(runs: dict[str, MethodRun], lambda_local: float) -> list[ScoreRow
     for name, run in runs.items():
         a = run.alignment
         err = None if a.marginal_error is None else float(a.marginal_error[0])
-        negative = negative_mass(a.plan.dense()[0].numpy())
+        negative = negative_mass(dense_plan(run))
         label = METHOD_LABELS[name]
         if "raw_local_score" in a.extras:  # PowerCLIP: local = S / S_max, the raw S named
             label = f"{label} (raw S = {float(a.extras['raw_local_score'][0]):.3g})"

@@ -89,15 +89,26 @@ def overlay(
     (``[gh, gw]``) stretched over it by bilinear interpolation, colour-mapped on
     ``[vmin, vmax]`` and blended at an opacity growing linearly from ``alpha[0]`` (``vmin``)
     to ``alpha[1]`` (``vmax``)."""
-    h, w = image.shape[:2]
+    return _blend(dimmed(image, backdrop), heat, vmin, vmax, cmap, alpha)
+
+
+def dimmed(image: np.ndarray, backdrop: float = BACKDROP) -> np.ndarray:
+    """``[h, w, 1]`` float32: the image's luma scaled by ``backdrop``."""
+    grey = image[..., :3].astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    return (backdrop * grey)[..., None]
+
+
+def _blend(
+    grey: np.ndarray, heat: np.ndarray, vmin: float, vmax: float, cmap: str,
+    alpha: tuple[float, float],
+) -> np.ndarray:
+    h, w = grey.shape[:2]
     field = Image.fromarray(np.asarray(heat, dtype=np.float32), mode="F")
     up = np.asarray(field.resize((w, h), Image.Resampling.BILINEAR))
     level = np.clip((up - vmin) / (vmax - vmin), 0.0, 1.0)
     colour = colormap_lut(cmap)[(level * 255.0).astype(np.uint8)].astype(np.float32)
-    grey = image.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
     opacity = (alpha[0] + (alpha[1] - alpha[0]) * level)[..., None]
-    out = (1.0 - opacity) * (backdrop * grey)[..., None] + opacity * colour
-    return out.round().astype(np.uint8)
+    return ((1.0 - opacity) * grey + opacity * colour).round().astype(np.uint8)
 
 
 def _fit(image: np.ndarray, panel_px: int) -> np.ndarray:
@@ -194,6 +205,7 @@ def compose_heatmaps(
     ph, pw = base.shape[:2]
     sx, sy = pw / image.shape[1], ph / image.shape[0]
     limits = _scale_limits(heats, shared_scale, zero_floor)
+    grey = dimmed(base)
     cols = max(1, min(columns, len(heats)))
     rows = math.ceil(len(heats) / cols)
     under = 0 if shared_scale else BAR_PX // 2 + 14
@@ -204,7 +216,8 @@ def compose_heatmaps(
     for k, (heat, title) in enumerate(zip(heats, titles, strict=True)):
         x, y = (k % cols) * cell_w, (k // cols) * cell_h
         vmin, vmax = limits[k]
-        canvas.paste(Image.fromarray(overlay(base, heat, vmin, vmax, cmap)), (x, y + TITLE_PX))
+        panel = _blend(grey, heat, vmin, vmax, cmap, HEAT_ALPHA)
+        canvas.paste(Image.fromarray(panel), (x, y + TITLE_PX))
         draw.text(
             (x + pw // 2, y + TITLE_PX // 2),
             _clip_text(draw, drawable(title), pw, font),
