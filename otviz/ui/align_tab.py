@@ -652,6 +652,7 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
         label="Phrase (a word or a parse-tree phrase; or type words)",
         choices=[],
         allow_custom_value=True,
+        elem_id="align-phrase",
     )
     grid = gr.Image(
         label="Phrase heatmap per method", format=RASTER_FORMAT, interactive=False,
@@ -659,7 +660,8 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> None:
     )
     with gr.Row():
         with gr.Column(scale=3):
-            method = gr.Dropdown(method_choices(), value=DEFAULT_METHOD, label="Method")
+            method = gr.Dropdown(method_choices(), value=DEFAULT_METHOD, label="Method",
+                                 elem_id="align-method")
             plan = gr.Plot(label="Transport plan", elem_id="align-plan")
         with gr.Column(scale=2):
             token = gr.Dropdown(label="Token (its plan column on the image)", choices=[])

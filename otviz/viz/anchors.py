@@ -145,9 +145,10 @@ def embed_2d(points: np.ndarray, projection: str = "PCA", seed: int = 0) -> np.n
 #: Where a word's label may go around its marker, in order of preference.
 LABEL_POSITIONS = ("top center", "bottom center", "middle right", "middle left")
 #: Label box size in the map's unit square: height, and width per character, at the 10-px
-#: font on a ~600 x 400 px plot area.
-LABEL_H, CHAR_W = 0.035, 0.011
-MARKER_R = 0.02  # an anchor marker's radius in the unit square
+#: font on the ~330 x 300 px plot area the map gets in half the app's width.
+LABEL_H, CHAR_W = 0.05, 0.018
+MARKER_R = 0.025  # a marker's radius in the unit square
+MARGIN = 0.04  # how far past the points' range a label may reach (plotly pads its axes)
 
 
 def _label_box(x: float, y: float, text: str, position: str) -> tuple[float, ...]:
@@ -175,9 +176,9 @@ def place_labels(
     positions: Sequence[str] = LABEL_POSITIONS,
 ) -> list[str | None]:
     """A text position (the first of ``positions`` that fits) per point such that no two
-    label boxes overlap and no label covers an obstacle point (e.g. an anchor marker), or
-    ``None`` where every position collides (that label is left to the hover). Points are
-    placed greedily in order, on the map rescaled to the unit square."""
+    label boxes overlap, no label covers an obstacle point (e.g. an anchor marker) and none
+    leaves the plot, or ``None`` where every position collides (that label is left to the
+    hover). Points are placed greedily in order, on the map rescaled to the unit square."""
     every = points if obstacles is None or not len(obstacles) else np.vstack([points, obstacles])
     lo, span = every.min(0), np.ptp(every, 0)
     span = np.where(span > 0, span, 1.0)
@@ -190,7 +191,9 @@ def place_labels(
     for (x, y), text in zip(unit, texts, strict=True):
         for position in positions:
             box = _label_box(float(x), float(y), text, position)
-            if not any(_overlaps(box, other) for other in (*placed, *blocked)):
+            inside = box[0] >= -MARGIN and box[2] <= 1 + MARGIN and box[1] >= -MARGIN \
+                and box[3] <= 1 + MARGIN
+            if inside and not any(_overlaps(box, other) for other in (*placed, *blocked)):
                 placed.append(box)
                 out.append(position)
                 break
@@ -213,7 +216,8 @@ def embedding_scatter(
     words = [drawable(w) for w in words]
     numbers = [str(k) for k in range(len(anchor_xy))]
     inside = place_labels(np.asarray(anchor_xy), numbers, positions=("middle center",))
-    around = place_labels(np.asarray(word_xy), words, np.asarray(anchor_xy))
+    markers = np.vstack([np.asarray(anchor_xy), np.asarray(word_xy)])
+    around = place_labels(np.asarray(word_xy), words, markers)
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
