@@ -268,6 +268,7 @@ def test_train_view_trains_a_few_steps(page, live_app, shots):
     page.locator("#shared-checkpoint input").click()
     page.get_by_role("option", name=entry).wait_for()
     page.keyboard.press("Escape")
+    assert_all_columns_visible(page, "#tab-train")
     screenshot(page, "tab-train", shots / "train.png")
 
 
@@ -285,4 +286,6 @@ def test_other_views_render(page, shots, title, button, element):
     rendered_image(page, element)
     tab = "tab-" + title.split()[0].lower()
     assert_badges_cover_nothing(page, tab)
+    if page.locator(f"#{tab} th").count():
+        assert_all_columns_visible(page, f"#{tab}")
     screenshot(page, tab, shots / f"{tab.removeprefix('tab-')}.png")
