@@ -12,6 +12,7 @@ Without Chromium or Playwright the tests skip and say how to install them; with
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import shutil
 from pathlib import Path
@@ -33,7 +34,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-VIEWPORT = {"width": 1280, "height": 900}
+VIEWPORT = {"width": 1400, "height": 900}  # the app's width
 SCREENSHOT_WIDTH = 900  # px of the committed screenshots
 TIMEOUT_MS = 120_000
 
@@ -128,14 +129,63 @@ def rendered_image(page, selector: str) -> tuple[int, int]:
                                "return [i.naturalWidth, i.naturalHeight]; })()"))
 
 
+#: For every labelled block of a view: the boxes of its label badge and of what it shows
+#: (image, plotly plot, table), as ``[label, badge, content]``.
+BADGES_AND_CONTENT = """tab => Array.from(document.querySelectorAll(`#${tab} .block`))
+  .map(block => {
+    const badge = block.querySelector('[data-testid="block-label"]');
+    const content = block.querySelector('img, .js-plotly-plot .main-svg, table');
+    if (!badge || !content || badge.offsetParent === null) return null;
+    const box = e => { const r = e.getBoundingClientRect();
+                       return [r.left, r.top, r.right, r.bottom]; };
+    return [badge.textContent.trim(), box(badge), box(content)];
+  }).filter(x => x !== null)"""
+
+
+def assert_badges_cover_nothing(page, tab: str) -> None:
+    """No label badge of the view overlaps the figure, image or table under it (where the
+    figure's own title is drawn)."""
+    blocks = page.evaluate(BADGES_AND_CONTENT, tab)
+    assert blocks, f"no labelled figure in #{tab}"
+    for label, (bl, bt, br, bb), (cl, ct, cr, cb) in blocks:
+        overlap = min(br, cr) > max(bl, cl) and min(bb, cb) > max(bt, ct)
+        assert not overlap, f"the {label!r} badge covers its content in #{tab}"
+
+
+def assert_not_blank(page, selector: str, min_std: float = 12.0) -> None:
+    """The element's pixels vary (a heatmap drawn, not an empty or flat panel)."""
+    shot = page.locator(selector).screenshot()
+    pixels = np.asarray(Image.open(io.BytesIO(shot)).convert("L"), dtype=float)
+    assert pixels.std() > min_std, f"{selector} looks blank (pixel std {pixels.std():.1f})"
+
+
+def assert_all_columns_visible(page, selector: str) -> None:
+    """Every header cell of the table lies inside the table's visible block (nothing clipped
+    or scrolled out of view horizontally)."""
+    page.wait_for_selector(f"{selector} th")
+    edges = page.evaluate(f"""() => {{
+        const block = document.querySelector('{selector}').getBoundingClientRect();
+        return [block.left, block.right, Array.from(
+            document.querySelectorAll('{selector} th'), th => {{
+                const r = th.getBoundingClientRect();
+                return [th.textContent.trim(), r.left, r.right]; }})]; }}""")
+    left, right, headers = edges
+    assert headers
+    hidden = [name for name, lo, hi in headers if lo < left - 1 or hi > right + 1]
+    assert not hidden, f"columns cut off in {selector}: {hidden}"
+
+
 def test_align_shows_the_heatmap_grid_and_the_plan(page, live_app, shots):
     open_tab(page, "Align")
     page.get_by_role("button", name="Align", exact=True).click()
     width, height = rendered_image(page, "#align-grid")
     traces = plotly_data(page, "align-plan")
-    # the same click computed in-process on the same context (cached features)
+    plotly_data(page, "align-convergence")
+    # the same click computed in-process on the same context (cached features), on the
+    # picker's default entry: the shipped trained heads
     example = load_examples()[0]
-    checkpoint = live_app.ctx.checkpoint_choices()[0]
+    checkpoint = live_app.ctx.default_checkpoint()
+    assert page.locator("#shared-checkpoint input").input_value() == checkpoint
     view = align_view(live_app.ctx.explainer(checkpoint), live_app.ctx.suite(checkpoint),
                       np.asarray(Image.open(example.image_path).convert("RGB")),
                       example.caption)
@@ -144,6 +194,17 @@ def test_align_shows_the_heatmap_grid_and_the_plan(page, live_app, shots):
     assert heat["type"] == "heatmap"
     np.testing.assert_allclose(np.asarray(heat["z"], dtype=float), view.plan.data.plan,
                                rtol=1e-5, atol=1e-7)
+    assert_not_blank(page, "#align-grid img")
+    assert_not_blank(page, "#align-token-map img")
+    assert_badges_cover_nothing(page, "tab-align")
+    assert_all_columns_visible(page, "#align-scores")
+    # the tallest convergence bar's value label lies inside the plot area
+    labels = page.evaluate("""() => {
+        const plot = document.querySelector('#align-convergence .js-plotly-plot');
+        const area = plot.querySelector('.nsewdrag').getBoundingClientRect();  // plot area
+        return Array.from(plot.querySelectorAll('.bartext'), t => {
+            const r = t.getBoundingClientRect(); return [r.top, area.top]; }); }""")
+    assert labels and all(top >= area_top - 1 for top, area_top in labels)
     screenshot(page, "tab-align", shots / "align.png")
 
 
@@ -164,6 +225,8 @@ def test_anchors_view(page, shots):
     width, height = rendered_image(page, "#anchors-matrix")  # matplotlib, as a PNG
     assert width > 200 and height > 200
     rendered_image(page, "#anchors-maps")
+    assert_not_blank(page, "#anchors-maps img")
+    assert_badges_cover_nothing(page, "tab-anchors")
     screenshot(page, "tab-anchors", shots / "anchors.png")
 
 
@@ -176,6 +239,13 @@ def test_phrases_and_regions_view(page, shots):
         "Array.from(document.querySelectorAll('#phrases-nodes td'))"
         ".some(td => td.textContent.trim() === 'NP')"
     )
+    # the tree spans the page: each caption word gets at least ~40 px
+    tree_width, _ = rendered_image(page, "#phrases-tree")
+    shown = page.locator("#phrases-tree img").first.bounding_box()
+    words = len(load_examples()[0].caption.split())
+    assert shown["width"] >= 40 * words or shown["width"] >= tree_width
+    assert_badges_cover_nothing(page, "tab-phrases")
+    assert_all_columns_visible(page, "#phrases-nodes")
     screenshot(page, "tab-phrases", shots / "phrases.png")
 
 
@@ -189,6 +259,8 @@ def test_train_view_trains_a_few_steps(page, live_app, shots):
     page.wait_for_selector('#train-progress [data-state="finished"]', timeout=240_000)
     traces = plotly_data(page, "train-curves")
     assert [t["x"] for t in traces] == [[1, 2, 3], [1, 2, 3]]  # loss and local term
+    # a short run still draws its points (markers), not an empty plot
+    assert page.locator("#train-curves .point").count() >= 6
     metrics = plotly_data(page, "train-metrics")
     assert [t["type"] for t in metrics] == ["bar", "bar"]  # training-free vs trained
     entry = live_app.jobs.current().status().picker_entry
@@ -196,6 +268,7 @@ def test_train_view_trains_a_few_steps(page, live_app, shots):
     page.locator("#shared-checkpoint input").click()
     page.get_by_role("option", name=entry).wait_for()
     page.keyboard.press("Escape")
+    assert_all_columns_visible(page, "#tab-train")
     screenshot(page, "tab-train", shots / "train.png")
 
 
@@ -212,4 +285,7 @@ def test_other_views_render(page, shots, title, button, element):
     page.get_by_role("button", name=button, exact=True).click()
     rendered_image(page, element)
     tab = "tab-" + title.split()[0].lower()
+    assert_badges_cover_nothing(page, tab)
+    if page.locator(f"#{tab} th").count():
+        assert_all_columns_visible(page, f"#{tab}")
     screenshot(page, tab, shots / f"{tab.removeprefix('tab-')}.png")

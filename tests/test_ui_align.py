@@ -25,6 +25,7 @@ from otviz.pipeline import InputError
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.ui.align_tab import (
+    GRID_PANEL_PX,
     SCORED_METHODS,
     TAB_TITLE,
     align_downloads,
@@ -44,7 +45,14 @@ from otviz.ui.context import EMBEDDED, WORLD_FIT_CAPTIONS, AppContext, BackboneC
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.examples import load_examples
 from otviz.ui.inputs import user_errors
-from otviz.viz.panels import BOX_COLOUR, GAP_PX, TITLE_PX, colormap_lut, compose_heatmaps
+from otviz.viz.panels import (
+    BAR_PX,
+    BOX_COLOUR,
+    GAP_PX,
+    TITLE_PX,
+    colormap_lut,
+    compose_heatmaps,
+)
 from otviz.viz.panels import overlay as heat_overlay
 
 LAMBDA = 0.7
@@ -135,7 +143,7 @@ def test_per_panel_scales_differ_from_the_shared_scale():
 
 
 # ----------------------------------------------------------------------- click
-def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded):
+def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded, tools, sample):
     assert list(view.heats) == list(ALIGN_METHODS)
     assert all(h.shape == encoded.grid for h in view.heats.values())
     maps = [view.heats[n] for n in ALIGN_METHODS]
@@ -144,12 +152,11 @@ def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded):
         encoded.grid,
         (224, 224),
     ).tolist()
+    # a box over (nearly) the whole image localises nothing and is not drawn
+    boxes = [None if (b[2] - b[0]) * (b[3] - b[1]) >= 0.9 * 224 * 224 else b for b in boxes]
     text = " ".join(encoded.words[k].text for k in resolve_phrase(encoded, view.phrase))
-    # QC-Align's panel is Pi / (mu nu), not a mass: stretched to the mass panels' peak
+    # by default every panel on its own scale (QC-Align's Pi / (mu nu) as it is)
     shown = [np.clip(m, 0.0, None) for m in maps]
-    qc = ALIGN_METHODS.index("qc_align")
-    peak = max(float(m.max()) for k, m in enumerate(shown) if k != qc)
-    shown[qc] = shown[qc] * (peak / float(shown[qc].max()))
     titles = [METHOD_LABELS[n] + (" Π/(μν), own scale" if n == "qc_align" else "")
               for n in ALIGN_METHODS]
     expected = compose_heatmaps(
@@ -157,15 +164,27 @@ def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded):
         shown,
         titles,
         boxes=boxes,
+        shared_scale=False,
+        panel_px=GRID_PANEL_PX,
         colorbar_label=f'mass of "{text}"',
     )
     np.testing.assert_array_equal(view.grid, expected)
     # eight panels in two rows of four: each panel carries its box outline
-    panel = (view.grid.shape[0] // 2) - TITLE_PX - GAP_PX
-    for k in range(8):
-        x, y = (k % 4) * (panel + GAP_PX), (k // 4) * (panel + TITLE_PX + GAP_PX) + TITLE_PX
+    under = BAR_PX // 2 + 14  # the per-panel colour bar
+    cell_h = view.grid.shape[0] // 2
+    panel = cell_h - TITLE_PX - GAP_PX - under
+    for k in (k for k in range(8) if boxes[k] is not None):
+        x, y = (k % 4) * (panel + GAP_PX), (k // 4) * cell_h + TITLE_PX
         x0, y0 = round(boxes[k][0] * panel / 224), round(boxes[k][1] * panel / 224)
         assert tuple(view.grid[y + y0 + 1, x + x0 + 1]) == BOX_COLOUR
+    # one shared scale: QC-Align's readout is stretched to the mass panels' peak
+    shared, _ = phrase_view(*tools, *sample, view.phrase, shared_scale=True)
+    qc = ALIGN_METHODS.index("qc_align")
+    peak = max(float(m.max()) for k, m in enumerate(shown) if k != qc)
+    shown[qc] = shown[qc] * (peak / float(shown[qc].max()))
+    np.testing.assert_array_equal(shared, compose_heatmaps(
+        encoded.image, shown, titles, boxes=boxes, panel_px=GRID_PANEL_PX,
+        colorbar_label=f'mass of "{text}"'))
 
 
 def test_plan_matrix_is_the_alignment_plan_on_valid_tokens(view, tools, encoded):
@@ -206,11 +225,12 @@ def test_marginals_are_the_plan_sums(tools, sample, encoded, method):
         encoded.image,
         [data.plan[:, 1].reshape(encoded.grid)],
         [f'{METHOD_LABELS[method]}: "{data.tokens[1]}"'],
-        boxes=patch_box_to_pixels(
-            heatmap_boxes(torch.from_numpy(data.plan[:, 1])[None], encoded.grid),
-            encoded.grid,
-            (224, 224),
-        ).tolist(),
+        boxes=[None if (b[2] - b[0]) * (b[3] - b[1]) >= 0.9 * 224 * 224 else b
+               for b in patch_box_to_pixels(
+                   heatmap_boxes(torch.from_numpy(data.plan[:, 1])[None], encoded.grid),
+                   encoded.grid,
+                   (224, 224),
+               ).tolist()],
         columns=1,
         panel_px=224,
         colorbar_label="token mass",
@@ -288,8 +308,8 @@ def test_phrase_heatmaps_equal_alignment_heatmap(tools, sample, encoded, view):
         np.testing.assert_array_equal(heats[name].reshape(-1), ref)
     grid_span, _ = phrase_view(*tools, *sample, f"span:{np_node.start}:{np_node.end}")
     np.testing.assert_array_equal(grid, grid_span)
-    own, _ = phrase_view(*tools, *sample, typed, shared_scale=False)
-    assert own.shape != grid.shape  # per-panel colour bars under each panel
+    shared, _ = phrase_view(*tools, *sample, typed, shared_scale=True)
+    assert shared.shape != grid.shape  # one bar at the right, none under each panel
 
 
 def test_phrase_change_reads_the_cache(tools, sample, view, monkeypatch):
@@ -419,6 +439,37 @@ def test_downloads_load_back(tools, sample, encoded, view):
     assert scores["tokens"] == data.tokens and scores["grid"] == list(encoded.grid)
     png = np.asarray(Image.open(by_name["phrase_heatmaps.png"]).convert("RGB"))
     np.testing.assert_array_equal(png, view.grid)
+    for figure in ("plan_conceptot", "token_marginals_conceptot", "solver_convergence"):
+        assert by_name[f"{figure}.png"].read_bytes()[:4] == b"\x89PNG"  # plotly, as PNG
+        assert by_name[f"{figure}.html"].stat().st_size > 0  # and interactive
+
+
+def test_static_twin_draws_the_plotly_figures_values():
+    """The PNG twin of a plotly figure holds its data: heatmap values (on the trace's colour
+    limits), grouped bar heights, line points, one panel per stacked y-axis, the titles."""
+    import plotly.graph_objects as go
+
+    from otviz.viz.plans import convergence_figure, plan_matrix_figure, token_marginal_figure
+    from otviz.viz.plotly_static import static_figure
+    from otviz.viz.training import loss_curves_figure
+
+    rng = np.random.default_rng(0)
+    plan = rng.random((6, 3))
+    twin = static_figure(plan_matrix_figure(plan, (2, 3), ["a", "🐶", "c"], ["a", "b", "c"], "P"))
+    np.testing.assert_array_equal(twin.axes[0].images[0].get_array(), plan)
+    assert [t.get_text() for t in twin.axes[0].get_xticklabels()] == ["a", "U+1F436", "c"]
+    assert twin.axes[0].get_ylim()[0] > twin.axes[0].get_ylim()[1]  # rows top to bottom
+    bars = static_figure(token_marginal_figure(np.array([1.0, 2.0]), np.array([3.0, 4.0]),
+                                               ["x", "y"], "marginals"))
+    assert [r.get_height() for r in bars.axes[0].patches] == [1.0, 2.0, 3.0, 4.0]
+    assert bars._suptitle.get_text() == "marginals"
+    log = static_figure(convergence_figure(["A", "B"], [1e-3, None]))
+    assert log.axes[0].get_yscale() == "log" and log.axes[0].get_ylim()[1] == pytest.approx(1e-2)
+    curves = static_figure(loss_curves_figure(
+        {"m": [{"step": 1, "loss": 2.0, "local": 0.5}]}, {"m": "M"}))
+    assert len(curves.axes) == 2  # loss and local term, stacked
+    assert list(curves.axes[0].lines[0].get_ydata()) == [2.0]  # one step: one point
+    assert isinstance(static_figure(go.Figure()), matplotlib.figure.Figure)
 
 
 def test_download_dir_writes_safe_names_and_prunes_old_requests(tmp_path):

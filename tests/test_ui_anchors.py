@@ -173,7 +173,10 @@ def test_pca_coordinates_of_anchors_and_words(ctx, checkpoint, bank):
     assert [t.name for t in scatter.data] == ["anchors", "words"]
     np.testing.assert_allclose(scatter.data[0].x, bank.coords[:r, 0])
     np.testing.assert_allclose(scatter.data[1].y, bank.coords[r:, 1])
-    assert list(scatter.data[1].text) == bank.words
+    # every word is named on hover; its label is drawn where it overlaps no other one
+    assert [h.removeprefix("word: ") for h in scatter.data[1].hovertext] == bank.words
+    shown = [t for t in scatter.data[1].text if t]
+    assert shown and all(t in bank.words for t in shown)
     assert scatter.data[0].hovertext[0].startswith(f"anchor 0: {bank.top[0][0][0]}")
 
 
@@ -267,3 +270,25 @@ def test_builder_wires_into_blocks(ctx):
         shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
         build_anchors_tab(ctx, shared)
     assert len(demo.fns) >= 6
+
+
+def test_placed_labels_never_overlap_each_other_nor_the_obstacles():
+    """Dense clusters: every placed label box is disjoint from every other and from every
+    obstacle marker (checked by brute force), and an isolated point always gets a label."""
+    from otviz.viz.anchors import MARKER_R, _label_box, _overlaps, place_labels
+
+    rng = np.random.default_rng(0)
+    points = np.vstack([rng.normal(0, 0.05, (30, 2)), [[5.0, 5.0]]])
+    obstacles = rng.normal(0, 0.05, (10, 2))
+    texts = [f"word{k}" for k in range(len(points))]
+    where = place_labels(points, texts, obstacles)
+    assert where[-1] is not None and None in where  # the cluster cannot hold them all
+    every = np.vstack([points, obstacles])
+    lo, span = every.min(0), np.ptp(every, 0)
+    unit, blocked = (points - lo) / span, (obstacles - lo) / span
+    boxes = [_label_box(*unit[k], texts[k], w) for k, w in enumerate(where) if w]
+    for i, a in enumerate(boxes):
+        assert -0.05 < a[0] and a[2] < 1.05 and -0.05 < a[1] and a[3] < 1.05  # in the plot
+        assert not any(_overlaps(a, b) for b in boxes[i + 1:])
+        assert not any(_overlaps(a, (x - MARKER_R, y - MARKER_R, x + MARKER_R, y + MARKER_R))
+                       for x, y in blocked)

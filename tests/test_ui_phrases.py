@@ -94,9 +94,11 @@ def test_tree_highlight_colours_the_picked_subtree():
     faces = [t.get_bbox_patch().get_facecolor() for t in fig.axes[0].texts]
     assert faces.count(to_rgba(HIGHLIGHT)) == 1
     assert faces.count(to_rgba(SUBTREE)) == len(list(pp.nodes())) - 1
-    assert fig.axes[0].texts[[p.node for p in tree_layout(tree)].index(pp)].get_text() == (
-        "PP\nabove a star"
-    )
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    nodes = [p.node for p in tree_layout(tree)]
+    assert texts[nodes.index(pp)] == "PP"  # a phrase box names its label, its words below
+    assert [t for t, n in zip(texts, nodes, strict=True) if n.is_leaf] == [
+        "DT\na", "JJ\nred", "NN\ncircle", "IN\nabove", "DT\na", "NN\nstar"]
 
 
 def test_node_picker_lists_the_phrase_nodes(view, ctx, checkpoint, image):

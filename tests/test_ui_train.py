@@ -312,7 +312,7 @@ def test_live_updates_end_with_metrics_files_and_the_picker(ctx, cache_dir, tmp_
                                                                 abs=1e-4)
     names = sorted(Path(f).name for f in files)
     assert names == ["history_dense_uot.csv", "history_dense_uot.npy", "loss_curves.html",
-                     "training_run.json"]
+                     "loss_curves.png", "training_run.json"]
     saved = np.load(next(f for f in files if f.endswith(".npy")))
     assert saved.shape == (2, len(HISTORY_COLUMNS))
     assert (status.picker_entry, status.picker_entry) in picker.choices

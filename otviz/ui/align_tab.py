@@ -11,6 +11,8 @@ alignment, so a phrase, method, token, scale or lambda change only reads cached 
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +40,11 @@ TAB_TITLE = "Align"
 SCORED_METHODS: tuple[str, ...] = ("global_only", *ALIGN_METHODS)
 DEFAULT_METHOD = "conceptot"
 DEFAULT_LAMBDA = 0.5
+#: Each method's panel on its own colour scale by default: on one shared scale the
+#: methods that spread their mass look like the bare image next to the peaked ones.
+DEFAULT_SHARED_SCALE = False
+#: Side of one heatmap panel (px): four across fill the app's width.
+GRID_PANEL_PX = 288
 #: CAME's temperature control: the paper's plain softmax (1) down to sharp quotas.
 CAME_TEMPERATURES = (0.05, 2.0)
 DEFAULT_CAME_TEMPERATURE = 1.0
@@ -49,9 +56,12 @@ _SPAN = re.compile(r"^span:(\d+):(\d+)$")
 HOW_TO_READ = """**How to read this view.** *Heatmaps:* for the chosen word or parse-tree
 phrase, each panel shows how much of the phrase's mass the method transports to each image
 patch (the sum of the plan's columns over the phrase's tokens, ConceptOT Sec. 2.6; bright =
-more mass); the cyan box encloses the patches above half the panel's peak (weak grounding).
-With *one colour scale* the panels compare in absolute mass; untick it to see each
-method's own pattern. *Transport plan:* rows are image patches (row-major on the patch grid;
+more mass); the cyan box encloses the patches above half the panel's peak (weak grounding; left out
+when it covers nearly the whole image, e.g. for a flat map).
+The image is greyed and dimmed; the colour grows opaque with the mass, so the
+phrase's region glows. By default each panel has its own colour scale (the bar under it) to
+show each method's own pattern; tick *one colour scale* to compare them in absolute mass.
+*Transport plan:* rows are image patches (row-major on the patch grid;
 hover for the row and column), columns are the caption's BPE tokens; pick a token to see its
 column on the image. *Marginals:* how much mass each patch and token kept (plan row and
 column sums) against the reference masses mu and nu the method aimed for; "unmatched" is
@@ -206,12 +216,19 @@ def phrase_heatmaps(
     }
 
 
-def grounding_boxes(encoded: Encoded, heats: list[np.ndarray]) -> list[list[float]]:
-    """Pixel boxes of the thresholded heatmaps (ConceptOT Sec. 2.6 weak grounding)."""
+#: A grounding box covering at least this share of the image localises nothing: not drawn.
+MAX_BOX_AREA = 0.9
+
+
+def grounding_boxes(encoded: Encoded, heats: list[np.ndarray]) -> list[list[float] | None]:
+    """Pixel boxes of the thresholded heatmaps (ConceptOT Sec. 2.6 weak grounding); ``None``
+    for a box covering :data:`MAX_BOX_AREA` of the image or more (a flat heatmap)."""
     flat = torch.from_numpy(np.stack([h.reshape(-1) for h in heats]))
     boxes = heatmap_boxes(flat, encoded.grid)
     height, width = encoded.image.shape[:2]
-    return patch_box_to_pixels(boxes, encoded.grid, (width, height)).tolist()
+    pixels = patch_box_to_pixels(boxes, encoded.grid, (width, height)).tolist()
+    return [None if (x1 - x0) * (y1 - y0) >= MAX_BOX_AREA * width * height else [x0, y0, x1, y1]
+            for x0, y0, x1, y1 in pixels]
 
 
 @dataclass
@@ -234,6 +251,28 @@ class PlanData:
     words: list[str]
 
 
+#: Dense plans of the latest runs, by run identity: a low-rank plan takes tens of ms to
+#: expand, and the plan view and the score table both read it on every click.
+_DENSE: OrderedDict[int, tuple[MethodRun, np.ndarray]] = OrderedDict()
+_DENSE_KEPT = 64
+_DENSE_LOCK = threading.Lock()
+
+
+def dense_plan(run: MethodRun) -> np.ndarray:
+    """``[N, L]`` the run's plan as a dense array (``plan.dense()[0]``), expanded once."""
+    with _DENSE_LOCK:
+        hit = _DENSE.get(id(run))
+        if hit is not None and hit[0] is run:
+            _DENSE.move_to_end(id(run))
+            return hit[1]
+    dense = run.alignment.plan.dense()[0].numpy()
+    with _DENSE_LOCK:
+        _DENSE[id(run)] = (run, dense)
+        while len(_DENSE) > _DENSE_KEPT:
+            _DENSE.popitem(last=False)
+    return dense
+
+
 def plan_data(run: MethodRun, encoded: Encoded) -> PlanData:
     """The run's plan and marginals on the pair's valid tokens."""
     positions, texts, words = token_labels(encoded)
@@ -243,7 +282,7 @@ def plan_data(run: MethodRun, encoded: Encoded) -> PlanData:
         return None if t is None else (t[0, positions] if cols else t[0]).numpy()
 
     return PlanData(
-        plan=a.plan.dense()[0][:, positions].numpy(),
+        plan=dense_plan(run)[:, positions.numpy()],
         row_marginal=a.row_marginal[0].numpy(),
         row_reference=ref(a.row_reference, False),
         col_marginal=a.col_marginal[0, positions].numpy(),
@@ -259,7 +298,7 @@ def score_rows(runs: dict[str, MethodRun], lambda_local: float) -> list[ScoreRow
     for name, run in runs.items():
         a = run.alignment
         err = None if a.marginal_error is None else float(a.marginal_error[0])
-        negative = negative_mass(a.plan.dense()[0].numpy())
+        negative = negative_mass(dense_plan(run))
         label = METHOD_LABELS[name]
         if "raw_local_score" in a.extras:  # PowerCLIP: local = S / S_max, the raw S named
             label = f"{label} (raw S = {float(a.extras['raw_local_score'][0]):.3g})"
@@ -304,6 +343,7 @@ def heatmap_grid_image(
          + negative_mass_note(neg) for n, (_, neg) in zip(ALIGN_METHODS, shown, strict=True)],
         boxes=grounding_boxes(encoded, maps),
         shared_scale=shared_scale,
+        panel_px=GRID_PANEL_PX,
         colorbar_label=f'mass of "{phrase_text}"',
     )
 
@@ -442,7 +482,7 @@ def phrase_view(
     caption: str | None,
     phrase: str | None,
     regions: str = "grid",
-    shared_scale: bool = True,
+    shared_scale: bool = DEFAULT_SHARED_SCALE,
     came_temperature: float | None = None,
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The phrase callback: the heatmap grid and the per-method heatmaps (cached features
@@ -490,7 +530,7 @@ def align_view(
     caption: str | None,
     method: str = DEFAULT_METHOD,
     regions: str = "grid",
-    shared_scale: bool = True,
+    shared_scale: bool = DEFAULT_SHARED_SCALE,
     lambda_local: float = DEFAULT_LAMBDA,
     phrase: str | None = None,
     token: int | None = None,
@@ -533,12 +573,12 @@ def align_downloads(
     phrase: str | None,
     method: str = DEFAULT_METHOD,
     regions: str = "grid",
-    shared_scale: bool = True,
+    shared_scale: bool = DEFAULT_SHARED_SCALE,
     lambda_local: float = DEFAULT_LAMBDA,
     token: int | None = None,
     came_temperature: float | None = None,
 ) -> list[str]:
-    """Files of the current view: the heatmap grid, marginal and token maps (PNG), the
+    """Files of the current view: every figure (PNG; the plotly ones also as HTML), the
     phrase heatmaps, the plan and its marginals (.npy + .csv) and the scores (JSON)."""
     encoded, runs = _encode_and_align(explainer, suite, image, caption, regions,
                                       came_temperature)
@@ -548,6 +588,12 @@ def align_downloads(
     out.save_figure(grid, "phrase_heatmaps")
     out.save_figure(view.patch_marginals, f"patch_marginals_{method}")
     out.save_figure(view.token_map, f"token_map_{method}")
+    out.save_figure(view.plan, f"plan_{method}")
+    out.save_figure(view.token_marginals, f"token_marginals_{method}")
+    rows = score_rows(runs, lambda_local)
+    out.save_figure(convergence_figure(
+        [METHOD_LABELS[n] for n in ALIGN_METHODS],
+        [r.marginal_error for r in rows if r.name in ALIGN_METHODS]), "solver_convergence")
     out.save_array(
         np.stack([heats[n].reshape(-1) for n in ALIGN_METHODS], axis=1),
         "phrase_heatmaps",
@@ -580,7 +626,7 @@ def align_downloads(
             "lambda_local": lambda_local,
             "came_temperature": suite.methods["qc_align"].method.came_temperature
             if came_temperature is None else came_temperature,
-            "scores": score_records(score_rows(runs, lambda_local)),
+            "scores": score_records(rows),
         },
         "scores",
     )
@@ -602,7 +648,8 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
     with gr.Row():
         run = gr.Button("Align", variant="primary", scale=1)
         regions = gr.Radio(list(REGION_KINDS), value="grid", label="PowerCLIP regions", scale=2)
-        shared_scale = gr.Checkbox(True, label="One colour scale for all methods", scale=1)
+        shared_scale = gr.Checkbox(DEFAULT_SHARED_SCALE, label="One colour scale for all methods",
+                                   scale=1)
         lam = gr.Slider(
             0.0, 2.0, DEFAULT_LAMBDA, step=0.05, scale=2, label="λ_l in combined = s_g + λ_l·s_l"
         )
@@ -610,35 +657,40 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
         came_t = gr.Slider(*CAME_TEMPERATURES, DEFAULT_CAME_TEMPERATURE, step=0.05, scale=1,
                            label="QC-Align: CAME temperature (1 = the paper's softmax)")
         quotas = gr.Markdown()
+    # the heatmap grid spans the page (four panels across); the plan side comes under it
+    phrase = gr.Dropdown(
+        label="Phrase (a word or a parse-tree phrase; or type words)",
+        choices=[],
+        allow_custom_value=True,
+        elem_id="align-phrase",
+    )
+    grid = gr.Image(
+        label="Phrase heatmap per method", format=RASTER_FORMAT, interactive=False,
+        elem_id="align-grid",
+    )
     with gr.Row():
         with gr.Column(scale=3):
-            phrase = gr.Dropdown(
-                label="Phrase (a word or a parse-tree phrase; or type words)",
-                choices=[],
-                allow_custom_value=True,
-            )
-            grid = gr.Image(
-                label="Phrase heatmap per method", format=RASTER_FORMAT, interactive=False,
-                elem_id="align-grid",
-            )
-        with gr.Column(scale=2):
-            method = gr.Dropdown(method_choices(), value=DEFAULT_METHOD, label="Method")
+            method = gr.Dropdown(method_choices(), value=DEFAULT_METHOD, label="Method",
+                                 elem_id="align-method")
             plan = gr.Plot(label="Transport plan", elem_id="align-plan")
+        with gr.Column(scale=2):
             token = gr.Dropdown(label="Token (its plan column on the image)", choices=[])
             token_map = gr.Image(
-                label="Token column on the image", format=RASTER_FORMAT, interactive=False
+                label="Token column on the image", format=RASTER_FORMAT, interactive=False,
+                elem_id="align-token-map",
             )
     with gr.Row():
         patch_marginals = gr.Image(
-            label="Patch marginals vs mu", format=RASTER_FORMAT, interactive=False
+            label="Patch marginals vs mu", format=RASTER_FORMAT, interactive=False,
+            elem_id="align-patch-marginals",
         )
-        token_marginals = gr.Plot(label="Token marginals vs nu")
+        token_marginals = gr.Plot(label="Token marginals vs nu", elem_id="align-token-marginals")
+    scores = gr.Dataframe(label="Scores per method", interactive=False, elem_id="align-scores")
     with gr.Row():
-        scores = gr.Dataframe(label="Scores per method", interactive=False)
-        convergence = gr.Plot(label="Solver convergence")
-    with gr.Row():
-        prepare = gr.Button("Prepare downloads")
-        files = gr.File(label="Downloads", file_count="multiple")
+        convergence = gr.Plot(label="Solver convergence", elem_id="align-convergence")
+        with gr.Column():
+            prepare = gr.Button("Prepare downloads")
+            files = gr.File(label="Downloads", file_count="multiple")
     gr.Markdown(HOW_TO_READ)
 
     def tools(checkpoint: str) -> tuple[Explainer, MethodSuite]:

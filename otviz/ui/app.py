@@ -47,6 +47,9 @@ CONCURRENCY, SPACE_CONCURRENCY, QUEUE_SIZE = 2, 1, 32
 #: ``app.py --max-file-size`` overrides.
 MAX_UPLOAD = "50mb"
 MAX_UPLOAD_ENV = "OTVIZ_MAX_FILE_SIZE"
+#: Gradio floats a component's label badge over its top-left corner, on the figure's own
+#: title: the badge gets a line of its own above the figure instead.
+APP_CSS = 'label[data-testid="block-label"].float { position: static !important; }'
 
 
 def tab_id(title: str) -> str:
@@ -67,7 +70,7 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
             )
             # custom values: entries added since this page (or API client) got its list of
             # choices still pass; the context names unknown ones
-            checkpoint = gr.Dropdown(choices, value=choices[0], label="Checkpoint",
+            checkpoint = gr.Dropdown(choices, value=ctx.default_checkpoint(), label="Checkpoint",
                                      allow_custom_value=True, elem_id="shared-checkpoint")
             examples = load_examples()
             if examples:
@@ -119,10 +122,10 @@ def upload_limit() -> str:
 def serve_options(app: gr.Blocks, max_file_size: str | int | None = None) -> dict:
     """Queue ``app`` as this server runs it (one event at a time on a Space's small shared
     CPU, a bounded queue) and return the ``launch`` options every server uses: the upload
-    limit (:func:`upload_limit` unless given)."""
+    limit (:func:`upload_limit` unless given) and :data:`APP_CSS`."""
     app.queue(default_concurrency_limit=SPACE_CONCURRENCY if on_space() else CONCURRENCY,
               max_size=QUEUE_SIZE)
-    return {"max_file_size": max_file_size or upload_limit()}
+    return {"max_file_size": max_file_size or upload_limit(), "css": APP_CSS}
 
 
 def launch(max_file_size: str | int | None = None, **kwargs) -> None:

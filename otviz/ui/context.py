@@ -5,17 +5,20 @@ the shared input components every view reads."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
+import numpy as np
 
-from otviz.backbone import Backbone, ImageInput
+from otviz.backbone import Backbone, ImageInput, to_rgb
 from otviz.checkpoint import CheckpointError
 from otviz.ood import WorldDistance
 from otviz.pipeline import Explainer, InputError
@@ -32,6 +35,8 @@ TRAINING_FREE_FAITHFUL = "training-free, ConceptOT faithful"
 #: Picker entry -> ConceptOT low-rank variant of the training-free suite.
 FREE_VARIANTS: dict[str, str] = {TRAINING_FREE: "positive", TRAINING_FREE_FAITHFUL: "faithful"}
 SHIPPED_HEADS = "trained heads"
+#: Out-of-distribution verdicts kept (backbone, image) -> far.
+NOTICE_CACHE = 256
 SEPARATOR = " · "
 #: Where shipped method heads live: ``<root>/<method>/`` (or ``<root>/<method>/head/``).
 HEADS_ROOT = DEFAULT_CHECKPOINT.parent / "heads"
@@ -169,6 +174,7 @@ class AppContext:
     _explainers: dict[str, Explainer] = field(default_factory=dict)
     _suites: dict[str, MethodSuite] = field(default_factory=dict)
     _world_distances: dict[str, WorldDistance] = field(default_factory=dict)
+    _notices: OrderedDict[tuple[str, str], bool] = field(default_factory=OrderedDict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     @classmethod
@@ -213,6 +219,14 @@ class AppContext:
                 out += [f"{b.label}{SEPARATOR}{h.label}" for h in self.head_sets
                         if h.backbone == b.label]
             return out
+
+    def default_checkpoint(self) -> str:
+        """The picker's initial entry: the first backbone's shipped trained heads where
+        they exist (the methods as trained, which is what the views are meant to show),
+        else its training-free entry."""
+        choices = self.checkpoint_choices()
+        shipped = f"{self.backbones[0].label}{SEPARATOR}{SHIPPED_HEADS}"
+        return shipped if shipped in choices else choices[0]
 
     def add_head_set(self, backbone: str, label: str, heads: dict[str, Path]) -> str:
         """Offer ``heads`` (method -> checkpoint directory) on the backbone labelled
@@ -268,12 +282,23 @@ class AppContext:
 
     def world_notice(self, checkpoint: str, image: ImageInput | None) -> str | None:
         """:data:`WORLD_NOTICE` when the picked backbone knows only the synthetic world and
-        ``image`` is far from it, else None."""
+        ``image`` is far from it, else None. The verdict is kept per backbone and image
+        (the last :data:`NOTICE_CACHE` of them): every Align click on an image asks again."""
         distance = self.world_distance(checkpoint) if image is not None else None
         if distance is None:
             return None
-        backbone = self.explainer(checkpoint).backbone
-        return WORLD_NOTICE if distance.is_far(backbone, fit_image(image)[0]) else None
+        fitted = np.asarray(to_rgb(fit_image(image)[0]))
+        key = (self.backbone_choice(checkpoint).label,
+               hashlib.sha1(fitted.tobytes() + str(fitted.shape).encode()).hexdigest())
+        with self._lock:
+            far = self._notices.get(key)
+        if far is None:
+            far = distance.is_far(self.explainer(checkpoint).backbone, fitted)
+            with self._lock:
+                self._notices[key] = far
+                while len(self._notices) > NOTICE_CACHE:
+                    self._notices.popitem(last=False)
+        return WORLD_NOTICE if far else None
 
     def suite(self, checkpoint: str) -> MethodSuite:
         """The picked checkpoint's methods (loaded on first use): training-free, or with

@@ -32,6 +32,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
+from otviz.viz.plotly_static import static_figure
+
 DOWNLOAD_ROOT = Path(tempfile.gettempdir()) / "otviz-downloads"
 MAX_AGE_S = 3600.0
 PNG_DPI = 120
@@ -97,8 +99,9 @@ class DownloadDir:
         """Write a figure and return its path.
 
         matplotlib ``Figure`` and images (PIL or ``[H, W, 3|4]`` uint8 arrays) become PNG;
-        a plotly figure becomes a self-contained interactive HTML file (no PNG renderer for
-        plotly is installed offline)."""
+        a plotly figure becomes a PNG of its matplotlib twin
+        (:func:`otviz.viz.plotly_static.static_figure`) and, next to it, a self-contained
+        interactive HTML file. Returns the PNG's path."""
         if isinstance(fig, Figure):
             path = self._target(name, ".png")
             fig.savefig(path, format="png", dpi=dpi)
@@ -107,8 +110,8 @@ class DownloadDir:
             image = fig if isinstance(fig, Image.Image) else Image.fromarray(fig)
             image.save(path, format="PNG")
         elif hasattr(fig, "write_html"):
-            path = self._target(name, ".html")
-            fig.write_html(path, include_plotlyjs=True, full_html=True)
+            path = self.save_figure(static_figure(fig), name, dpi)
+            fig.write_html(self._target(name, ".html"), include_plotlyjs=True, full_html=True)
         else:
             raise TypeError(f"cannot save a {type(fig).__name__} as a figure")
         return path

@@ -273,15 +273,17 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
             tau = gr.Number(value=None, label="tau of the NLA column (empty or 0: the method's)",
                             minimum=0.0)
             run = gr.Button("Show phrases & regions", variant="primary")
-            note = gr.Markdown()
         with gr.Column(scale=2):
-            tree_plot = gr.Plot(label="Constituency tree", elem_id="phrases-tree")
+            note = gr.Markdown()
+    # full width: a long caption's tree stays legible
+    tree_plot = gr.Plot(label="Constituency tree", elem_id="phrases-tree")
     with gr.Row():
         regions_plot = gr.Plot(label="Region masks", elem_id="phrases-regions")
         subset_plot = gr.Plot(label="Best-matching regions of the phrase")
-    summary = gr.Dataframe(headers=SUMMARY_HEADERS, label="Exact powerset vs NLA")
+    # wrapped cells: every column fits the page's width
+    summary = gr.Dataframe(headers=SUMMARY_HEADERS, label="Exact powerset vs NLA", wrap=True)
     per_node = gr.Dataframe(headers=NODE_HEADERS, label="Best region subset per node",
-                            elem_id="phrases-nodes")
+                            elem_id="phrases-nodes", wrap=True)
     files = gr.File(label="Downloads", file_count="multiple")
     gr.Markdown(HOW_TO_READ)
 

@@ -449,12 +449,14 @@ def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
             batch = gr.Button("Batch: probe accuracy over the examples gallery")
             summary = gr.Markdown()
         with gr.Column(scale=2):
-            captions = gr.Dataframe(headers=CAPTION_COLUMNS, label="Captions", wrap=True,
-                                    interactive=False)
             bars = gr.Plot(label="Scores per method", elem_id="probe-bars")
+    # full width: every column of the long captions fits the page
+    captions = gr.Dataframe(headers=CAPTION_COLUMNS, label="Captions", wrap=True,
+                            interactive=False, column_widths=["12%", "12%", "46%", "30%"])
     with gr.Row():
         matrix = gr.Plot(label="Win / lose matrix")
-        scores = gr.Dataframe(headers=SCORE_COLUMNS, label="Scores", interactive=False)
+        scores = gr.Dataframe(headers=SCORE_COLUMNS, label="Scores", interactive=False,
+                           wrap=True)
     with gr.Row():
         batch_plot = gr.Plot(label="Batch: accuracy per category")
         with gr.Column():

@@ -266,10 +266,10 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
             bar = gr.HTML(elem_id="train-progress")
             status = gr.Markdown()
             curves = gr.Plot(label="Loss curves (live)", elem_id="train-curves")
-    with gr.Row():
-        metrics_plot = gr.Plot(label="End-of-run metrics", elem_id="train-metrics")
-        metrics = gr.Dataframe(headers=METRIC_COLUMNS, label="End-of-run metrics",
-                               interactive=False)
+    metrics_plot = gr.Plot(label="End-of-run metrics", elem_id="train-metrics")
+    # full width: all its columns fit the page
+    metrics = gr.Dataframe(headers=METRIC_COLUMNS, label="End-of-run metrics", wrap=True,
+                           interactive=False)
     files = gr.File(label="Downloads (loss curves, histories, run record)", file_count="multiple")
     gr.Markdown(HOW_TO_READ.format(cap=step_cap(), pairs=pair_cap()))
     job_id = gr.State(None)

@@ -369,7 +369,7 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
     with gr.Row():
         acc_plot = gr.Plot(label="Accuracy per rule", elem_id="zeroshot-accuracy")
         sel_plot = gr.Plot(label="Selective accuracy vs coverage")
-    table = gr.Dataframe(label="Predictions per image", interactive=False)
+    table = gr.Dataframe(label="Predictions per image", interactive=False, wrap=True)
     gallery = gr.Gallery(label="Images and predictions", columns=8, height=320)
     downloads = gr.File(label="Downloads (PNG, CSV, JSON)", file_count="multiple")
     gr.Markdown(HOW_TO_READ)

@@ -27,7 +27,7 @@ from sklearn.decomposition import PCA
 from sklearn.manifold import TSNE
 from torch import Tensor
 
-from otviz.viz.style import DIVERGING_CMAP, SIMILARITY_CMAP, new_figure
+from otviz.viz.style import DIVERGING_CMAP, SIMILARITY_CMAP, drawable, new_figure
 
 PROJECTIONS: tuple[str, ...] = ("PCA", "t-SNE")
 MAX_TICK_LABELS = 48  # beyond this many anchors, label every other tick
@@ -142,6 +142,66 @@ def embed_2d(points: np.ndarray, projection: str = "PCA", seed: int = 0) -> np.n
     raise ValueError(f"unknown projection {projection!r}; choose one of {PROJECTIONS}")
 
 
+#: Where a word's label may go around its marker, in order of preference.
+LABEL_POSITIONS = ("top center", "bottom center", "middle right", "middle left")
+#: Label box size in the map's unit square: height, and width per character, at the 10-px
+#: font on the ~330 x 300 px plot area the map gets in half the app's width.
+LABEL_H, CHAR_W = 0.05, 0.018
+MARKER_R = 0.025  # a marker's radius in the unit square
+MARGIN = 0.04  # how far past the points' range a label may reach (plotly pads its axes)
+
+
+def _label_box(x: float, y: float, text: str, position: str) -> tuple[float, ...]:
+    w, h = CHAR_W * len(text) + 0.01, LABEL_H
+    offset = MARKER_R + 0.005
+    if position == "middle center":  # a number inside its marker: the marker's box
+        return x - MARKER_R, y - MARKER_R, x + MARKER_R, y + MARKER_R
+    if position == "top center":
+        return x - w / 2, y + offset, x + w / 2, y + offset + h
+    if position == "bottom center":
+        return x - w / 2, y - offset - h, x + w / 2, y - offset
+    if position == "middle right":
+        return x + offset, y - h / 2, x + offset + w, y + h / 2
+    return x - offset - w, y - h / 2, x - offset, y + h / 2
+
+
+def _overlaps(a: Sequence[float], b: Sequence[float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def place_labels(
+    points: np.ndarray,
+    texts: Sequence[str],
+    obstacles: np.ndarray | None = None,
+    positions: Sequence[str] = LABEL_POSITIONS,
+) -> list[str | None]:
+    """A text position (the first of ``positions`` that fits) per point such that no two
+    label boxes overlap, no label covers an obstacle point (e.g. an anchor marker) and none
+    leaves the plot, or ``None`` where every position collides (that label is left to the
+    hover). Points are placed greedily in order, on the map rescaled to the unit square."""
+    every = points if obstacles is None or not len(obstacles) else np.vstack([points, obstacles])
+    lo, span = every.min(0), np.ptp(every, 0)
+    span = np.where(span > 0, span, 1.0)
+    unit = (points - lo) / span
+    blocked = [] if obstacles is None else [
+        (x - MARKER_R, y - MARKER_R, x + MARKER_R, y + MARKER_R) for x, y in (obstacles - lo) / span
+    ]
+    placed: list[tuple[float, ...]] = []
+    out: list[str | None] = []
+    for (x, y), text in zip(unit, texts, strict=True):
+        for position in positions:
+            box = _label_box(float(x), float(y), text, position)
+            inside = box[0] >= -MARGIN and box[2] <= 1 + MARGIN and box[1] >= -MARGIN \
+                and box[3] <= 1 + MARGIN
+            if inside and not any(_overlaps(box, other) for other in (*placed, *blocked)):
+                placed.append(box)
+                out.append(position)
+                break
+        else:
+            out.append(None)
+    return out
+
+
 def embedding_scatter(
     anchor_xy: np.ndarray,
     word_xy: np.ndarray,
@@ -150,12 +210,20 @@ def embedding_scatter(
     projection: str,
 ) -> go.Figure:
     """Plotly scatter of anchors (numbered circles) and words (labelled diamonds) on one
-    2-D map; hovering an anchor shows its top words."""
+    2-D map; hovering an anchor shows its top words, hovering a word names it. Word labels
+    are placed around their marker so none overlaps another or an anchor
+    (:func:`place_labels`); the few that fit nowhere are shown on hover only."""
+    words = [drawable(w) for w in words]
+    numbers = [str(k) for k in range(len(anchor_xy))]
+    inside = place_labels(np.asarray(anchor_xy), numbers, positions=("middle center",))
+    markers = np.vstack([np.asarray(anchor_xy), np.asarray(word_xy)])
+    around = place_labels(np.asarray(word_xy), words, markers)
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
             x=anchor_xy[:, 0], y=anchor_xy[:, 1], mode="markers+text", name="anchors",
-            text=[str(k) for k in range(len(anchor_xy))], textposition="middle center",
+            text=[k if where else "" for k, where in zip(numbers, inside, strict=True)],
+            textposition="middle center",
             textfont={"size": 8, "color": "white"},
             marker={"size": 16, "color": "#3b4cc0", "line": {"width": 1, "color": "white"}},
             hovertext=list(anchor_hover), hoverinfo="text",
@@ -164,7 +232,8 @@ def embedding_scatter(
     fig.add_trace(
         go.Scatter(
             x=word_xy[:, 0], y=word_xy[:, 1], mode="markers+text", name="words",
-            text=list(words), textposition="top center", textfont={"size": 10},
+            text=[w if where else "" for w, where in zip(words, around, strict=True)],
+            textposition=[where or "top center" for where in around], textfont={"size": 10},
             marker={"size": 9, "symbol": "diamond", "color": "#e6550d"},
             hovertext=[f"word: {w}" for w in words], hoverinfo="text",
         )

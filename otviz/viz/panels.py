@@ -1,10 +1,12 @@
 """Heatmap panels composed directly as one RGB raster (numpy + PIL), with colour bars.
 
-The same picture as :func:`otviz.viz.heatmaps.heatmap_grid_figure` (image, heat stretched
-over it bilinearly at alpha 0.6, a perceptually uniform colour map, the weak-grounding box
-in cyan, titles, one shared colour bar or one per panel), drawn in a few milliseconds
-instead of the few hundred a matplotlib render takes: the interactive views redraw it on
-every phrase change.
+The picture of :func:`otviz.viz.heatmaps.heatmap_grid_figure` (heat stretched over the
+image bilinearly, a perceptually uniform colour map, the weak-grounding box in cyan,
+titles, one shared colour bar or one per panel), drawn in a few milliseconds instead of
+the few hundred a matplotlib render takes: the interactive views redraw it on every phrase
+change. Where the mass is, shows: the image is dimmed to grey and the colour's opacity
+grows with the value (:func:`overlay`), so low-mass patches stay a dark backdrop and the
+phrase's region glows in the colour map's bright end.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ import numpy as np
 from matplotlib import font_manager
 from PIL import Image, ImageDraw, ImageFont
 
-from otviz.viz.style import HEAT_CMAP
+from otviz.viz.style import FONT_FAMILY, HEAT_CMAP, drawable
 
 BOX_COLOUR = (0, 229, 255)  # the cyan of draw_heatmap's grounding box
 BACKGROUND = (255, 255, 255)
 TEXT_COLOUR = (20, 20, 20)
-HEAT_ALPHA = 0.6
-TITLE_PX = 18
+#: Colour opacity at the bottom and at the top of the scale (it grows linearly between).
+HEAT_ALPHA = (0.35, 0.9)
+#: Brightness of the greyed image under the colour.
+BACKDROP = 0.55
+TITLE_PX = 20
 GAP_PX = 6
 BAR_PX = 12  # colour bar thickness
 
@@ -38,13 +43,21 @@ def colormap_lut(cmap: str) -> np.ndarray:
 
 @lru_cache(maxsize=4)
 def _font(size: int) -> ImageFont.FreeTypeFont:
-    return ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size)
+    return ImageFont.truetype(font_manager.findfont(FONT_FAMILY), size)
+
+
+#: A heatmap whose spread is below this share of its peak is flat: no place has more mass.
+FLAT_SPREAD = 1e-3
+#: On its own scale a flat heatmap sits at this level of the colour map (not at the top,
+#: which would paint the whole panel as if everything were the peak).
+FLAT_LEVEL = 0.2
 
 
 def _scale_limits(
     heats: Sequence[np.ndarray], shared: bool, zero_floor: bool
 ) -> list[tuple[float, float]]:
-    """``(vmin, vmax)`` per panel: one pair for all (``shared``) or one per heatmap."""
+    """``(vmin, vmax)`` per panel: one pair for all (``shared``) or one per heatmap (a flat
+    one placed at :data:`FLAT_LEVEL` of its scale)."""
 
     def limits(values: Sequence[np.ndarray]) -> tuple[float, float]:
         lo = 0.0 if zero_floor else min(float(np.min(v)) for v in values)
@@ -53,7 +66,14 @@ def _scale_limits(
 
     if shared:
         return [limits(heats)] * len(heats)
-    return [limits([h]) for h in heats]
+    out = []
+    for h in heats:
+        lo, hi = limits([h])
+        peak = float(np.max(np.abs(h)))
+        if float(np.ptp(h)) <= FLAT_SPREAD * peak and peak > 0:
+            hi = lo + (hi - lo) / FLAT_LEVEL
+        out.append((lo, hi))
+    return out
 
 
 def overlay(
@@ -62,17 +82,33 @@ def overlay(
     vmin: float,
     vmax: float,
     cmap: str = HEAT_CMAP,
-    alpha: float = HEAT_ALPHA,
+    alpha: tuple[float, float] = HEAT_ALPHA,
+    backdrop: float = BACKDROP,
 ) -> np.ndarray:
-    """``image`` (uint8 ``[h, w, 3]``) with ``heat`` (``[gh, gw]``) stretched over it by
-    bilinear interpolation, colour-mapped on ``[vmin, vmax]`` and blended at ``alpha``."""
-    h, w = image.shape[:2]
+    """``image`` (uint8 ``[h, w, 3]``) greyed and dimmed to ``backdrop``, with ``heat``
+    (``[gh, gw]``) stretched over it by bilinear interpolation, colour-mapped on
+    ``[vmin, vmax]`` and blended at an opacity growing linearly from ``alpha[0]`` (``vmin``)
+    to ``alpha[1]`` (``vmax``)."""
+    return _blend(dimmed(image, backdrop), heat, vmin, vmax, cmap, alpha)
+
+
+def dimmed(image: np.ndarray, backdrop: float = BACKDROP) -> np.ndarray:
+    """``[h, w, 1]`` float32: the image's luma scaled by ``backdrop``."""
+    grey = image[..., :3].astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    return (backdrop * grey)[..., None]
+
+
+def _blend(
+    grey: np.ndarray, heat: np.ndarray, vmin: float, vmax: float, cmap: str,
+    alpha: tuple[float, float],
+) -> np.ndarray:
+    h, w = grey.shape[:2]
     field = Image.fromarray(np.asarray(heat, dtype=np.float32), mode="F")
     up = np.asarray(field.resize((w, h), Image.Resampling.BILINEAR))
-    idx = np.clip((up - vmin) / (vmax - vmin) * 255.0, 0, 255).astype(np.uint8)
-    colour = colormap_lut(cmap)[idx].astype(np.float32)
-    out = (1.0 - alpha) * image.astype(np.float32) + alpha * colour
-    return out.round().astype(np.uint8)
+    level = np.clip((up - vmin) / (vmax - vmin), 0.0, 1.0)
+    colour = colormap_lut(cmap)[(level * 255.0).astype(np.uint8)].astype(np.float32)
+    opacity = (alpha[0] + (alpha[1] - alpha[0]) * level)[..., None]
+    return ((1.0 - opacity) * grey + opacity * colour).round().astype(np.uint8)
 
 
 def _fit(image: np.ndarray, panel_px: int) -> np.ndarray:
@@ -126,7 +162,7 @@ def _vertical_bar(height: int, vmin: float, vmax: float, cmap: str, label: str) 
 
 def _horizontal_bar(width: int, vmin: float, vmax: float, cmap: str) -> Image.Image:
     """A thin horizontal colour bar with its two end values (a per-panel scale)."""
-    font = _font(9)
+    font = _font(10)
     ramp = colormap_lut(cmap)[np.linspace(0, 255, width).astype(np.uint8)]
     bar = Image.new("RGB", (width, BAR_PX // 2 + 12), BACKGROUND)
     bar.paste(Image.fromarray(np.repeat(ramp[None], BAR_PX // 2, axis=0)), (0, 0))
@@ -169,20 +205,22 @@ def compose_heatmaps(
     ph, pw = base.shape[:2]
     sx, sy = pw / image.shape[1], ph / image.shape[0]
     limits = _scale_limits(heats, shared_scale, zero_floor)
+    grey = dimmed(base)
     cols = max(1, min(columns, len(heats)))
     rows = math.ceil(len(heats) / cols)
     under = 0 if shared_scale else BAR_PX // 2 + 14
     cell_w, cell_h = pw + GAP_PX, TITLE_PX + ph + under + GAP_PX
     canvas = Image.new("RGB", (cols * cell_w, rows * cell_h), BACKGROUND)
     draw = ImageDraw.Draw(canvas)
-    font = _font(11)
+    font = _font(13)
     for k, (heat, title) in enumerate(zip(heats, titles, strict=True)):
         x, y = (k % cols) * cell_w, (k // cols) * cell_h
         vmin, vmax = limits[k]
-        canvas.paste(Image.fromarray(overlay(base, heat, vmin, vmax, cmap)), (x, y + TITLE_PX))
+        panel = _blend(grey, heat, vmin, vmax, cmap, HEAT_ALPHA)
+        canvas.paste(Image.fromarray(panel), (x, y + TITLE_PX))
         draw.text(
             (x + pw // 2, y + TITLE_PX // 2),
-            _clip_text(draw, title, pw, font),
+            _clip_text(draw, drawable(title), pw, font),
             fill=TEXT_COLOUR,
             font=font,
             anchor="mm",

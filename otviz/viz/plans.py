@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from otviz.viz.style import HEAT_CMAP
+from otviz.viz.style import HEAT_CMAP, drawable
 
 KEPT_COLOUR = "#b5367a"  # magma's magenta: mass the plan kept
 REFERENCE_COLOUR = "#9e9e9e"  # the reference mass the solver aimed for
@@ -43,6 +43,8 @@ def plan_matrix_figure(
     Hovering a cell names the patch (its index and ``(row, col)`` on the grid), the BPE
     token and the caption word it belongs to, and the mass ``P_ij``.
     """
+    token_labels = [drawable(t) for t in token_labels]
+    token_words = [drawable(w) for w in token_words]
     n, m = plan.shape
     if n != grid[0] * grid[1]:
         raise ValueError(f"plan has {n} rows but the grid {grid} has {grid[0] * grid[1]} patches")
@@ -90,7 +92,7 @@ def token_marginal_figure(
 ) -> go.Figure:
     """Grouped bars per token: the mass the plan kept (column marginal) next to the
     reference mass nu (absent for methods without one)."""
-    x = [f"{j}:{t}" for j, t in enumerate(token_labels)]
+    x = [f"{j}:{drawable(t)}" for j, t in enumerate(token_labels)]
     data = [
         {
             "type": "bar",
@@ -139,10 +141,13 @@ def convergence_figure(labels: Sequence[str], errors: Sequence[float | None]) ->
         }
     ]
     note = "no OT solver: " + ", ".join(absent) if absent else ""
+    heights = data[0]["y"] or [1.0]
+    # a decade of headroom above the tallest bar and below the lowest, for the value labels
+    log_range = [np.log10(min(heights)) - 1.0, np.log10(max(heights)) + 1.0]
     layout = _layout(
         "Solver convergence (final marginal error)",
-        280,
-        yaxis={"type": "log", "title": {"text": "marginal error"}},
+        300,
+        yaxis={"type": "log", "title": {"text": "marginal error"}, "range": log_range},
         xaxis={"title": {"text": note}},
     )
     return go.Figure({"data": data, "layout": layout})

@@ -9,6 +9,7 @@ nearest-neighbour interpolation, so a patch cell is coloured exactly when it is 
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 import matplotlib
@@ -18,7 +19,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
 from otviz.viz.heatmaps import draw_heatmap
-from otviz.viz.style import HEAT_CMAP, new_figure
+from otviz.viz.style import HEAT_CMAP, drawable, new_figure
 
 FILL_ALPHA = 0.35
 
@@ -153,13 +154,16 @@ def best_subset_figure(
     else:
         chosen = [int(m) for m in np.flatnonzero(exact_members)]
         ids = "{" + ", ".join(map(str, chosen)) + "}" if chosen else "∅ (no region scores > 0)"
-        draw_regions(ax_exact, image, masks, grid, shown=chosen, title=f"exact A* = {ids}")
+        draw_regions(ax_exact, image, masks, grid, shown=chosen,
+                     title=textwrap.fill(f"exact A* = {ids}", 45))
     cover = soft_cover(masks, soft_members).reshape(grid)
     mappable = draw_heatmap(
-        ax_soft, image, cover, vmin=0.0, vmax=1.0, cmap=HEAT_CMAP, title=soft_label
+        ax_soft, image, cover, vmin=0.0, vmax=1.0, cmap=HEAT_CMAP,
+        title=textwrap.fill(soft_label, 45),
     )
     likely = [int(m) for m in np.flatnonzero(np.asarray(soft_members) > 0.5)]
     draw_regions(ax_soft, None, masks, grid, size=(height, width), shown=likely, fill=False)
     fig.colorbar(mappable, ax=ax_soft, shrink=0.8, label="soft membership of the subset")
-    fig.suptitle(f'Best-matching regions of "{phrase}"', fontsize=10)
+    # wrapped: a whole-caption phrase is wider than the figure
+    fig.suptitle(textwrap.fill(f'Best-matching regions of "{drawable(phrase)}"', 90), fontsize=10)
     return fig

@@ -30,7 +30,9 @@ def loss_curves_figure(
         for key, title, axis in CURVES:
             data.append({
                 "type": "scatter",
-                "mode": "lines",
+                # markers too: a run of one step is a single point, which a line never draws
+                "mode": "lines+markers",
+                "marker": {"color": colour, "size": 5},
                 "x": steps,
                 "y": [r[key] for r in records],
                 "name": labels.get(method, method),

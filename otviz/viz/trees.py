@@ -3,17 +3,16 @@ bottom, an optional highlighted node with its subtree (the phrase PowerCLIP alig
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass
 
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
 from otviz.text.tree import Tree
-from otviz.viz.style import new_figure
+from otviz.viz.style import drawable, new_figure
 
-SPAN_WRAP = 16  # characters per line of a phrase's words in its box
-SPAN_LINES = 2
+FONT_SIZE = 10
+WORD_INCHES = 0.62  # width per caption word (its leaf box at FONT_SIZE fits)
 HIGHLIGHT = "#fdae61"
 SUBTREE = "#fee8c8"
 PLAIN = "#f0f0f0"
@@ -31,12 +30,11 @@ class NodePosition:
 
 
 def node_text(node: Tree) -> str:
-    """Box text: the label, then the word (leaf) or the phrase's words (wrapped, cut)."""
-    words = node.word if node.is_leaf else node.span_text()
-    if not words:
+    """Box text: a phrase's label alone (its words are the leaves under it, so the boxes
+    stay narrow enough to read); a leaf's label over its word."""
+    if not node.is_leaf or not node.word:
         return node.label
-    lines = textwrap.wrap(words, SPAN_WRAP, max_lines=SPAN_LINES, placeholder=" …")
-    return "\n".join([node.label, *lines])
+    return f"{node.label}\n{drawable(node.word)}"
 
 
 def tree_layout(tree: Tree) -> list[NodePosition]:
@@ -70,8 +68,8 @@ def tree_figure(tree: Tree, highlight: Tree | None = None, title: str | None = N
     layout = tree_layout(tree)
     inside = _subtree(layout, highlight)
     n_cols = max(1, tree.end - tree.start)
-    height = 1.0 + 0.9 * (_height(tree) + 1)
-    fig = new_figure(max(4.0, 1.15 * n_cols + 0.6), height)
+    height = 1.0 + 0.75 * (_height(tree) + 1)
+    fig = new_figure(max(4.0, WORD_INCHES * n_cols + 0.6), height)
     ax = fig.subplots()
     segments, widths, colours = [], [], []
     for i, p in enumerate(layout):
@@ -88,7 +86,7 @@ def tree_figure(tree: Tree, highlight: Tree | None = None, title: str | None = N
         if i in inside:
             face = HIGHLIGHT if i == min(inside) else SUBTREE
         ax.text(
-            p.x, p.y, node_text(p.node), ha="center", va="center", fontsize=7, zorder=2,
+            p.x, p.y, node_text(p.node), ha="center", va="center", fontsize=FONT_SIZE, zorder=2,
             bbox={"boxstyle": "round,pad=0.3", "fc": face, "ec": "#555555", "lw": 0.6},
         )
     xs = [p.x for p in layout]
@@ -97,7 +95,7 @@ def tree_figure(tree: Tree, highlight: Tree | None = None, title: str | None = N
     ax.set_ylim(min(ys) - 0.6, max(ys) + 0.6)
     ax.axis("off")
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=FONT_SIZE + 1)
     return fig
 
 

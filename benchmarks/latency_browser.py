@@ -1,0 +1,143 @@
+"""End-to-end latency of the Align view as a person feels it: headless Chromium (Playwright)
+on the served app, timed in the page from the user's action to the last output drawn (every
+status tracker of the view hidden again, every image loaded, two animation frames for the
+paint), for an Align click, a phrase change and a method change; one user, then 4 users at
+once (one page each, all acting together). Embedded backbone with its shipped trained
+heads, the first example's features cached by a warm-up click.
+
+The clock starts in the page just before Playwright performs the action (for a dropdown:
+the click on the option, the list already open), so the few ms Playwright takes to
+dispatch it are included.
+
+Usage: ``python benchmarks/latency_browser.py [--repeats 8] [--users 4] [--out FILE]``;
+writes JSON (default ``benchmarks/latency_browser.json``) and Markdown beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+from playwright.async_api import Page, async_playwright
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from served import (  # noqa: E402
+    EVENTS,
+    load_average,
+    machine,
+    percentiles,
+    served_app,
+    write_report,
+)
+
+CHROMIUM = "/usr/bin/chromium"
+VIEWPORT = {"width": 1400, "height": 900}
+TIMEOUT_MS = 120_000
+METHODS = ("Dense UOT", "Balanced OT", "ConceptOT")
+
+#: Arms a clock and a MutationObserver on the Align tab; ``window.__drawn`` resolves with the
+#: ms from arming to the last output drawn.
+ARM = """() => {
+  const tab = document.querySelector('#tab-align');
+  const busy = () => Array.from(tab.querySelectorAll('[data-testid="status-tracker"]'))
+      .some(e => !e.classList.contains('hide'));
+  const imagesLoaded = () => Array.from(tab.querySelectorAll('img')).every(i => i.complete);
+  const t0 = performance.now();
+  window.__drawn = new Promise(resolve => {
+    let seen = false;
+    const check = () => {
+      if (busy()) { seen = true; return; }
+      if (!seen || !imagesLoaded()) return;
+      observer.disconnect();
+      clearInterval(poll);
+      requestAnimationFrame(() => requestAnimationFrame(() => resolve(performance.now() - t0)));
+    };
+    const observer = new MutationObserver(check);
+    observer.observe(tab, {subtree: true, attributes: true, childList: true});
+    const poll = setInterval(check, 5);  // image loads change no attribute
+  });
+}"""
+
+
+async def _timed(page: Page, action) -> float:
+    await page.evaluate(ARM)
+    await action()
+    return await page.evaluate("window.__drawn") / 1000.0
+
+
+async def _pick(page: Page, dropdown: str, option: str | None = None, index: int = 0) -> float:
+    """Open ``dropdown`` (untimed), then time picking ``option`` (or the ``index``-th)."""
+    await page.locator(f"#{dropdown} input").click()
+    target = (page.get_by_role("option", name=option, exact=True).first if option
+              else page.get_by_role("option").nth(index))
+    await target.wait_for()
+    return await _timed(page, target.click)
+
+
+async def _open(browser, url: str) -> Page:
+    page = await browser.new_page(viewport=VIEWPORT)
+    page.set_default_timeout(TIMEOUT_MS)
+    await page.goto(url)
+    await page.locator('[data-testid="dataset-cell-0-0"]').click()
+    await page.wait_for_selector("#shared-image img")
+    await page.get_by_role("tab", name="Align", exact=True).click()
+    await _timed(page, _align_button(page))  # warm-up: features and plans cached
+    return page
+
+
+def _align_button(page: Page):
+    return lambda: page.get_by_role("button", name="Align", exact=True).click()
+
+
+async def _user(page: Page, repeats: int, samples: dict[str, list[float]],
+                start: asyncio.Event) -> None:
+    await start.wait()
+    for k in range(repeats):
+        samples["align_click"].append(await _timed(page, _align_button(page)))
+        samples["phrase_change"].append(await _pick(page, "align-phrase", index=k % 4))
+        samples["method_change"].append(await _pick(page, "align-method", METHODS[k % 3]))
+
+
+async def measure(url: str, users: int, repeats: int) -> dict[str, dict]:
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        pages = [await _open(browser, url) for _ in range(users)]
+        samples: dict[str, list[float]] = {e: [] for e in EVENTS}
+        start = asyncio.Event()
+        tasks = [asyncio.create_task(_user(page, repeats, samples, start)) for page in pages]
+        start.set()
+        await asyncio.gather(*tasks)
+        await browser.close()
+    return {e: percentiles(s) for e, s in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--users", type=int, default=4)
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).resolve().parent / "latency_browser.json")
+    args = parser.parse_args(argv)
+    load_before = load_average()
+    started = time.time()
+    with served_app() as (url, ctx):
+        latency = {str(n): asyncio.run(measure(url, n, args.repeats)) for n in (1, args.users)}
+        checkpoint = ctx.default_checkpoint()
+    result = {"checkpoint": checkpoint, "repeats_per_user": args.repeats,
+              "viewport": VIEWPORT, "load_before": load_before, "load_after": load_average(),
+              "wall_s": round(time.time() - started, 1), "machine": machine(),
+              "latency_ms": latency}
+    write_report(result, args.out, "Align latency in a browser",
+                 "Headless Chromium (Playwright), 1400-px viewport, timed in the page from the "
+                 "action to the last output drawn (status trackers hidden, images loaded, two "
+                 "animation frames); embedded backbone, trained heads, features cached.")
+    print(args.out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""End-to-end latency of the Align view through Gradio's own client (upload, queue,
+callback, answer, on loopback): an Align click, a phrase change and a method change, on the
+embedded backbone with its shipped trained heads and the example's features cached (one
+warm-up click first), by one user and by 4 concurrent users (one ``Client`` each).
+
+Usage: ``python benchmarks/latency_client.py [--repeats 10] [--users 4] [--out FILE]``;
+writes JSON (default ``benchmarks/latency_client.json``) and Markdown beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+from gradio_client import Client, handle_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from served import (  # noqa: E402
+    EVENTS,
+    load_average,
+    machine,
+    percentiles,
+    served_app,
+    write_report,
+)
+
+from otviz.ui.align_tab import DEFAULT_SHARED_SCALE  # noqa: E402
+from otviz.ui.examples import load_examples  # noqa: E402
+
+PHRASES = ("span:0:4", "span:1:2", "span:2:4")
+METHODS = ("conceptot", "dense_uot", "balanced_ot")
+
+
+def _user(url: str, checkpoint: str, repeats: int, samples: dict[str, list[float]]) -> None:
+    example = load_examples()[0]
+    client = Client(url, verbose=False, download_files=False)
+    image = handle_file(str(example.image_path))
+    align = (image, example.caption, checkpoint, "conceptot", "grid", DEFAULT_SHARED_SCALE,
+             0.5, None, None, 1.0)
+    client.predict(*align, api_name="/align")  # warm-up: features and plans cached
+    for k in range(repeats):
+        calls = {
+            "align_click": (align, "/align"),
+            "phrase_change": ((image, example.caption, checkpoint, "grid",
+                               DEFAULT_SHARED_SCALE, PHRASES[k % 3], 1.0), "/align_phrase"),
+            "method_change": ((image, example.caption, checkpoint, METHODS[k % 3], 0, "grid",
+                               1.0), "/align_plan"),
+        }
+        for event, (args, api) in calls.items():
+            start = time.perf_counter()
+            client.predict(*args, api_name=api)
+            samples[event].append(time.perf_counter() - start)
+
+
+def measure(url: str, checkpoint: str, users: int, repeats: int) -> dict[str, dict]:
+    samples: dict[str, list[float]] = {e: [] for e in EVENTS}
+    threads = [threading.Thread(target=_user, args=(url, checkpoint, repeats, samples))
+               for _ in range(users)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {e: percentiles(s) for e, s in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--users", type=int, default=4)
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).resolve().parent / "latency_client.json")
+    args = parser.parse_args(argv)
+    load_before = load_average()
+    with served_app() as (url, ctx):
+        checkpoint = ctx.default_checkpoint()
+        latency = {str(n): measure(url, checkpoint, n, args.repeats) for n in (1, args.users)}
+    result = {"checkpoint": checkpoint, "repeats_per_user": args.repeats,
+              "load_before": load_before, "load_after": load_average(), "machine": machine(),
+              "latency_ms": latency}
+    write_report(result, args.out, "Align latency through gradio_client",
+                 "Client-side time per request on loopback (upload, queue, callback, "
+                 "answer); embedded backbone, trained heads, features cached.")
+    print(args.out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

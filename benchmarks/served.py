@@ -1,0 +1,83 @@
+"""What the end-to-end latency benchmarks share: the app served in-process as
+``otviz.ui.app.launch`` serves it (same queue and limits) on 127.0.0.1, the three Align
+events they time, percentiles, the machine's load and the JSON + Markdown report."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from otviz.ui.app import build_app, serve_options
+from otviz.ui.context import AppContext
+
+#: p50 bars of the issue (ms), embedded model and cached features, and the 4-user p95 bar.
+BARS_MS = {"align_click": 250.0, "phrase_change": 100.0, "method_change": None}
+CONCURRENT_P95_BAR_MS = 1000.0
+EVENTS = tuple(BARS_MS)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def served_app() -> Iterator[tuple[str, AppContext]]:
+    """The app on a free loopback port: ``(url, context)``."""
+    ctx = AppContext.default()
+    app = build_app(ctx)
+    port = free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
+               quiet=True, ssr_mode=False, **serve_options(app))
+    try:
+        yield f"http://127.0.0.1:{port}/", ctx
+    finally:
+        app.close()
+
+
+def percentiles(samples_s: list[float]) -> dict[str, float]:
+    ms = 1000 * np.asarray(samples_s)
+    return {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95)),
+            "n": len(samples_s)}
+
+
+def load_average() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "platform": f"torch {torch.__version__}, {platform.platform()}"}
+
+
+def write_report(result: dict, out: Path, title: str, how: str) -> None:
+    """``result["latency_ms"][users][event]`` percentiles as JSON at ``out`` and as a
+    Markdown table beside it, with the bars and the load average."""
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"# {title}", "", how, "",
+             f"Load average (1/5/15 min) {result['load_before']} before, "
+             f"{result['load_after']} after, on a shared {result['machine']['cpus']}-CPU "
+             f"machine that other jobs keep busy; {result['machine']['platform']}.", "",
+             "| users | event | p50 (ms) | p95 (ms) | n | bar | meets bar |",
+             "| ---: | --- | ---: | ---: | ---: | --- | --- |"]
+    for users, events in result["latency_ms"].items():
+        for event, row in events.items():
+            if int(users) == 1 and BARS_MS[event] is not None:
+                bar, ok = f"p50 <= {BARS_MS[event]:.0f}", row["p50"] <= BARS_MS[event]
+            elif int(users) > 1:
+                bar, ok = f"p95 <= {CONCURRENT_P95_BAR_MS:.0f}", row["p95"] <= CONCURRENT_P95_BAR_MS
+            else:
+                bar, ok = "", None
+            lines.append(f"| {users} | {event.replace('_', ' ')} | {row['p50']:.0f} | "
+                         f"{row['p95']:.0f} | {row['n']} | {bar} | "
+                         f"{'' if ok is None else ('yes' if ok else 'no')} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
