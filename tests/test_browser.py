@@ -219,6 +219,27 @@ def test_align_bad_input_is_a_message_in_the_page(browser, live_app):
     page.close()
 
 
+def test_hostile_upload_and_caption_are_plain_messages(browser, live_app, tmp_path):
+    """Through the browser: a truncated PNG and a caption carrying HTML give a readable
+    message in which the caption's markup is shown as text, never rendered as elements."""
+    example = load_examples()[0]
+    truncated = tmp_path / "truncated.png"
+    truncated.write_bytes(Path(example.image_path).read_bytes()[:300])
+    page = browser.new_page(viewport=VIEWPORT)
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(live_app.url)
+    page.locator("#shared-image input[type=file]").set_input_files(str(truncated))
+    caption = page.locator("#shared-caption textarea")
+    caption.fill('<h1 id="injected">big</h1> a red <img src=x id="injected-img"> circle')
+    page.get_by_role("button", name="Align", exact=True).click()
+    toast = page.locator(".toast-body").first
+    toast.wait_for()
+    text = toast.inner_text()
+    assert text.strip() and text.strip().lower() != "error"
+    assert page.locator("#injected, #injected-img").count() == 0
+    page.close()
+
+
 def test_anchors_view(page, shots):
     open_tab(page, "Anchors")
     page.get_by_role("button", name="Show anchors").click()

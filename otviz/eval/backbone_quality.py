@@ -290,6 +290,8 @@ def _pct(value: Any) -> str:
 
 
 def _value(value: Any, bar: Any) -> str:
+    if value is None:
+        return "not measured"
     return f"{value:,.0f}" if isinstance(bar, float) and bar > 1 else _pct(value)
 
 
