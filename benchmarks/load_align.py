@@ -56,7 +56,7 @@ def _client_run(url: str, checkpoint: str, uploads: list[tuple[str, str]],
         start = time.perf_counter()
         try:
             client.predict(handle_file(path), caption, checkpoint, "conceptot", "grid", True,
-                           0.5, None, None, api_name="/align")
+                           0.5, None, None, 1.0, api_name="/align")  # ..., CAME temperature
             latencies.append(time.perf_counter() - start)
         except Exception as e:  # counted, not fatal: the load test reports errors
             errors.append(f"{type(e).__name__}: {e}")
