@@ -15,6 +15,7 @@ from torch import Tensor
 
 from otviz.backbone import Backbone, Space
 from otviz.methods import METHODS, AlignmentMethod, MethodConfig, PairBatch
+from otviz.methods.base import DEFAULT_LAMBDA
 from otviz.world.vocab import COLOURS, SHAPES, SIZES
 
 # The rows of every side-by-side comparison (Global-only has no patch-token plan).
@@ -47,8 +48,6 @@ WORLD_FIT_CAPTIONS: list[str] = [
     f"a {size} {colour} {shape}" for size in SIZES for colour in COLOURS for shape in SHAPES
 ] + ["to the left of", "to the right of", "above", "below", "and", "there is"]
 
-#: ConceptOT's local weight lambda_l (Table 7), the reranking weight of an untrained method.
-DEFAULT_LAMBDA = 0.5
 
 
 @dataclass

@@ -1,0 +1,67 @@
+"""Optimal-transport solvers: pure, batched (``[B, N, M]`` with masks for ragged sides),
+log-domain and differentiable tensor functions, free of model code.
+
+The public namespace below is the library contract: every solver takes its problem in the
+order ``(cost, a, b, eps, ...)``, validates its inputs (:class:`SolverInputError`), and
+returns a :class:`SolverResult` (plan, marginals, ``marginal_error``, ``converged``) or a
+subclass; a solver that stops before ``tol`` says so (:class:`NotConvergedWarning`).
+Everything else in the submodules is internal to them.
+
+    >>> import torch, otviz.ot as ot
+    >>> cost = torch.rand(1, 4, 3, dtype=torch.float64)
+    >>> a = torch.full((1, 4), 1 / 4, dtype=torch.float64)
+    >>> b = torch.full((1, 3), 1 / 3, dtype=torch.float64)
+    >>> result = ot.sinkhorn_log(cost, a, b, eps=0.1)
+    >>> bool(result.converged)
+    True
+"""
+
+from otviz.ot.came import CameResult, came_marginals
+from otviz.ot.checks import SolverInputError
+from otviz.ot.classify import (
+    Prediction,
+    long_tailed_predict,
+    selective_predict,
+    zero_shot_predict,
+)
+from otviz.ot.costs import cosine_cost, cosine_similarity
+from otviz.ot.dbot import dbot_log
+from otviz.ot.divergence import DivergenceResult, sinkhorn_divergence
+from otviz.ot.fgw import fgw_isoftmax, fgw_pgd, fgw_sinkhorn
+from otviz.ot.lowrank import LowRankPlan, LowRankResult, lowrank_uot
+from otviz.ot.partial import partial_ot_log
+from otviz.ot.powerset import exact_r2t, exact_t2r, nla_t1, nla_t2, powerset_similarity
+from otviz.ot.result import NotConvergedWarning, SolverResult
+from otviz.ot.sinkhorn import sinkhorn_log
+from otviz.ot.unbalanced import sinkhorn_unbalanced_log
+
+__all__ = [
+    "CameResult",
+    "DivergenceResult",
+    "LowRankPlan",
+    "LowRankResult",
+    "NotConvergedWarning",
+    "Prediction",
+    "SolverInputError",
+    "SolverResult",
+    "came_marginals",
+    "cosine_cost",
+    "cosine_similarity",
+    "dbot_log",
+    "exact_r2t",
+    "exact_t2r",
+    "fgw_isoftmax",
+    "fgw_pgd",
+    "fgw_sinkhorn",
+    "long_tailed_predict",
+    "lowrank_uot",
+    "nla_t1",
+    "nla_t2",
+    "partial_ot_log",
+    "powerset_similarity",
+    "selective_predict",
+    "sinkhorn_divergence",
+    "sinkhorn_log",
+    "sinkhorn_unbalanced_log",
+    "zero_shot_predict",
+]

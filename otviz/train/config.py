@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from otviz.methods.base import MethodConfig
+from otviz.methods.base import DEFAULT_LAMBDA, MethodConfig
 
 #: ConceptOT App. E, Table 6: ~100K COCO pairs, batch 64, 3 epochs for the transport methods
 #: and 8 for the simpler scorers, lr 1e-4 with 5 % warm-up then cosine; reranking top-128.
@@ -66,7 +66,7 @@ class TrainConfig:
     kpp_reg: float = 1e-2
     lowrank_variant: str = "faithful"
     # ---------------------------------------------------------------- local loss (Eq. 9-10)
-    lambda_local: float = 0.5  # lambda_l (also QC-Align's lambda)
+    lambda_local: float = DEFAULT_LAMBDA  # lambda_l (also QC-Align's lambda)
     tau_local: float = 0.07  # tau_l
     hard_negatives: int = 4  # K_h per direction
     beta: float = 1e-3  # anchor diversity weight

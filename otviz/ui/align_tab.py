@@ -25,7 +25,13 @@ import torch
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.methods.masses import max_over_uniform
 from otviz.pipeline import REGION_KINDS, Encoded, Explainer, InputError, MethodRun
-from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, with_came_temperature
+from otviz.suite import (
+    ALIGN_METHODS,
+    DEFAULT_LAMBDA,
+    METHOD_LABELS,
+    MethodSuite,
+    with_came_temperature,
+)
 from otviz.text.parse import phrase_nodes
 from otviz.text.words import split_words
 from otviz.ui.context import AppContext, SharedInputs
@@ -39,7 +45,6 @@ from otviz.viz.tables import ScoreRow, score_frame, score_records
 TAB_TITLE = "Align"
 SCORED_METHODS: tuple[str, ...] = ("global_only", *ALIGN_METHODS)
 DEFAULT_METHOD = "conceptot"
-DEFAULT_LAMBDA = 0.5
 #: Each method's panel on its own colour scale by default: on one shared scale the
 #: methods that spread their mass look like the bare image next to the peaked ones.
 DEFAULT_SHARED_SCALE = False

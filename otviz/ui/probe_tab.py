@@ -25,7 +25,7 @@ from otviz.backbone import ImageInput, TokenFeatures
 from otviz.eval.probe import probe_accuracy
 from otviz.methods import PairBatch
 from otviz.pipeline import MAX_CAPTION_CHARS, Encoded, Explainer, InputError, region_masks
-from otviz.suite import METHOD_LABELS, MethodSuite
+from otviz.suite import DEFAULT_LAMBDA, METHOD_LABELS, MethodSuite
 from otviz.text.edits import EDIT_CATEGORIES, CaptionEdit, caption_edits
 from otviz.text.parse import batch_node_masks, parse_caption
 from otviz.text.tree import Tree
@@ -35,7 +35,6 @@ from otviz.ui.examples import EXAMPLES_DIR
 from otviz.ui.inputs import user_errors
 from otviz.viz.probe import probe_accuracy_figure, probe_scores_figure, win_matrix_figure
 
-DEFAULT_LAMBDA = 0.5  # lambda_l of the training config (otviz.train.config)
 MAX_CUSTOM = 12
 TRUE = "true"
 CUSTOM = "custom"
