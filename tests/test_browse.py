@@ -35,6 +35,7 @@ from otviz.ui.browse_tab import (
 )
 from otviz.ui.context import AppContext
 from otviz.ui.examples import load_examples
+from tests.conftest import write_caption_folder
 
 N_IMAGES = 12
 
@@ -206,14 +207,8 @@ def test_cache_computes_a_key_once_when_requests_race():
 @pytest.fixture()
 def caption_zip(tmp_path) -> Path:
     """Four example images with captions (one naming a colour twice) in a .zip."""
-    folder = tmp_path / "pairs"
-    folder.mkdir()
-    rows = ["path,caption"]
-    for e in load_examples()[:4]:
-        shutil.copy(e.image_path, folder / e.image_path.name)
-        rows.append(f'{e.image_path.name},"{e.caption}"')
-    rows[1] = rows[1].split(",")[0] + ',"a red circle to the left of a red star"'
-    (folder / "captions.csv").write_text("\n".join(rows) + "\n")
+    folder = write_caption_folder(tmp_path / "pairs", 4,
+                                  {0: "a red circle to the left of a red star"})
     archive = tmp_path / "pairs.zip"
     with zipfile.ZipFile(archive, "w") as z:
         for f in folder.iterdir():

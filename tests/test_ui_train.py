@@ -47,6 +47,7 @@ from otviz.ui.training import (
     train_configs,
     unpack_uploads,
 )
+from tests.conftest import write_caption_folder
 
 SMALL = {"n_train": 64, "batch_size": 32, "hard_negatives": 2}
 
@@ -73,14 +74,7 @@ def wait(job, timeout=300):
 @pytest.fixture()
 def caption_folder(tmp_path) -> Path:
     """Eight example images with a ``path,caption`` CSV."""
-    folder = tmp_path / "pairs"
-    folder.mkdir()
-    rows = ["path,caption"]
-    for e in load_examples()[:8]:
-        shutil.copy(e.image_path, folder / e.image_path.name)
-        rows.append(f'{e.image_path.name},"{e.caption}"')
-    (folder / "captions.csv").write_text("\n".join(rows) + "\n")
-    return folder
+    return write_caption_folder(tmp_path / "pairs", 8)
 
 
 # ----------------------------------------------------------------------- the request
