@@ -310,3 +310,30 @@ def test_other_views_render(page, shots, title, button, element):
     if page.locator(f"#{tab} th").count():
         assert_all_columns_visible(page, f"#{tab}")
     screenshot(page, tab, shots / f"{tab.removeprefix('tab-')}.png")
+
+
+def test_browse_pages_and_a_row_click_opens_align(page, shots):
+    """Browse: the world's first page draws heatmaps and a table with every column; a click
+    on a row switches to Align with that row's phrase picked and its heatmaps drawn."""
+    open_tab(page, "Browse")
+    page.get_by_role("button", name="Load", exact=True).click()
+    rendered_image(page, "#browse-grid")
+    page.wait_for_function("document.querySelector('#browse-status').innerText.length > 0")
+    assert_not_blank(page, "#browse-grid img")
+    assert_all_columns_visible(page, "#browse-table")
+    assert_badges_cover_nothing(page, "tab-browse")
+    screenshot(page, "tab-browse", shots / "browse.png")
+    cell = page.locator('#browse-table [data-testid="cell-0-2"]')  # first row's phrase
+    phrase = cell.inner_text()
+    sources = "Array.from(document.querySelectorAll('#align-grid img'), i => i.src).join()"
+    before = page.evaluate(sources)
+    cell.click()
+    page.wait_for_function(
+        "document.querySelector('#tab-align') && "
+        "document.querySelector('#tab-align').offsetParent !== null")
+    page.wait_for_function(
+        "q => document.querySelector('#align-phrase input').value.includes(q)",
+        arg=phrase.strip())
+    page.wait_for_function(f"b => ({sources}) !== b", arg=before)  # drawn anew for the row
+    rendered_image(page, "#align-grid")
+    assert_not_blank(page, "#align-grid img")
