@@ -142,7 +142,7 @@ def grounding_examples_figure(suite: MethodSuite, data: EvalSet, n_examples: int
     first = [int((q.image == j).nonzero()[0]) for j in range(n_examples)
              if bool((q.image == j).any())]
     rows = torch.tensor(first, dtype=torch.long)
-    names = [n for n in suite.methods if n != "global_only"]
+    names = [n for n, entry in suite.methods.items() if entry.method.has_plan]
     heats = [
         align_pairs(suite.methods[name], data, q.image[rows], data.positives[q.image[rows]],
                     lambda a, r: a.heatmap(q.select[rows][r, : a.token_mask.shape[1]])
