@@ -11,6 +11,7 @@ heatmaps (test examples x methods).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def table_figures(tables: dict[str, Table]) -> dict[str, Figure]:
     return figs
 
 
-def training_curves_figure(heads: str | Path, names: tuple[str, ...] = ALIGN_METHODS) -> Figure:
+def training_curves_figure(heads: str | Path, names: Sequence[str] = ALIGN_METHODS) -> Figure:
     """The local loss of every shipped head per training step (from its checkpoint), one
     panel per loss (Eq. 9-10 contrastive, QC-Align's QCT, PowerCLIP's triplet)."""
     panels: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
