@@ -79,8 +79,8 @@ def powerset_readout(alignment: Alignment, tau: float, alpha: float) -> Powerset
     """The :class:`PowersetReadout` of the first pair of a PowerCLIP ``alignment`` (its
     ``extras``), the NLA column of the summary at ``tau`` and ``alpha``."""
     extras = alignment.extras
-    q, region_mask, node_mask = extras["region_node_scores"], extras["region_mask"], extras[
-        "node_mask"]
+    q, region_mask = extras["region_node_scores"], extras["region_mask"]
+    node_mask = extras["node_mask"]
     exact_best = None
     if q.shape[-2] <= MAX_EXACT_REGIONS:
         exact_best = exact_t2r(q, region_mask, node_mask)[1][0].numpy()

@@ -63,7 +63,8 @@ def node_label(node: Tree) -> str:
 
 
 def summary_rows(s: dict[str, float | None]) -> list[list]:
-    """The exact-vs-NLA table of :func:`powerset_summary` ("n/a" where not enumerated)."""
+    """The exact-vs-NLA table of :func:`otviz.methods.powerclip_readout.powerset_summary`
+    ("n/a" where not enumerated)."""
 
     def num(x: float | None):
         return "n/a" if x is None else round(x, 6)
