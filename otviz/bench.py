@@ -302,7 +302,7 @@ def _build(name: str, cfg: BenchConfig, trainable: bool, rank: int | None, batch
 
 def _rank(name: str) -> int | None:
     """The default anchor rank for methods that sweep it, else ``None``."""
-    return MethodConfig().rank if getattr(METHODS[name], "uses_rank", False) else None
+    return MethodConfig().rank if METHODS[name].uses_rank else None
 
 
 def _forward(method: torch.nn.Module, batch: PairBatch) -> Callable[[], None]:
@@ -337,7 +337,7 @@ def method_rows(cfg: BenchConfig, n: int, m: int, names: list[str]) -> list[dict
     batch = random_batch(chunk, n, m, cfg.dim, cfg.seed)
     slots: list[dict[str, Any] | TimedJob] = []
     for name in names:
-        ranks = cfg.ranks if getattr(METHODS[name], "uses_rank", False) else (None,)
+        ranks = cfg.ranks if METHODS[name].uses_rank else (None,)
         for rank in ranks:
             modes = [("forward", False)] + ([("forward+backward", True)] if cfg.backward else [])
             for mode, trainable in modes:
@@ -621,12 +621,17 @@ def linear_fit(points: list[tuple[float, float]]) -> dict[str, float]:
 # --------------------------------------------------------------------------- driver
 
 
+def benchmarked_methods(cfg: BenchConfig) -> list[str]:
+    """The methods a run times: ``cfg.methods``, or every registered one."""
+    return list(cfg.methods) if cfg.methods is not None else sorted(METHODS)
+
+
 def run_benchmark(cfg: BenchConfig | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Run the benchmark; returns ``{"meta", "rows", "summary"}`` (see module docstring).
     The caller's torch thread count is restored afterwards."""
     cfg = cfg or BenchConfig()
     log = log or (lambda s: None)
-    names = list(cfg.methods) if cfg.methods is not None else sorted(METHODS)
+    names = benchmarked_methods(cfg)
     unknown = [n for n in names if n not in METHODS]
     if unknown:
         raise KeyError(f"unknown methods {unknown}; known: {sorted(METHODS)}")

@@ -6,8 +6,10 @@ the head checkpoints ``otviz train`` writes) or in its training-free configurati
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import overload
 
 import torch
 import torch.nn.functional as F
@@ -15,31 +17,59 @@ from torch import Tensor
 
 from otviz.backbone import Backbone, Space
 from otviz.methods import METHODS, AlignmentMethod, MethodConfig, PairBatch
-from otviz.methods.base import DEFAULT_LAMBDA
+from otviz.methods.base import DEFAULT_LAMBDA, registered_methods
 from otviz.world.vocab import COLOURS, SHAPES, SIZES
 
-# The rows of every side-by-side comparison (Global-only has no patch-token plan).
-ALIGN_METHODS: tuple[str, ...] = (
-    "global_patch",
-    "filip",
-    "text_attn",
-    "balanced_ot",
-    "dense_uot",
-    "conceptot",
-    "qc_align",
-    "powerclip",
-)
-METHOD_LABELS: dict[str, str] = {
-    "global_only": "Global-only",
-    "global_patch": "Global+Patch",
-    "filip": "FILIP",
-    "text_attn": "Text-Attn",
-    "balanced_ot": "Balanced OT",
-    "dense_uot": "Dense UOT",
-    "conceptot": "ConceptOT",
-    "qc_align": "QC-Align",
-    "powerclip": "PowerCLIP",
-}
+
+class MethodNames(Sequence[str]):
+    """Registered method names in display order (:func:`otviz.methods.base.registered_methods`),
+    read from the registry at each use, so a method registered after import (a new module,
+    a test's toy method) is listed everywhere these names are."""
+
+    def __init__(self, with_plan_only: bool) -> None:
+        self.with_plan_only = with_plan_only
+
+    def _names(self) -> tuple[str, ...]:
+        return registered_methods(self.with_plan_only)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[str, ...]: ...
+    def __getitem__(self, index: int | slice) -> str | tuple[str, ...]:
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+class MethodLabels(Mapping[str, str]):
+    """Method name -> display label (``AlignmentMethod.label``) of every registered method,
+    read from the registry at each use."""
+
+    def __getitem__(self, name: str) -> str:
+        return METHODS[name].display_label()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(registered_methods())
+
+    def __len__(self) -> int:
+        return len(METHODS)
+
+
+#: Every scored method (Global-only first).
+SCORED_METHODS = MethodNames(with_plan_only=False)
+#: The rows of every side-by-side comparison: the methods with a patch-token plan.
+ALIGN_METHODS = MethodNames(with_plan_only=True)
+METHOD_LABELS = MethodLabels()
+
+
+def method_choices() -> list[tuple[str, str]]:
+    """``(label, name)`` of every comparison method, for the views' method pickers."""
+    return [(METHOD_LABELS[n], n) for n in ALIGN_METHODS]
 
 
 #: Captions whose token embeddings seed training-free ConceptOT anchors on the world's
@@ -92,7 +122,7 @@ class MethodSuite:
         dim = backbone.embed_dim
         methods: dict[str, SuiteMethod] = {}
         fit_batch = None
-        for name in names or (("global_only",) + ALIGN_METHODS):
+        for name in names or SCORED_METHODS:
             config = MethodConfig(trainable=False, lowrank_variant=conceptot_variant)
             method = METHODS[name](dim, dim, config).eval()
             if type(method).fit_training_free is not AlignmentMethod.fit_training_free:
@@ -121,24 +151,36 @@ class MethodSuite:
 
         root = Path(heads_dir)
         identity = backbone_identity(backbone)  # hash the weights once
-        free = METHODS["global_only"](backbone.embed_dim, backbone.embed_dim,
-                                      MethodConfig(trainable=False)).eval()
-        methods = {"global_only": SuiteMethod(free, "width", "parameter-free")}
+        methods = {
+            name: SuiteMethod(
+                METHODS[name](backbone.embed_dim, backbone.embed_dim,
+                              MethodConfig(trainable=False)).eval(),
+                "width", "parameter-free")
+            for name in SCORED_METHODS if name not in ALIGN_METHODS
+        }
         for name in names or ALIGN_METHODS:
             methods[name] = load_head(root / name, identity)
         return cls(backbone, methods, f"{backbone.name} (heads: {root.name})")
 
 
+def came_methods(suite: MethodSuite) -> list[str]:
+    """The suite's methods with CAME quotas (``AlignmentMethod.uses_came``: QC-Align)."""
+    return [name for name, entry in suite.methods.items() if entry.method.uses_came]
+
+
 def with_came_temperature(suite: MethodSuite, temperature: float) -> MethodSuite:
-    """``suite`` with QC-Align's CAME softmax at ``temperature``
+    """``suite`` with the CAME softmax of its :func:`came_methods` at ``temperature``
     (:meth:`otviz.methods.qc_align.QCAlign.with_came_temperature`; the other methods are
     shared), labelled with the temperature so cached runs of the two never mix; ``suite``
-    itself when it has no QC-Align or already uses that temperature."""
-    entry = suite.methods.get("qc_align")
-    if entry is None or entry.method.came_temperature == float(temperature):
+    itself when it has no such method or they already use that temperature."""
+    changed = {
+        name: replace(entry, method=entry.method.with_came_temperature(temperature))
+        for name in came_methods(suite)
+        if (entry := suite.methods[name]).method.came_temperature != float(temperature)
+    }
+    if not changed:
         return suite
-    method = entry.method.with_came_temperature(temperature)
-    methods = {**suite.methods, "qc_align": replace(entry, method=method)}
+    methods = {**suite.methods, **changed}
     return MethodSuite(suite.backbone, methods, f"{suite.label} · CAME T={temperature:g}")
 
 

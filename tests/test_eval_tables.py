@@ -151,13 +151,12 @@ def test_grounding_table_matches_per_phrase_heatmaps(setup: dict) -> None:
     h, w = data.grid
     for row in [r for r in table.rows if not r.get("baseline")]:
         entry = suite.methods[row["name"]]
-        own_map = getattr(entry.method, "phrase_patch_map", None)  # PowerCLIP's node map
         hits, ious = [], []
         for p in range(q.image.numel()):
             j = int(q.image[p])
             a = one_pair(data, entry, j, int(data.positives[j]))
             sel = q.select[p : p + 1, : a.token_mask.shape[1]]
-            heat = (a.heatmap(sel) if own_map is None else own_map(a, sel))[0]
+            heat = entry.method.phrase_patch_map(a, sel)[0]  # PowerCLIP: its node map
             peak = int(heat.argmax())
             cx, cy = (peak % w + 0.5) * 80 / w, (peak // w + 0.5) * 80 / h
             x0, y0, x1, y1 = q.boxes[p].tolist()

@@ -17,6 +17,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import to_rgba
 
 from otviz.backbone import ImageInputError
+from otviz.methods.powerclip_readout import powerset_summary
 from otviz.ot.powerset import exact_r2t, exact_t2r, nla_t1, nla_t2
 from otviz.pipeline import InputError, region_masks
 from otviz.text.parse import phrase_nodes
@@ -26,7 +27,6 @@ from otviz.ui.phrases_tab import (
     build_phrases_tab,
     node_label,
     phrases_view,
-    powerset_summary,
     summary_rows,
 )
 from otviz.viz.regions import FILL_ALPHA, mask_outline, regions_figure

@@ -106,13 +106,11 @@ def phrase_heatmaps(
 ) -> Tensor:
     """``[P, N]`` (float64) phrase heatmaps of the pairs ``(image_idx[p], text_idx[p])``, each
     over the tokens ``select[p]`` (``[P, L]`` on the untrimmed token axis), batched:
-    ``Alignment.heatmap`` (ConceptOT Sec. 2.6), or the method's own ``phrase_patch_map``
-    when it has one (PowerCLIP: the membership-weighted regions of the phrase's node)."""
-    patch_map = getattr(entry.method, "phrase_patch_map", None)
+    the method's ``phrase_patch_map``: ``Alignment.heatmap`` (ConceptOT Sec. 2.6) unless it
+    defines its own (PowerCLIP: the membership-weighted regions of the phrase's node)."""
 
     def phrase_map(a: Alignment, rows: slice) -> Tensor:
-        sel = select[rows, : a.token_mask.shape[1]]
-        return a.heatmap(sel) if patch_map is None else patch_map(a, sel)
+        return entry.method.phrase_patch_map(a, select[rows, : a.token_mask.shape[1]])
 
     return align_pairs(entry, data, image_idx, text_idx, phrase_map, chunk, progress)
 
@@ -329,7 +327,7 @@ def grounding_table(
 ) -> Table:
     """Weak phrase grounding (ConceptOT Sec. 2.6) over every gold noun phrase: pointing
     game, mean IoU and hit@0.5 of the heatmap ``Alignment.heatmap`` of the phrase's tokens,
-    or the method's own ``phrase_patch_map`` when it has one (PowerCLIP: the membership-
+    or the method's own ``phrase_patch_map`` where it defines one (PowerCLIP: the membership-
     weighted regions of the phrase's node) (box: patches above ``threshold`` x peak,
     enclosing envelope), and the pointing on the phrases whose colour another object of
     the scene shares. With ``baselines``, the model-free rows (:func:`baseline_rows`)
@@ -340,8 +338,8 @@ def grounding_table(
     table = Table("grounding", f"Weak grounding of {image_idx.numel()} gold noun phrases "
                   f"({data.n_images} world {data.split} images)", list(GROUNDING_COLUMNS))
     for name, entry in suite.methods.items():
-        if name == "global_only":
-            continue  # no patch-token plan
+        if not entry.method.has_plan:
+            continue  # no patch-token plan (Global-only)
         heat = phrase_heatmaps(entry, data, image_idx, data.positives[image_idx], select,
                                chunk, _stage(progress, f"grounding {name}"))
         table.rows.append(_grounding_row(_label(name), name, heat, q, data.grid, size,

@@ -11,6 +11,7 @@ heatmaps (test examples x methods).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def table_figures(tables: dict[str, Table]) -> dict[str, Figure]:
     return figs
 
 
-def training_curves_figure(heads: str | Path, names: tuple[str, ...] = ALIGN_METHODS) -> Figure:
+def training_curves_figure(heads: str | Path, names: Sequence[str] = ALIGN_METHODS) -> Figure:
     """The local loss of every shipped head per training step (from its checkpoint), one
     panel per loss (Eq. 9-10 contrastive, QC-Align's QCT, PowerCLIP's triplet)."""
     panels: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
@@ -142,7 +143,7 @@ def grounding_examples_figure(suite: MethodSuite, data: EvalSet, n_examples: int
     first = [int((q.image == j).nonzero()[0]) for j in range(n_examples)
              if bool((q.image == j).any())]
     rows = torch.tensor(first, dtype=torch.long)
-    names = [n for n in suite.methods if n != "global_only"]
+    names = [n for n, entry in suite.methods.items() if entry.method.has_plan]
     heats = [
         align_pairs(suite.methods[name], data, q.image[rows], data.positives[q.image[rows]],
                     lambda a, r: a.heatmap(q.select[rows][r, : a.token_mask.shape[1]])

@@ -85,7 +85,7 @@ class EvalConfig:
 
     def method_names(self) -> tuple[str, ...]:
         if not self.methods:
-            return ALIGN_METHODS
+            return tuple(ALIGN_METHODS)
         names = tuple(m.strip() for m in self.methods.split(",") if m.strip())
         unknown = sorted(set(names) - set(ALIGN_METHODS))
         if unknown:
@@ -98,12 +98,12 @@ def load_backbone(path: str = "") -> Backbone:
     return Backbone.from_checkpoint(path) if path else Backbone.from_checkpoint()
 
 
-def build_suite(backbone: Backbone, heads: str, names: tuple[str, ...]) -> MethodSuite:
+def build_suite(backbone: Backbone, heads: str, names: Sequence[str]) -> MethodSuite:
     """Trained heads from ``heads`` or, for ``"training-free"``, the training-free suite
     (ConceptOT anchors fitted on the world's vocabulary phrases)."""
     if heads == TRAINING_FREE:
-        return MethodSuite.training_free(backbone, WORLD_FIT_CAPTIONS, ("global_only",) + names)
-    return MethodSuite.from_heads(backbone, heads, names)
+        return MethodSuite.training_free(backbone, WORLD_FIT_CAPTIONS, ("global_only", *names))
+    return MethodSuite.from_heads(backbone, heads, tuple(names))
 
 
 #: The metric of every "best ..." claim judged over seeds (best mean vs the runner-up).

@@ -16,6 +16,9 @@ class BalancedOT(ProjectedMethod):
     ``sum P_ij z_i.y_j / sum P_ij`` (Eq. 8, dense form)."""
 
     name = "balanced_ot"
+    label = "Balanced OT"
+    order = 40
+    paper_epochs = 3
     paper = "ConceptOT Sec. 3.2"
 
     def align(self, batch: PairBatch) -> Alignment:

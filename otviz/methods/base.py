@@ -10,11 +10,14 @@ alike and a new method is one module plus one :func:`register` line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from otviz.train.config import TrainConfig
 
 #: ConceptOT's local weight lambda_l (Table 7): the combined score s_g + lambda_l s_l of
 #: training, reranking and the views.
@@ -240,8 +243,9 @@ class Projection(nn.Module):
 
 
 class AlignmentMethod(nn.Module):
-    """Base class of all methods. Subclasses set ``name``/``paper`` and implement
-    :meth:`align`.
+    """Base class of all methods. Subclasses set ``name``/``label``/``paper`` and implement
+    :meth:`align`; the class attributes below are every fact the app, training, evaluation
+    and the benchmark read about a method (none of them tests a method's name).
 
     Args:
         patch_dim: width Dv of the patch features the method receives.
@@ -250,7 +254,49 @@ class AlignmentMethod(nn.Module):
     """
 
     name: ClassVar[str] = ""
+    #: Display name in the app, the tables and the figures (default: ``name``).
+    label: ClassVar[str] = ""
     paper: ClassVar[str] = ""
+    #: Position in every list, table and figure (lower first; ties: registration order).
+    order: ClassVar[int] = 100
+    #: False for a method without a patch-token plan (Global-only): no phrase heatmap, so it
+    #: is left out of the side-by-side comparisons and the grounding tables.
+    has_plan: ClassVar[bool] = True
+    #: Its local training loss, a kind of :mod:`otviz.train.losses` (``"local_contrastive"``:
+    #: ConceptOT Eq. 9-10; ``"none"``: nothing local to train).
+    local_objective: ClassVar[str] = "local_contrastive"
+    #: Epochs of ConceptOT's paper recipe (Table 6: 3 for the transport methods, 8 for the
+    #: simpler scorers).
+    paper_epochs: ClassVar[int] = 8
+    #: Reads ``PairBatch.nodes`` (parse-tree nodes), so training parses the captions.
+    uses_trees: ClassVar[bool] = False
+    #: Reads ``PairBatch.regions``, so the views pass it the chosen region kind.
+    uses_regions: ClassVar[bool] = False
+    #: Reads ``config.rank``, so the benchmark sweeps it.
+    uses_rank: ClassVar[bool] = False
+    #: Has CAME quotas whose softmax temperature can change at inference
+    #: (``came_temperature`` and ``with_came_temperature``, QC-Align).
+    uses_came: ClassVar[bool] = False
+    #: What the plan view calls ``Alignment.row_reference``.
+    reference_label: ClassVar[str] = "reference mu"
+
+    @classmethod
+    def display_label(cls) -> str:
+        """:attr:`label`, or :attr:`name` when the class sets none."""
+        return cls.label or cls.name
+
+    @classmethod
+    def train_settings(cls, config: TrainConfig) -> dict[str, Any]:
+        """:class:`MethodConfig` fields a training config sets for this method on top of the
+        shared ones (e.g. its own ``eps``, its ``extra`` settings); none by default."""
+        return {}
+
+    @staticmethod
+    def phrase_patch_map(alignment: Alignment, token_select: Tensor) -> Tensor:
+        """``[B, N]`` patch map of the phrase ``token_select`` that grounding reads: the
+        plan's heatmap (:meth:`Alignment.heatmap`, ConceptOT Sec. 2.6) unless the method
+        defines its own."""
+        return alignment.heatmap(token_select)
 
     def __init__(self, patch_dim: int, token_dim: int, config: MethodConfig | None = None):
         super().__init__()
@@ -296,12 +342,24 @@ def register(cls: type[AlignmentMethod]) -> type[AlignmentMethod]:
     return cls
 
 
+def registered_methods(with_plan_only: bool = False) -> tuple[str, ...]:
+    """Names in :data:`METHODS` in display order (:attr:`AlignmentMethod.order`), read at
+    each call so a method registered later is listed too; ``with_plan_only``: only those
+    with a patch-token plan (:attr:`AlignmentMethod.has_plan`)."""
+    ordered = sorted(METHODS.values(), key=lambda cls: cls.order)
+    return tuple(cls.name for cls in ordered if cls.has_plan or not with_plan_only)
+
+
+def method_class(name: str) -> type[AlignmentMethod]:
+    """The registered method ``name``; ``KeyError`` naming the known ones otherwise."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise KeyError(f"unknown method {name!r}; known: {sorted(METHODS)}") from None
+
+
 def build_method(
     name: str, patch_dim: int, token_dim: int, config: MethodConfig | None = None
 ) -> AlignmentMethod:
     """Instantiate the registered method ``name``."""
-    try:
-        cls = METHODS[name]
-    except KeyError:
-        raise KeyError(f"unknown method {name!r}; known: {sorted(METHODS)}") from None
-    return cls(patch_dim, token_dim, config)
+    return method_class(name)(patch_dim, token_dim, config)

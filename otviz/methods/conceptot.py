@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -45,8 +43,11 @@ class ConceptOT(ProjectedMethod):
     """
 
     name = "conceptot"
+    label = "ConceptOT"
+    order = 60
+    paper_epochs = 3
     paper = "ConceptOT Eq. 1-8, Alg. 1"
-    uses_rank: ClassVar[bool] = True  # the benchmark sweeps config.rank
+    uses_rank = True  # the benchmark sweeps config.rank
 
     def __init__(self, patch_dim: int, token_dim: int, config: MethodConfig | None = None):
         super().__init__(patch_dim, token_dim, config)

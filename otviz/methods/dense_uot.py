@@ -16,6 +16,9 @@ class DenseUOT(ProjectedMethod):
     iterations; score ``sum P_ij z_i.y_j / sum P_ij`` (Eq. 8)."""
 
     name = "dense_uot"
+    label = "Dense UOT"
+    order = 50
+    paper_epochs = 3
     paper = "ConceptOT Eq. 1-3, 8"
 
     def __init__(self, patch_dim: int, token_dim: int, config: MethodConfig | None = None):

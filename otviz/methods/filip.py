@@ -21,6 +21,8 @@ class Filip(ProjectedMethod):
     patches its tokens picked."""
 
     name = "filip"
+    label = "FILIP"
+    order = 20
     paper = "ConceptOT Sec. 3.2 (FILIP)"
 
     def align(self, batch: PairBatch) -> Alignment:

@@ -16,6 +16,10 @@ class GlobalOnly(AlignmentMethod):
     method carries no patch-token information)."""
 
     name = "global_only"
+    label = "Global-only"
+    order = 0
+    has_plan = False  # the pooled cosine alone: its plan is uniform
+    local_objective = "none"
     paper = "ConceptOT Sec. 3.2"
 
     def align(self, batch: PairBatch) -> Alignment:

@@ -13,6 +13,8 @@ class GlobalPatch(ProjectedMethod):
     ``O((N + M) d)``; the plan is that uniform product plan."""
 
     name = "global_patch"
+    label = "Global+Patch"
+    order = 10
     paper = "ConceptOT Sec. 3.2"
 
     def align(self, batch: PairBatch) -> Alignment:

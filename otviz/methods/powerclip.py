@@ -42,6 +42,7 @@ gives none) and ``negatives`` ("hardest", Eq. 9, or "all": see :func:`triplet_lo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,9 @@ from otviz.methods.base import Alignment, DensePlan, PairBatch, register
 from otviz.methods.projected import ProjectedMethod, build_alignment
 from otviz.ot.powerset import exact_t2r, powerset_similarity
 from otviz.regions import cell_layout, grid_cells, random_boxes
+
+if TYPE_CHECKING:
+    from otviz.train.config import TrainConfig
 
 PROPOSALS = ("grid", "boxes")
 TRIPLET_NEGATIVES = ("hardest", "all")
@@ -217,7 +221,25 @@ class PowerCLIP(ProjectedMethod):
     """Powerset alignment (PowerCLIP)."""
 
     name = "powerclip"
+    label = "PowerCLIP"
+    order = 80
+    local_objective = "powerset_triplet"
+    uses_trees = True
+    uses_regions = True
     paper = "PowerCLIP Eq. 1-16"
+
+    @classmethod
+    def train_settings(cls, config: TrainConfig) -> dict[str, Any]:
+        """The powerset settings of the training config, with the PowerCLIP-R random boxes
+        as proposals (a head is evaluated on the kind of regions it trains on)."""
+        return {"extra": {
+            "tau": config.powerset_tau,
+            "alpha": config.powerset_alpha,
+            "gamma": config.powerset_gamma,
+            "negatives": config.powerset_negatives,
+            "n_regions": config.n_regions,
+            "proposals": "boxes",
+        }}
 
     @property
     def tau(self) -> float:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -44,6 +45,9 @@ from otviz.methods.projected import ProjectedMethod, dense_plan_alignment, maske
 from otviz.ot.came import CameResult, came_marginals
 from otviz.ot.divergence import sinkhorn_divergence
 from otviz.ot.sinkhorn import sinkhorn_log
+
+if TYPE_CHECKING:
+    from otviz.train.config import TrainConfig
 
 
 def relative_plan(plan: Tensor, mu: Tensor, nu: Tensor) -> Tensor:
@@ -60,7 +64,19 @@ class QCAlign(ProjectedMethod):
     """Quota-calibrated OT with CAME marginals (QC-Align)."""
 
     name = "qc_align"
+    label = "QC-Align"
+    order = 70
+    paper_epochs = 3
+    local_objective = "qct"
+    uses_came = True
+    reference_label = "CAME quota map mu"
     paper = "QC-Align"
+
+    @classmethod
+    def train_settings(cls, config: TrainConfig) -> dict[str, Any]:
+        """QC-Align's own Sinkhorn entropy (``qc_eps``, the paper's 0.5) and the CAME
+        temperature it trains with."""
+        return {"eps": config.qc_eps, "extra": {"came_temperature": config.came_temperature}}
 
     @property
     def came_temperature(self) -> float:

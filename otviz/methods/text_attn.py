@@ -24,6 +24,8 @@ class TextAttn(ProjectedMethod):
     is learned in log space when the method is trainable."""
 
     name = "text_attn"
+    label = "Text-Attn"
+    order = 30
     paper = "ConceptOT Sec. 3.2"
 
     def __init__(self, patch_dim: int, token_dim: int, config: MethodConfig | None = None):

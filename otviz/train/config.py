@@ -14,13 +14,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from otviz.methods.base import DEFAULT_LAMBDA, MethodConfig
+from otviz.methods.base import DEFAULT_LAMBDA, MethodConfig, method_class
 
 #: ConceptOT App. E, Table 6: ~100K COCO pairs, batch 64, 3 epochs for the transport methods
 #: and 8 for the simpler scorers, lr 1e-4 with 5 % warm-up then cosine; reranking top-128.
 PAPER_TRAIN_PAIRS = 100_000
 PAPER_RERANK_TOP = 128
-TRANSPORT_METHODS = frozenset({"balanced_ot", "dense_uot", "conceptot", "qc_align"})
 
 #: Fields that may change between a run and its resumption without changing the loss curve.
 RESUMABLE_CHANGES = frozenset(
@@ -92,23 +91,12 @@ class TrainConfig:
     device: str = "auto"  # "auto" (the local GPU under torchrun if any), "cpu", "cuda"
 
     def method_config(self) -> MethodConfig:
-        """The :class:`MethodConfig` of the trained method (QC-Align's own ``eps``; the
-        PowerCLIP settings in ``extra``)."""
-        extra: dict[str, Any] = {}
-        if self.method == "qc_align":
-            extra = {"came_temperature": self.came_temperature}
-        if self.method == "powerclip":
-            extra = {
-                "tau": self.powerset_tau,
-                "alpha": self.powerset_alpha,
-                "gamma": self.powerset_gamma,
-                "negatives": self.powerset_negatives,
-                "n_regions": self.n_regions,
-                "proposals": "boxes",  # evaluated on the kind of regions it trains on
-            }
-        return MethodConfig(
+        """The :class:`MethodConfig` of the trained method: the shared solver fields, then
+        the method's own (:meth:`otviz.methods.base.AlignmentMethod.train_settings`, e.g.
+        QC-Align's ``eps``, the PowerCLIP settings in ``extra``)."""
+        shared = MethodConfig(
             concept_dim=self.concept_dim,
-            eps=self.qc_eps if self.method == "qc_align" else self.eps,
+            eps=self.eps,
             tau_v=self.tau_v,
             tau_t=self.tau_t,
             n_iters=self.n_iters,
@@ -116,8 +104,8 @@ class TrainConfig:
             kpp_reg=self.kpp_reg,
             lowrank_variant=self.lowrank_variant,
             trainable=True,
-            extra=extra,
         )
+        return dataclasses.replace(shared, **method_class(self.method).train_settings(self))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -145,7 +133,7 @@ def paper_recipe(config: TrainConfig) -> TrainConfig:
     (100K pairs / 64)`` (3 epochs, 4,686 steps, for the transport methods, 8 epochs,
     12,496 steps, for the others), whatever ``n_train`` is (the world's pairs are cycled).
     The fast default (``otviz train`` without it) trains 3 epochs of ``n_train`` pairs."""
-    epochs = 3 if config.method in TRANSPORT_METHODS else 8
+    epochs = method_class(config.method).paper_epochs
     batch = 64
     return dataclasses.replace(
         config, lr=1e-4, weight_decay=1e-2, batch_size=batch, warmup_frac=0.05, grad_clip=1.0,

@@ -47,7 +47,12 @@ from otviz.regions import random_boxes
 from otviz.train import distributed as D
 from otviz.train.config import TrainConfig, paper_recipe
 from otviz.train.global_head import GlobalHead, check_global_loss
-from otviz.train.losses import POWERSET_TRIPLET, TrainObjective, local_weight
+from otviz.train.losses import (
+    NO_LOCAL,
+    TrainObjective,
+    local_objective,
+    local_weight,
+)
 from otviz.train.method_checkpoint import head_meta, save_method_checkpoint
 from otviz.train.negatives import positive_mask
 from otviz.train.pairs import PairSource, build_source
@@ -131,10 +136,10 @@ def _permutation(n: int, seed: int, epoch: int) -> Tensor:
 
 
 def _nothing_to_train(config: TrainConfig) -> str | None:
-    if config.method == "global_only" and not config.train_global_head:
+    if local_objective(config.method) == NO_LOCAL and not config.train_global_head:
         return (
-            "global_only has nothing to train: its score is the frozen backbone's pooled "
-            "cosine and it has no parameters. Use --train-global-head to train a global "
+            f"{config.method} has nothing to train: it has no local loss and its score is "
+            "the frozen backbone's pooled cosine. Use --train-global-head to train a global "
             "head with an OT-CLIP loss (--global-loss)."
         )
     return None
@@ -263,8 +268,8 @@ class _Run:
             self.note("the global contrastive term is constant (frozen backbone, no trainable "
                       "global part): it is reported in the loss but has no gradient; "
                       "--train-global-head makes it train")
-        if kind == POWERSET_TRIPLET and getattr(self.data, "nodes", None) is None:
-            self.note("no parse trees in the data: PowerCLIP uses single tokens as nodes")
+        if self.objective.method.uses_trees and getattr(self.data, "nodes", None) is None:
+            self.note(f"no parse trees in the data: {cfg.method} uses single tokens as nodes")
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -292,7 +297,7 @@ class _Run:
         cfg, dev, t0 = self.config, self.info.device, time.perf_counter()
         idx = self.indices()
         batch = self.data.pair_batch(idx, dev)
-        if self.objective.kind == POWERSET_TRIPLET:
+        if self.objective.method.uses_regions:
             batch.regions = _regions(cfg, batch.grid, batch.size, self.step).to(dev)
         excluded = positive_mask(self.data.image_ids[idx], self.data.text_ids[idx]).to(dev)
         self.optimizer.zero_grad(set_to_none=True)

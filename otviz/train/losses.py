@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from otviz.methods.base import AlignmentMethod, PairBatch
+from otviz.methods.base import AlignmentMethod, PairBatch, method_class
 from otviz.train.config import TrainConfig
 from otviz.train.global_head import GlobalHead, global_term
 from otviz.train.negatives import HardNegatives, mine_hard_negatives
@@ -44,13 +44,17 @@ QCT = "qct"
 POWERSET_TRIPLET = "powerset_triplet"
 NO_LOCAL = "none"
 
-#: Methods whose paper defines another local loss than ConceptOT's Eq. 9-10.
-_METHOD_OBJECTIVES = {"qc_align": QCT, "powerclip": POWERSET_TRIPLET, "global_only": NO_LOCAL}
+#: The local losses a method may declare (``AlignmentMethod.local_objective``).
+OBJECTIVES = (LOCAL_CONTRASTIVE, QCT, POWERSET_TRIPLET, NO_LOCAL)
 
 
 def local_objective(method_name: str) -> str:
-    """The local loss a method trains with (module docstring)."""
-    return _METHOD_OBJECTIVES.get(method_name, LOCAL_CONTRASTIVE)
+    """The local loss a method trains with (module docstring), as its class declares it."""
+    kind = method_class(method_name).local_objective
+    if kind not in OBJECTIVES:
+        raise ValueError(f"method {method_name!r} declares an unknown local objective "
+                         f"{kind!r}; known: {OBJECTIVES}")
+    return kind
 
 
 def local_weight(config: TrainConfig) -> float:

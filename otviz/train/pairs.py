@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from otviz.methods.base import PairBatch
+from otviz.methods.base import PairBatch, method_class
 from otviz.text.parse import batch_node_masks, parse_caption
 from otviz.text.tree import Tree
 from otviz.train.config import TrainConfig
@@ -205,7 +205,8 @@ def build_source(
     Backbone: the tiny-CLIP checkpoint ``config.backbone`` (default: the shipped one) or the
     open_clip model ``config.open_clip_model`` with ``config.pretrained``. Data: the world's
     train split (``n_train`` samples, ``world_seed``) or an image-caption folder. Trees
-    (gold ones for the world, parsed captions for folders) only for PowerCLIP.
+    (gold ones for the world, parsed captions for folders) only for a method that reads them
+    (``uses_trees``: PowerCLIP).
     """
     from otviz.backbone import Backbone
     from otviz.train.feature_cache import FeatureCache, backbone_fingerprint
@@ -223,7 +224,7 @@ def build_source(
         dataset = load_image_captions(config.data, split=config.split)
     features = FeatureCache(config.cache_dir).get_or_build(backbone, dataset, progress=progress)
     trees = None
-    if config.method == "powerclip":
+    if method_class(config.method).uses_trees:
         if isinstance(dataset, WorldDataset):
             trees = [dataset.sample(i).tree for i in range(len(dataset))]
         else:

@@ -23,13 +23,17 @@ import plotly.graph_objects as go
 import torch
 
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
+from otviz.methods import METHODS
 from otviz.methods.masses import max_over_uniform
 from otviz.pipeline import REGION_KINDS, Encoded, Explainer, InputError, MethodRun
 from otviz.suite import (
     ALIGN_METHODS,
     DEFAULT_LAMBDA,
     METHOD_LABELS,
+    SCORED_METHODS,
     MethodSuite,
+    came_methods,
+    method_choices,
     with_came_temperature,
 )
 from otviz.text.parse import phrase_nodes
@@ -43,7 +47,6 @@ from otviz.viz.plans import convergence_figure, plan_matrix_figure, token_margin
 from otviz.viz.tables import ScoreRow, score_frame, score_records
 
 TAB_TITLE = "Align"
-SCORED_METHODS: tuple[str, ...] = ("global_only", *ALIGN_METHODS)
 DEFAULT_METHOD = "conceptot"
 #: Each method's panel on its own colour scale by default: on one shared scale the
 #: methods that spread their mass look like the bare image next to the peaked ones.
@@ -156,10 +159,6 @@ def token_choices(encoded: Encoded) -> list[tuple[str, int]]:
     ]
 
 
-def method_choices() -> list[tuple[str, str]]:
-    return [(METHOD_LABELS[n], n) for n in ALIGN_METHODS]
-
-
 def _kept_words(encoded: Encoded) -> set[int]:
     return {int(w) for w in encoded.features.token_word[0][encoded.features.token_mask[0]]}
 
@@ -172,22 +171,24 @@ def align_runs(
     regions: str = "grid",
     came_temperature: float | None = None,
 ) -> dict[str, MethodRun]:
-    """Every scored method's (cached) run on the pair. Only PowerCLIP reads regions, so the
-    others always run on ``"grid"`` and a region-kind change re-solves PowerCLIP alone;
-    QC-Align runs with CAME at ``came_temperature`` (``None``: its own), so a temperature
-    change re-solves QC-Align alone."""
+    """Every scored method's (cached) run on the pair. Only the methods that read regions
+    (``uses_regions``: PowerCLIP) get ``regions``, the others always run on ``"grid"``, so a
+    region-kind change re-solves those alone; the methods with CAME quotas (``uses_came``:
+    QC-Align) run at ``came_temperature`` (``None``: their own), so a temperature change
+    re-solves those alone."""
     if regions not in REGION_KINDS:
         raise InputError(f"unknown region kind {regions!r}; choose one of {REGION_KINDS}")
     missing = [n for n in ALIGN_METHODS if n not in suite.methods]
     if missing:
         raise InputError(f"the checkpoint has no {', '.join(missing)}")
     tuned = suite if came_temperature is None else _tuned_suite(suite, came_temperature)
-    names = [n for n in SCORED_METHODS if n in suite.methods and n not in ("powerclip",
-                                                                           "qc_align")]
-    runs = explainer.align(encoded, suite, names)
-    runs.update(explainer.align(encoded, tuned, ["qc_align"]))
-    runs.update(explainer.align(encoded, suite, ["powerclip"], regions))
-    return {n: runs[n] for n in SCORED_METHODS if n in runs}
+    runs: dict[str, MethodRun] = {}
+    for name in SCORED_METHODS:
+        if name in suite.methods:
+            method = suite.methods[name].method
+            runs |= explainer.align(encoded, tuned if method.uses_came else suite, [name],
+                                    regions if method.uses_regions else "grid")
+    return runs
 
 
 def _tuned_suite(suite: MethodSuite, came_temperature: float) -> MethodSuite:
@@ -200,14 +201,19 @@ def _tuned_suite(suite: MethodSuite, came_temperature: float) -> MethodSuite:
 def quota_note(
     runs: dict[str, MethodRun], suite: MethodSuite, came_temperature: float | None = None
 ) -> str:
-    """QC-Align's quota non-uniformity (the run's ``quota_max_over_uniform``) at the CAME
-    temperature it ran with (``None``: its own), and the one its head was trained at."""
-    ratio = float(runs["qc_align"].alignment.extras["quota_max_over_uniform"][0])
-    own = suite.methods["qc_align"]
-    used = own.method.came_temperature if came_temperature is None else came_temperature
-    trained = ("training-free" if own.source == "training-free"
-               else f"head trained at T = {own.method.came_temperature:g}")
-    return f"QC-Align's CAME quotas: max **{ratio:.2f}x** uniform at T = {used:g} ({trained})"
+    """The CAME quotas' non-uniformity (the run's ``quota_max_over_uniform``) of each method
+    with CAME (QC-Align) at the temperature it ran with (``None``: its own), and the one its
+    head was trained at."""
+    notes = []
+    for name in came_methods(suite):
+        ratio = float(runs[name].alignment.extras["quota_max_over_uniform"][0])
+        own = suite.methods[name]
+        used = own.method.came_temperature if came_temperature is None else came_temperature
+        trained = ("training-free" if own.source == "training-free"
+                   else f"head trained at T = {own.method.came_temperature:g}")
+        notes.append(f"{METHOD_LABELS[name]}'s CAME quotas: max **{ratio:.2f}x** uniform at "
+                     f"T = {used:g} ({trained})")
+    return "\n\n".join(notes)
 
 
 def phrase_heatmaps(
@@ -471,7 +477,7 @@ def _plan_view(
         ),
         token_map=token_map_image(encoded, data, column, label),
         patch_marginals=patch_marginal_image(
-            encoded, data, label, "CAME quota map mu" if method == "qc_align" else "reference mu"
+            encoded, data, label, METHODS[method].reference_label
         ),
         token_marginals=token_marginal_figure(
             data.col_marginal, data.col_reference, data.tokens, f"{label}: token marginals vs nu"
@@ -629,7 +635,8 @@ def align_downloads(
             "tokens": data.tokens,
             "token_words": data.words,
             "lambda_local": lambda_local,
-            "came_temperature": suite.methods["qc_align"].method.came_temperature
+            "came_temperature": next(
+                (suite.methods[n].method.came_temperature for n in came_methods(suite)), None)
             if came_temperature is None else came_temperature,
             "scores": score_records(rows),
         },

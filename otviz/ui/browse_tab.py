@@ -38,7 +38,7 @@ from otviz.eval.browse import (
     world_browse,
 )
 from otviz.pipeline import InputError
-from otviz.suite import ALIGN_METHODS, METHOD_LABELS
+from otviz.suite import method_choices
 from otviz.train.folders import DatasetError, load_image_captions
 from otviz.ui.align_tab import AlignLink
 from otviz.ui.context import AppContext, SharedInputs
@@ -176,10 +176,6 @@ def open_row(table: BrowseTable, rows: list[int], index: int) -> tuple[np.ndarra
         raise InputError("that row is not in the table: load it again")
     item = table.items[q]
     return table.load_image(item.image), item.caption, f"span:{item.start}:{item.end}"
-
-
-def method_choices() -> list[tuple[str, str]]:
-    return [(METHOD_LABELS[n], n) for n in ALIGN_METHODS]
 
 
 def build_browse_tab(

@@ -12,7 +12,6 @@ only wires them to components.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import gradio as gr
@@ -21,14 +20,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from otviz.methods.powerclip import PowerCLIP
-from otviz.ot.powerset import (
-    MAX_EXACT_REGIONS,
-    exact_r2t,
-    exact_t2r,
-    nla_t1,
-    nla_t2,
-    powerset_scores,
-)
+from otviz.methods.powerclip_readout import powerset_readout
 from otviz.pipeline import REGION_KINDS, InputError
 from otviz.text.parse import phrase_nodes
 from otviz.text.tree import Tree
@@ -70,37 +62,9 @@ def node_label(node: Tree) -> str:
     return text if len(text) <= 60 else text[:59] + "…"
 
 
-def powerset_summary(
-    q: Tensor, region_mask: Tensor, node_mask: Tensor, tau: float, alpha: float
-) -> dict[str, float | None]:
-    """Exact T2R / R2T (enumerated powerset; ``None`` above :data:`MAX_EXACT_REGIONS`
-    regions), NLA-T1 / NLA-T2 at ``tau`` and ``alpha``, the Theorem 1 bound
-    ``tau * M * log 2`` and the Eq. 78 bracket ``Lambda(0) = max_B Q_{all,B} / 2``,
-    ``Lambda(1) = max_{A,B} Q_{A,B}`` of R2T, all from one ``q [1, R, K]``."""
-    m = int(region_mask.sum())
-    out: dict[str, float | None] = {
-        "M": m,
-        "tau": tau,
-        "alpha": alpha,
-        "nla_t1": float(nla_t1(q, tau, region_mask, node_mask)[0]),
-        "nla_t2": float(nla_t2(q, tau, alpha, region_mask, node_mask)[0]),
-        "t1_bound": tau * m * math.log(2.0),
-        "t2r": None,
-        "r2t": None,
-        "lambda0": None,
-        "lambda1": None,
-    }
-    if q.shape[-2] <= MAX_EXACT_REGIONS:
-        qa = powerset_scores(q, region_mask)[0][:, node_mask[0]]  # [2^R, K_valid]
-        out["t2r"] = float(exact_t2r(q, region_mask, node_mask)[0][0])
-        out["r2t"] = float(exact_r2t(q, region_mask, node_mask)[0])
-        out["lambda0"] = float(qa[-1].max()) / 2.0
-        out["lambda1"] = float(qa.max())
-    return out
-
-
 def summary_rows(s: dict[str, float | None]) -> list[list]:
-    """The exact-vs-NLA table of :func:`powerset_summary` ("n/a" where not enumerated)."""
+    """The exact-vs-NLA table of :func:`otviz.methods.powerclip_readout.powerset_summary`
+    ("n/a" where not enumerated)."""
 
     def num(x: float | None):
         return "n/a" if x is None else round(x, 6)
@@ -162,17 +126,18 @@ def phrases_view(
         raise InputError(f"unknown region kind {regions!r}; choose one of {REGION_KINDS}")
     explainer = ctx.explainer(checkpoint)
     suite = ctx.suite(checkpoint)
-    entry = suite.methods.get("powerclip")
-    if entry is None or not isinstance(entry.method, PowerCLIP):
+    name = next((n for n, e in suite.methods.items() if isinstance(e.method, PowerCLIP)), None)
+    if name is None:
         raise InputError(f"the checkpoint {checkpoint!r} has no PowerCLIP method")
-    method = entry.method
+    method = suite.methods[name].method
     tau = method.tau if tau is None else float(tau)
     if not 0.0 < tau <= MAX_TAU:
         raise InputError(f"tau must be in (0, {MAX_TAU}], got {tau}")
     encoded = explainer.encode(image, caption)
-    extras = explainer.align(encoded, suite, ["powerclip"], regions)["powerclip"].alignment.extras
+    run = explainer.align(encoded, suite, [name], regions)[name]
+    readout = powerset_readout(run.alignment, tau, method.alpha)
     nodes = phrase_nodes(encoded.parse.tree)
-    node_mask = extras["node_mask"][0]
+    node_mask = readout.node_mask
     choices = [(node_label(n), k) for k, n in enumerate(nodes) if bool(node_mask[k])]
     node = choices[0][1] if node is None else int(node)
     if node not in {k for _, k in choices}:
@@ -180,17 +145,9 @@ def phrases_view(
             f"no phrase node {node} in this caption: press Show to list its phrases"
         )
 
-    q = extras["region_node_scores"]
-    region_mask = extras["region_mask"]
-    summary = powerset_summary(q, region_mask, extras["node_mask"], tau, method.alpha)
-    masks = extras["regions"][0].numpy()
-    exact_best = None
-    if q.shape[-2] <= MAX_EXACT_REGIONS:
-        exact_best = exact_t2r(q, region_mask, extras["node_mask"])[1][0].numpy()
-    soft_best = extras["node_best_regions"][0].double().numpy()
-    q0 = q[0].double().numpy()
-    node_table = _node_rows(nodes, node_mask, q0, exact_best, soft_best,
-                            extras["node_best_score"][0].double().numpy())
+    summary, masks, q0 = readout.summary, readout.regions, readout.q
+    exact_best, soft_best = readout.exact_best, readout.soft_best
+    node_table = _node_rows(nodes, node_mask, q0, exact_best, soft_best, readout.best_score)
 
     parser = encoded.parse.parser
     soft_label = (

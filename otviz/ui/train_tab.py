@@ -19,7 +19,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from otviz.pipeline import InputError
-from otviz.suite import ALIGN_METHODS, METHOD_LABELS
+from otviz.suite import METHOD_LABELS, method_choices
 from otviz.train.loop import ENCODING
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
@@ -59,10 +59,6 @@ negative?) of the trained head next to the same method training-free. Each finis
 appears in the checkpoint picker as *trained here: ...*; every view can use it. One run at
 a time per server; runs are capped at {cap} steps per method and {pairs} training pairs
 here."""
-
-
-def method_choices() -> list[tuple[str, str]]:
-    return [(METHOD_LABELS[n], n) for n in ALIGN_METHODS]
 
 
 def _whole(value: float | None, name: str) -> int:
