@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-from otviz.checkpoint import (
+from otviz.checkpoints.store import (
     META_FILE,
     TENSORS_FILE,
     CheckpointError,

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from otviz.backbone import Backbone
+from otviz.checkpoints.heads import head_meta
+from otviz.checkpoints.manifest import publish_head, read_manifest, update_manifest
 from otviz.cli import main
 from otviz.eval.runner import read_tables
 from otviz.suite import ALIGN_METHODS, MethodSuite
-from otviz.train.manifest import publish_head, read_manifest, update_manifest
-from otviz.train.method_checkpoint import head_meta
 from tests.test_train_loop import random_tiny_clip
 
 SMALL = ["--n-train", "16", "--batch-size", "8", "--max-steps", "2", "--concept-dim", "16",

@@ -16,9 +16,9 @@ from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
 
 from otviz.backbone import Backbone
+from otviz.data.datasets import WorldDataset, load_caption_csv
+from otviz.data.feature_cache import META_FILE, FeatureCache, FeatureCacheError
 from otviz.tiny_clip import create_tiny_clip, tiny_clip_config
-from otviz.train.feature_cache import META_FILE, FeatureCache, FeatureCacheError
-from otviz.train.folders import WorldDataset, load_caption_csv
 
 CTX = 16
 CFG = tiny_clip_config(embed_dim=32, vision_width=32, vision_layers=1, vision_heads=2,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from otviz.train.folders import (
+from otviz.data.datasets import (
     CaptionFolder,
     EmptyDatasetError,
     ImageCaptionDataset,

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from otviz.backbone import Backbone
-from otviz.checkpoint import load_meta
+from otviz.checkpoints.store import load_meta
 from otviz.tiny_clip import load_tiny_clip
 from otviz.train.pretrain import (
     PretrainConfig,
@@ -64,7 +64,7 @@ def test_infonce_hard_negatives_only_in_image_to_text():
 
 
 def test_draw_negatives_respects_validity():
-    from otviz.train.data import RenderedSplit, draw_negatives
+    from otviz.data.rendered import RenderedSplit, draw_negatives
 
     n, c, length = 4, 6, 5
     neg_ids = torch.arange(n * c).view(n, c, 1).expand(n, c, length).clone()
@@ -84,7 +84,7 @@ def test_draw_negatives_respects_validity():
 
 
 def test_world_negatives_tokenised():
-    from otviz.train.data import render_split
+    from otviz.data.rendered import render_split
     from otviz.world import NEGATIVE_CATEGORIES, World, WorldConfig
 
     split = render_split("train", 20, 0, 32, WorldConfig(negatives=True))
@@ -104,7 +104,7 @@ def test_world_negatives_tokenised():
 
 
 def test_render_shards_and_chunks(monkeypatch):
-    from otviz.train import data
+    from otviz.data import rendered as data
     from otviz.world import WorldConfig
 
     cfg = WorldConfig(negatives=True)
@@ -201,7 +201,7 @@ def test_pretrain_smoke(tmp_path):
     model, _ = load_tiny_clip(tmp_path / "ck")
     bb = Backbone.from_checkpoint(tmp_path / "ck")
     assert bb.patch_dim == 32 and bb.grid == (10, 10)
-    from otviz.train.data import render_split
+    from otviz.data.rendered import render_split
     from otviz.train.pretrain import embed_split
 
     test = render_split("test", 64, config.seed, config.context_length)
@@ -293,7 +293,7 @@ def test_world_version_fingerprints_the_rendered_samples():
 
 
 def test_negative_weights_parse_and_bias_the_draw():
-    from otviz.train.data import RenderedSplit, draw_negatives, negative_weights
+    from otviz.data.rendered import RenderedSplit, draw_negatives, negative_weights
     from otviz.world import NEGATIVE_CATEGORIES
 
     assert negative_weights("") is None

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from otviz.backbone import Backbone
+from otviz.checkpoints.heads import head_meta
+from otviz.checkpoints.identity import backbone_fingerprint
+from otviz.checkpoints.manifest import read_manifest
 from otviz.eval.world_set import EvalSet
 from otviz.suite import ALIGN_METHODS, MethodSuite
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
-from otviz.train.feature_cache import backbone_fingerprint
-from otviz.train.manifest import read_manifest
-from otviz.train.method_checkpoint import head_meta
 
 HEADS = DEFAULT_CHECKPOINT.parent / "heads"
 MANIFEST = DEFAULT_CHECKPOINT.parent / "manifest.json"
@@ -70,7 +70,7 @@ def test_heads_are_small_and_recorded_in_the_manifest(backbone: Backbone) -> Non
 
 
 def test_a_head_refuses_another_backbone(tmp_path: Path) -> None:
-    from otviz.checkpoint import CheckpointError
+    from otviz.checkpoints.store import CheckpointError
     from tests.test_train_loop import random_tiny_clip
 
     other = Backbone.from_checkpoint(random_tiny_clip(tmp_path / "bb", 5))

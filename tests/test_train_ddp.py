@@ -125,8 +125,8 @@ def torchrun(*args: str) -> str:
 
 
 def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
+    from otviz.checkpoints.heads import head_meta
     from otviz.train.loop import main
-    from otviz.train.method_checkpoint import head_meta
     from tests.test_train_loop import random_tiny_clip
 
     torch.set_num_threads(1)

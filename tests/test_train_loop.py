@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 
 import otviz.methods  # noqa: F401  (registers every method)
-from otviz.checkpoint import CheckpointError, load_checkpoint
+from otviz.checkpoints.heads import head_meta, load_method_checkpoint
+from otviz.checkpoints.store import CheckpointError, load_checkpoint
 from otviz.methods.base import METHODS, build_method
 from otviz.regions import random_boxes
 from otviz.train.config import TrainConfig
-from otviz.train.global_head import GlobalHead
+from otviz.train.global_head import GlobalHead, load_global_head
 from otviz.train.loop import ResumeConflictError, build_parser, main, train_method
 from otviz.train.losses import (
     LOCAL_CONTRASTIVE,
@@ -25,7 +26,6 @@ from otviz.train.losses import (
     local_contrastive_loss,
     local_objective,
 )
-from otviz.train.method_checkpoint import head_meta, load_global_head, load_method_checkpoint
 from otviz.train.negatives import positive_mask
 from otviz.train.pairs import TensorPairs
 from otviz.train.schedule import lr_factor

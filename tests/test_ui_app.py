@@ -15,9 +15,9 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
+from otviz.checkpoints.heads import save_method_checkpoint
 from otviz.methods import METHODS, MethodConfig
 from otviz.suite import ALIGN_METHODS
-from otviz.train.method_checkpoint import save_method_checkpoint
 from otviz.ui import context as context_module
 from otviz.ui.app import BROWSE_TITLE, TRAIN_TITLE, VIEWS, build_app
 from otviz.ui.context import (

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
+from otviz.checkpoints.heads import head_meta, load_method_checkpoint
 from otviz.pipeline import InputError
 from otviz.suite import MethodSuite
 from otviz.train.loop import train_method
-from otviz.train.method_checkpoint import head_meta, load_method_checkpoint
 from otviz.ui.context import EMBEDDED, TRAINING_FREE, AppContext
 from otviz.ui.examples import load_examples
 from otviz.ui.inputs import user_errors

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from otviz.backbone import Backbone
-from otviz.checkpoint import CheckpointError
+from otviz.checkpoints.store import CheckpointError
 from otviz.eval import alignment_tables as A
 from otviz.eval.binding import (
     CAPTION_KINDS,
@@ -95,7 +95,7 @@ def method_suite(
     """The methods ``names`` with their trained heads from ``heads`` where one loads for
     ``backbone``, else training-free; and per method where it came from (with the reason
     when a head was refused)."""
-    from otviz.train.method_checkpoint import backbone_identity
+    from otviz.checkpoints.identity import backbone_identity
 
     methods: dict[str, SuiteMethod] = {}
     sources: dict[str, str] = {}

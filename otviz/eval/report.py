@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from otviz.checkpoints.heads import head_meta
 from otviz.eval.alignment_tables import align_pairs, phrase_queries
 from otviz.eval.classification_tables import ZERO_SHOT_RULES
 from otviz.eval.grounding_metrics import mean_offdiag_cosine
@@ -33,7 +34,6 @@ from otviz.suite import (
     word_concept_embeddings,
 )
 from otviz.train.losses import LOCAL_CONTRASTIVE, POWERSET_TRIPLET, QCT, local_objective
-from otviz.train.method_checkpoint import head_meta
 from otviz.viz.anchors import affinity_figure, anchor_matrix_figure, cluster_order
 from otviz.viz.probe import probe_accuracy_figure
 from otviz.viz.report import curves_figure, grounding_grid_figure, grouped_bars_figure

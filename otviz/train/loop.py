@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 import otviz.methods  # noqa: F401  (importing the package registers every method)
+from otviz.checkpoints.heads import head_meta, save_method_checkpoint
 from otviz.cli_args import add_dataclass_flags, dataclass_from_args
 from otviz.methods.base import METHODS, build_method
 from otviz.regions import random_boxes
@@ -48,7 +49,6 @@ from otviz.train import distributed as D
 from otviz.train.config import TrainConfig, paper_recipe
 from otviz.train.global_head import GlobalHead, check_global_loss
 from otviz.train.losses import POWERSET_TRIPLET, TrainObjective, local_weight
-from otviz.train.method_checkpoint import head_meta, save_method_checkpoint
 from otviz.train.negatives import positive_mask
 from otviz.train.pairs import PairSource, build_source
 from otviz.train.schedule import warmup_cosine
@@ -433,7 +433,7 @@ def _is_main_process() -> bool:
 
 def _publish(result: TrainResult, config: TrainConfig, args: argparse.Namespace,
              command: str, wall: float) -> None:
-    from otviz.train.manifest import publish_head
+    from otviz.checkpoints.manifest import publish_head
 
     manifest = args.manifest or str(Path(args.publish).resolve().parent / "manifest.json")
     meta = head_meta(result.head_checkpoint)

@@ -208,8 +208,9 @@ def build_source(
     (gold ones for the world, parsed captions for folders) only for PowerCLIP.
     """
     from otviz.backbone import Backbone
-    from otviz.train.feature_cache import FeatureCache, backbone_fingerprint
-    from otviz.train.folders import WorldDataset, load_image_captions
+    from otviz.checkpoints.identity import backbone_fingerprint
+    from otviz.data.datasets import WorldDataset, load_image_captions
+    from otviz.data.feature_cache import FeatureCache
 
     if config.open_clip_model:
         backbone = Backbone.from_pretrained(config.open_clip_model, config.pretrained or None)

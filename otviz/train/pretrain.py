@@ -41,14 +41,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from otviz.cli_args import add_dataclass_flags, dataclass_from_args
-from otviz.tiny_clip import (
-    TINY_CLIP_NAME,
-    create_tiny_clip,
-    restrict_token_rows,
-    save_tiny_clip,
-    tiny_clip_config,
-)
-from otviz.train.data import (
+from otviz.data.rendered import (
     RenderedSplit,
     draw_negatives,
     negative_weights,
@@ -56,6 +49,13 @@ from otviz.train.data import (
     random_shift,
     render_split,
     split_from_samples,
+)
+from otviz.tiny_clip import (
+    TINY_CLIP_NAME,
+    create_tiny_clip,
+    restrict_token_rows,
+    save_tiny_clip,
+    tiny_clip_config,
 )
 from otviz.train.pretrain_state import TrainingState
 from otviz.world import World, WorldConfig, ambiguous_caption_share, retrieval_ceiling

@@ -21,6 +21,7 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
+from otviz.data.datasets import DatasetError, load_image_captions
 from otviz.eval.browse import (
     ALL_ROWS,
     HIT_FILTERS,
@@ -39,7 +40,6 @@ from otviz.eval.browse import (
 )
 from otviz.pipeline import InputError
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS
-from otviz.train.folders import DatasetError, load_image_captions
 from otviz.ui.align_tab import AlignLink
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.inputs import user_errors

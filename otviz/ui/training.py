@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
+from otviz.data.datasets import NOT_FOUND, DatasetError, inside, load_image_captions
+from otviz.data.feature_cache import FeatureCache
 from otviz.errors import UserInputError
 from otviz.pipeline import InputError
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
 from otviz.train.config import TrainConfig
-from otviz.train.feature_cache import FeatureCache
-from otviz.train.folders import NOT_FOUND, DatasetError, inside, load_image_captions
 from otviz.train.loop import ENCODING, TrainResult, train_method
 from otviz.ui.context import SEPARATOR, AppContext, HeadSet, on_space
 from otviz.ui.head_registry import load_head_sets, record_head_set

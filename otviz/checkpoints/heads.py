@@ -1,10 +1,10 @@
 """Method-head checkpoints: what a training run ships.
 
-One :mod:`otviz.checkpoint` directory (safetensors + JSON, written atomically, checksummed):
+One :mod:`otviz.checkpoints.store` directory (safetensors + JSON, written atomically, checksummed):
 the method's state dict (projections, mass heads, anchors, ...) under ``method.``, the
 optional trained global head under ``global_head.``, and in the JSON the method name, its
 :class:`MethodConfig`, the feature widths, the backbone's identity (name, feature space and
-a hash of its weights, :func:`otviz.train.feature_cache.backbone_fingerprint`), the
+a hash of its weights, :func:`otviz.checkpoints.identity.backbone_fingerprint`), the
 :class:`~otviz.train.config.TrainConfig` and the final metrics.
 
 A head only makes sense on the backbone whose features it was trained on:
@@ -19,7 +19,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from otviz.checkpoint import (
+from torch import nn
+
+from otviz.checkpoints.identity import backbone_identity
+from otviz.checkpoints.store import (
     CheckpointError,
     load_checkpoint,
     load_meta,
@@ -27,7 +30,6 @@ from otviz.checkpoint import (
     save_checkpoint,
 )
 from otviz.methods.base import METHODS, AlignmentMethod, MethodConfig, build_method
-from otviz.train.global_head import GlobalHead
 
 HEAD_KIND = "otviz-method-head"
 _METHOD = "method."
@@ -36,26 +38,17 @@ _GLOBAL = "global_head."
 _IDENTITY_KEYS = ("weights", "space", "grid", "context_length")
 
 
-def backbone_identity(backbone: Any) -> dict[str, Any]:
-    """The identity dict of a :class:`~otviz.backbone.Backbone` (its fingerprint), or
-    ``backbone`` itself when it already is such a dict."""
-    if isinstance(backbone, dict):
-        return backbone
-    from otviz.train.feature_cache import backbone_fingerprint
-
-    return backbone_fingerprint(backbone)
-
-
 def save_method_checkpoint(
     path: str | os.PathLike,
     method: AlignmentMethod,
     backbone: Any,
     train_config: dict[str, Any] | None = None,
     metrics: dict[str, Any] | None = None,
-    global_head: GlobalHead | None = None,
+    global_head: nn.Module | None = None,
 ) -> Path:
-    """Write the trained ``method`` (and ``global_head``) for ``backbone`` (a Backbone or
-    its identity dict) to the checkpoint directory ``path``."""
+    """Write the trained ``method`` (and ``global_head``, a
+    :class:`~otviz.train.global_head.GlobalHead`) for ``backbone`` (a Backbone or its identity
+    dict) to the checkpoint directory ``path``."""
     tensors = {_METHOD + k: v for k, v in method.state_dict().items()}
     if global_head is not None:
         tensors.update({_GLOBAL + k: v for k, v in global_head.state_dict().items()})
@@ -117,15 +110,14 @@ def load_method_checkpoint(path: str | os.PathLike, backbone: Any) -> AlignmentM
     return method.eval()
 
 
-def load_global_head(path: str | os.PathLike) -> GlobalHead | None:
-    """The trained global head stored with a method head, or None when the run had none."""
+def load_global_head_state(path: str | os.PathLike) -> tuple[int, dict[str, Any]] | None:
+    """The width and state dict of the trained global head stored with a method head, or
+    None when the run had none (:func:`otviz.train.global_head.load_global_head` builds it)."""
     tensors, meta = load_checkpoint(Path(path), expect={"kind": HEAD_KIND})
     spec = meta.get("global_head")
     if not spec:
         return None
-    head = GlobalHead(int(spec["dim"]), 1.0)
-    load_state_dict_strict(head, _prefixed(tensors, _GLOBAL))
-    return head.eval()
+    return int(spec["dim"]), _prefixed(tensors, _GLOBAL)
 
 
 def head_meta(path: str | os.PathLike) -> dict[str, Any]:

@@ -56,9 +56,10 @@ from numpy.lib.format import open_memmap
 from torch import Tensor
 
 from otviz.backbone import Backbone
+from otviz.checkpoints.identity import backbone_fingerprint
+from otviz.data.datasets import ImageCaptionDataset
 from otviz.errors import OtvizError
 from otviz.methods.base import PairBatch
-from otviz.train.folders import ImageCaptionDataset
 
 FORMAT = "otviz-feature-cache/1"
 META_FILE = "meta.json"
@@ -74,26 +75,6 @@ Progress = Callable[[int, int], None]
 
 class FeatureCacheError(OtvizError, RuntimeError):
     """Features cannot be cached (non-finite features, float16 overflow, bad arguments)."""
-
-
-def backbone_fingerprint(backbone: Backbone) -> dict[str, Any]:
-    """What identifies a backbone's features: a BLAKE2 hash of its weights (every state-dict
-    tensor, its name, dtype and shape), its name and provenance tags, feature space, context
-    length, patch grid and image preprocessing."""
-    h = hashlib.blake2b(digest_size=16)
-    for name, t in sorted(backbone.model.state_dict().items()):
-        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\n".encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
-    tags = {k: backbone.info[k] for k in ("model_name", "pretrained") if k in backbone.info}
-    return {
-        "weights": h.hexdigest(),
-        "name": backbone.name,
-        "tags": tags,
-        "space": backbone.space,
-        "context_length": backbone.context_length,
-        "grid": list(backbone.grid),
-        "preprocess": getattr(backbone.model.visual, "preprocess_cfg", None),
-    }
 
 
 @dataclass
@@ -228,7 +209,7 @@ class FeatureCache:
 
         Args:
             backbone: the frozen backbone.
-            dataset: any :class:`~otviz.train.folders.ImageCaptionDataset`.
+            dataset: any :class:`~otviz.data.datasets.ImageCaptionDataset`.
             key_info: extra JSON-able identity (e.g. a preprocessing variant).
             batch_size: pairs per backbone forward while building.
             progress: ``progress(done_pairs, total_pairs)`` while building.
