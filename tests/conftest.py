@@ -12,7 +12,7 @@ import pytest
 
 from otviz.ui.context import AppContext
 from otviz.ui.examples import load_examples
-from otviz.ui.training import TrainingJobs
+from otviz.ui.train_jobs import TrainingJobs
 
 
 @dataclass

@@ -9,20 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from otviz import bench
-from otviz.bench import (
-    BenchConfig,
-    _time_rounds,
-    linear_fit,
-    main,
-    product_mac_ratio,
-    run_benchmark,
-    shared_layouts,
-    shared_rows,
-    summarise,
-    to_markdown,
-    tree_nodes,
-)
+from otviz.bench import runners
+from otviz.bench.config import BenchConfig
+from otviz.bench.report import linear_fit, product_mac_ratio, summarise, to_markdown
+from otviz.bench.runners import run_benchmark, shared_layouts, shared_rows, tree_nodes
+from otviz.bench.timing import _time_rounds
+from otviz.cli.bench import main
 from otviz.methods import METHODS
 
 
@@ -168,7 +160,7 @@ def test_shared_rows_time_each_layout_with_sides(monkeypatch: pytest.MonkeyPatch
     sizes = {"TRAIN_ITEMS": 8, "HARD_NEGATIVES": 2, "RERANK_QUERIES": 2, "RERANK_K": 8}
     sizes |= {"TRAIN_N": 16, "TRAIN_M": 5}
     for name, value in sizes.items():
-        monkeypatch.setattr(bench, name, value)
+        monkeypatch.setattr(runners, name, value)
     cfg = BenchConfig(dim=8, repeats=1, threads=1)
     rows = shared_rows(cfg, ["dense_uot", "conceptot"])
     assert {(r["method"], r["layout"]) for r in rows} == {

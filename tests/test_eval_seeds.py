@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from otviz.cli.train import build_parser
 from otviz.eval.seeds import (
     DOES_NOT_HOLD,
     HOLDS,
@@ -21,7 +22,6 @@ from otviz.eval.seeds import (
 )
 from otviz.eval.table import Column, Table
 from otviz.train.config import TrainConfig, paper_recipe
-from otviz.train.loop import build_parser
 
 
 def test_interval_closed_form() -> None:

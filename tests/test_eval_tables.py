@@ -17,8 +17,8 @@ from otviz.eval import classification_tables as C
 from otviz.eval.classification_metrics import accuracy, shot_split_accuracy
 from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet, WorldProbeDataset, trim_tokens
-from otviz.ot.classify import long_tailed_predict, zero_shot_predict
 from otviz.ot.sinkhorn import sinkhorn_log
+from otviz.ot.zeroshot import long_tailed_predict, zero_shot_predict
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
 from otviz.text.words import split_words
 from otviz.world import NEGATIVE_CATEGORIES, ClassificationView, long_tailed_counts

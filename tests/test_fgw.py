@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from otviz.ot.classify import long_tailed_predict, zero_shot_predict
 from otviz.ot.fgw import (
     fgw_isoftmax,
     fgw_pgd,
@@ -18,6 +17,7 @@ from otviz.ot.fgw import (
 )
 from otviz.ot.sinkhorn import sinkhorn_log
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
+from otviz.ot.zeroshot import long_tailed_predict, zero_shot_predict
 
 DT = torch.float64
 

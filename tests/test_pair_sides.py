@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from otviz.bench import random_batch
+from otviz.bench.runners import random_batch
 from otviz.methods import METHODS, MethodConfig, PairBatch, build_method
 from otviz.ot.lowrank import lowrank_uot, pair_products
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from otviz.ot.classify import selective_predict
 from otviz.ot.dbot import dbot_log
 from otviz.ot.partial import partial_ot_log
 from otviz.ot.result import DEFAULT_TOL
 from otviz.ot.sinkhorn import sinkhorn_log
+from otviz.ot.zeroshot import selective_predict
 
 DT = torch.float64
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from otviz.backbone import Backbone
 from otviz.checkpoints.store import load_meta
+from otviz.cli import main as cli_main
 from otviz.tiny_clip import load_tiny_clip
 from otviz.train.pretrain import (
     PretrainConfig,
@@ -23,7 +24,6 @@ from otviz.train.pretrain import (
     command_line,
     contrastive_loss,
     infonce_loss,
-    main,
     pretrain,
     retrieval_recalls,
     world_version,
@@ -173,7 +173,7 @@ def test_command_line_round_trip(monkeypatch):
         return {}
 
     monkeypatch.setattr("otviz.train.pretrain.pretrain", fake_pretrain)
-    main(shlex.split(cmd)[3:])
+    assert cli_main(["pretrain", *shlex.split(cmd)[3:]]) == 0
     assert seen == [config]
 
 

@@ -83,7 +83,7 @@ def worker(out: str, part: str) -> None:
     first group's stale addresses and wait forever to connect."""
     import torch.distributed as dist
 
-    from otviz.train.loop import main
+    from otviz.cli.train import main
 
     torch.set_num_threads(1)
     root = Path(out)
@@ -126,7 +126,7 @@ def torchrun(*args: str) -> str:
 
 def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
     from otviz.checkpoints.heads import head_meta
-    from otviz.train.loop import main
+    from otviz.cli.train import main
     from tests.test_train_loop import random_tiny_clip
 
     torch.set_num_threads(1)

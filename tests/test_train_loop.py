@@ -15,11 +15,12 @@ import torch.nn.functional as F
 import otviz.methods  # noqa: F401  (registers every method)
 from otviz.checkpoints.heads import head_meta, load_method_checkpoint
 from otviz.checkpoints.store import CheckpointError, load_checkpoint
+from otviz.cli.train import build_parser, main
 from otviz.methods.base import METHODS, build_method
 from otviz.regions import random_boxes
 from otviz.train.config import TrainConfig
 from otviz.train.global_head import GlobalHead, load_global_head
-from otviz.train.loop import ResumeConflictError, build_parser, main, train_method
+from otviz.train.loop import ResumeConflictError, train_method
 from otviz.train.losses import (
     LOCAL_CONTRASTIVE,
     TrainObjective,
@@ -252,7 +253,7 @@ def test_config_fields_are_command_line_flags() -> None:
         ["--method", "dense_uot", "--hard-negatives", "2", "--no-resume", "--train-global-head",
          "--global-loss", "entropic_ot", "--lambda-local", "0.25"]
     )
-    from otviz.cli_args import dataclass_from_args
+    from otviz.cli.args import dataclass_from_args
 
     config = dataclass_from_args(TrainConfig, args)
     assert (config.method, config.hard_negatives, config.resume) == ("dense_uot", 2, False)

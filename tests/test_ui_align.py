@@ -20,8 +20,8 @@ from PIL import Image
 
 from otviz.backbone import Backbone, ImageInputError
 from otviz.eval.came_quotas import quota_ratio_table
+from otviz.explain import InputError
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
-from otviz.pipeline import InputError
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.ui.align_tab import (

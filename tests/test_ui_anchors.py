@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from otviz.backbone import Backbone
 from otviz.eval.grounding_metrics import mean_offdiag_cosine
-from otviz.pipeline import InputError
+from otviz.explain import InputError
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.ui.anchors_tab import (
     MAX_WORDS,

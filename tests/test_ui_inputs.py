@@ -13,7 +13,7 @@ from gradio.data_classes import ImageData
 from PIL import Image
 
 from otviz.backbone import ImageInputError
-from otviz.pipeline import InputError
+from otviz.explain import InputError
 from otviz.ui.context import AppContext
 from otviz.ui.inputs import (
     MAX_IMAGE_PIXELS,

@@ -17,8 +17,8 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import to_rgba
 
 from otviz.backbone import ImageInputError
+from otviz.explain import InputError, region_masks
 from otviz.ot.powerset import exact_r2t, exact_t2r, nla_t1, nla_t2
-from otviz.pipeline import InputError, region_masks
 from otviz.text.parse import phrase_nodes
 from otviz.text.tree import Tree
 from otviz.ui.context import SharedInputs

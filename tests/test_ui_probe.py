@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from otviz.eval.probe import probe_accuracy
-from otviz.pipeline import InputError
+from otviz.explain import InputError
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.ui.context import AppContext, SharedInputs

@@ -17,22 +17,14 @@ import pytest
 import torch
 
 from otviz.checkpoints.heads import head_meta, load_method_checkpoint
-from otviz.pipeline import InputError
+from otviz.explain import InputError
 from otviz.suite import MethodSuite
 from otviz.train.loop import train_method
 from otviz.ui.context import EMBEDDED, TRAINING_FREE, AppContext
 from otviz.ui.examples import load_examples
 from otviz.ui.inputs import user_errors
 from otviz.ui.probe_tab import run_batch_probe
-from otviz.ui.train_tab import (
-    HISTORY_COLUMNS,
-    follow_job,
-    metrics_figure,
-    metrics_table,
-    progress_html,
-    train_request,
-)
-from otviz.ui.training import (
+from otviz.ui.train_jobs import (
     FOLDER,
     SPACE_MAX_STEPS,
     UPLOAD,
@@ -46,6 +38,14 @@ from otviz.ui.training import (
     step_cap,
     train_configs,
     unpack_uploads,
+)
+from otviz.ui.train_tab import (
+    HISTORY_COLUMNS,
+    follow_job,
+    metrics_figure,
+    metrics_table,
+    progress_html,
+    train_request,
 )
 from tests.conftest import write_caption_folder
 
@@ -314,7 +314,7 @@ def test_live_updates_end_with_metrics_files_and_the_picker(ctx, cache_dir, tmp_
 
 
 def test_a_failing_run_ends_with_its_message(ctx, cache_dir, tmp_path, monkeypatch):
-    import otviz.ui.training as training
+    import otviz.ui.train_jobs as training
 
     def broken(config, progress, stop):
         raise FloatingPointError("non-finite loss at step 1")

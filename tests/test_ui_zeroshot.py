@@ -1,5 +1,5 @@
 """The Zero-shot view on the shipped checkpoint: the embeddings are the backbone's pooled
-ones, every prediction equals what otviz.ot.classify gives on them, accuracies and the
+ones, every prediction equals what otviz.ot.zeroshot gives on them, accuracies and the
 selective curve are the metrics of those predictions, rate 1 accepts all, the long-tailed
 batch and prior follow long_tailed_counts, downloads load back, and bad input (no images,
 non-images, an empty class list, a prior that does not parse or has the wrong length, a
@@ -26,13 +26,13 @@ from otviz.eval.classification_tables import (
     temperature,
 )
 from otviz.eval.zero_shot_run import CURVE_RATES, run_zero_shot
-from otviz.ot.classify import (
+from otviz.explain import InputError
+from otviz.ot.zeroshot import (
     LONG_TAILED_RULES,
     long_tailed_predict,
     selective_predict,
     zero_shot_predict,
 )
-from otviz.pipeline import InputError
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.zeroshot_tab import (

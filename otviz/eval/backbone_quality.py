@@ -55,7 +55,7 @@ from otviz.eval.single_object import (
 )
 from otviz.eval.table import Column, Table, format_value
 from otviz.eval.world_set import EvalSet, world_config_of
-from otviz.pipeline import Explainer
+from otviz.explain import Explainer
 from otviz.suite import METHOD_LABELS, WORLD_FIT_CAPTIONS, MethodSuite, SuiteMethod, load_head
 from otviz.world import World, WorldConfig, retrieval_ceiling
 

@@ -19,7 +19,7 @@ from otviz.backbone import Backbone
 from otviz.eval.classification_metrics import accuracy
 from otviz.eval.classification_tables import classification_sets, temperature
 from otviz.eval.table import Column, Table
-from otviz.ot.classify import zero_shot_predict
+from otviz.ot.zeroshot import zero_shot_predict
 from otviz.train.otclip_losses import KINDS
 from otviz.train.pretrain import PretrainConfig, pretrain
 

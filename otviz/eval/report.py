@@ -26,7 +26,7 @@ from otviz.eval.otclip_table import LOSS_LABELS
 from otviz.eval.runner import build_suite, load_backbone, read_tables
 from otviz.eval.table import Table
 from otviz.eval.world_set import EvalSet
-from otviz.ot.classify import LONG_TAILED_RULES
+from otviz.ot.zeroshot import LONG_TAILED_RULES
 from otviz.suite import (
     ALIGN_METHODS,
     METHOD_LABELS,

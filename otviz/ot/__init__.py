@@ -18,12 +18,6 @@ Everything else in the submodules is internal to them.
 
 from otviz.ot.came import CameResult, came_marginals
 from otviz.ot.checks import SolverInputError
-from otviz.ot.classify import (
-    Prediction,
-    long_tailed_predict,
-    selective_predict,
-    zero_shot_predict,
-)
 from otviz.ot.costs import cosine_cost, cosine_similarity
 from otviz.ot.dbot import dbot_log
 from otviz.ot.divergence import DivergenceResult, sinkhorn_divergence
@@ -34,6 +28,12 @@ from otviz.ot.powerset import exact_r2t, exact_t2r, nla_t1, nla_t2, powerset_sim
 from otviz.ot.result import NotConvergedWarning, SolverResult
 from otviz.ot.sinkhorn import sinkhorn_log
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
+from otviz.ot.zeroshot import (
+    Prediction,
+    long_tailed_predict,
+    selective_predict,
+    zero_shot_predict,
+)
 
 __all__ = [
     "CameResult",

@@ -17,7 +17,6 @@ shipped ``checkpoints/tiny-clip``)::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import math
@@ -40,7 +39,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from otviz.cli_args import add_dataclass_flags, dataclass_from_args
 from otviz.data.rendered import (
     RenderedSplit,
     draw_negatives,
@@ -511,20 +509,9 @@ def world_version(config: WorldConfig | None = None, per_split: int = 16) -> str
     return digest.hexdigest()[:16]
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Command-line entry: flags generated from :class:`PretrainConfig`."""
-    parser = argparse.ArgumentParser(prog="python -m otviz.train.pretrain",
-                                     description="Train the embedded tiny CLIP on the world.")
-    add_dataclass_flags(parser, PretrainConfig)
-    config = dataclass_from_args(PretrainConfig, parser.parse_args(argv))
-    metrics = pretrain(config)
-    for k, v in metrics.items():
-        print(f"{k}: {v}")
-    return metrics
-
-
 if __name__ == "__main__":
-    # run the package module's main, so spawned processes find its functions by name
-    from otviz.train.pretrain import main as _main
+    # the ``otviz pretrain`` command, run through the package module so that spawned
+    # processes find its functions by name
+    from otviz.cli import main
 
-    _main(sys.argv[1:])
+    sys.exit(main(["pretrain", *sys.argv[1:]]))

@@ -22,9 +22,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from otviz.explain import REGION_KINDS, Encoded, Explainer, InputError, MethodRun
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.methods.masses import max_over_uniform
-from otviz.pipeline import REGION_KINDS, Encoded, Explainer, InputError, MethodRun
 from otviz.suite import (
     ALIGN_METHODS,
     DEFAULT_LAMBDA,

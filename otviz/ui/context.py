@@ -21,8 +21,8 @@ import numpy as np
 from otviz.backbone import Backbone, ImageInput, to_rgb
 from otviz.checkpoints.heads import head_meta, load_method_checkpoint
 from otviz.checkpoints.store import CheckpointError
+from otviz.explain import Explainer, InputError
 from otviz.ood import WorldDistance
-from otviz.pipeline import Explainer, InputError
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, SuiteMethod
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.ui.inputs import UploadExplainer, fit_image

@@ -20,6 +20,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from otviz.explain import REGION_KINDS, InputError
 from otviz.methods.powerclip import PowerCLIP
 from otviz.ot.powerset import (
     MAX_EXACT_REGIONS,
@@ -29,7 +30,6 @@ from otviz.ot.powerset import (
     nla_t2,
     powerset_scores,
 )
-from otviz.pipeline import REGION_KINDS, InputError
 from otviz.text.parse import phrase_nodes
 from otviz.text.tree import Tree
 from otviz.ui.context import AppContext, SharedInputs

@@ -23,8 +23,8 @@ from matplotlib.figure import Figure
 
 from otviz.backbone import ImageInput, TokenFeatures
 from otviz.eval.probe import probe_accuracy
+from otviz.explain import MAX_CAPTION_CHARS, Encoded, Explainer, InputError, region_masks
 from otviz.methods import PairBatch
-from otviz.pipeline import MAX_CAPTION_CHARS, Encoded, Explainer, InputError, region_masks
 from otviz.suite import DEFAULT_LAMBDA, METHOD_LABELS, MethodSuite
 from otviz.text.edits import EDIT_CATEGORIES, CaptionEdit, caption_edits
 from otviz.text.parse import batch_node_masks, parse_caption

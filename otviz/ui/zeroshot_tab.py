@@ -29,7 +29,7 @@ from torch import Tensor
 from otviz.backbone import Backbone, ImageInputError, to_rgb
 from otviz.eval.classification_tables import ZERO_SHOT_RULES
 from otviz.eval.zero_shot_run import ZeroShotRun, check_rate, run_zero_shot
-from otviz.pipeline import InputError
+from otviz.explain import InputError
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.inputs import user_errors

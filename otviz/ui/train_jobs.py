@@ -29,7 +29,7 @@ import torch
 from otviz.data.datasets import NOT_FOUND, DatasetError, inside, load_image_captions
 from otviz.data.feature_cache import FeatureCache
 from otviz.errors import UserInputError
-from otviz.pipeline import InputError
+from otviz.explain import InputError
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
 from otviz.train.config import TrainConfig
 from otviz.train.loop import ENCODING, TrainResult, train_method
@@ -37,7 +37,7 @@ from otviz.ui.context import SEPARATOR, AppContext, HeadSet, on_space
 from otviz.ui.head_registry import load_head_sets, record_head_set
 from otviz.ui.probe_tab import run_batch_probe
 
-log = logging.getLogger("otviz.ui.training")
+log = logging.getLogger("otviz.ui.train_jobs")
 
 WORLD, FOLDER, UPLOAD = "world", "local folder", "upload"
 #: Optimiser steps per method at most, on a public Space and elsewhere;

@@ -32,7 +32,7 @@ def _cmd_world(args: argparse.Namespace) -> int:
 
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
-    from otviz.cli_args import dataclass_from_args
+    from otviz.cli.args import dataclass_from_args
     from otviz.train.pretrain import PretrainConfig, pretrain
 
     metrics = pretrain(dataclass_from_args(PretrainConfig, args))
@@ -42,7 +42,7 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from otviz.train.loop import main as train_main
+    from otviz.cli.train import main as train_main
 
     return train_main(args.rest, prog="otviz train")
 
@@ -83,7 +83,7 @@ def _with_bars(quiet: bool, run: Callable[[_StageBars], object]) -> object:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from otviz.cli_args import dataclass_from_args
+    from otviz.cli.args import dataclass_from_args
     from otviz.eval.otclip_table import OTCLIPTableConfig, otclip_loss_table
     from otviz.eval.runner import (
         TRAINING_FREE,
@@ -118,7 +118,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_ablate(args: argparse.Namespace) -> int:
     from dataclasses import asdict, replace
 
-    from otviz.cli_args import dataclass_from_args
+    from otviz.cli.args import dataclass_from_args
     from otviz.eval.ablation import ABLATION_HEADLINE, ablation_table
     from otviz.eval.runner import load_backbone, over_seeds, write_tables
     from otviz.eval.table import Table
@@ -156,7 +156,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from otviz.cli_args import dataclass_from_args
+    from otviz.cli.args import dataclass_from_args
     from otviz.eval.report import ReportConfig, render_report
 
     for path in render_report(dataclass_from_args(ReportConfig, args)):
@@ -166,7 +166,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     from otviz.backbone import Backbone
-    from otviz.pipeline import Explainer
+    from otviz.explain import Explainer
     from otviz.viz.heatmaps import heatmap_grid_figure
     from otviz.viz.style import SIMILARITY_CMAP
 
@@ -192,13 +192,13 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from otviz.bench import main as bench_main
+    from otviz.cli.bench import main as bench_main
 
     return bench_main(args.rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from otviz.cli_args import add_dataclass_flags
+    from otviz.cli.args import add_dataclass_flags
 
     parser = argparse.ArgumentParser(prog="otviz", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -290,6 +290,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"otviz {args.command}: error: {e}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())
