@@ -7,16 +7,12 @@ text as typed."""
 from __future__ import annotations
 
 import collections
+from functools import partial
 
 import pytest
 
-from otviz.text.edits import (
-    CONVERSE_RELATION,
-    EDIT_CATEGORIES,
-    RELATION_PHRASES,
-    caption_edits,
-    edit_caption,
-)
+from otviz.text import edits
+from otviz.text.edits import CONVERSE_RELATION, EDIT_CATEGORIES, RELATION_PHRASES
 from otviz.text.parse import parse_caption
 from otviz.text.tree import Tree
 from otviz.text.words import split_words
@@ -24,6 +20,9 @@ from otviz.world import Clause, Description, Meaning, World, is_true, realise
 from otviz.world.grammar import RELATION_WORDS
 from otviz.world.vocab import COLOURS, SEEN_PAIRS, SHAPES, SIZES
 
+# the edits add objects of the world's vocabulary
+caption_edits = partial(edits.caption_edits, pairs=SEEN_PAIRS)
+edit_caption = partial(edits.edit_caption, pairs=SEEN_PAIRS)
 RELATION_OF_WORDS = {" ".join(w for _, w in words): r for r, words in RELATION_WORDS.items()}
 N_SAMPLES = 150
 

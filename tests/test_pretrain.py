@@ -19,7 +19,6 @@ from otviz.checkpoints.store import load_meta
 from otviz.cli import main as cli_main
 from otviz.tiny_clip import load_tiny_clip
 from otviz.train.pretrain import (
-    PretrainConfig,
     _lr_lambda,
     command_line,
     contrastive_loss,
@@ -28,6 +27,7 @@ from otviz.train.pretrain import (
     retrieval_recalls,
     world_version,
 )
+from otviz.train.pretrain_config import PretrainConfig
 from otviz.world import WorldConfig
 
 SMOKE = dict(

@@ -33,7 +33,8 @@ def _cmd_world(args: argparse.Namespace) -> int:
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
     from otviz.cli.args import dataclass_from_args
-    from otviz.train.pretrain import PretrainConfig, pretrain
+    from otviz.train.pretrain import pretrain
+    from otviz.train.pretrain_config import PretrainConfig
 
     metrics = pretrain(dataclass_from_args(PretrainConfig, args))
     for key, value in metrics.items():
@@ -157,7 +158,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from otviz.cli.args import dataclass_from_args
-    from otviz.eval.report import ReportConfig, render_report
+    from otviz.report import ReportConfig, render_report
 
     for path in render_report(dataclass_from_args(ReportConfig, args)):
         print(f"wrote {path}")
@@ -212,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     world.set_defaults(run=_cmd_world)
 
     pre = sub.add_parser("pretrain", help="train the tiny CLIP backbone on the world")
-    from otviz.train.pretrain import PretrainConfig
+    from otviz.train.pretrain_config import PretrainConfig
 
     add_dataclass_flags(pre, PretrainConfig)
     pre.set_defaults(run=_cmd_pretrain)
@@ -224,8 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from otviz.eval.ablation import VARIANTS
     from otviz.eval.otclip_table import OTCLIPTableConfig
-    from otviz.eval.report import ReportConfig
     from otviz.eval.runner import EvalConfig
+    from otviz.report import ReportConfig
     from otviz.train.config import TrainConfig
 
     ev = sub.add_parser("eval", help="the comparison's tables (JSON + Markdown)")
