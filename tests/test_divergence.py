@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from otviz.methods.masses import uniform_masses
-from otviz.ot.divergence import normalised_cosine_cost, ot_value, sinkhorn_divergence
+from otviz.ot.divergence import _normalised_cosine_cost, _ot_value, sinkhorn_divergence
 
 DT = torch.float64
 
@@ -47,9 +47,9 @@ def test_positive_when_only_weights_differ():
 def test_ot_value_matches_pot():
     x, y, a, b = _clouds(1, b=2)
     eps = 0.1
-    cost = normalised_cosine_cost(x, y)
-    sharp, res = ot_value(cost, a, b, eps, "sharp", n_iters=500, tol=None)
-    ent, _ = ot_value(cost, a, b, eps, "entropic", n_iters=500, tol=None)
+    cost = _normalised_cosine_cost(x, y)
+    sharp, res = _ot_value(cost, a, b, eps, "sharp", n_iters=500, tol=None)
+    ent, _ = _ot_value(cost, a, b, eps, "entropic", n_iters=500, tol=None)
     for i in range(2):
         c, ai, bi = cost[i].numpy(), a[i].numpy(), b[i].numpy()
         plan = ot.sinkhorn(ai, bi, c, eps, stopThr=1e-13, numItermax=10000)
@@ -77,8 +77,8 @@ def test_self_marginals_override():
     ua = uniform_masses(torch.ones_like(a, dtype=torch.bool), DT)
     ub = uniform_masses(torch.ones_like(b, dtype=torch.bool), DT)
     res = sinkhorn_divergence(x, y, a, b, 0.5, a_self=ua, b_self=ub)
-    wxx, _ = ot_value(normalised_cosine_cost(x, x), ua, ua, 0.5)
-    cross, _ = ot_value(normalised_cosine_cost(x, y), a, b, 0.5)
+    wxx, _ = _ot_value(_normalised_cosine_cost(x, x), ua, ua, 0.5)
+    cross, _ = _ot_value(_normalised_cosine_cost(x, y), a, b, 0.5)
     assert torch.allclose(res.self_x, wxx) and torch.allclose(res.cross, cross)
 
 

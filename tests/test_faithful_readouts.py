@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from otviz.grounding import heatmap_boxes
 from otviz.methods import MethodConfig, build_method
 from otviz.methods.base import PairBatch
-from otviz.ot.checks import SolverInputError
+from otviz.ot._checks import SolverInputError
+from otviz.ot._result import NotConvergedWarning
 from otviz.ot.divergence import sinkhorn_divergence
-from otviz.ot.fgw import fgw_isoftmax, linearised_cost, structure_matrix
+from otviz.ot.fgw import _linearised_cost, fgw_isoftmax, structure_matrix
 from otviz.ot.lowrank import lowrank_uot
 from otviz.ot.partial import partial_ot_log
-from otviz.ot.result import NotConvergedWarning
 from otviz.ot.sinkhorn import sinkhorn_log
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
 from otviz.viz.mass import displayable_mass, negative_mass, negative_mass_note
@@ -105,8 +105,8 @@ def test_gromov_term_scale_matches_hand_computation():
     alpha0 = 0.01
     # D1 P = [[0.9, 0.6], [0.75, 0.75]]; (D1 P) D2^T = [[1.02, 0.78], [0.9, 0.9]]
     term = torch.tensor([[[1.02, 0.78], [0.9, 0.9]]], dtype=DT)
-    assert torch.allclose(linearised_cost(cost, d1, d2, plan, alpha0), cost - alpha0 * term)
-    unit = linearised_cost(cost, d1, d2, plan, alpha0, "unit_mass")
+    assert torch.allclose(_linearised_cost(cost, d1, d2, plan, alpha0), cost - alpha0 * term)
+    unit = _linearised_cost(cost, d1, d2, plan, alpha0, "unit_mass")
     assert torch.allclose(unit, cost - alpha0 * term / 2)
     # the paper's scaling is n times the unit-mass one: FGW-ISoftmax with alpha0 matches the
     # unit-mass rule with n * alpha0
@@ -130,7 +130,7 @@ def test_fused_gromov_part_matches_pot_gradient():
     t = np.outer(p, q) + 0.01 * np.array([[1, -1, 0, 0]] * 5)
     const, h1, h2 = ot.gromov.init_matrix(c1, c2, p, q, "square_loss")
     grad = ot.gromov.gwggrad(const, h1, h2, t)
-    ours = -linearised_cost(torch.zeros(1, 5, 4, dtype=DT), torch.from_numpy(c1)[None],
+    ours = -_linearised_cost(torch.zeros(1, 5, 4, dtype=DT), torch.from_numpy(c1)[None],
                             torch.from_numpy(c2)[None], torch.from_numpy(t)[None], 4.0)[0]
     assert np.allclose(grad - 2 * const, -ours.numpy(), atol=1e-12)
 

@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from otviz.ot.fgw import (
+    _linearised_cost,
+    _structure_term,
     fgw_isoftmax,
     fgw_pgd,
     fgw_sinkhorn,
-    linearised_cost,
     structure_matrix,
-    structure_term,
 )
 from otviz.ot.sinkhorn import sinkhorn_log
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
@@ -52,7 +52,7 @@ def test_isoftmax_reaches_its_fixed_point():
     """Iterating Eq. 12 with a small alpha0 converges to P = softmax(-C(P) / eps)."""
     _, _, cost, d1, d2 = _problem(2)
     res = fgw_isoftmax(cost, None, 0.5, d1, d2, alpha0=0.02, n_iters=60)
-    again = torch.softmax(-linearised_cost(cost, d1, d2, res.plan, 0.02) / 0.5, dim=2)
+    again = torch.softmax(-_linearised_cost(cost, d1, d2, res.plan, 0.02) / 0.5, dim=2)
     assert torch.allclose(res.plan, again, atol=1e-10)
     assert bool((res.marginal_error < 1e-12).all())
     assert not torch.allclose(res.plan, torch.softmax(-cost / 0.5, dim=2), atol=1e-3)
@@ -76,7 +76,7 @@ def test_structure_term_matches_double_sum():
         for j in range(2)
         for l in range(2)
     )
-    assert float(structure_term(d1, d2, plan)[0]) == pytest.approx(float(ref))
+    assert float(_structure_term(d1, d2, plan)[0]) == pytest.approx(float(ref))
 
 
 def test_fgw_sinkhorn_alpha0_zero_is_sinkhorn_and_matches_pot():

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from otviz.ot import lowrank
 from otviz.ot.lowrank import (
-    anchor_log_kernels,
-    regularised_anchor_gram,
-    robust_inverse,
+    _anchor_log_kernels,
+    _regularised_anchor_gram,
+    _robust_inverse,
 )
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
 
@@ -146,9 +146,9 @@ def test_nystrom_kernel_error_is_bounded_by_lambda() -> None:
     z, y, _, _ = _data(2)
     eps = 0.5
     for lam in (1e-2, 1e-4):
-        log_zp, log_py = anchor_log_kernels(z, y, y, eps)
-        k_reg = regularised_anchor_gram(y, eps, lam)
-        k_low = log_zp.exp() @ robust_inverse(k_reg) @ log_py.exp()
+        log_zp, log_py = _anchor_log_kernels(z, y, y, eps)
+        k_reg = _regularised_anchor_gram(y, eps, lam)
+        k_low = log_zp.exp() @ _robust_inverse(k_reg) @ log_py.exp()
         k = torch.exp((z @ y.transpose(1, 2) - 1) / eps)
         err = torch.linalg.matrix_norm(k_low - k, ord=2)
         bound = lam * torch.linalg.matrix_norm(k, ord=2) / torch.linalg.eigvalsh(k_reg)[:, 0]
@@ -236,7 +236,7 @@ def test_duplicated_anchors_use_pseudo_inverse_and_change_nothing() -> None:
     anchors = _anchors(14, 3)
     twice = torch.cat([anchors, anchors], 0)
     kw = dict(eps=0.5, tau_a=0.3, tau_b=0.3, kpp_reg=0.0, clamp=None, floor=0.0)
-    _, info = torch.linalg.cholesky_ex(regularised_anchor_gram(twice, 0.5, 0.0))
+    _, info = torch.linalg.cholesky_ex(_regularised_anchor_gram(twice, 0.5, 0.0))
     assert info.item() != 0
     once = lowrank_uot(z, y, anchors, mu, nu, **kw)
     dup = lowrank_uot(z, y, twice, mu, nu, **kw)
@@ -270,8 +270,8 @@ def test_faithful_kernel_can_go_negative_positive_cannot() -> None:
     z = F.normalize(torch.randn(2, 20, 3, generator=gen, dtype=DT), dim=-1)
     y = F.normalize(torch.randn(2, 20, 3, generator=gen, dtype=DT), dim=-1)
     mu = torch.full((2, 20), 1 / 20, dtype=DT)
-    log_zp, log_py = anchor_log_kernels(z, y, anchors, 0.3)
-    k_inv = robust_inverse(regularised_anchor_gram(anchors, 0.3, 1e-2))
+    log_zp, log_py = _anchor_log_kernels(z, y, anchors, 0.3)
+    k_inv = _robust_inverse(_regularised_anchor_gram(anchors, 0.3, 1e-2))
     assert (log_zp.exp() @ k_inv @ log_py.exp()).min() < 0
     positive = lowrank_uot(z, y, anchors, mu, mu, 0.3, 0.2, 0.2, variant="positive")
     assert positive.factors.dense().min() >= 0

@@ -11,7 +11,7 @@ import torch
 
 from otviz.bench.runners import random_batch
 from otviz.methods import METHODS, MethodConfig, PairBatch, build_method
-from otviz.ot.lowrank import lowrank_uot, pair_products
+from otviz.ot.lowrank import _pair_products, lowrank_uot
 
 # 6 items; 14 pairs repeating images and captions in no particular order
 IMAGE_IDX = torch.tensor([0, 1, 2, 3, 4, 5, 0, 0, 2, 5, 5, 1, 3, 4])
@@ -133,6 +133,6 @@ def test_pair_products_match_the_gathered_products(index: list[int]) -> None:
     idx = torch.tensor(index)
     a = torch.randn(len(index), 3, 5, generator=gen, dtype=torch.float64, requires_grad=True)
     x = torch.randn(3, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
-    torch.testing.assert_close(pair_products(a, x, idx), a @ x[idx])
+    torch.testing.assert_close(_pair_products(a, x, idx), a @ x[idx])
     # chunks of one pair exercise the chunked path's loop; gradients reach both inputs
-    assert torch.autograd.gradcheck(lambda a, x: pair_products(a, x, idx, chunk_bytes=1), (a, x))
+    assert torch.autograd.gradcheck(lambda a, x: _pair_products(a, x, idx, chunk_bytes=1), (a, x))

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from otviz.ot._result import DEFAULT_TOL
 from otviz.ot.dbot import dbot_log
 from otviz.ot.partial import partial_ot_log
-from otviz.ot.result import DEFAULT_TOL
 from otviz.ot.sinkhorn import sinkhorn_log
 from otviz.ot.zeroshot import selective_predict
 

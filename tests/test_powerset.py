@@ -16,13 +16,13 @@ from otviz.methods.powerclip import (
     triplet_loss,
 )
 from otviz.ot.powerset import (
+    _subset_indicators,
     exact_r2t,
     exact_t2r,
     nla_t1,
     nla_t2,
     powerset_scores,
     powerset_similarity,
-    subset_indicators,
 )
 from otviz.regions import random_boxes
 
@@ -191,9 +191,9 @@ def test_triplet_loss_matches_definition():
 
 
 def test_exact_enumeration_size_guard():
-    assert subset_indicators(3).shape == (8, 3)
+    assert _subset_indicators(3).shape == (8, 3)
     with pytest.raises(ValueError, match="at most 12"):
-        subset_indicators(13)
+        _subset_indicators(13)
 
 
 def _trial_losses(gen: torch.Generator, n_trials: int, tau: float, alphas: list[float]):

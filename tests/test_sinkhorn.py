@@ -7,7 +7,7 @@ import ot
 import pytest
 import torch
 
-from otviz.ot.sinkhorn import ShiftedKernel, sinkhorn_log
+from otviz.ot.sinkhorn import _ShiftedKernel, sinkhorn_log
 
 DT = torch.float64
 
@@ -51,7 +51,7 @@ def test_small_eps_uses_exact_fallback_in_float32() -> None:
     log_k = -torch.rand(2, 6, 4, generator=gen) * 500.0
     g = torch.randn(2, 4, generator=gen) * 30.0
     f = torch.randn(2, 6, generator=gen) * 30.0
-    kern = ShiftedKernel.from_cost(-log_k, 1.0, None, None)
+    kern = _ShiftedKernel.from_cost(-log_k, 1.0, None, None)
     assert torch.allclose(kern.row_lse(g), torch.logsumexp(log_k + g[:, None, :], 2), rtol=1e-5)
     assert torch.allclose(kern.col_lse(f), torch.logsumexp(log_k + f[:, :, None], 1), rtol=1e-5)
 

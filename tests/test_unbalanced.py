@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from otviz.ot.sinkhorn import sinkhorn_log
-from otviz.ot.unbalanced import damping_exponent, sinkhorn_unbalanced_log
+from otviz.ot.unbalanced import _damping_exponent, sinkhorn_unbalanced_log
 
 DT = torch.float64
 
@@ -90,7 +90,7 @@ def test_infinite_tau_is_balanced_sinkhorn() -> None:
     cost, a, b = _problem(4)
     b = b / b.sum(1, keepdim=True)
     inf = float("inf")
-    assert damping_exponent(inf, 0.1) == 1.0
+    assert _damping_exponent(inf, 0.1) == 1.0
     ub = sinkhorn_unbalanced_log(cost, a, b, 0.1, inf, inf, n_iters=25, tol=None)
     bal = sinkhorn_log(cost, a, b, 0.1, n_iters=25, tol=None)
     assert torch.allclose(ub.plan, bal.plan, atol=1e-15)

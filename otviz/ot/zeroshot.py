@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from otviz.ot._result import DEFAULT_TOL
 from otviz.ot.fgw import Scaling, Structure, fgw_isoftmax, fgw_pgd, fgw_sinkhorn, structure_matrix
 from otviz.ot.partial import partial_ot_log
-from otviz.ot.result import DEFAULT_TOL
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
 
 
@@ -142,7 +142,7 @@ def long_tailed_predict(
             constraint of Eq. 14, a finite value trusts the prior only softly.
         structure: D1/D2 kind (see :func:`zero_shot_predict`).
         scaling: Gromov scaling (:mod:`otviz.ot.fgw`; ``"paper"``: Eq. 12 on the raw plan).
-        tol: marginal-error tolerance of each Sinkhorn solve (:mod:`otviz.ot.result`).
+        tol: marginal-error tolerance of each Sinkhorn solve (:mod:`otviz.ot._result`).
     """
     n = image_emb.shape[0]
     cost = _cost(image_emb, class_emb)
@@ -177,7 +177,7 @@ def selective_predict(
       less mass; ``tau -> inf`` gives back the softmax (all masses 1);
     * ``"partial"``: the row mass of the entropic partial plan of Eq. 16 moving exactly
       ``s = rate * n`` mass with ``P 1 <= 1`` (no class constraint), in at most ``n_iters``
-      iterations to the marginal-error tolerance ``tol`` (:mod:`otviz.ot.result`).
+      iterations to the marginal-error tolerance ``tol`` (:mod:`otviz.ot._result`).
 
     Labels are the argmax of each plan row (for ``"uot"`` the softmax's labels).
     """
