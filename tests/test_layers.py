@@ -13,7 +13,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "otviz"
+from tests.helpers import ROOT
+
+PACKAGE = ROOT / "otviz"
 
 #: Lowest first: a module may import modules of its own layer or of a layer before it
 #: (the first dotted part after ``otviz``: a subpackage or a top-level module).

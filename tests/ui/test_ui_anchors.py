@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 
 import gradio as gr
@@ -14,10 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from otviz.backbone import Backbone
 from otviz.eval.grounding_metrics import mean_offdiag_cosine
 from otviz.explain import InputError
-from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.ui.anchors_tab import (
     MAX_WORDS,
     WORLD_WORDS,
@@ -32,9 +29,6 @@ from otviz.ui.anchors_tab import (
 from otviz.ui.context import (
     COMMON_CONCEPTS,
     EMBEDDED,
-    WORLD_FIT_CAPTIONS,
-    AppContext,
-    BackboneChoice,
     SharedInputs,
 )
 from otviz.viz.anchors import anchor_matrix_figure, cluster_order, embed_2d
@@ -42,29 +36,6 @@ from otviz.world.vocab import COLOURS, SHAPES, SIZES
 
 CAPTION = "a small red circle to the left of a blue square"
 WORDS = "red, blue, circle, square, small, to the left of"
-
-
-def app_context() -> AppContext:
-    """The app's default context on the shipped checkpoint; fails (does not skip) when the
-    checkpoint is missing. ``OTVIZ_UI_TEST_CHECKPOINT`` points it at another tiny-CLIP
-    checkpoint directory instead (development before the shipped one exists)."""
-    override = os.environ.get("OTVIZ_UI_TEST_CHECKPOINT")
-    if override:
-        load = lambda: Backbone.from_checkpoint(override)  # noqa: E731
-        return AppContext([BackboneChoice(EMBEDDED, load, WORLD_FIT_CAPTIONS)])
-    if not Path(DEFAULT_CHECKPOINT).is_dir():
-        pytest.fail(f"the shipped checkpoint {DEFAULT_CHECKPOINT} is missing")
-    return AppContext.default()
-
-
-@pytest.fixture(scope="module")
-def ctx() -> AppContext:
-    return app_context()
-
-
-@pytest.fixture(scope="module")
-def checkpoint(ctx) -> str:
-    return ctx.checkpoint_choices()[0]
 
 
 @pytest.fixture(scope="module")

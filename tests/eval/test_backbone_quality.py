@@ -36,8 +36,7 @@ from otviz.eval.single_object import candidates, describe
 from otviz.eval.world_set import world_config_of
 from otviz.world import COLOURS, SHAPES, SceneObject, WorldConfig
 from otviz.world.render import render_scene
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 
 def test_peak_locations_on_hand_made_heatmaps() -> None:
@@ -191,7 +190,7 @@ def test_targets_compare_values_with_their_bars() -> None:
 def test_script_end_to_end_on_a_random_tiny_clip(tmp_path: Path) -> None:
     """Quick mode with few samples on a random backbone: the shipped heads do not load
     for it, so the methods fall back to training-free and the results say so."""
-    from tests.test_train_loop import random_tiny_clip
+    from tests.helpers import random_tiny_clip
 
     torch.set_num_threads(1)
     spec = importlib.util.spec_from_file_location(

@@ -23,7 +23,7 @@ from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
 from otviz.text.words import split_words
 from otviz.world import NEGATIVE_CATEGORIES, ClassificationView, long_tailed_counts
 from otviz.world.classification import ORDERS
-from tests.test_train_loop import random_tiny_clip
+from tests.helpers import random_tiny_clip
 
 NAMES = ("global_only", "filip", "dense_uot", "conceptot", "powerclip")
 

@@ -47,7 +47,7 @@ from otviz.ui.train_tab import (
     progress_html,
     train_request,
 )
-from tests.conftest import write_caption_folder
+from tests.helpers import write_caption_folder
 
 SMALL = {"n_train": 64, "batch_size": 32, "hard_negatives": 2}
 

@@ -23,8 +23,7 @@ import torch
 from otviz.train.config import TrainConfig
 from otviz.train.loop import train_method
 from otviz.train.pairs import TensorPairs
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 # (method, overrides): Eq. 9-10 with mined negatives and a trainable global head (sharded
 # positives, gathered mining), QC-Align (sharded QCT), PowerCLIP (replicated C x C loss)
@@ -127,7 +126,7 @@ def torchrun(*args: str) -> str:
 def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
     from otviz.checkpoints.heads import head_meta
     from otviz.cli.train import main
-    from tests.test_train_loop import random_tiny_clip
+    from tests.helpers import random_tiny_clip
 
     torch.set_num_threads(1)
     random_tiny_clip(tmp_path / "bb", 0)

@@ -35,7 +35,7 @@ from otviz.ui.browse_tab import (
 )
 from otviz.ui.context import AppContext
 from otviz.ui.examples import load_examples
-from tests.conftest import write_caption_folder
+from tests.helpers import write_caption_folder
 
 N_IMAGES = 12
 
@@ -43,11 +43,6 @@ N_IMAGES = 12
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory) -> AppContext:
     return AppContext.default(heads_root=tmp_path_factory.mktemp("no-heads"))
-
-
-@pytest.fixture(scope="module")
-def checkpoint(ctx) -> str:
-    return ctx.checkpoint_choices()[0]
 
 
 @pytest.fixture(scope="module")

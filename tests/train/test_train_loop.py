@@ -30,6 +30,7 @@ from otviz.train.losses import (
 from otviz.train.negatives import positive_mask
 from otviz.train.pairs import TensorPairs
 from otviz.train.schedule import lr_factor
+from tests.helpers import random_tiny_clip
 
 TRAINABLE = sorted(m for m in METHODS if m != "global_only")
 
@@ -259,16 +260,6 @@ def test_config_fields_are_command_line_flags() -> None:
     assert (config.method, config.hard_negatives, config.resume) == ("dense_uot", 2, False)
     assert config.train_global_head and config.global_loss == "entropic_ot"
     assert config.lambda_local == 0.25 and config.eps == 0.07 and config.tau_local == 0.07
-
-
-def random_tiny_clip(path: Path, seed: int) -> Path:
-    """A randomly initialised small tiny-CLIP checkpoint (no shipped weights needed)."""
-    from otviz.tiny_clip import create_tiny_clip, save_tiny_clip, tiny_clip_config
-
-    cfg = tiny_clip_config(embed_dim=32, vision_width=32, vision_layers=1, vision_heads=2,
-                           text_width=32, text_layers=1, text_heads=2)
-    save_tiny_clip(path, create_tiny_clip(cfg, seed=seed), cfg, {})
-    return path
 
 
 @pytest.fixture(scope="module")

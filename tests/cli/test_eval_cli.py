@@ -16,7 +16,7 @@ from otviz.checkpoints.manifest import publish_head, read_manifest, update_manif
 from otviz.cli import main
 from otviz.eval.runner import read_tables
 from otviz.suite import ALIGN_METHODS, MethodSuite
-from tests.test_train_loop import random_tiny_clip
+from tests.helpers import random_tiny_clip
 
 SMALL = ["--n-train", "16", "--batch-size", "8", "--max-steps", "2", "--concept-dim", "16",
          "--threads", "1", "--device", "cpu", "--quiet"]

@@ -71,7 +71,7 @@ def test_heads_are_small_and_recorded_in_the_manifest(backbone: Backbone) -> Non
 
 def test_a_head_refuses_another_backbone(tmp_path: Path) -> None:
     from otviz.checkpoints.store import CheckpointError
-    from tests.test_train_loop import random_tiny_clip
+    from tests.helpers import random_tiny_clip
 
     other = Backbone.from_checkpoint(random_tiny_clip(tmp_path / "bb", 5))
     with pytest.raises(CheckpointError, match="trained on backbone"):

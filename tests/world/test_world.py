@@ -11,7 +11,6 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from itertools import combinations, permutations
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,6 +43,7 @@ from otviz.world.draws import integers, shuffled
 from otviz.world.render import shape_alpha
 from otviz.world.scene import boxes_overlap, relation_holds
 from otviz.world.semantics import satisfying_assignment
+from tests.helpers import ROOT
 
 CFG = WorldConfig()
 # a fully covered pixel is its palette colour + jitter + grain (+1 for rounding to uint8)
@@ -372,7 +372,7 @@ def test_world_speed_benchmark_runs(tmp_path):
     and CPU rates of its three settings; it pins itself to the CPU it is given."""
     cpu = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else -1
     out = tmp_path / "world_speed.json"
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "world_speed.py"
+    script = ROOT / "benchmarks" / "world_speed.py"
     subprocess.run(
         [sys.executable, str(script), "--count", "4", "--repeats", "1", "--cpu", str(cpu),
          "--out", str(out)],

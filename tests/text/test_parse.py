@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,8 +26,7 @@ from otviz.text.tokens import WordTokenizer
 from otviz.text.tree import Tree
 from otviz.text.words import split_words
 from otviz.world import SPLITS, World, realise
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 
 def _check_tree(caption: str, tree: Tree) -> None:

@@ -31,19 +31,8 @@ from otviz.ui.phrases_tab import (
 )
 from otviz.viz.regions import FILL_ALPHA, mask_outline, regions_figure
 from otviz.viz.trees import HIGHLIGHT, SUBTREE, tree_figure, tree_layout
-from tests.test_ui_anchors import app_context
 
 CAPTION = "a small red circle to the left of a blue square"
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    return app_context()
-
-
-@pytest.fixture(scope="module")
-def checkpoint(ctx) -> str:
-    return ctx.checkpoint_choices()[0]
 
 
 @pytest.fixture(scope="module")
