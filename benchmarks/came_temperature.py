@@ -18,7 +18,7 @@ import sys
 
 from otviz.backbone import Backbone
 from otviz.eval.came_quotas import TEMPERATURES, quota_ratio_table
-from otviz.pipeline import Explainer
+from otviz.explain import Explainer
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
 from otviz.ui.examples import load_examples
 

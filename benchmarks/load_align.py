@@ -32,7 +32,7 @@ from PIL import Image
 from otviz.ui.app import build_app, serve_options
 from otviz.ui.context import AppContext
 from otviz.ui.examples import load_examples
-from otviz.ui.training import TrainingJobs, TrainRequest
+from otviz.ui.train_jobs import TrainingJobs, TrainRequest
 
 
 def _uploads(folder: Path, n: int) -> list[tuple[str, str]]:

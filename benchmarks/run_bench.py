@@ -8,7 +8,7 @@ Usage: ``python benchmarks/run_bench.py [--quick] [--out DIR] [--pairs P] [--rep
 import sys
 from pathlib import Path
 
-from otviz.bench import main
+from otviz.cli.bench import main
 
 if __name__ == "__main__":
     argv = sys.argv[1:]

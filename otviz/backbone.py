@@ -156,7 +156,7 @@ class Backbone:
         cls, path: str | os.PathLike = DEFAULT_CHECKPOINT, space: Space = "width"
     ) -> Backbone:
         """The embedded tiny CLIP from a checkpoint directory (offline; raises
-        :class:`otviz.checkpoint.CheckpointError` on a corrupt or foreign checkpoint)."""
+        :class:`otviz.checkpoints.store.CheckpointError` on a corrupt or foreign checkpoint)."""
         model, meta = load_tiny_clip(path)
         tokenizer = SimpleTokenizer(context_length=model.context_length)
         return cls(model, tokenizer, _eval_transform(model), space, "otviz-tiny", meta)

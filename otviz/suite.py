@@ -147,7 +147,7 @@ class MethodSuite:
         Raises:
             CheckpointError: a head is missing, corrupt or trained on another backbone.
         """
-        from otviz.train.method_checkpoint import backbone_identity
+        from otviz.checkpoints.identity import backbone_identity
 
         root = Path(heads_dir)
         identity = backbone_identity(backbone)  # hash the weights once
@@ -187,14 +187,13 @@ def with_came_temperature(suite: MethodSuite, temperature: float) -> MethodSuite
 def load_head(path: str | os.PathLike, backbone: Backbone | dict) -> SuiteMethod:
     """The trained method head at ``path`` for ``backbone`` (or its identity dict), with
     the local weight it was trained with (raises ``CheckpointError`` like
-    :func:`otviz.train.method_checkpoint.load_method_checkpoint`)."""
-    from otviz.train.config import TrainConfig
-    from otviz.train.losses import local_weight
-    from otviz.train.method_checkpoint import head_meta, load_method_checkpoint
+    :func:`otviz.checkpoints.heads.load_method_checkpoint`)."""
+    from otviz.checkpoints.heads import head_meta, load_method_checkpoint
 
     method = load_method_checkpoint(path, backbone)
-    config = TrainConfig.from_dict(head_meta(path)["train_config"])
-    return SuiteMethod(method, "width", str(path), local_weight(config))
+    trained = head_meta(path)["train_config"]
+    weight = trained.get(type(method).local_weight_field, DEFAULT_LAMBDA)
+    return SuiteMethod(method, "width", str(path), float(weight))
 
 
 def _text_batch(backbone: Backbone, captions: list[str]) -> PairBatch:

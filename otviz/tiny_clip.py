@@ -27,7 +27,7 @@ import torch
 from open_clip import factory as open_clip_factory
 from torch import Tensor, nn
 
-from otviz.checkpoint import (
+from otviz.checkpoints.store import (
     CheckpointError,
     load_checkpoint,
     load_state_dict_strict,

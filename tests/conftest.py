@@ -3,16 +3,13 @@ API and browser tests)."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from otviz.ui.context import AppContext
-from otviz.ui.examples import load_examples
-from otviz.ui.training import TrainingJobs
+from otviz.ui.train_jobs import TrainingJobs
 
 
 @dataclass
@@ -22,18 +19,6 @@ class LiveApp:
     url: str
     ctx: AppContext
     jobs: TrainingJobs
-
-
-def write_caption_folder(folder: Path, n: int, captions: dict[int, str] | None = None) -> Path:
-    """``folder`` with the first ``n`` example images and a ``path,caption`` CSV of their
-    captions (row ``k`` replaced by ``captions[k]`` where given)."""
-    folder.mkdir()
-    rows = ["path,caption"]
-    for k, e in enumerate(load_examples()[:n]):
-        shutil.copy(e.image_path, folder / e.image_path.name)
-        rows.append(f'{e.image_path.name},"{(captions or {}).get(k, e.caption)}"')
-    (folder / "captions.csv").write_text("\n".join(rows) + "\n")
-    return folder
 
 
 def free_port() -> int:

@@ -22,10 +22,10 @@ from otviz.backbone import (
     ImageInputError,
     to_rgb,
 )
-from otviz.checkpoint import CheckpointError
+from otviz.checkpoints.store import CheckpointError
+from otviz.data.rendered import normalise
 from otviz.methods.base import PairBatch
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
-from otviz.train.data import normalise
 from otviz.world import World, WorldConfig
 
 CAPTIONS = ["a small red circle to the left of a blue square", "there is a cyan star"]
@@ -277,7 +277,7 @@ def test_from_pretrained_unknown_name_or_tag():
 def test_from_checkpoint_errors(tmp_path):
     with pytest.raises(CheckpointError):
         Backbone.from_checkpoint(tmp_path)
-    from otviz.checkpoint import save_checkpoint
+    from otviz.checkpoints.store import save_checkpoint
 
     save_checkpoint(tmp_path, {"x": torch.ones(1)}, {"kind": "conceptot-head"})
     with pytest.raises(CheckpointError, match="otviz-tiny-clip"):

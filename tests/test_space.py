@@ -4,12 +4,12 @@ dependency of pyproject.toml, with CPU-only torch, and app.py is a thin entry po
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
+
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _name(requirement: str) -> str:

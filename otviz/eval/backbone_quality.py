@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from otviz.backbone import Backbone
-from otviz.checkpoint import CheckpointError
+from otviz.checkpoints.store import CheckpointError
 from otviz.eval import alignment_tables as A
 from otviz.eval.binding import (
     CAPTION_KINDS,
@@ -55,7 +55,7 @@ from otviz.eval.single_object import (
 )
 from otviz.eval.table import Column, Table, format_value
 from otviz.eval.world_set import EvalSet, world_config_of
-from otviz.pipeline import Explainer
+from otviz.explain import Explainer
 from otviz.suite import METHOD_LABELS, WORLD_FIT_CAPTIONS, MethodSuite, SuiteMethod, load_head
 from otviz.world import World, WorldConfig, retrieval_ceiling
 
@@ -95,7 +95,7 @@ def method_suite(
     """The methods ``names`` with their trained heads from ``heads`` where one loads for
     ``backbone``, else training-free; and per method where it came from (with the reason
     when a head was refused)."""
-    from otviz.train.method_checkpoint import backbone_identity
+    from otviz.checkpoints.identity import backbone_identity
 
     methods: dict[str, SuiteMethod] = {}
     sources: dict[str, str] = {}

@@ -12,7 +12,7 @@ every word of the conflicting caption on B.
 
 Heatmaps come from a :data:`HeatmapSource`: a method's ``Alignment.heatmap`` of the word's
 tokens (:func:`method_source`) or the app's Words view, the cosine of the word with each
-patch (:func:`words_view_source`, through :meth:`otviz.pipeline.Explainer.word_similarity`).
+patch (:func:`words_view_source`, through :meth:`otviz.explain.Explainer.word_similarity`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch import Tensor
 from otviz.backbone import Backbone
 from otviz.eval.grounding_metrics import peak_locations
 from otviz.eval.world_set import backbone_in_space
-from otviz.pipeline import Explainer
+from otviz.explain import Explainer
 from otviz.suite import SuiteMethod
 from otviz.world import Clause, Description, Meaning, SceneObject, World, realise
 

@@ -30,15 +30,15 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from otviz.data.datasets import CaptionFolder
+from otviz.data.feature_cache import FeatureCache
 from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries
 from otviz.eval.grounding_metrics import box_iou, phrase_token_select, pointing_hits
 from otviz.eval.world_set import EvalSet, ParsedCaptions, world_config_of
+from otviz.explain import InputError
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
-from otviz.pipeline import InputError
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
 from otviz.text.tree import Tree
-from otviz.train.feature_cache import FeatureCache
-from otviz.train.folders import CaptionFolder
 from otviz.world.vocab import COLOURS, SIZES
 
 COLOUR_SHARED, RELATION, SIZE = "colour shared", "relation", "size"

@@ -2,7 +2,7 @@
 3, CAME step (a)): per pair the ratio ``max_i mu_i / (1 / N)``
 (:func:`otviz.methods.masses.max_over_uniform`, the number the Align view reports next to
 its temperature control), summarised over a set of pairs. The pairs are aligned through
-:class:`otviz.pipeline.Explainer`, as the app aligns them.
+:class:`otviz.explain.Explainer`, as the app aligns them.
 
 ``benchmarks/came_temperature.py`` measures it on the shipped examples.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from otviz.eval.table import Column, Table
-from otviz.pipeline import Explainer
+from otviz.explain import Explainer
 from otviz.suite import MethodSuite, with_came_temperature
 
 #: Temperatures of the README's table (1: the paper's plain softmax).

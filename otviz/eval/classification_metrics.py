@@ -1,5 +1,5 @@
 """Classification metrics for zero-shot, long-tailed and selective classification (OT-CLIP
-Sec. 4.1-4.3). The predictions come from :mod:`otviz.ot.classify` (softmax, FGW, Sinkhorn
+Sec. 4.1-4.3). The predictions come from :mod:`otviz.ot.zeroshot` (softmax, FGW, Sinkhorn
 with a label prior, unbalanced / partial OT); these functions only score them.
 
 * top-1 accuracy (OT-CLIP Tables 4-5);

@@ -24,7 +24,7 @@ from torch import Tensor
 from otviz.backbone import Backbone
 from otviz.eval.classification_metrics import accuracy, selective_accuracy, shot_split_accuracy
 from otviz.eval.table import Column, Table
-from otviz.ot.classify import (
+from otviz.ot.zeroshot import (
     LONG_TAILED_RULES,
     long_tailed_predict,
     selective_predict,
@@ -41,7 +41,7 @@ ZERO_SHOT_RULES: dict[str, str] = {
     "fgw_pgd": "FGW-PGD (paper Eq. 12 scaling)",
     "fgw_pgd_unit": "FGW-PGD (unit-mass, previous)",
 }
-#: Long-tailed rule (:data:`otviz.ot.classify.LONG_TAILED_RULES`) -> its label.
+#: Long-tailed rule (:data:`otviz.ot.zeroshot.LONG_TAILED_RULES`) -> its label.
 LONG_TAILED_LABELS: dict[str, str] = {
     rule: (f"LT fused Gromov OT (Eq. 14, alpha0 = {alpha0:g})" if alpha0 > 0
            else "LT Sinkhorn (alpha0 = 0)")

@@ -19,9 +19,10 @@ from otviz.backbone import Backbone
 from otviz.eval.classification_metrics import accuracy
 from otviz.eval.classification_tables import classification_sets, temperature
 from otviz.eval.table import Column, Table
-from otviz.ot.classify import zero_shot_predict
+from otviz.ot.zeroshot import zero_shot_predict
 from otviz.train.otclip_losses import KINDS
-from otviz.train.pretrain import PretrainConfig, pretrain
+from otviz.train.pretrain import pretrain
+from otviz.train.pretrain_config import PretrainConfig
 
 StageProgress = Callable[[str, int, int], None]
 LOSS_LABELS = {"infonce": "InfoNCE", "entropic_ot": "Entropic OT", "dbot": "DBOT",

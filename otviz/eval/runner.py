@@ -244,7 +244,7 @@ def record_eval_metrics(
 ) -> list[str]:
     """Add each trained head's metrics of ``tables`` to its manifest entry (``eval``
     field: the values, the command and the test-set sizes); returns the keys updated."""
-    from otviz.train.manifest import manifest_key, update_manifest
+    from otviz.checkpoints.manifest import manifest_key, update_manifest
 
     per_method: dict[str, dict[str, Any]] = {}
     for table in tables:

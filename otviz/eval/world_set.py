@@ -30,11 +30,11 @@ import torch
 from torch import Tensor
 
 from otviz.backbone import Backbone, Space
+from otviz.data.datasets import CaptionFolder, WorldDataset
+from otviz.data.feature_cache import CachedFeatures, FeatureCache
 from otviz.methods.base import PairBatch
 from otviz.text.parse import batch_node_masks, parse_caption
 from otviz.text.tree import Tree
-from otviz.train.feature_cache import CachedFeatures, FeatureCache
-from otviz.train.folders import CaptionFolder, WorldDataset
 from otviz.world import NEGATIVE_CATEGORIES, Sample, WorldConfig, realise
 
 Progress = Callable[[int, int], None]
@@ -108,7 +108,7 @@ class WorldProbeDataset(WorldDataset):
 class ParsedCaptions:
     """An image-caption folder with each caption's constituency tree
     (:func:`~otviz.text.parse.parse_caption`: benepar where installed, else the built-in
-    parser), as an :class:`~otviz.train.folders.ImageCaptionDataset` with ``trees``."""
+    parser), as an :class:`~otviz.data.datasets.ImageCaptionDataset` with ``trees``."""
 
     def __init__(self, folder: CaptionFolder) -> None:
         self.folder = folder

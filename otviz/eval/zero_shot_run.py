@@ -5,7 +5,7 @@ shows a :class:`ZeroShotRun`; it computes nothing itself.
 The rules are those of the evaluation tables (:mod:`otviz.eval.classification_tables`):
 softmax, the FGW zero-shot rules with the paper's Eq. 12 scaling and the unit-mass one
 (:data:`~otviz.eval.classification_tables.ZERO_SHOT_RULES`), the label-prior rules of Eq. 14
-(fused Gromov OT and plain Sinkhorn, :data:`otviz.ot.classify.LONG_TAILED_RULES`) and the
+(fused Gromov OT and plain Sinkhorn, :data:`otviz.ot.zeroshot.LONG_TAILED_RULES`) and the
 selective rules of Eq. 15-16.
 """
 
@@ -28,14 +28,14 @@ from otviz.eval.classification_tables import (
     pooled_text_embeddings,
     temperature,
 )
-from otviz.ot.classify import (
+from otviz.explain import InputError
+from otviz.ot.zeroshot import (
     LONG_TAILED_RULES,
     Prediction,
     long_tailed_predict,
     selective_predict,
     zero_shot_predict,
 )
-from otviz.pipeline import InputError
 
 #: Selective rates of the accuracy-coverage curve.
 CURVE_RATES: tuple[float, ...] = tuple(np.linspace(0.1, 1.0, 10).round(2))

@@ -242,6 +242,15 @@ class Projection(nn.Module):
         return F.normalize(x, dim=-1)
 
 
+#: The local training losses a method can declare (:attr:`AlignmentMethod.local_objective`;
+#: implemented in :mod:`otviz.train.losses`).
+LOCAL_CONTRASTIVE = "local_contrastive"  # ConceptOT Eq. 9-10
+QCT = "qct"  # QC-Align's Sinkhorn-divergence quota loss
+POWERSET_TRIPLET = "powerset_triplet"  # PowerCLIP's triplet loss
+NO_LOCAL = "none"  # nothing local to train
+OBJECTIVES = (LOCAL_CONTRASTIVE, QCT, POWERSET_TRIPLET, NO_LOCAL)
+
+
 class AlignmentMethod(nn.Module):
     """Base class of all methods. Subclasses set ``name``/``label``/``paper`` and implement
     :meth:`align`; the class attributes below are every fact the app, training, evaluation
@@ -264,7 +273,10 @@ class AlignmentMethod(nn.Module):
     has_plan: ClassVar[bool] = True
     #: Its local training loss, a kind of :mod:`otviz.train.losses` (``"local_contrastive"``:
     #: ConceptOT Eq. 9-10; ``"none"``: nothing local to train).
-    local_objective: ClassVar[str] = "local_contrastive"
+    local_objective: ClassVar[str] = LOCAL_CONTRASTIVE
+    #: The training-config field holding the weight lambda of its local score in
+    #: ``s_g + lambda * s_l`` (the same weight scores it at inference).
+    local_weight_field: ClassVar[str] = "lambda_local"
     #: Epochs of ConceptOT's paper recipe (Table 6: 3 for the transport methods, 8 for the
     #: simpler scorers).
     paper_epochs: ClassVar[int] = 8
@@ -356,6 +368,16 @@ def method_class(name: str) -> type[AlignmentMethod]:
         return METHODS[name]
     except KeyError:
         raise KeyError(f"unknown method {name!r}; known: {sorted(METHODS)}") from None
+
+
+def local_objective(method_name: str) -> str:
+    """The local loss ``method_name`` trains with, as its class declares it (one of
+    :data:`OBJECTIVES`)."""
+    kind = method_class(method_name).local_objective
+    if kind not in OBJECTIVES:
+        raise ValueError(f"method {method_name!r} declares an unknown local objective "
+                         f"{kind!r}; known: {OBJECTIVES}")
+    return kind
 
 
 def build_method(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from otviz.methods.base import Alignment, AlignmentMethod, PairBatch, register
+from otviz.methods.base import NO_LOCAL, Alignment, AlignmentMethod, PairBatch, register
 from otviz.methods.projected import build_alignment, uniform_plan
 
 
@@ -19,7 +19,7 @@ class GlobalOnly(AlignmentMethod):
     label = "Global-only"
     order = 0
     has_plan = False  # the pooled cosine alone: its plan is uniform
-    local_objective = "none"
+    local_objective = NO_LOCAL
     paper = "ConceptOT Sec. 3.2"
 
     def align(self, batch: PairBatch) -> Alignment:

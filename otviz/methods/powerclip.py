@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.methods.base import Alignment, DensePlan, PairBatch, register
+from otviz.methods.base import POWERSET_TRIPLET, Alignment, DensePlan, PairBatch, register
 from otviz.methods.projected import ProjectedMethod, build_alignment
 from otviz.ot.powerset import exact_t2r, powerset_similarity
 from otviz.regions import cell_layout, grid_cells, random_boxes
@@ -223,7 +223,8 @@ class PowerCLIP(ProjectedMethod):
     name = "powerclip"
     label = "PowerCLIP"
     order = 80
-    local_objective = "powerset_triplet"
+    local_objective = POWERSET_TRIPLET
+    local_weight_field = "lambda_powerset"
     uses_trees = True
     uses_regions = True
     paper = "PowerCLIP Eq. 1-16"

@@ -21,8 +21,8 @@ from otviz.methods.base import (
     global_cosine,
 )
 from otviz.methods.masses import uniform_masses
+from otviz.ot import SolverResult
 from otviz.ot.costs import cosine_similarity
-from otviz.ot.result import SolverResult
 
 
 class ProjectedMethod(AlignmentMethod):

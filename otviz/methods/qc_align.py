@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from otviz.methods.base import Alignment, DensePlan, PairBatch, register
+from otviz.methods.base import QCT, Alignment, DensePlan, PairBatch, register
 from otviz.methods.masses import max_over_uniform, uniform_masses
 from otviz.methods.projected import ProjectedMethod, dense_plan_alignment, masked_similarity
 from otviz.ot.came import CameResult, came_marginals
@@ -67,7 +67,7 @@ class QCAlign(ProjectedMethod):
     label = "QC-Align"
     order = 70
     paper_epochs = 3
-    local_objective = "qct"
+    local_objective = QCT
     uses_came = True
     reference_label = "CAME quota map mu"
     paper = "QC-Align"

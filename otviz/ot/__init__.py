@@ -5,7 +5,8 @@ The public namespace below is the library contract: every solver takes its probl
 order ``(cost, a, b, eps, ...)``, validates its inputs (:class:`SolverInputError`), and
 returns a :class:`SolverResult` (plan, marginals, ``marginal_error``, ``converged``) or a
 subclass; a solver that stops before ``tol`` says so (:class:`NotConvergedWarning`).
-Everything else in the submodules is internal to them.
+Everything else is internal: helper modules are underscore-named (``_checks``, ``_result``,
+``_bregman``, like POT's ``ot/_*.py``) and a solver module's helpers are underscore-prefixed.
 
     >>> import torch, otviz.ot as ot
     >>> cost = torch.rand(1, 4, 3, dtype=torch.float64)
@@ -16,24 +17,31 @@ Everything else in the submodules is internal to them.
     True
 """
 
+from otviz.ot._checks import SolverInputError
+from otviz.ot._result import NotConvergedWarning, SolverResult
 from otviz.ot.came import CameResult, came_marginals
-from otviz.ot.checks import SolverInputError
-from otviz.ot.classify import (
+from otviz.ot.costs import cosine_cost, cosine_similarity
+from otviz.ot.dbot import dbot_log
+from otviz.ot.divergence import DivergenceResult, sinkhorn_divergence
+from otviz.ot.fgw import fgw_isoftmax, fgw_pgd, fgw_sinkhorn, structure_matrix
+from otviz.ot.lowrank import LowRankPlan, LowRankResult, lowrank_uot, stabilised_score
+from otviz.ot.partial import partial_ot_log
+from otviz.ot.powerset import (
+    exact_r2t,
+    exact_t2r,
+    nla_t1,
+    nla_t2,
+    powerset_scores,
+    powerset_similarity,
+)
+from otviz.ot.sinkhorn import sinkhorn_log
+from otviz.ot.unbalanced import sinkhorn_unbalanced_log
+from otviz.ot.zeroshot import (
     Prediction,
     long_tailed_predict,
     selective_predict,
     zero_shot_predict,
 )
-from otviz.ot.costs import cosine_cost, cosine_similarity
-from otviz.ot.dbot import dbot_log
-from otviz.ot.divergence import DivergenceResult, sinkhorn_divergence
-from otviz.ot.fgw import fgw_isoftmax, fgw_pgd, fgw_sinkhorn
-from otviz.ot.lowrank import LowRankPlan, LowRankResult, lowrank_uot
-from otviz.ot.partial import partial_ot_log
-from otviz.ot.powerset import exact_r2t, exact_t2r, nla_t1, nla_t2, powerset_similarity
-from otviz.ot.result import NotConvergedWarning, SolverResult
-from otviz.ot.sinkhorn import sinkhorn_log
-from otviz.ot.unbalanced import sinkhorn_unbalanced_log
 
 __all__ = [
     "CameResult",
@@ -58,10 +66,13 @@ __all__ = [
     "nla_t1",
     "nla_t2",
     "partial_ot_log",
+    "powerset_scores",
     "powerset_similarity",
     "selective_predict",
     "sinkhorn_divergence",
     "sinkhorn_log",
     "sinkhorn_unbalanced_log",
+    "stabilised_score",
+    "structure_matrix",
     "zero_shot_predict",
 ]

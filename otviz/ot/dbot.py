@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from otviz.ot.bregman import col_box_shift, row_box_shift
-from otviz.ot.checks import SolverInputError, check_problem
-from otviz.ot.result import DEFAULT_TOL, SolverResult, judge_convergence
-from otviz.ot.sinkhorn import masked_log, masked_log_kernel, transport_cost
+from otviz.ot._bregman import col_box_shift, row_box_shift
+from otviz.ot._checks import SolverInputError, check_problem
+from otviz.ot._result import DEFAULT_TOL, SolverResult, judge_convergence
+from otviz.ot.sinkhorn import _masked_log, _masked_log_kernel, _transport_cost
 
 
 def _log_bound(x: Tensor | None, mask: Tensor | None, fill: float) -> Tensor | None:
@@ -54,7 +54,7 @@ def dbot_log(
         n_iters: maximal Dykstra sweeps (rows then columns), followed by a last row
             projection so the returned plan meets the rows exactly.
         tol: stop once every problem's marginal error is ``<= tol``, warn when some is not
-            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot.result`).
+            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot._result`).
         row_mask, col_mask: optional validity masks.
 
     Returns:
@@ -65,8 +65,8 @@ def dbot_log(
     solver = "dbot_log"
     check_problem(cost, a, None, eps, solver, row_mask, col_mask)
     _check_box(a, low, high, cost.shape[2], row_mask, col_mask)
-    log_k = masked_log_kernel(cost, eps, row_mask, col_mask)
-    log_a = masked_log(a, row_mask)
+    log_k = _masked_log_kernel(cost, eps, row_mask, col_mask)
+    log_a = _masked_log(a, row_mask)
     log_low = _log_bound(low, col_mask, -float("inf"))
     log_high = _log_bound(high, col_mask, float("inf"))
     f = torch.zeros_like(log_k[:, :, 0])
@@ -105,7 +105,7 @@ def dbot_log(
     log_u = f if row_mask is None else f.masked_fill(~row_mask, -float("inf"))
     log_v = g if col_mask is None else g.masked_fill(~col_mask, -float("inf"))
     res = SolverResult(
-        plan, log_u, log_v, violation(f, g), done, transport_cost(plan, cost, row_mask, col_mask)
+        plan, log_u, log_v, violation(f, g), done, _transport_cost(plan, cost, row_mask, col_mask)
     )
     return judge_convergence(res, tol, solver)
 

@@ -24,14 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from otviz.ot._result import DEFAULT_TOL, NotConvergedWarning, SolverResult, warn_unconverged
 from otviz.ot.costs import cosine_cost
-from otviz.ot.result import DEFAULT_TOL, NotConvergedWarning, SolverResult, warn_unconverged
-from otviz.ot.sinkhorn import sinkhorn_log, transport_cost
+from otviz.ot.sinkhorn import _transport_cost, sinkhorn_log
 
 Objective = Literal["sharp", "entropic"]
 
 
-def normalised_cosine_cost(x: Tensor, y: Tensor) -> Tensor:
+def _normalised_cosine_cost(x: Tensor, y: Tensor) -> Tensor:
     """``[B, N, M]`` cosine dissimilarity ``1 - cos(x_n, y_m)`` of raw features (QC-Align
     design 1)."""
     return cosine_cost(F.normalize(x, dim=-1), F.normalize(y, dim=-1))
@@ -44,7 +44,7 @@ def _entropy_term(plan: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return (plan * torch.log(ratio) - plan + ab).sum((1, 2))
 
 
-def ot_value(
+def _ot_value(
     cost: Tensor,
     a: Tensor,
     b: Tensor,
@@ -60,7 +60,7 @@ def ot_value(
     if objective not in ("sharp", "entropic"):
         raise ValueError(f"unknown objective {objective!r}; use 'sharp' or 'entropic'")
     res = sinkhorn_log(cost, a, b, eps, n_iters, tol, row_mask=row_mask, col_mask=col_mask)
-    value = transport_cost(res.plan, cost, row_mask, col_mask)
+    value = _transport_cost(res.plan, cost, row_mask, col_mask)
     if objective == "entropic":
         a0 = a if row_mask is None else a * row_mask.to(a.dtype)
         b0 = b if col_mask is None else b * col_mask.to(b.dtype)
@@ -111,7 +111,7 @@ def sinkhorn_divergence(
         eps: entropic regularisation (QC-Align default 0.5).
         n_iters: maximal Sinkhorn iterations per solve.
         tol: marginal-error tolerance of each solve (``None``: exactly ``n_iters``); one
-            :class:`~otviz.ot.result.NotConvergedWarning` when a solve stops above it.
+            :class:`~otviz.ot._result.NotConvergedWarning` when a solve stops above it.
         x_mask, y_mask: optional validity masks.
         a_self, b_self: marginals of the self terms (default ``a``, ``b``: the standard
             divergence; QC-Align uses uniform ones).
@@ -123,10 +123,10 @@ def sinkhorn_divergence(
     def solve(
         p: Tensor, q: Tensor, mp: Tensor, mq: Tensor, pm: Tensor | None, qm: Tensor | None
     ) -> tuple[Tensor, SolverResult]:
-        cost = normalised_cosine_cost(p, q)
+        cost = _normalised_cosine_cost(p, q)
         with warnings.catch_warnings():  # one warning for the three solves, below
             warnings.simplefilter("ignore", NotConvergedWarning)
-            return ot_value(cost, mp, mq, eps, objective, n_iters, tol, pm, qm)
+            return _ot_value(cost, mp, mq, eps, objective, n_iters, tol, pm, qm)
 
     cross, res = solve(x, y, a, b, x_mask, y_mask)
     wxx, rxx = solve(x, x, a_self, a_self, x_mask, x_mask)

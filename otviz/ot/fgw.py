@@ -55,9 +55,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.ot.checks import SolverInputError, check_problem
-from otviz.ot.result import DEFAULT_TOL, NotConvergedWarning, SolverResult, judge_convergence
-from otviz.ot.sinkhorn import NEG, sinkhorn_log, transport_cost
+from otviz.ot._checks import SolverInputError, check_problem
+from otviz.ot._result import DEFAULT_TOL, NotConvergedWarning, SolverResult, judge_convergence
+from otviz.ot.sinkhorn import NEG, _transport_cost, sinkhorn_log
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
 
 Structure = Literal["similarity", "distance"]
@@ -75,7 +75,7 @@ def structure_matrix(x: Tensor, kind: Structure = "similarity") -> Tensor:
     raise ValueError(f"unknown structure {kind!r}; use 'similarity' or 'distance'")
 
 
-def linearised_cost(
+def _linearised_cost(
     cost: Tensor, d1: Tensor, d2: Tensor, plan: Tensor, alpha0: float, scaling: Scaling = "paper"
 ) -> Tensor:
     """OT-CLIP Eq. 12's ``C - alpha0 D1 P D2^T`` (``scaling="paper"``) or its unit-mass form
@@ -89,7 +89,7 @@ def linearised_cost(
     return cost - alpha0 * d1 @ plan @ d2.transpose(-1, -2)
 
 
-def structure_term(d1: Tensor, d2: Tensor, plan: Tensor) -> Tensor:
+def _structure_term(d1: Tensor, d2: Tensor, plan: Tensor) -> Tensor:
     """``[B]`` edge agreement ``<D1, P D2 P^T>`` (the quantity weighted by alpha0 in Eq. 11)."""
     return (d1 * (plan @ d2 @ plan.transpose(-1, -2))).sum((-1, -2))
 
@@ -149,8 +149,8 @@ def _row_result(
         log_v,
         err,
         n_iters,
-        transport_cost(plan, cost, rows, None),
-        {"structure": structure_term(d1, d2, plan)},
+        _transport_cost(plan, cost, rows, None),
+        {"structure": _structure_term(d1, d2, plan)},
     )
 
 
@@ -194,7 +194,7 @@ def fgw_isoftmax(
     log_plan = _row_log_softmax(-cost / eps, a, cols)
     for _ in range(n_iters):
         plan = torch.exp(log_plan) * rows[:, :, None].to(cost.dtype)
-        c_l = linearised_cost(cost, d1, d2, plan, alpha0, scaling)
+        c_l = _linearised_cost(cost, d1, d2, plan, alpha0, scaling)
         log_plan = _row_log_softmax(-c_l / eps, a, cols)
     return _row_result(log_plan, cost, a, rows, d1, d2, n_iters)
 
@@ -225,7 +225,7 @@ def fgw_pgd(
     log_plan = _row_log_softmax(-cost / eps, a, cols)
     for _ in range(n_iters):
         plan = torch.exp(log_plan) * rows[:, :, None].to(cost.dtype)
-        grad = linearised_cost(cost, d1, d2, plan, alpha0, scaling)
+        grad = _linearised_cost(cost, d1, d2, plan, alpha0, scaling)
         log_plan = _row_log_softmax(log_plan - grad / eps, a, cols)
     return _row_result(log_plan, cost, a, rows, d1, d2, n_iters)
 
@@ -277,9 +277,9 @@ def fgw_sinkhorn(
     res = solve(cost)
     total = res.n_iters
     for _ in range(n_outer if alpha0 != 0.0 else 0):
-        res = solve(linearised_cost(cost, d1, d2, res.plan, alpha0, scaling))
+        res = solve(_linearised_cost(cost, d1, d2, res.plan, alpha0, scaling))
         total += res.n_iters
-    res.cost = transport_cost(res.plan, cost, row_mask, col_mask)
-    res.extras["structure"] = structure_term(d1, d2, res.plan)
+    res.cost = _transport_cost(res.plan, cost, row_mask, col_mask)
+    res.extras["structure"] = _structure_term(d1, d2, res.plan)
     res.n_iters = total
     return judge_convergence(res, tol, solver)

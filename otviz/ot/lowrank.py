@@ -18,7 +18,7 @@ Two variants, chosen by name:
 ``"faithful"`` -- Algorithm 1 with the stabilisation of Sec. 2.5 / App. H:
 
 * sub-kernels ``K_ZP`` and ``K_YP = K_PY^T`` formed in the log domain and exponentiated
-  after subtracting each patch's / token's row maximum (:class:`AnchorKernel`); the shifts
+  after subtracting each patch's / token's row maximum (:class:`_AnchorKernel`); the shifts
   are carried exactly in the log domain, so the iterates are unchanged by them;
 * ``K_PP + lambda I`` factorised once (batched Cholesky, ``cholesky_ex``) into its inverse;
   problems whose Cholesky fails use the pseudo-inverse (the least-squares solution), so
@@ -54,10 +54,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from otviz.ot.checks import SolverInputError, check_eps, check_masses, check_tau
-from otviz.ot.result import DEFAULT_TOL, SolverResult, judge_convergence
-from otviz.ot.sinkhorn import NEG, effective_mask, masked_log
-from otviz.ot.unbalanced import damping_exponent
+from otviz.ot._checks import SolverInputError, check_eps, check_masses, check_tau
+from otviz.ot._result import DEFAULT_TOL, SolverResult, judge_convergence
+from otviz.ot.sinkhorn import NEG, _effective_mask, _masked_log
+from otviz.ot.unbalanced import _damping_exponent
 
 VARIANTS = ("faithful", "positive")
 
@@ -130,7 +130,7 @@ class LowRankResult(SolverResult):
     mass: Tensor | None = None
 
 
-def anchor_log_kernels(
+def _anchor_log_kernels(
     z: Tensor,
     y: Tensor,
     anchors: Tensor,
@@ -141,19 +141,19 @@ def anchor_log_kernels(
     """Log Gibbs sub-kernels ``log K_ZP [B, N, r]`` and ``log K_PY [B, r, M]`` (Eq. 5, 7:
     ``-(1 - cos) / eps``), :data:`NEG` on masked patches / tokens. ``anchors`` is ``[r, d]``
     or ``[B, r, d]``."""
-    log_zp = AnchorKernel(z, anchors, eps, row_mask).log_k()
-    log_yp = AnchorKernel(y, anchors, eps, col_mask).log_k()
+    log_zp = _AnchorKernel(z, anchors, eps, row_mask).log_k()
+    log_yp = _AnchorKernel(y, anchors, eps, col_mask).log_k()
     return log_zp, log_yp.transpose(1, 2)
 
 
-def regularised_anchor_gram(anchors: Tensor, eps: float, kpp_reg: float) -> Tensor:
+def _regularised_anchor_gram(anchors: Tensor, eps: float, kpp_reg: float) -> Tensor:
     """``K_PP + lambda I`` (Eq. 6 with App. H's diagonal regularisation)."""
     k_pp = torch.exp((anchors @ anchors.transpose(-1, -2) - 1.0) / eps)
     eye = torch.eye(anchors.shape[-2], dtype=anchors.dtype, device=anchors.device)
     return k_pp + kpp_reg * eye
 
 
-def robust_inverse(k_reg: Tensor) -> Tensor:
+def _robust_inverse(k_reg: Tensor) -> Tensor:
     """Inverse of the symmetric ``K_PP,lambda`` (``[r, r]`` or ``[B, r, r]``) from one batched
     Cholesky factorisation; problems whose factorisation fails get the pseudo-inverse (the
     minimum-norm least-squares solution), computed only when needed."""
@@ -185,7 +185,7 @@ def _hold(x: Tensor, mask: Tensor | None) -> Tensor:
 
 
 @dataclass
-class KernelProduct:
+class _KernelProduct:
     """A low-rank kernel product ``K~ e^h`` (or ``K~^T e^h``), ``[B, n]``, held as
     ``s * e^offset`` (``s`` may be negative for the faithful kernel), with the scaling of the
     source side that produced it: ``weights = e^{h + rho - scale}`` (at most 1, ``rho`` the
@@ -225,7 +225,7 @@ def _anchor_products(x: Tensor, anchors: Tensor) -> Tensor:
     return torch.bmm(x, anchors.expand(x.shape[0], -1, -1).transpose(1, 2))
 
 
-class AnchorKernel:
+class _AnchorKernel:
     """A point-anchor Gibbs kernel ``K [B, n, r]``, ``K_ik = exp((s_i x_i . p_k - 1) / eps)``
     (``s_i`` the inverse norm of an unnormalised ``x_i``, else 1), held as
     ``exp(rho_i) * K^_ik`` with the row maximum ``rho_i`` subtracted before exponentiation
@@ -264,7 +264,7 @@ class AnchorKernel:
         self._parts = (x, anchors, w, eps, mask)
         self._index: Tensor | None = None
 
-    def take(self, index: Tensor | None) -> AnchorKernel:
+    def take(self, index: Tensor | None) -> _AnchorKernel:
         """The kernel of rows ``index`` (``[B]`` long into this kernel's batch; ``None``:
         this kernel): a kernel formed once per distinct image / caption, gathered per pair."""
         if index is None:
@@ -313,20 +313,20 @@ class AnchorKernel:
 class _FaithfulOps:
     """``K~ e^g`` and ``K~^T e^f`` through the inverse core (Alg. 1 lines 6-8 / 10-12)."""
 
-    def __init__(self, zp: AnchorKernel, yp: AnchorKernel, inv: Tensor) -> None:
+    def __init__(self, zp: _AnchorKernel, yp: _AnchorKernel, inv: Tensor) -> None:
         self.zp, self.yp, self.inv = zp, yp, inv
 
-    def _through(self, src: AnchorKernel, dst: AnchorKernel, h: Tensor) -> KernelProduct:
+    def _through(self, src: _AnchorKernel, dst: _AnchorKernel, h: Tensor) -> _KernelProduct:
         u, scale = src.weights(h)
         q = src.to_anchors(u)  # Alg. 1 l. 6 / 10
         w = (q.unsqueeze(1) @ self.inv).squeeze(1)  # l. 7 / 11 (inv symmetric)
         s = dst.from_anchors(w)  # l. 8 / 12
-        return KernelProduct(s, dst.shift + scale, u, scale, dst.tiny)
+        return _KernelProduct(s, dst.shift + scale, u, scale, dst.tiny)
 
-    def row(self, g: Tensor) -> KernelProduct:
+    def row(self, g: Tensor) -> _KernelProduct:
         return self._through(self.yp, self.zp, g)
 
-    def col(self, f: Tensor) -> KernelProduct:
+    def col(self, f: Tensor) -> _KernelProduct:
         return self._through(self.zp, self.yp, f)
 
 
@@ -335,11 +335,11 @@ class _PositiveOps:
     anchors, then shifted mat-vecs out of them; sums that underflow are recomputed by
     ``torch.logsumexp``."""
 
-    def __init__(self, zp: AnchorKernel, yp: AnchorKernel, log_w: Tensor) -> None:
+    def __init__(self, zp: _AnchorKernel, yp: _AnchorKernel, log_w: Tensor) -> None:
         self.zp, self.yp = zp, yp
         self.log_w = log_w if log_w.dim() == 2 else log_w.unsqueeze(0)
 
-    def _through(self, src: AnchorKernel, dst: AnchorKernel, h: Tensor) -> KernelProduct:
+    def _through(self, src: _AnchorKernel, dst: _AnchorKernel, h: Tensor) -> _KernelProduct:
         log_q, u, scale = src.lse_to_anchors(h)
         q = self.log_w + log_q
         m = q.detach().amax(1, keepdim=True)
@@ -349,12 +349,12 @@ class _PositiveOps:
         if bool(low.any()):
             exact = torch.logsumexp(dst.log_k() + q[:, None, :], 2)
             s, offset = torch.where(low, torch.ones_like(s), s), torch.where(low, exact, offset)
-        return KernelProduct(s, offset, u, scale, dst.tiny)
+        return _KernelProduct(s, offset, u, scale, dst.tiny)
 
-    def row(self, g: Tensor) -> KernelProduct:
+    def row(self, g: Tensor) -> _KernelProduct:
         return self._through(self.yp, self.zp, g)
 
-    def col(self, f: Tensor) -> KernelProduct:
+    def col(self, f: Tensor) -> _KernelProduct:
         return self._through(self.zp, self.yp, f)
 
 
@@ -370,7 +370,7 @@ def _check_inputs(
     row_mask: Tensor | None,
     col_mask: Tensor | None,
 ) -> None:
-    """The checks of :mod:`otviz.ot.checks` for the factored problem (no cost matrix)."""
+    """The checks of :mod:`otviz.ot._checks` for the factored problem (no cost matrix)."""
     solver = "lowrank_uot"
     for name, x in (("z", z), ("y", y)):
         if x.dim() != 3 or 0 in x.shape[1:]:
@@ -432,7 +432,7 @@ def lowrank_uot(
         eps, tau_a, tau_b: entropic regularisation (> 0) and KL weights (>= 0) of Eq. 3.
         n_iters: maximal iterations (ConceptOT's model runs a fixed ``L = 5``, ``tol=None``).
         tol: stop once every problem's marginal error is ``<= tol``, warn when some is not
-            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot.result`).
+            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot._result`).
         kpp_reg: lambda added to ``K_PP`` (App. H: 1e-2).
         variant: ``"faithful"`` or ``"positive"`` (module docstring).
         row_mask, col_mask: optional validity masks of patches and tokens.
@@ -472,18 +472,18 @@ def lowrank_uot(
     if variant not in VARIANTS:
         raise ValueError(f"unknown low-rank variant {variant!r}; known: {VARIANTS}")
     _check_inputs(z, y, anchors, mu, nu, eps, tau_a, tau_b, row_mask, col_mask)
-    alpha_a = damping_exponent(tau_a, eps)
-    alpha_b = damping_exponent(tau_b, eps)
+    alpha_a = _damping_exponent(tau_a, eps)
+    alpha_b = _damping_exponent(tau_b, eps)
     if (image_index is not None or text_index is not None) and anchors.dim() != 2:
         raise ValueError("per-pair anchors [B, r, d] need per-pair z and y (no index)")
-    row_mask, col_mask = effective_mask(row_mask), effective_mask(col_mask)
-    zp = AnchorKernel(z, anchors, eps, row_mask, z_scale, keep_cosine=True).take(image_index)
-    yp = AnchorKernel(y, anchors, eps, col_mask).take(text_index)  # [B, M, r]
+    row_mask, col_mask = _effective_mask(row_mask), _effective_mask(col_mask)
+    zp = _AnchorKernel(z, anchors, eps, row_mask, z_scale, keep_cosine=True).take(image_index)
+    yp = _AnchorKernel(y, anchors, eps, col_mask).take(text_index)  # [B, M, r]
     row_mask, col_mask = _take(row_mask, image_index), _take(col_mask, text_index)
-    k_reg = regularised_anchor_gram(anchors, eps, kpp_reg)
+    k_reg = _regularised_anchor_gram(anchors, eps, kpp_reg)
     ops: _FaithfulOps | _PositiveOps
     if variant == "faithful":
-        core = robust_inverse(k_reg)
+        core = _robust_inverse(k_reg)
         ops = _FaithfulOps(zp, yp, core)
         bound = clamp
     else:
@@ -492,8 +492,8 @@ def lowrank_uot(
         ops = _PositiveOps(zp, yp, torch.log(w))
         bound, floor = None, 0.0
 
-    log_mu = masked_log(mu, row_mask)
-    log_nu = masked_log(nu, col_mask)
+    log_mu = _masked_log(mu, row_mask)
+    log_nu = _masked_log(nu, col_mask)
     f = _hold(torch.zeros_like(log_mu), row_mask)
     g = _hold(torch.zeros_like(log_nu), col_mask)
     col = None
@@ -522,7 +522,9 @@ def lowrank_uot(
     rows, cols = row.marginal(f, plan.log_scale), col.marginal(g, plan.log_scale)
     shifted_mass = rows.sum(1)  # 1^T P~ 1 = sum_i a_i (K~ b)_i
     tiny = torch.finfo(shifted_mass.dtype).tiny
-    numerator = shifted_similarity(plan, z, y, _take(z_scale, image_index), image_index, text_index)
+    numerator = _shifted_similarity(
+        plan, z, y, _take(z_scale, image_index), image_index, text_index
+    )
     score = numerator / torch.where(
         shifted_mass.abs() < tiny, torch.full_like(shifted_mass, tiny), shifted_mass
     )
@@ -553,7 +555,7 @@ def lowrank_uot(
 
 
 def _row_gap(
-    row: KernelProduct, f: Tensor, f_next: Tensor, log_kb_floored: Tensor, mask: Tensor | None
+    row: _KernelProduct, f: Tensor, f_next: Tensor, log_kb_floored: Tensor, mask: Tensor | None
 ) -> Tensor:
     """``[B]`` ``sum_i |(P~ 1)_i - e^{f_next_i} (max(K~ b, 0)_i + floor)|``: the L1 distance
     between the plan's row marginal (``e^f K~ b``, negative where the faithful ``K~ b`` is)
@@ -565,7 +567,7 @@ def _row_gap(
     return (gap if mask is None else gap.masked_fill(~mask, 0.0)).sum(1)
 
 
-def shifted_similarity(
+def _shifted_similarity(
     plan: LowRankPlan,
     z: Tensor,
     y: Tensor,
@@ -583,12 +585,12 @@ def shifted_similarity(
     wz = plan.u if z_scale is None else plan.u * z_scale
     kernel = (plan.kernel_zp * wz.unsqueeze(-1)).transpose(1, 2)  # [B, r, N]
     right = plan.core @ (plan.kernel_yp * plan.v.unsqueeze(-1)).transpose(1, 2)  # [B, r, M]
-    left = kernel @ z if image_index is None else pair_products(kernel, z, image_index)
+    left = kernel @ z if image_index is None else _pair_products(kernel, z, image_index)
     y = y if text_index is None else y[text_index]  # [B, M, d]: the small side
     return (right * (left @ y.transpose(1, 2))).sum((1, 2))  # left: [B, r, d]
 
 
-def pair_products(a: Tensor, x: Tensor, index: Tensor, chunk_bytes: int = 2**23) -> Tensor:
+def _pair_products(a: Tensor, x: Tensor, index: Tensor, chunk_bytes: int = 2**23) -> Tensor:
     """``[B, p, d]`` the products ``a[b] @ x[index[b]]`` (``a [B, p, n]``, ``x [I, n, d]``)
     without a ``[B, n, d]`` copy of ``x`` (more memory traffic, and page faults, than the
     products). When the groups of pairs sharing an ``x`` are even enough that padding them

@@ -16,10 +16,10 @@ import math
 import torch
 from torch import Tensor
 
-from otviz.ot.bregman import col_box_shift, row_box_shift, total_mass_shift
-from otviz.ot.checks import check_problem, check_transported_mass
-from otviz.ot.result import DEFAULT_TOL, SolverResult, judge_convergence
-from otviz.ot.sinkhorn import masked_log, masked_log_kernel, transport_cost
+from otviz.ot._bregman import col_box_shift, row_box_shift, total_mass_shift
+from otviz.ot._checks import check_problem, check_transported_mass
+from otviz.ot._result import DEFAULT_TOL, SolverResult, judge_convergence
+from otviz.ot.sinkhorn import _masked_log, _masked_log_kernel, _transport_cost
 
 
 def _masked(shift: Tensor, mask: Tensor | None) -> Tensor:
@@ -49,7 +49,7 @@ def partial_ot_log(
         n_iters: maximal Dykstra sweeps (rows, columns if bounded, total mass); the
             returned plan meets the total mass exactly.
         tol: stop once every problem's marginal error is ``<= tol``, warn when some is not
-            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot.result`).
+            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot._result`).
         row_mask, col_mask: optional validity masks.
 
     Returns:
@@ -58,14 +58,14 @@ def partial_ot_log(
     """
     solver = "partial_ot_log"
     check_problem(cost, a, b, eps, solver, row_mask, col_mask)
-    log_k = masked_log_kernel(cost, eps, row_mask, col_mask)
+    log_k = _masked_log_kernel(cost, eps, row_mask, col_mask)
     a = torch.ones_like(cost[:, :, 0]) if a is None else a
     available = _total(a, row_mask)
     if b is not None:
         available = torch.minimum(available, _total(b, col_mask))
     mass_t = check_transported_mass(mass, available, solver)
-    log_a = masked_log(a, row_mask)
-    log_b = None if b is None else masked_log(b, col_mask)
+    log_a = _masked_log(a, row_mask)
+    log_b = None if b is None else _masked_log(b, col_mask)
     log_s = torch.log(mass_t)
     f = torch.zeros_like(log_k[:, :, 0])
     g = torch.zeros_like(log_k[:, 0])
@@ -102,7 +102,7 @@ def partial_ot_log(
     if col_mask is not None:
         log_v = log_v.masked_fill(~col_mask, -math.inf)
     res = SolverResult(
-        plan, log_u, log_v, error(plan), done, transport_cost(plan, cost, row_mask, col_mask)
+        plan, log_u, log_v, error(plan), done, _transport_cost(plan, cost, row_mask, col_mask)
     )
     return judge_convergence(res, tol, solver)
 

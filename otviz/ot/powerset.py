@@ -40,7 +40,7 @@ def _node_mean(x: Tensor, node_mask: Tensor | None) -> Tensor:
     return (x * w).sum(-1) / w.sum(-1).clamp_min(1.0)
 
 
-def subset_indicators(n_regions: int, dtype: torch.dtype = torch.float32) -> Tensor:
+def _subset_indicators(n_regions: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """``[2^R, R]`` 0/1 rows: row ``s`` is the subset whose members are the set bits of ``s``
     (row 0 is the empty set)."""
     if n_regions > MAX_EXACT_REGIONS:
@@ -55,7 +55,7 @@ def subset_indicators(n_regions: int, dtype: torch.dtype = torch.float32) -> Ten
 def powerset_scores(q: Tensor, region_mask: Tensor | None = None) -> Tensor:
     """All ``Q_{A,B} = <r_A, p_B> = sum_{m in A} q[m, B]`` (Eq. 1, 5, 19): ``[..., 2^R, K]``."""
     q = _mask_regions(q, region_mask)
-    return subset_indicators(q.shape[-2], q.dtype).to(q.device) @ q
+    return _subset_indicators(q.shape[-2], q.dtype).to(q.device) @ q
 
 
 def exact_t2r(
@@ -70,7 +70,7 @@ def exact_t2r(
     """
     qa = powerset_scores(q, region_mask)
     best_val, best_idx = qa.max(-2)
-    best = subset_indicators(q.shape[-2]).to(q.device)[best_idx].bool()
+    best = _subset_indicators(q.shape[-2]).to(q.device)[best_idx].bool()
     if region_mask is not None:
         best = best & region_mask[..., None, :]
     return _node_mean(best_val, node_mask), best
@@ -106,7 +106,7 @@ def nla_t1(
     return _node_mean(s1.sum(-2), node_mask)
 
 
-def log_cosh(x: Tensor) -> Tensor:
+def _log_cosh(x: Tensor) -> Tensor:
     """Overflow-free ``log cosh x = |x| + log(1 + exp(-2|x|)) - log 2``."""
     ax = x.abs()
     return ax + F.softplus(-2.0 * ax) - math.log(2.0)
@@ -127,7 +127,7 @@ def nla_t2(
     interpolant ``Lambda(alpha)`` (Eq. 47), and ``Lambda(0) <= R2T <= Lambda(1)`` (Eq. 78).
     """
     x = q / (2.0 * tau)
-    s1 = x + alpha * log_cosh(x)
+    s1 = x + alpha * _log_cosh(x)
     if region_mask is not None:
         s1 = s1 * region_mask[..., :, None].to(q.dtype)
     log_s2 = s1.sum(-2)  # [..., K], log of layer 2's output

@@ -1,6 +1,6 @@
 """Batched log-domain Sinkhorn scaling for entropic optimal transport.
 
-One loop, :func:`log_scaling_iterations`, serves both the balanced solver here and the
+One loop, :func:`_log_scaling_iterations`, serves both the balanced solver here and the
 generalized (unbalanced) solver of :mod:`otviz.ot.unbalanced`: the generalized Sinkhorn
 update of ConceptOT Eq. 3 is ``log a <- alpha * (log mu - log K b)``, and the balanced update
 is the case ``alpha = 1``.
@@ -14,7 +14,7 @@ Conventions shared by every function here:
   reaches autograd), and the returned log-scalings are ``-inf`` there;
 * at most ``n_iters`` iterations are run (autograd goes through all of them); with ``tol``
   the loop stops early once *every* problem in the batch is below ``tol`` and warns when
-  one is not (:mod:`otviz.ot.result`); ``tol=None`` runs exactly ``n_iters``.
+  one is not (:mod:`otviz.ot._result`); ``tol=None`` runs exactly ``n_iters``.
 """
 
 from __future__ import annotations
@@ -25,19 +25,19 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from otviz.ot.checks import check_equal_mass, check_problem
-from otviz.ot.result import DEFAULT_TOL, SolverResult, judge_convergence, safe_log
+from otviz.ot._checks import check_equal_mass, check_problem
+from otviz.ot._result import DEFAULT_TOL, SolverResult, judge_convergence, safe_log
 
 # Bias added to the log-kernel of masked pairs: exp(NEG) == 0 in float32 and float64, and
 # it stays finite so softmax-type gradients of the log-sum-exp are exactly zero there.
 NEG = -1e9
 
-# Plan entries per sub-batch of the dense solvers (8 MB in float32), see in_cache_chunks.
+# Plan entries per sub-batch of the dense solvers (8 MB in float32), see _in_cache_chunks.
 CHUNK_ELEMS = 2**21
 
 
 @dataclass
-class ScalingState:
+class _ScalingState:
     """Log-scalings after the loop: ``log_u [B, N]``, ``log_v [B, M]`` and iterations run.
     Masked entries hold :data:`NEG`."""
 
@@ -46,12 +46,12 @@ class ScalingState:
     n_iters: int
 
 
-def effective_mask(mask: Tensor | None) -> Tensor | None:
+def _effective_mask(mask: Tensor | None) -> Tensor | None:
     """``mask``, or ``None`` when it masks nothing (skips needless passes over the data)."""
     return None if mask is None or bool(mask.all()) else mask
 
 
-def masked_log_kernel(
+def _masked_log_kernel(
     cost: Tensor, eps: float, row_mask: Tensor | None, col_mask: Tensor | None
 ) -> Tensor:
     """``-cost / eps`` with :data:`NEG` on masked pairs (the log Gibbs kernel ``log K``)."""
@@ -63,7 +63,7 @@ def masked_log_kernel(
     return log_k
 
 
-class ShiftedKernel:
+class _ShiftedKernel:
     """A batch of Gibbs kernels ``K = exp(shift) * K^`` for exact log-sum-exp products done as
     matrix-vector products.
 
@@ -89,7 +89,7 @@ class ShiftedKernel:
     @classmethod
     def from_cost(
         cls, cost: Tensor, eps: float | Tensor, row_mask: Tensor | None, col_mask: Tensor | None
-    ) -> ShiftedKernel:
+    ) -> _ShiftedKernel:
         """Kernel of ``exp(-cost / eps)`` (zero on masked pairs): ``K^`` in one fused pass
         ``(min C - C) / eps`` and an in-place ``exp``. The shifted log kernel itself is only
         recomputed when an exact fallback needs it."""
@@ -158,8 +158,8 @@ class ShiftedKernel:
         return torch.exp(torch.baddbmm(self._log_k_shifted(), left, right))
 
 
-def log_scaling_iterations(
-    kernel: ShiftedKernel,
+def _log_scaling_iterations(
+    kernel: _ShiftedKernel,
     log_a: Tensor,
     log_b: Tensor,
     alpha_a: float,
@@ -168,21 +168,21 @@ def log_scaling_iterations(
     tol: float | None = None,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
-) -> ScalingState:
+) -> _ScalingState:
     """Generalized Sinkhorn in the log domain (ConceptOT Eq. 3; balanced when alphas are 1).
 
     Iterates ``f <- alpha_a (log a - LSE_j(log K_ij + g_j))`` then
     ``g <- alpha_b (log b - LSE_i(log K_ij + f_i))`` starting from ``f = g = 0``, with the
-    log-sum-exps of :class:`ShiftedKernel`.
+    log-sum-exps of :class:`_ShiftedKernel`.
 
     Args:
         kernel: the Gibbs kernels.
         log_a, log_b: ``[B, N]``, ``[B, M]`` log target masses (any finite value where masked).
         alpha_a, alpha_b: update exponents ``tau / (tau + eps)`` (1 for a hard marginal).
         n_iters: maximal number of (f, g) update pairs.
-        tol: optional early stop once every problem's :func:`row_update_gap` is ``<= tol``
+        tol: optional early stop once every problem's :func:`_row_update_gap` is ``<= tol``
             (the column equation holds exactly after each g-update, so this is the
-            marginal error of :mod:`otviz.ot.result`).
+            marginal error of :mod:`otviz.ot._result`).
         row_mask, col_mask: validity masks; masked scalings are held at :data:`NEG`.
     """
     f = _hold(torch.zeros_like(log_a), row_mask)
@@ -192,15 +192,15 @@ def log_scaling_iterations(
         log_kb = kernel.row_lse(g)
         f_next = _hold(alpha_a * (log_a - log_kb), row_mask)
         if tol is not None and done > 0:
-            if bool((row_update_gap(f + log_kb, f_next + log_kb, row_mask) <= tol).all()):
+            if bool((_row_update_gap(f + log_kb, f_next + log_kb, row_mask) <= tol).all()):
                 break
         f = f_next
         g = _hold(alpha_b * (log_b - kernel.col_lse(f)), col_mask)
         done += 1
-    return ScalingState(f, g, done)
+    return _ScalingState(f, g, done)
 
 
-def row_update_gap(log_rows: Tensor, log_rows_next: Tensor, mask: Tensor | None) -> Tensor:
+def _row_update_gap(log_rows: Tensor, log_rows_next: Tensor, mask: Tensor | None) -> Tensor:
     """``[B]`` L1 distance ``|P 1 - P' 1|_1`` between the plan's row marginal and the one the
     next row update gives (``log`` of both; for a hard row constraint ``P' 1 = a``)."""
     return _l1(torch.exp(log_rows) - torch.exp(log_rows_next), mask)
@@ -210,14 +210,14 @@ def _hold(x: Tensor, mask: Tensor | None) -> Tensor:
     return x if mask is None else x.masked_fill(~mask, NEG)
 
 
-def masked_log(x: Tensor, mask: Tensor | None) -> Tensor:
+def _masked_log(x: Tensor, mask: Tensor | None) -> Tensor:
     """``log x`` on valid entries, 0 on masked ones (finite, ignored by the masked kernel)."""
     out = safe_log(x)
     return out if mask is None else out.masked_fill(~mask, 0.0)
 
 
-def finalise_scalings(
-    state: ScalingState, row_mask: Tensor | None, col_mask: Tensor | None
+def _finalise_scalings(
+    state: _ScalingState, row_mask: Tensor | None, col_mask: Tensor | None
 ) -> tuple[Tensor, Tensor]:
     """Log-scalings with ``-inf`` on masked entries (zero scaling), for the result."""
     log_u = state.log_u if row_mask is None else state.log_u.masked_fill(~row_mask, -float("inf"))
@@ -225,7 +225,7 @@ def finalise_scalings(
     return log_u, log_v
 
 
-def transport_cost(
+def _transport_cost(
     plan: Tensor, cost: Tensor, row_mask: Tensor | None, col_mask: Tensor | None
 ) -> Tensor:
     """``[B]`` linear cost ``<C, P>`` over valid pairs (masked costs may hold inf or NaN)."""
@@ -243,7 +243,7 @@ def _l1(x: Tensor, mask: Tensor | None) -> Tensor:
     return x.sum(-1)
 
 
-def in_cache_chunks(
+def _in_cache_chunks(
     solve: Callable[..., SolverResult],
     cost: Tensor,
     a: Tensor,
@@ -311,7 +311,7 @@ def sinkhorn_log(
         n_iters: maximal iterations (each one row and one column update).
         tol: stop once every problem's L1 marginal error is ``<= tol``; warns when some
             problem is above it after ``n_iters``; ``None``: exactly ``n_iters`` iterations
-            (:mod:`otviz.ot.result`).
+            (:mod:`otviz.ot._result`).
         row_mask, col_mask: optional ``[B, N]``/``[B, M]`` bool validity masks.
 
     Raises:
@@ -323,12 +323,12 @@ def sinkhorn_log(
         dual terms; ``-inf`` where masked), ``marginal_error`` = L1 violation
         ``|P1 - a|_1 + |P^T1 - b|_1``, ``cost`` = ``<C, P>`` and ``extras`` holding the
         plan's ``row_marginal`` ``[B, N]`` and ``col_marginal`` ``[B, M]``. Large batches
-        run in cache-sized sub-batches (:func:`in_cache_chunks`; ``tol`` then applies per
+        run in cache-sized sub-batches (:func:`_in_cache_chunks`; ``tol`` then applies per
         sub-batch).
     """
     check_problem(cost, a, b, eps, "sinkhorn_log", row_mask, col_mask)
     check_equal_mass(a, b, "sinkhorn_log", row_mask, col_mask)
-    res = in_cache_chunks(
+    res = _in_cache_chunks(
         _sinkhorn_log, cost, a, b, row_mask, col_mask, eps=eps, n_iters=n_iters, tol=tol
     )
     return judge_convergence(res, tol, "sinkhorn_log")
@@ -344,15 +344,17 @@ def _sinkhorn_log(
     row_mask: Tensor | None,
     col_mask: Tensor | None,
 ) -> SolverResult:
-    row_mask, col_mask = effective_mask(row_mask), effective_mask(col_mask)
-    kernel = ShiftedKernel.from_cost(cost, eps, row_mask, col_mask)
-    log_a = masked_log(a, row_mask)
-    log_b = masked_log(b, col_mask)
-    state = log_scaling_iterations(kernel, log_a, log_b, 1.0, 1.0, n_iters, tol, row_mask, col_mask)
+    row_mask, col_mask = _effective_mask(row_mask), _effective_mask(col_mask)
+    kernel = _ShiftedKernel.from_cost(cost, eps, row_mask, col_mask)
+    log_a = _masked_log(a, row_mask)
+    log_b = _masked_log(b, col_mask)
+    state = _log_scaling_iterations(
+        kernel, log_a, log_b, 1.0, 1.0, n_iters, tol, row_mask, col_mask
+    )
     plan = kernel.into_plan(state.log_u, state.log_v)
     rows, cols = plan.sum(2), plan.sum(1)
     err = _l1(rows - a, row_mask) + _l1(cols - b, col_mask)
-    log_u, log_v = finalise_scalings(state, row_mask, col_mask)
-    transport = transport_cost(plan, cost, row_mask, col_mask)
+    log_u, log_v = _finalise_scalings(state, row_mask, col_mask)
+    transport = _transport_cost(plan, cost, row_mask, col_mask)
     extras = {"row_marginal": rows, "col_marginal": cols}
     return SolverResult(plan, log_u, log_v, err, state.n_iters, transport, extras)

@@ -20,21 +20,21 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from otviz.ot.checks import check_problem, check_tau
-from otviz.ot.result import DEFAULT_TOL, SolverResult, judge_convergence, safe_log
+from otviz.ot._checks import check_problem, check_tau
+from otviz.ot._result import DEFAULT_TOL, SolverResult, judge_convergence, safe_log
 from otviz.ot.sinkhorn import (
-    ShiftedKernel,
-    effective_mask,
-    finalise_scalings,
-    in_cache_chunks,
-    log_scaling_iterations,
-    masked_log,
-    row_update_gap,
-    transport_cost,
+    _effective_mask,
+    _finalise_scalings,
+    _in_cache_chunks,
+    _log_scaling_iterations,
+    _masked_log,
+    _row_update_gap,
+    _ShiftedKernel,
+    _transport_cost,
 )
 
 
-def damping_exponent(tau: float, eps: float) -> float:
+def _damping_exponent(tau: float, eps: float) -> float:
     """``alpha = tau / (tau + eps)`` of the generalized Sinkhorn update (1 for ``tau = inf``)."""
     return 1.0 if tau == float("inf") else tau / (tau + eps)
 
@@ -61,7 +61,7 @@ def sinkhorn_unbalanced_log(
             hard constraint, the balanced update on that side; 0: that side free).
         n_iters: maximal iterations (ConceptOT's model runs a fixed L = 5 with ``tol=None``).
         tol: stop once every problem's marginal error is ``<= tol``, warn when some is not
-            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot.result`).
+            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot._result`).
         row_mask, col_mask: optional ``[B, N]``/``[B, M]`` bool validity masks.
 
     Returns:
@@ -72,14 +72,14 @@ def sinkhorn_unbalanced_log(
         last half-step): 0 exactly at the fixed point, ``|P 1 - a|_1`` for a hard row
         constraint. Unbalanced plans need not meet ``a, b``. ``extras`` hold the plan's
         ``row_marginal`` ``[B, N]`` and ``col_marginal`` ``[B, M]``. Large batches run in
-        cache-sized sub-batches (:func:`otviz.ot.sinkhorn.in_cache_chunks`; ``tol`` then
+        cache-sized sub-batches (:func:`otviz.ot.sinkhorn._in_cache_chunks`; ``tol`` then
         applies per sub-batch).
     """
     solver = "sinkhorn_unbalanced_log"
     check_problem(cost, a, b, eps, solver, row_mask, col_mask)
     check_tau("tau_a", tau_a, solver)
     check_tau("tau_b", tau_b, solver)
-    res = in_cache_chunks(
+    res = _in_cache_chunks(
         _sinkhorn_unbalanced_log,
         cost,
         a,
@@ -111,15 +111,15 @@ def _sinkhorn_unbalanced_log(
     row_mask: Tensor | None,
     col_mask: Tensor | None,
 ) -> SolverResult:
-    row_mask, col_mask = effective_mask(row_mask), effective_mask(col_mask)
-    alpha_a = damping_exponent(tau_a, eps)
-    alpha_b = damping_exponent(tau_b, eps)
-    kernel = ShiftedKernel.from_cost(cost, eps, row_mask, col_mask)
-    log_a = masked_log(a, row_mask)
-    state = log_scaling_iterations(
+    row_mask, col_mask = _effective_mask(row_mask), _effective_mask(col_mask)
+    alpha_a = _damping_exponent(tau_a, eps)
+    alpha_b = _damping_exponent(tau_b, eps)
+    kernel = _ShiftedKernel.from_cost(cost, eps, row_mask, col_mask)
+    log_a = _masked_log(a, row_mask)
+    state = _log_scaling_iterations(
         kernel,
         log_a,
-        masked_log(b, col_mask),
+        _masked_log(b, col_mask),
         alpha_a,
         alpha_b,
         n_iters,
@@ -132,8 +132,8 @@ def _sinkhorn_unbalanced_log(
     # log (K v)_i = log (P 1)_i - log u_i
     log_kv = safe_log(rows) - state.log_u
     log_next = _hold_rows(alpha_a * (log_a - log_kv) + log_kv, row_mask)
-    residual = row_update_gap(safe_log(rows), log_next, row_mask)
-    log_u, log_v = finalise_scalings(state, row_mask, col_mask)
-    transport = transport_cost(plan, cost, row_mask, col_mask)
+    residual = _row_update_gap(safe_log(rows), log_next, row_mask)
+    log_u, log_v = _finalise_scalings(state, row_mask, col_mask)
+    transport = _transport_cost(plan, cost, row_mask, col_mask)
     extras = {"row_marginal": rows, "col_marginal": plan.sum(1)}
     return SolverResult(plan, log_u, log_v, residual, state.n_iters, transport, extras)

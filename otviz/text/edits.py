@@ -30,9 +30,7 @@ import numpy as np
 
 from otviz.text.parse import parse_caption
 from otviz.text.tree import Tree
-from otviz.text.words import Word
-from otviz.world.grammar import article
-from otviz.world.vocab import SEEN_PAIRS
+from otviz.text.words import Word, article
 
 EDIT_CATEGORIES: tuple[str, ...] = ("swap_att", "swap_obj", "replace_rel", "add_obj")
 
@@ -243,10 +241,12 @@ def add_obj(
     tree: Tree,
     words: Sequence[Word],
     seed: int = 0,
-    pairs: Sequence[tuple[str, str]] = SEEN_PAIRS,
+    *,
+    pairs: Sequence[tuple[str, str]],
 ) -> CaptionEdit:
     """Conjoin "and a <colour> <shape>" after the caption's last word (before a final
-    punctuation mark), naming a pair of ``pairs`` absent from the caption, drawn with
+    punctuation mark), naming a pair of ``pairs`` (the vocabulary's colour-shape pairs, e.g.
+    the world's :data:`~otviz.world.vocab.SEEN_PAIRS`) absent from the caption, drawn with
     ``seed``. A trailing "A and B" list becomes "A, B and <new>"."""
     content = [k for k, w in enumerate(words) if w.text[0].isalnum()]
     candidates = _absent_pairs(words, pairs)
@@ -266,16 +266,23 @@ def add_obj(
     return CaptionEdit("add_obj", rw.text(), f"added '{added}', not in the caption")
 
 
-def edit_caption(caption: str, category: str, seed: int = 0) -> CaptionEdit:
-    """The edit of ``category`` (one of :data:`EDIT_CATEGORIES`) of ``caption``."""
-    return caption_edits(caption, (category,), seed)[0]
+def edit_caption(
+    caption: str, category: str, seed: int = 0, *, pairs: Sequence[tuple[str, str]]
+) -> CaptionEdit:
+    """The edit of ``category`` (one of :data:`EDIT_CATEGORIES`) of ``caption``; ``pairs``:
+    the colour-shape pairs ``add_obj`` may add (:func:`add_obj`)."""
+    return caption_edits(caption, (category,), seed, pairs=pairs)[0]
 
 
 def caption_edits(
-    caption: str, categories: Sequence[str] = EDIT_CATEGORIES, seed: int = 0
+    caption: str,
+    categories: Sequence[str] = EDIT_CATEGORIES,
+    seed: int = 0,
+    *,
+    pairs: Sequence[tuple[str, str]],
 ) -> list[CaptionEdit]:
     """One edit per category, in the order asked (skipped ones included, with their note).
-    ``seed`` picks the added object of ``add_obj``."""
+    ``seed`` picks the added object of ``add_obj`` among ``pairs`` (:func:`add_obj`)."""
     unknown = [c for c in categories if c not in EDIT_CATEGORIES]
     if unknown:
         raise ValueError(f"unknown edit categories {unknown}; known: {EDIT_CATEGORIES}")
@@ -284,7 +291,7 @@ def caption_edits(
     out = []
     for category in categories:
         if category == "add_obj":
-            out.append(add_obj(caption, tree, words, seed))
+            out.append(add_obj(caption, tree, words, seed, pairs=pairs))
         else:
             out.append(_EDITS[category](caption, tree, words))
     return out

@@ -21,3 +21,8 @@ def split_words(caption: str) -> list[Word]:
     """Words of ``caption``: runs of letters/digits (with inner apostrophes or hyphens), and
     every other non-space character as a word of its own (punctuation)."""
     return [Word(m.group(), m.start(), m.end()) for m in _WORD.finditer(caption)]
+
+
+def article(next_word: str) -> str:
+    """The indefinite article before ``next_word``: "an" before a vowel, else "a"."""
+    return "an" if next_word[0] in "aeiou" else "a"

@@ -4,7 +4,7 @@ Defaults are the papers' (ConceptOT Tables 6-7 for the recipe and the transport 
 QC-Align's ``eps = 0.5`` and ``lambda = 0.5``, PowerCLIP's ``lambda = 0.2``, ``tau = 1e-3``,
 ``alpha = 0.75`` and ``M = 10`` random boxes), except where this machine forces a choice
 (float32 on CPU instead of mixed precision, a synthetic-world training set). Every field is
-an ``int``/``float``/``str``/``bool``, so :func:`otviz.cli_args.add_dataclass_flags` turns
+an ``int``/``float``/``str``/``bool``, so :func:`otviz.cli.args.add_dataclass_flags` turns
 each into a command-line flag (``--hard-negatives 2``).
 """
 

@@ -11,11 +11,14 @@ backbone's; the loss is any member of the OT-CLIP family (OT-CLIP Eq. 5-10,
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from otviz.checkpoints.heads import load_global_head_state
+from otviz.checkpoints.store import load_state_dict_strict
 from otviz.train.otclip_losses import KINDS, otclip_loss
 
 MAX_LOGIT_SCALE = 100.0  # CLIP's clamp of the learned logit scale
@@ -76,3 +79,15 @@ def global_term(
             return otclip_loss(img, txt, logit_scale, kind), img @ txt.T
     img, txt = head(image_global, text_global)
     return otclip_loss(img, txt, head.logit_scale, kind), (img @ txt.T).detach()
+
+
+def load_global_head(path: str | os.PathLike) -> GlobalHead | None:
+    """The trained global head stored with the method head at ``path``, in eval mode, or
+    None when the run had none."""
+    state = load_global_head_state(path)
+    if state is None:
+        return None
+    dim, tensors = state
+    head = GlobalHead(dim, 1.0)
+    load_state_dict_strict(head, tensors)
+    return head.eval()

@@ -34,34 +34,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from otviz.methods.base import AlignmentMethod, PairBatch, method_class
+from otviz.methods.base import (
+    LOCAL_CONTRASTIVE,
+    NO_LOCAL,
+    POWERSET_TRIPLET,
+    QCT,
+    AlignmentMethod,
+    PairBatch,
+    local_objective,
+    method_class,
+)
 from otviz.train.config import TrainConfig
 from otviz.train.global_head import GlobalHead, global_term
 from otviz.train.negatives import HardNegatives, mine_hard_negatives
 
-LOCAL_CONTRASTIVE = "local_contrastive"
-QCT = "qct"
-POWERSET_TRIPLET = "powerset_triplet"
-NO_LOCAL = "none"
-
-#: The local losses a method may declare (``AlignmentMethod.local_objective``).
-OBJECTIVES = (LOCAL_CONTRASTIVE, QCT, POWERSET_TRIPLET, NO_LOCAL)
-
-
-def local_objective(method_name: str) -> str:
-    """The local loss a method trains with (module docstring), as its class declares it."""
-    kind = method_class(method_name).local_objective
-    if kind not in OBJECTIVES:
-        raise ValueError(f"method {method_name!r} declares an unknown local objective "
-                         f"{kind!r}; known: {OBJECTIVES}")
-    return kind
-
 
 def local_weight(config: TrainConfig) -> float:
-    """``lambda`` of the method's local term (PowerCLIP's own, else ``lambda_local``)."""
-    if local_objective(config.method) == POWERSET_TRIPLET:
-        return config.lambda_powerset
-    return config.lambda_local
+    """``lambda`` of the method's local term: the config field its class names
+    (:attr:`AlignmentMethod.local_weight_field`; PowerCLIP's own, else ``lambda_local``)."""
+    return float(getattr(config, method_class(config.method).local_weight_field))
 
 
 def local_contrastive_loss(

@@ -5,7 +5,7 @@ parse-tree nodes where the data has trees), the image and caption identity of ev
 (for excluding false negatives), the feature widths, the backbone's logit scale and its
 identity (for checkpoints). Two implementations:
 
-* :class:`CachedPairs`: a :class:`~otviz.train.feature_cache.CachedFeatures` entry (the
+* :class:`CachedPairs`: a :class:`~otviz.data.feature_cache.CachedFeatures` entry (the
   synthetic world or an image-caption folder encoded once by the frozen backbone), built by
   :func:`build_source`;
 * :class:`TensorPairs`: features already in memory (tests, benchmarks, the app's tensors).
@@ -150,7 +150,7 @@ class CachedPairs:
     Args:
         features: the cached features.
         identity: the backbone's fingerprint
-            (:func:`otviz.train.feature_cache.backbone_fingerprint`).
+            (:func:`otviz.data.feature_cache.backbone_fingerprint`).
         logit_scale: the backbone's logit scale.
         trees: one constituency tree per pair (PowerCLIP), or None.
     """
@@ -209,8 +209,9 @@ def build_source(
     (``uses_trees``: PowerCLIP).
     """
     from otviz.backbone import Backbone
-    from otviz.train.feature_cache import FeatureCache, backbone_fingerprint
-    from otviz.train.folders import WorldDataset, load_image_captions
+    from otviz.checkpoints.identity import backbone_fingerprint
+    from otviz.data.datasets import WorldDataset, load_image_captions
+    from otviz.data.feature_cache import FeatureCache
 
     if config.open_clip_model:
         backbone = Backbone.from_pretrained(config.open_clip_model, config.pretrained or None)

@@ -21,14 +21,13 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from otviz.train.pretrain import PretrainConfig
+from otviz.train.pretrain_config import PretrainConfig
 
 _OPERATIONAL = ("out", "save_every", "resume", "threads", "eval_every")
 """Fields that may differ between a run and the one resuming it."""

@@ -1,6 +1,6 @@
 """Resumable training state, without pickle.
 
-Everything a run needs to continue exactly where it was, in one :mod:`otviz.checkpoint`
+Everything a run needs to continue exactly where it was, in one :mod:`otviz.checkpoints.store`
 directory (written atomically, so an interrupted save leaves the previous state intact):
 
 * tensors: the trainable module's state dict (``model.*``), every tensor of the optimiser
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from otviz.checkpoint import (
+from otviz.checkpoints.store import (
     CheckpointError,
     load_checkpoint,
     load_meta,

@@ -3,7 +3,7 @@ method with its marginals, the solvers' convergence and a score table.
 
 Callbacks are plain functions of plain values (testable without a browser); the builder
 only wires them to components. Encoding and solving happen once per (image, caption,
-region kind): :class:`otviz.pipeline.Explainer` caches the features and every method's
+region kind): :class:`otviz.explain.Explainer` caches the features and every method's
 alignment, so a phrase, method, token, scale or lambda change only reads cached plans
 (``Alignment.heatmap``) and draws.
 """
@@ -22,10 +22,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from otviz.explain import REGION_KINDS, Encoded, Explainer, InputError, MethodRun
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.methods import METHODS
 from otviz.methods.masses import max_over_uniform
-from otviz.pipeline import REGION_KINDS, Encoded, Explainer, InputError, MethodRun
 from otviz.suite import (
     ALIGN_METHODS,
     DEFAULT_LAMBDA,

@@ -22,8 +22,8 @@ from matplotlib.figure import Figure
 
 from otviz.backbone import Backbone
 from otviz.eval.grounding_metrics import mean_offdiag_cosine
+from otviz.explain import InputError
 from otviz.methods.conceptot import ConceptOT
-from otviz.pipeline import InputError
 from otviz.suite import SuiteMethod, word_concept_embeddings
 from otviz.ui.context import COMMON_CONCEPTS, EMBEDDED, AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir

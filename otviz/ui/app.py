@@ -17,8 +17,8 @@ from otviz.ui.examples import load_examples
 from otviz.ui.inputs import checked_uploads, guard_callbacks, on_upload
 from otviz.ui.phrases_tab import build_phrases_tab
 from otviz.ui.probe_tab import build_probe_tab
+from otviz.ui.train_jobs import TrainingJobs
 from otviz.ui.train_tab import build_train_tab
-from otviz.ui.training import TrainingJobs
 from otviz.ui.words_tab import build_words_tab
 from otviz.ui.zeroshot_tab import build_zeroshot_tab
 

@@ -6,7 +6,7 @@ IoU; a click on a row opens its image and phrase in Align.
 The view composes: tables come from :mod:`otviz.eval.browse` (computed once per checkpoint
 and source, kept in memory, features from the on-disk feature cache), the page picture and
 table from :mod:`otviz.viz.browse`; uploads go through the Train view's validated unpacking
-(:func:`otviz.ui.training.unpack_uploads`).
+(:func:`otviz.ui.train_jobs.unpack_uploads`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
+from otviz.data.datasets import DatasetError, load_image_captions
 from otviz.eval.browse import (
     ALL_ROWS,
     HIT_FILTERS,
@@ -37,13 +38,12 @@ from otviz.eval.browse import (
     select_rows,
     world_browse,
 )
-from otviz.pipeline import InputError
+from otviz.explain import InputError
 from otviz.suite import method_choices
-from otviz.train.folders import DatasetError, load_image_captions
 from otviz.ui.align_tab import AlignLink
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.inputs import user_errors
-from otviz.ui.training import unpack_uploads
+from otviz.ui.train_jobs import unpack_uploads
 from otviz.viz.browse import browse_frame, browse_page_image
 
 TAB_TITLE = "Browse"

@@ -19,12 +19,12 @@ import gradio as gr
 import numpy as np
 
 from otviz.backbone import Backbone, ImageInput, to_rgb
-from otviz.checkpoint import CheckpointError
+from otviz.checkpoints.heads import head_meta, load_method_checkpoint
+from otviz.checkpoints.store import CheckpointError
+from otviz.explain import Explainer, InputError
 from otviz.ood import WorldDistance
-from otviz.pipeline import Explainer, InputError
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, SuiteMethod
 from otviz.tiny_clip import DEFAULT_CHECKPOINT
-from otviz.train.method_checkpoint import head_meta, load_method_checkpoint
 from otviz.ui.inputs import UploadExplainer, fit_image
 
 EMBEDDED = "otviz-tiny (embedded)"
@@ -96,7 +96,7 @@ def remote_models(probe: Callable[[], bool] = hub_reachable) -> list[tuple[str, 
 @dataclass
 class BackboneChoice:
     """One entry of the backbone picker: how to load it, what to fit training-free anchors
-    on, the identity (:func:`otviz.train.feature_cache.backbone_fingerprint` name and
+    on, the identity (:func:`otviz.checkpoints.identity.backbone_fingerprint` name and
     pretrained tag) of the backbones whose method heads it can take, the
     :class:`~otviz.train.config.TrainConfig` fields that train heads on it (none: the
     shipped tiny CLIP), and whether it was trained on the synthetic world alone (its views
@@ -303,7 +303,7 @@ class AppContext:
     def suite(self, checkpoint: str) -> MethodSuite:
         """The picked checkpoint's methods (loaded on first use): training-free, or with
         the entry's trained heads in place of their methods. A head trained on another
-        backbone raises :class:`~otviz.checkpoint.CheckpointError`."""
+        backbone raises :class:`~otviz.checkpoints.store.CheckpointError`."""
         choice = self.backbone_choice(checkpoint)
         heads = self._head_set(checkpoint)
         explainer = self.explainer(checkpoint)

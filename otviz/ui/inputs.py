@@ -18,7 +18,7 @@ from PIL import Image, UnidentifiedImageError
 
 from otviz.backbone import UNREADABLE_IMAGE, ImageInput, ImageInputError, to_rgb
 from otviz.errors import UserInputError
-from otviz.pipeline import Encoded, Explainer, InputError
+from otviz.explain import Encoded, Explainer, InputError
 
 log = logging.getLogger("otviz.ui")
 
@@ -188,7 +188,7 @@ def truncation_note(encoded: Encoded) -> str | None:
 
 
 class UploadExplainer(Explainer):
-    """An :class:`~otviz.pipeline.Explainer` that fits every upload first
+    """An :class:`~otviz.explain.Explainer` that fits every upload first
     (:func:`fit_image`), so API callers get the same limits as the page."""
 
     def encode(self, image: ImageInput | None, caption: str | None) -> Encoded:

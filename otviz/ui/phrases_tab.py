@@ -19,9 +19,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from otviz.explain import REGION_KINDS, InputError
 from otviz.methods.powerclip import PowerCLIP
 from otviz.methods.powerclip_readout import powerset_readout
-from otviz.pipeline import REGION_KINDS, InputError
 from otviz.text.parse import phrase_nodes
 from otviz.text.tree import Tree
 from otviz.ui.context import AppContext, SharedInputs

@@ -23,8 +23,8 @@ from matplotlib.figure import Figure
 
 from otviz.backbone import ImageInput, TokenFeatures
 from otviz.eval.probe import probe_accuracy
+from otviz.explain import MAX_CAPTION_CHARS, Encoded, Explainer, InputError, region_masks
 from otviz.methods import PairBatch
-from otviz.pipeline import MAX_CAPTION_CHARS, Encoded, Explainer, InputError, region_masks
 from otviz.suite import DEFAULT_LAMBDA, METHOD_LABELS, MethodSuite
 from otviz.text.edits import EDIT_CATEGORIES, CaptionEdit, caption_edits
 from otviz.text.parse import batch_node_masks, parse_caption
@@ -34,6 +34,7 @@ from otviz.ui.downloads import DownloadDir
 from otviz.ui.examples import EXAMPLES_DIR
 from otviz.ui.inputs import user_errors
 from otviz.viz.probe import probe_accuracy_figure, probe_scores_figure, win_matrix_figure
+from otviz.world.vocab import SEEN_PAIRS
 
 MAX_CUSTOM = 12
 TRUE = "true"
@@ -110,7 +111,7 @@ def probe_captions(
     caption = (caption or "").strip()
     if not caption:
         raise InputError("the caption is empty: type what the image shows")
-    edits = caption_edits(caption, EDIT_CATEGORIES, seed)
+    edits = caption_edits(caption, EDIT_CATEGORIES, seed, pairs=SEEN_PAIRS)
     items = [ProbeCaption(TRUE, TRUE, caption)]
     items += [ProbeCaption(e.category, e.category, e.caption) for e in edits if e.caption]
     lines = [line.strip() for line in (custom or "").splitlines() if line.strip()]

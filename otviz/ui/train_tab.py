@@ -5,7 +5,7 @@ when you like, and compare each finished head with its training-free configurati
 heads appear at once in the checkpoint picker.
 
 Callbacks are plain functions of plain values (testable without a browser); the builder
-only wires them to components. The run itself is :mod:`otviz.ui.training`.
+only wires them to components. The run itself is :mod:`otviz.ui.train_jobs`.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from otviz.pipeline import InputError
+from otviz.explain import InputError
 from otviz.suite import METHOD_LABELS, method_choices
 from otviz.train.loop import ENCODING
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.inputs import user_errors
-from otviz.ui.training import (
+from otviz.ui.train_jobs import (
     FOLDER,
     WORLD,
     JobStatus,

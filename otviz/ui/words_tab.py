@@ -10,8 +10,8 @@ import gradio as gr
 import numpy as np
 from matplotlib.figure import Figure
 
+from otviz.explain import Explainer
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
-from otviz.pipeline import Explainer
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.inputs import user_errors
 from otviz.viz.heatmaps import heatmap_grid_figure

@@ -29,18 +29,18 @@ from torch import Tensor
 from otviz.backbone import Backbone, ImageInputError, to_rgb
 from otviz.eval.classification_tables import ZERO_SHOT_RULES
 from otviz.eval.zero_shot_run import ZeroShotRun, check_rate, run_zero_shot
-from otviz.pipeline import InputError
+from otviz.explain import InputError
+from otviz.text.words import article
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.inputs import user_errors
 from otviz.viz.zeroshot import accuracy_bars_figure, message_figure, selective_curve_figure
 from otviz.world import ClassificationView, long_tailed_counts
 from otviz.world.classification import TASKS
-from otviz.world.grammar import article
 
 TAB_TITLE = "Zero-shot"
 TEMPLATE = "a photo of a {}"
-#: The label-prior rules (:data:`otviz.ot.classify.LONG_TAILED_RULES`) as the view names them.
+#: The label-prior rules (:data:`otviz.ot.zeroshot.LONG_TAILED_RULES`) as the view names them.
 PRIOR_RULES: dict[str, str] = {
     "lt_fgw": "OT + label prior, FGW (Eq. 14)",
     "lt_sinkhorn": "OT + label prior, plain Sinkhorn",

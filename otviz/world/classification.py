@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from otviz.world.grammar import article
+from otviz.text.words import article
 from otviz.world.render import render_scene
 from otviz.world.scene import place_boxes
 from otviz.world.types import SceneObject, WorldConfig

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from otviz.text.tree import Tree
+from otviz.text.words import article
 from otviz.world.types import Description, Meaning
 
 RELATION_WORDS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -57,11 +58,6 @@ class Realisation:
     @property
     def caption(self) -> str:
         return caption_text(self.words)
-
-
-def article(next_word: str) -> str:
-    """The indefinite article before ``next_word``: "an" before a vowel, else "a"."""
-    return "an" if next_word[0] in "aeiou" else "a"
 
 
 def caption_text(words: list[str]) -> str:

@@ -1,0 +1,7 @@
+"""``python -m otviz.cli``: the ``otviz`` command."""
+
+import sys
+
+from otviz.cli import main
+
+sys.exit(main())

@@ -1,0 +1,529 @@
+"""Training method heads from the app: the form's request checked and turned into
+:class:`~otviz.train.config.TrainConfig` s, one run at a time per server in a background
+thread, through the same :func:`otviz.train.loop.train_method` the command line uses.
+
+A job trains its methods one after the other, records every progress report, registers the
+finished heads in the :class:`~otviz.ui.context.AppContext` (a new checkpoint-picker
+entry) and scores them on the examples gallery's compositional probe next to their
+training-free configuration. Runs are bounded: at most :func:`step_cap` optimiser steps per
+method (fewer on a public Space), a bounded number of training pairs, bounded uploads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from otviz.data.datasets import NOT_FOUND, DatasetError, inside, load_image_captions
+from otviz.data.feature_cache import FeatureCache
+from otviz.errors import UserInputError
+from otviz.explain import InputError
+from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
+from otviz.train.config import TrainConfig
+from otviz.train.loop import ENCODING, TrainResult, train_method
+from otviz.ui.context import SEPARATOR, AppContext, HeadSet, on_space
+from otviz.ui.head_registry import load_head_sets, record_head_set
+from otviz.ui.probe_tab import run_batch_probe
+
+log = logging.getLogger("otviz.ui.train_jobs")
+
+WORLD, FOLDER, UPLOAD = "world", "local folder", "upload"
+#: Optimiser steps per method at most, on a public Space and elsewhere;
+#: ``OTVIZ_TRAIN_MAX_STEPS`` overrides.
+SPACE_MAX_STEPS, LOCAL_MAX_STEPS = 200, 5000
+#: Training pairs at most (world samples or a folder's captions), Space / elsewhere.
+SPACE_MAX_PAIRS, LOCAL_MAX_PAIRS = 5000, 200_000
+#: Uploaded (or unzipped) bytes at most.
+MAX_UPLOAD_BYTES = 500 * 2**20
+MAX_EPOCHS = 100
+RUNS_ROOT = Path("runs") / "app"
+#: The only server folder the "local folder" data source may read (unset: no such source).
+DATA_ROOT_ENV = "OTVIZ_DATA_ROOT"
+#: The feature cache is cut back to this many MB (least recently used entries first) at
+#: start and after every run, Space / elsewhere; ``OTVIZ_FEATURE_CACHE_MB`` overrides.
+SPACE_CACHE_MB, LOCAL_CACHE_MB = 2048, 8192
+
+
+class TrainingBusyError(InputError):
+    """Another training run holds this server."""
+
+
+def step_cap() -> int:
+    """The most optimiser steps a method may take here."""
+    env = os.environ.get("OTVIZ_TRAIN_MAX_STEPS")
+    if env:
+        return max(1, int(env))
+    return SPACE_MAX_STEPS if on_space() else LOCAL_MAX_STEPS
+
+
+def pair_cap() -> int:
+    """The most training pairs a run may use here."""
+    return SPACE_MAX_PAIRS if on_space() else LOCAL_MAX_PAIRS
+
+
+def data_root() -> Path | None:
+    """The folder whose contents the "local folder" source may read: ``$OTVIZ_DATA_ROOT``
+    if it is a folder, never on a Space."""
+    root = os.environ.get(DATA_ROOT_ENV, "").strip()
+    if on_space() or not root or not Path(root).is_dir():
+        return None
+    return Path(root).resolve()
+
+
+def data_sources() -> list[str]:
+    """The data choices: server folders only under a configured data root (never on a
+    Space)."""
+    return [WORLD, UPLOAD] if data_root() is None else [WORLD, FOLDER, UPLOAD]
+
+
+def cache_cap_bytes() -> int:
+    """The feature cache's size cap in bytes."""
+    env = os.environ.get("OTVIZ_FEATURE_CACHE_MB")
+    mb = int(env) if env else (SPACE_CACHE_MB if on_space() else LOCAL_CACHE_MB)
+    return max(0, mb) * 2**20
+
+
+@dataclass
+class TrainRequest:
+    """What the Train form asks for (the papers' hyperparameters by their symbols).
+
+    ``tau`` is the mass temperature of both sides (tau_v = tau_t, ConceptOT Eq. 3),
+    ``tau_local`` the local loss temperature tau_l (Eq. 9), ``max_steps`` 0 means
+    ``epochs`` full passes."""
+
+    methods: list[str]
+    data: str = WORLD
+    n_train: int = 2000
+    folder: str = ""
+    uploads: list[str] = field(default_factory=list)
+    split: str = "train"
+    eps: float = TrainConfig.eps
+    tau: float = TrainConfig.tau_v
+    tau_local: float = TrainConfig.tau_local
+    rank: int = TrainConfig.rank
+    n_iters: int = TrainConfig.n_iters
+    lambda_local: float = TrainConfig.lambda_local
+    hard_negatives: int = TrainConfig.hard_negatives
+    epochs: int = TrainConfig.epochs
+    max_steps: int = 0
+    batch_size: int = TrainConfig.batch_size
+    lr: float = TrainConfig.lr
+
+
+def _check_range(name: str, value: float, low: float, high: float, low_open: bool = False):
+    bad = value <= low if low_open else value < low
+    if bad or value > high or value != value:
+        lo = "(" if low_open else "["
+        raise InputError(f"{name} must be in {lo}{low:g}, {high:g}], got {value:g}")
+
+
+def check_request(request: TrainRequest) -> None:
+    """Raise :class:`InputError` for a request no run should start with."""
+    if not request.methods:
+        raise InputError("pick at least one method to train")
+    unknown = [m for m in request.methods if m not in ALIGN_METHODS]
+    if unknown:
+        raise InputError(f"unknown method(s) {unknown}; choose from {list(ALIGN_METHODS)}")
+    if request.data not in data_sources():
+        raise InputError(f"unknown data source {request.data!r}; choose one of {data_sources()}")
+    _check_range("eps", request.eps, 0.0, 10.0, low_open=True)
+    _check_range("tau", request.tau, 0.0, 10.0, low_open=True)
+    _check_range("tau_l", request.tau_local, 0.0, 10.0, low_open=True)
+    _check_range("r (anchors)", request.rank, 1, 1024)
+    _check_range("L (Sinkhorn iterations)", request.n_iters, 1, 200)
+    _check_range("lambda_l", request.lambda_local, 0.0, 100.0)
+    _check_range("batch size", request.batch_size, 2, 1024)
+    _check_range("K_h (hard negatives)", request.hard_negatives, 1, request.batch_size - 1)
+    _check_range("epochs", request.epochs, 1, MAX_EPOCHS)
+    _check_range("max steps", request.max_steps, 0, 10**7)
+    _check_range("learning rate", request.lr, 0.0, 1.0, low_open=True)
+
+
+# --------------------------------------------------------------------- data
+def unpack_uploads(files: Sequence[str], target: Path) -> Path:
+    """Uploaded files into one folder ``target``: a single ``.zip`` is extracted (its one
+    top folder, if it has just one, becomes the root), otherwise the files are copied flat
+    by name. Refuses members outside the folder and more than :data:`MAX_UPLOAD_BYTES`."""
+    paths = [Path(getattr(f, "name", f)) for f in files or []]
+    if not paths:
+        raise InputError("no files uploaded: upload a .zip of the folder, or the images and "
+                         "their captions file")
+    target.mkdir(parents=True, exist_ok=True)
+    if len(paths) == 1 and paths[0].suffix.lower() == ".zip":
+        return _unzip(paths[0], target)
+    if sum(p.stat().st_size for p in paths) > MAX_UPLOAD_BYTES:
+        raise InputError(f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB")
+    for p in paths:
+        shutil.copyfile(p, target / p.name)
+    return target
+
+
+def _unzip(archive: Path, target: Path) -> Path:
+    try:
+        with zipfile.ZipFile(archive) as z:
+            members = [m for m in z.infolist() if not m.is_dir()]
+            if sum(m.file_size for m in members) > MAX_UPLOAD_BYTES:
+                raise InputError(f"the archive unpacks to over {MAX_UPLOAD_BYTES // 2**20} MB")
+            root = target.resolve()
+            for m in members:
+                dest = (target / m.filename).resolve()
+                if root not in dest.parents:
+                    raise InputError(f"the archive member {m.filename!r} points outside it")
+            z.extractall(target, members)
+    except zipfile.BadZipFile as e:
+        raise InputError(f"{archive.name} is not a readable .zip file: {e}") from None
+    tops = [p for p in target.iterdir() if not p.name.startswith(("__MACOSX", "."))]
+    return tops[0] if len(tops) == 1 and tops[0].is_dir() else target
+
+
+def data_folder(typed: str) -> Path:
+    """The folder (or annotation file) ``typed`` in the form, under :func:`data_root`:
+    relative to it, or absolute inside it; no ``..``. Anything else, and what does not
+    exist, is "not found or not allowed" alike."""
+    root = data_root()
+    if root is None:
+        raise InputError("this server reads no local folders: upload the data instead")
+    typed = typed.strip()
+    if not typed:
+        raise InputError("type the path of an image-caption folder (or its CSV / JSON) under "
+                         "the server's data root")
+    path = root / typed  # an absolute ``typed`` replaces the root, then must be inside it
+    if ".." in Path(typed).parts or not inside(root, path) or not path.exists():
+        raise InputError(f"{typed}: {NOT_FOUND} (give a path under the server's data root)")
+    return path
+
+
+def resolve_data(request: TrainRequest, upload_dir: Path) -> tuple[str, int]:
+    """``(TrainConfig.data, number of training pairs)`` of the request, the folder read and
+    checked (every image present) now, so that a bad folder fails before training. Only
+    files under the data root (local folder) or among the uploads are read."""
+    cap = pair_cap()
+    if request.data == WORLD:
+        _check_range("world samples", request.n_train, request.batch_size, cap)
+        return WORLD, int(request.n_train)
+    if request.data == FOLDER:
+        path = data_folder(request.folder or "")
+        root = data_root()
+    else:
+        path = unpack_uploads(request.uploads, upload_dir)
+        root = upload_dir
+    try:
+        dataset = load_image_captions(path, split=request.split, root=root)
+    except DatasetError as e:
+        raise InputError(f"cannot train on this data: {e}") from None
+    except OSError:
+        raise InputError(f"cannot train on this data: a file is {NOT_FOUND}") from None
+    if len(dataset) > cap:
+        raise InputError(f"the data has {len(dataset)} pairs; at most {cap} here")
+    if len(dataset) < request.batch_size:
+        raise InputError(
+            f"the data has {len(dataset)} pairs, fewer than one batch of {request.batch_size}: "
+            "lower the batch size"
+        )
+    return str(path), len(dataset)
+
+
+def train_configs(
+    request: TrainRequest,
+    data: str,
+    n_pairs: int,
+    backbone: dict[str, str],
+    out: Path,
+    cache_dir: str | None = None,
+) -> tuple[list[TrainConfig], list[str]]:
+    """One :class:`TrainConfig` per method (run directory ``out/<method>``, fresh, on
+    ``backbone``'s TrainConfig fields, features cached in ``cache_dir``, default
+    TrainConfig's), with the step cap applied, and notes on the caps."""
+    cap = step_cap()
+    steps_per_epoch = max(1, n_pairs // request.batch_size)
+    planned = request.max_steps or request.epochs * steps_per_epoch
+    notes = []
+    max_steps = request.max_steps
+    if planned > cap:
+        max_steps = cap
+        notes.append(f"capped at {cap} steps per method on this server (asked: {planned})")
+    base = TrainConfig(
+        data=data,
+        split=request.split,
+        n_train=n_pairs if data == WORLD else TrainConfig.n_train,
+        epochs=request.epochs,
+        max_steps=max_steps,
+        batch_size=request.batch_size,
+        lr=request.lr,
+        eps=request.eps,
+        tau_v=request.tau,
+        tau_t=request.tau,
+        n_iters=request.n_iters,
+        rank=request.rank,
+        lambda_local=request.lambda_local,
+        tau_local=request.tau_local,
+        hard_negatives=request.hard_negatives,
+        resume=False,
+        threads=torch.get_num_threads(),  # the server's setting stays as it is
+        log_every=0,
+        **backbone,
+    )
+    if cache_dir:
+        base = replace(base, cache_dir=str(cache_dir))
+    configs = [replace(base, method=m, out=str(out / m)) for m in request.methods]
+    return configs, notes
+
+
+# --------------------------------------------------------------------- jobs
+@dataclass
+class JobStatus:
+    """A consistent copy of a job's state for the page."""
+
+    job_id: str
+    state: str  # "running", "finished", "stopped", "failed"
+    method: str
+    phase: str  # "encoding", "training", "evaluating", ""
+    step: int
+    total: int
+    methods: list[str]
+    histories: dict[str, list[dict[str, float]]]
+    results: dict[str, TrainResult]
+    notes: list[str]
+    error: str | None
+    picker_entry: str | None
+    probe: dict[str, dict[str, float]]
+    seconds: float
+
+    @property
+    def done(self) -> bool:
+        return self.state != "running"
+
+
+class TrainingJob:
+    """One run of one or more methods in a background thread."""
+
+    def __init__(self, ctx: AppContext, backbone: str, configs: list[TrainConfig],
+                 notes: list[str], evaluate: bool = True, registry: Path | None = None,
+                 on_end: Callable[[], None] | None = None) -> None:
+        self.id = uuid.uuid4().hex[:12]
+        self.ctx, self.checkpoint, self.configs = ctx, backbone, configs
+        self.evaluate, self.registry, self.on_end = evaluate, registry, on_end
+        self.stop_event = threading.Event()
+        self.finished = threading.Event()
+        self._lock = threading.Lock()
+        self._state, self._phase, self._method = "running", "", configs[0].method
+        self._step, self._total = 0, 0
+        self._histories: dict[str, list[dict[str, float]]] = {c.method: [] for c in configs}
+        self._results: dict[str, TrainResult] = {}
+        self._notes = list(notes)
+        self._error: str | None = None
+        self._entry: str | None = None
+        self._probe: dict[str, dict[str, float]] = {}
+        self._start = time.perf_counter()
+        self.thread = threading.Thread(target=self._run, name=f"otviz-train-{self.id}",
+                                       daemon=True)
+
+    def status(self) -> JobStatus:
+        with self._lock:
+            return JobStatus(
+                self.id, self._state, self._method, self._phase, self._step, self._total,
+                [c.method for c in self.configs],
+                {m: list(h) for m, h in self._histories.items()}, dict(self._results),
+                list(self._notes), self._error, self._entry,
+                {m: dict(p) for m, p in self._probe.items()},
+                time.perf_counter() - self._start,
+            )
+
+    def _progress(self, step: int, total: int, metrics: dict[str, float]) -> None:
+        with self._lock:
+            self._step, self._total = step, total
+            if ENCODING in metrics:
+                self._phase = ENCODING
+            else:
+                self._phase = "training"
+                self._histories[self._method].append(dict(metrics))
+
+    def _run(self) -> None:
+        try:
+            heads = self._train_all()
+            if heads and not self.stop_event.is_set():
+                self._register_and_probe(heads)
+            with self._lock:
+                self._state = "stopped" if self.stop_event.is_set() else "finished"
+        except UserInputError as e:
+            self._fail(str(e))
+        except Exception as e:  # a failed run must end the job and say why, not hang it
+            error_id = uuid.uuid4().hex[:8]
+            log.exception("training job %s failed (error id %s)", self.id, error_id)
+            self._fail(f"training failed: {type(e).__name__}: {e} (error id {error_id})")
+        finally:
+            with self._lock:
+                self._phase = ""
+            if self.on_end is not None:
+                self.on_end()
+            self.finished.set()
+
+    def _fail(self, message: str) -> None:
+        """End the job as failed, leaving nothing behind: unless its heads are already in the
+        picker, its run directory (unpacked data, partial states) goes; a stopped run keeps
+        its resume state instead."""
+        with self._lock:
+            self._state, self._error = "failed", message
+            registered = self._entry is not None
+        if not registered:
+            shutil.rmtree(Path(self.configs[0].out).parent, ignore_errors=True)
+
+    def _train_all(self) -> dict[str, Path]:
+        heads: dict[str, Path] = {}
+        for config in self.configs:
+            if self.stop_event.is_set():
+                break
+            with self._lock:
+                self._method, self._step, self._total = config.method, 0, 0
+            result = train_method(config, self._progress, self.stop_event)
+            with self._lock:
+                self._results[config.method] = result
+                self._notes += result.notes
+                if result.status == "skipped":
+                    self._notes.append(f"{config.method}: {result.message}")
+            if result.head_checkpoint:
+                heads[config.method] = Path(result.head_checkpoint)
+        return heads
+
+    def _register_and_probe(self, heads: dict[str, Path]) -> None:
+        label = "trained here: " + "+".join(heads)
+        entry = self.ctx.add_head_set(self.checkpoint, label, heads)
+        if self.registry is not None:
+            unique = entry[len(self.checkpoint) + len(SEPARATOR):]
+            record_head_set(self.registry, HeadSet(unique, self.checkpoint, heads))
+        with self._lock:
+            self._entry, self._phase = entry, "evaluating"
+        if not self.evaluate:
+            return
+        free = self.ctx.suite(self.checkpoint)
+        trained = self.ctx.suite(entry)
+        explainer = self.ctx.explainer(entry)
+        names = list(heads)
+        before = run_batch_probe(explainer, _subset(free, names, "free")).accuracy()
+        after = run_batch_probe(explainer, _subset(trained, names, "trained")).accuracy()
+        with self._lock:
+            self._probe = {
+                m: {"training-free": before[m]["overall"], "trained": after[m]["overall"]}
+                for m in names
+            }
+
+
+def _subset(suite: MethodSuite, names: list[str], tag: str) -> MethodSuite:
+    return MethodSuite(suite.backbone, {n: suite.methods[n] for n in names},
+                       f"{suite.label} [{tag}]")
+
+
+class TrainingJobs:
+    """The one training slot of a server. At creation it offers again the heads trained
+    here before (the registry under ``runs_root``), removes the feature cache's half-built
+    entries and cuts it to :func:`cache_cap_bytes`; the cap is applied again after each run.
+
+    Args:
+        ctx: where finished heads are registered.
+        runs_root: where run directories (and unpacked uploads) and the head registry go.
+        cache_dir: the frozen-backbone feature cache (default: TrainConfig's; on a Space,
+            in the temp dir).
+        evaluate: score finished heads on the examples gallery's probe.
+    """
+
+    def __init__(self, ctx: AppContext, runs_root: Path | None = None,
+                 cache_dir: Path | None = None, evaluate: bool = True) -> None:
+        self.ctx = ctx
+        tmp = Path(tempfile.gettempdir())
+        self.runs_root = Path(runs_root or (tmp / "otviz-runs" if on_space() else RUNS_ROOT))
+        self.cache_dir = cache_dir or (tmp / "otviz-features" if on_space() else None)
+        self.evaluate = evaluate
+        self._lock = threading.Lock()
+        self._job: TrainingJob | None = None
+        for head_set in load_head_sets(self.runs_root):
+            if any(b.label == head_set.backbone for b in ctx.backbones):
+                ctx.add_head_set(head_set.backbone, head_set.label, head_set.heads)
+        FeatureCache(self.feature_cache_dir).remove_stale_builds()
+        self.trim_cache()
+
+    @property
+    def feature_cache_dir(self) -> Path:
+        return Path(self.cache_dir or TrainConfig.cache_dir)
+
+    def trim_cache(self) -> None:
+        """Cut the feature cache to :func:`cache_cap_bytes` (least recently used first)."""
+        FeatureCache(self.feature_cache_dir).evict(cache_cap_bytes())
+
+    def current(self) -> TrainingJob | None:
+        with self._lock:
+            return self._job
+
+    def start(self, request: TrainRequest, checkpoint: str) -> TrainingJob:
+        """Check the request and its data, then start training it in the background.
+
+        Raises:
+            TrainingBusyError: another run is in progress on this server.
+            InputError: a bad request or data (missing files, empty folder, ...).
+        """
+        with self._lock:
+            if self._job is not None and not self._job.finished.is_set():
+                raise TrainingBusyError(self._busy_message(self._job.status()))
+            check_request(request)
+            choice = self.ctx.backbone_choice(checkpoint)
+            run_dir = self.runs_root / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+            try:
+                data, n_pairs = resolve_data(request, run_dir / "data")
+            except BaseException:  # a refused request leaves no files
+                shutil.rmtree(run_dir, ignore_errors=True)
+                raise
+            configs, notes = train_configs(request, data, n_pairs, choice.train_backbone,
+                                           run_dir, self.cache_dir)
+            job = TrainingJob(self.ctx, choice.label, configs, notes, self.evaluate,
+                              self.runs_root, self.trim_cache)
+            self._job = job
+            job.thread.start()
+            return job
+
+    def stop(self, job_id: str | None) -> bool:
+        """Ask the run ``job_id`` to stop after its current step; False when that run is
+        not the one in progress (only its starter holds its id)."""
+        with self._lock:
+            job = self._job
+        if job is None or job.id != job_id or job.finished.is_set():
+            return False
+        job.stop_event.set()
+        return True
+
+    @staticmethod
+    def _busy_message(status: JobStatus) -> str:
+        where = f"step {status.step}/{status.total}" if status.total else "starting"
+        method = METHOD_LABELS.get(status.method, status.method)
+        return (
+            f"A training run is already in progress on this server ({method}, {where}). "
+            "One run at a time: try again when it has finished."
+        )
+
+
+def status_record(status: JobStatus) -> dict[str, Any]:
+    """The job's outcome as JSON-able data (downloads, tests)."""
+    return {
+        "state": status.state,
+        "methods": status.methods,
+        "results": {
+            m: {"status": r.status, "message": r.message, "steps": r.steps,
+                "total_steps": r.total_steps, "head": r.head_checkpoint,
+                "seconds_per_step": r.seconds_per_step}
+            for m, r in status.results.items()
+        },
+        "probe_accuracy": status.probe,
+        "notes": status.notes,
+        "error": status.error,
+        "picker_entry": status.picker_entry,
+    }

@@ -1,0 +1,85 @@
+"""Results over seeds: the Student-t interval against its closed form, intervals that cover
+the seeds' spread, claim verdicts on synthetic cases, tables over seeds, and the paper
+recipe preset."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from otviz.cli.train import build_parser
+from otviz.eval.seeds import (
+    DOES_NOT_HOLD,
+    HOLDS,
+    INCONCLUSIVE,
+    aggregate,
+    beats,
+    best_vs_runner_up,
+    claims_table,
+    seed_interval,
+)
+from otviz.eval.table import Column, Table
+from otviz.train.config import TrainConfig, paper_recipe
+
+
+def test_interval_closed_form() -> None:
+    iv = seed_interval([1.0, 2.0, 3.0])  # mean 2, s = 1, t_{0.975, 2} = 4.302653
+    assert (iv.mean, iv.n) == (2.0, 3)
+    assert iv.high - 2.0 == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    assert seed_interval([0.4]).low == -math.inf  # one seed: nothing can be claimed
+
+
+def test_intervals_cover_the_seeds_spread() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        values = (0.5 + 0.1 * torch.randn(3, generator=gen, dtype=torch.float64)).tolist()
+        iv = seed_interval(values)
+        assert iv.low <= min(values) and max(values) <= iv.high
+
+
+def test_claim_verdicts_on_synthetic_cases() -> None:
+    gen = torch.Generator().manual_seed(1)
+    base = (0.5 + 0.05 * torch.randn(5, generator=gen, dtype=torch.float64)).tolist()
+    noise = (0.002 * torch.randn(5, generator=gen, dtype=torch.float64)).tolist()
+    better = [b + 0.03 + n for b, n in zip(base, noise, strict=True)]
+    worse = [b - 0.03 + n for b, n in zip(base, noise, strict=True)]
+    tied = [b + 0.02 * s for b, s in zip(base, [1, -1, 1, -1, 0], strict=True)]
+    assert beats(better, base)[0] == HOLDS  # paired: the common seed effect cancels
+    assert beats(worse, base)[0] == DOES_NOT_HOLD
+    assert beats(tied, base)[0] == INCONCLUSIVE
+    assert beats(better[:1], base[:1])[0] == INCONCLUSIVE
+    with pytest.raises(ValueError, match="same seeds"):
+        beats(better, base[:3])
+
+
+def _seed_tables(values: dict[str, list[float]]) -> list[Table]:
+    cols = [Column("method", "Method", "text"), Column("r1", "R@1"), Column("n", "N", "int")]
+    n_seeds = len(next(iter(values.values())))
+    return [Table("retrieval", "Retrieval", cols,
+                  [{"method": m.upper(), "name": m, "r1": v[s], "n": 10}
+                   for m, v in values.items()]) for s in range(n_seeds)]
+
+
+def test_tables_over_seeds_and_best_claims() -> None:
+    values = {"a": [0.50, 0.52, 0.51], "b": [0.40, 0.43, 0.41], "c": [0.38, 0.45, 0.40]}
+    runs = _seed_tables(values)
+    table = aggregate(runs)
+    row = table.rows[0]
+    assert row["r1"] == pytest.approx(0.51) and row["r1_seeds"] == values["a"]
+    assert row["r1_ci"][0] <= 0.50 and row["r1_ci"][1] >= 0.52
+    assert "n_ci" not in row  # counts are not measurements
+    assert "| A | 51.0 [" in table.markdown()
+    claims = best_vs_runner_up({"retrieval": runs}, [("retrieval", "r1")])
+    assert claims == [("retrieval", "r1", "a", "b")]
+    verdicts = claims_table({"retrieval": runs}, claims + [("retrieval", "r1", "b", "c")])
+    assert [r["verdict"] for r in verdicts.rows] == [HOLDS, INCONCLUSIVE]
+
+
+def test_paper_recipe_preset() -> None:
+    fast = TrainConfig(method="conceptot", lr=2e-3, batch_size=32)
+    paper = paper_recipe(fast)
+    assert (paper.lr, paper.batch_size, paper.epochs, paper.max_steps) == (1e-4, 64, 3, 4686)
+    assert paper_recipe(TrainConfig(method="filip")).max_steps == 8 * 1562
+    assert build_parser().parse_args(["--paper-recipe"]).paper_recipe

@@ -1,0 +1,59 @@
+"""Helpers shared by test modules (fixtures live in the conftest.py files); otviz is
+imported inside them, so importing this module stays cheap."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from otviz.ui.context import AppContext
+
+#: The repository's root folder.
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def random_tiny_clip(path: Path, seed: int) -> Path:
+    """A randomly initialised small tiny-CLIP checkpoint (no shipped weights needed)."""
+    from otviz.tiny_clip import create_tiny_clip, save_tiny_clip, tiny_clip_config
+
+    cfg = tiny_clip_config(embed_dim=32, vision_width=32, vision_layers=1, vision_heads=2,
+                           text_width=32, text_layers=1, text_heads=2)
+    save_tiny_clip(path, create_tiny_clip(cfg, seed=seed), cfg, {})
+    return path
+
+
+def app_context() -> AppContext:
+    """The app's default context on the shipped checkpoint; fails (does not skip) when the
+    checkpoint is missing. ``OTVIZ_UI_TEST_CHECKPOINT`` points it at another tiny-CLIP
+    checkpoint directory instead (development before the shipped one exists)."""
+    from otviz.backbone import Backbone
+    from otviz.suite import WORLD_FIT_CAPTIONS
+    from otviz.tiny_clip import DEFAULT_CHECKPOINT
+    from otviz.ui.context import EMBEDDED, AppContext, BackboneChoice
+
+    override = os.environ.get("OTVIZ_UI_TEST_CHECKPOINT")
+    if override:
+        load = lambda: Backbone.from_checkpoint(override)  # noqa: E731
+        return AppContext([BackboneChoice(EMBEDDED, load, WORLD_FIT_CAPTIONS)])
+    if not Path(DEFAULT_CHECKPOINT).is_dir():
+        pytest.fail(f"the shipped checkpoint {DEFAULT_CHECKPOINT} is missing")
+    return AppContext.default()
+
+
+def write_caption_folder(folder: Path, n: int, captions: dict[int, str] | None = None) -> Path:
+    """``folder`` with the first ``n`` example images and a ``path,caption`` CSV of their
+    captions (row ``k`` replaced by ``captions[k]`` where given)."""
+    from otviz.ui.examples import load_examples
+
+    folder.mkdir()
+    rows = ["path,caption"]
+    for k, e in enumerate(load_examples()[:n]):
+        shutil.copy(e.image_path, folder / e.image_path.name)
+        rows.append(f'{e.image_path.name},"{(captions or {}).get(k, e.caption)}"')
+    (folder / "captions.csv").write_text("\n".join(rows) + "\n")
+    return folder

@@ -1,0 +1,138 @@
+"""PowerCLIP's head: the patch map equals its documented formula, region proposals, the
+triplet loss variants against their definitions, and a short seeded training on world pairs
+that separates matched from mismatched pairs (the shipped head collapsed: every q < 0)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from otviz.backbone import Backbone
+from otviz.checkpoints.heads import load_method_checkpoint
+from otviz.methods import MethodConfig, PairBatch, build_method
+from otviz.methods.powerclip import best_node, region_node_scores, triplet_loss
+from otviz.ot.powerset import nla_t1
+from otviz.regions import grid_cells, random_boxes
+from otviz.train.config import TrainConfig
+from otviz.train.loop import train_method
+from otviz.train.pairs import build_source
+
+DT = torch.float64
+
+
+def _pair(seed: int = 0, grid=(3, 4), m: int = 5, d: int = 8) -> PairBatch:
+    gen = torch.Generator().manual_seed(seed)
+    n = grid[0] * grid[1]
+    batch = PairBatch(
+        patches=torch.randn(2, n, d, generator=gen, dtype=DT),
+        tokens=torch.randn(2, m, d, generator=gen, dtype=DT),
+        patch_mask=torch.ones(2, n, dtype=torch.bool),
+        token_mask=torch.ones(2, m, dtype=torch.bool),
+        image_global=torch.randn(2, d, generator=gen, dtype=DT),
+        text_global=torch.randn(2, d, generator=gen, dtype=DT),
+        grid=grid,
+    )
+    batch.regions = random_boxes(grid, 4, seed=seed, batch_size=2)
+    spans = torch.zeros(2, 3, m, dtype=torch.bool)
+    spans[:, 0, :2] = True  # "a red"
+    spans[:, 1, 2:] = True  # "circle left of"
+    spans[:, 2, :] = True  # the whole caption
+    batch.nodes, batch.node_mask = spans, spans.any(-1)
+    return batch
+
+
+def _method(**extra) -> torch.nn.Module:
+    return build_method("powerclip", 8, 8, MethodConfig(trainable=False, extra=extra)).double()
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_phrase_patch_map_is_membership_weighted_region_cover(exact: bool) -> None:
+    batch = _pair()
+    tau = 0.05
+    out = _method(tau=tau, exact=exact).align(batch)
+    q = out.extras["region_node_scores"]  # [B, R, K]
+    select = torch.zeros(2, 5, dtype=torch.bool)
+    select[:, 2:] = True  # exactly node 1
+    got = type(_method()).phrase_patch_map(out, select)
+    for b in range(2):
+        member = (q[b, :, 1] > 0).to(DT) if exact else torch.sigmoid(q[b, :, 1] / tau)
+        want = sum(member[r] * batch.regions[b, r].to(DT) for r in range(4))
+        torch.testing.assert_close(got[b], want)
+
+
+def test_best_node_is_the_largest_jaccard_overlap() -> None:
+    nodes = _pair().nodes
+    select = torch.tensor([[1, 1, 0, 0, 0], [0, 0, 1, 1, 0]], dtype=torch.bool)
+    assert best_node(nodes, nodes.any(-1), select).tolist() == [0, 1]
+    masked = torch.tensor([[False, True, True]] * 2)
+    assert best_node(nodes, masked, select)[0] == 2  # node 0 masked: the root overlaps best
+
+
+def test_region_proposals_grid_or_seeded_boxes() -> None:
+    batch = _pair()
+    batch.regions = None
+    boxes = _method(proposals="boxes", n_regions=10, proposal_seed=3).align(batch)
+    assert torch.equal(boxes.extras["regions"][1], random_boxes((3, 4), 10, seed=3))
+    grid = _method(n_regions=6).align(batch)
+    assert torch.equal(grid.extras["regions"][0], grid_cells((3, 4), 2, 3))
+    with pytest.raises(ValueError, match="proposals"):
+        _method(proposals="sam").align(batch)
+
+
+def test_triplet_loss_variants_match_their_definitions() -> None:
+    gen = torch.Generator().manual_seed(0)
+    sim = torch.randn(4, 4, generator=gen, dtype=DT)
+    gamma = 0.3
+    excluded = torch.zeros(4, 4, dtype=torch.bool)
+    excluded[0, 1] = excluded[1, 0] = True  # pairs 0 and 1 share a caption
+
+    def ref(x: torch.Tensor, mode: str) -> float:
+        total = 0.0
+        for i in range(4):
+            negs = [x[i, j] for j in range(4) if j != i and not excluded[i, j]]
+            hinges = [max(float(v - x[i, i]) + gamma, 0.0) for v in negs]
+            total += max(hinges) if mode == "hardest" else sum(hinges) / len(hinges)
+        return total / 4
+
+    for mode in ("hardest", "all"):
+        want = ref(sim, mode) + ref(sim.T, mode)
+        got = triplet_loss(sim, gamma, mode, excluded)
+        assert float(got) == pytest.approx(want)
+    with pytest.raises(ValueError, match="negatives"):
+        triplet_loss(sim, gamma, "semi-hard")
+
+
+@pytest.fixture(scope="module")
+def world_source(tmp_path_factory: pytest.TempPathFactory):
+    """256 world training pairs encoded by the shipped backbone (any backbone works)."""
+    torch.set_num_threads(1)
+    cache = tmp_path_factory.mktemp("pc-cache")
+    return build_source(TrainConfig(method="powerclip", n_train=256, cache_dir=str(cache),
+                                    device="cpu", threads=1))
+
+
+def _t2r_matrix(method: torch.nn.Module, source, n: int = 48) -> torch.Tensor:
+    """``[n, n]`` T2R (NLA-T1) of the first ``n`` pairs' images against their captions, on
+    the random boxes the head trains on."""
+    batch = source.pair_batch(torch.arange(n))
+    batch.regions = random_boxes(batch.grid, 10, seed=123, batch_size=n)
+    with torch.no_grad():
+        inp = method.inputs(batch)
+        q = region_node_scores(inp.region_emb[:, None], inp.phrase_emb[None])
+        return nla_t1(q, method.tau, inp.region_mask[:, None, :], inp.node_mask[None])
+
+
+def test_short_training_separates_matched_from_mismatched(world_source, tmp_path: Path):
+    config = TrainConfig(method="powerclip", n_train=256, batch_size=32, max_steps=64,
+                         lr=1e-3, warmup_frac=0.0, concept_dim=64, threads=1, device="cpu",
+                         log_every=0, out=str(tmp_path / "run"), seed=0)
+    result = train_method(config, source=world_source)
+    backbone = Backbone.from_checkpoint()
+    t2r = _t2r_matrix(load_method_checkpoint(result.head_checkpoint, backbone), world_source)
+    eye = torch.eye(t2r.shape[0], dtype=torch.bool)
+    matched, mismatched = t2r[eye].mean(), t2r[~eye].mean()
+    assert matched > 0.01 and matched > 2 * mismatched
+    local = [h["local"] for h in result.history]
+    assert sum(local[-4:]) / 4 < config.powerset_gamma  # well below the trivial 2 gamma

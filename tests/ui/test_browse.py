@@ -1,0 +1,271 @@
+"""The Browse view: per-(image, phrase, method) rows whose hit and IoU are the grounding
+metrics' on the same heatmaps, phrase kinds against the world's meaning and scene, filters
+and orders against brute force on a constructed table, page bounds, uploads (only their own
+files), the in-memory cache, and the tab inside the app with one callback giving a picture
+and a table and a row opening in Align."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pytest
+import torch
+
+from otviz.eval import browse as B
+from otviz.eval.grounding_baselines import colour_shared
+from otviz.eval.grounding_metrics import grounding_scores, pointing_hits
+from otviz.explain import InputError
+from otviz.suite import METHOD_LABELS
+from otviz.ui.align_tab import align_view
+from otviz.ui.app import BROWSE_TITLE, build_app, tab_id
+from otviz.ui.browse_tab import (
+    UPLOAD_SOURCE,
+    WORLD_SOURCE,
+    BrowseSources,
+    browse_view,
+    load_table,
+    open_row,
+)
+from otviz.ui.context import AppContext
+from otviz.ui.examples import load_examples
+from tests.helpers import write_caption_folder
+
+N_IMAGES = 12
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory) -> AppContext:
+    return AppContext.default(heads_root=tmp_path_factory.mktemp("no-heads"))
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> BrowseSources:
+    root = tmp_path_factory.mktemp("browse")
+    return BrowseSources(B.BrowseCache(), root / "features", root / "uploads")
+
+
+@pytest.fixture(scope="module")
+def world(ctx, checkpoint, sources) -> B.BrowseTable:
+    return load_table(ctx, sources, checkpoint, WORLD_SOURCE, N_IMAGES, "test")
+
+
+# ----------------------------------------------------------------------- rows
+def test_rows_are_the_grounding_metrics_of_the_same_heatmaps(world):
+    assert world.gold is not None and world.hits is not None and world.iou is not None
+    size = tuple(int(v) for v in world.image_sizes[0])
+    for k, name in enumerate(world.methods):
+        heat = world.heatmaps[:, k]
+        scores = grounding_scores(heat, world.grid, world.gold, size, world.threshold)
+        assert torch.equal(world.hits[:, k], pointing_hits(heat, world.grid, world.gold, size))
+        assert scores["pointing"] == pytest.approx(float(world.hits[:, k].float().mean()))
+        assert scores["mean_iou"] == pytest.approx(float(world.iou[:, k].mean())), name
+        assert scores["hit@0.5"] == pytest.approx(float((world.iou[:, k] >= 0.5).double().mean()))
+
+
+def test_world_items_are_the_gold_phrases_with_their_kinds(ctx, checkpoint, world):
+    from otviz.eval.world_set import EvalSet, world_config_of
+
+    backbone = ctx.suite(checkpoint).backbone
+    samples = EvalSet.build(backbone, N_IMAGES, "test", cache_dir="unused",
+                            config=world_config_of(backbone, negatives=False)).samples
+    expected = []
+    for j, s in enumerate(samples):
+        related = {k for a, _, b in s.meaning.relations() for k in (a, b)}
+        for k, p in enumerate(s.phrases):
+            kinds = {B.COLOUR_SHARED} if colour_shared(s, p.object_index) else set()
+            kinds |= {B.RELATION} if k in related else set()
+            kinds |= {B.SIZE} if any(w in ("small", "large") for w in p.text.split()) else set()
+            expected.append((j, p.text, p.start, p.end, tuple(p.box), frozenset(kinds)))
+    got = [(it.image, it.phrase, it.start, it.end, tuple(int(v) for v in world.gold[q]),
+            it.kinds) for q, it in enumerate(world.items)]
+    assert got == expected
+    assert all(set(B.KINDS) & {k for it in world.items for k in it.kinds})
+
+
+# ----------------------------------------------------------------------- filters
+def constructed(n: int = 40, gold: bool = True, seed: int = 0) -> B.BrowseTable:
+    """A table of ``n`` queries and three methods with seeded hits, IoUs (with ties) and
+    kinds."""
+    g = torch.Generator().manual_seed(seed)
+    kinds = [frozenset(k for k in B.KINDS if torch.rand(1, generator=g) < 0.5) for _ in range(n)]
+    items = [B.BrowseItem(q // 3, "c", f"p{q}", 0, 1, kinds[q]) for q in range(n)]
+    iou = (torch.randint(0, 5, (n, 3), generator=g) / 4).double()
+    return B.BrowseTable(
+        items, ("filip", "conceptot", "qc_align"), (2, 2), torch.rand(n, 3, 4, generator=g),
+        torch.zeros(n, 3, 4, dtype=torch.long), torch.full((n, 2), 8),
+        torch.zeros(n, 4) if gold else None,
+        torch.rand(n, 3, generator=g) < 0.5 if gold else None, iou if gold else None,
+        lambda j: np.zeros((8, 8, 3), np.uint8), 0.5,
+    )
+
+
+@pytest.mark.parametrize("hit_filter", B.HIT_FILTERS)
+def test_hit_filters_select_exactly_the_rows_that_satisfy_them(hit_filter):
+    t = constructed()
+    a, b = t.hits[:, 1].tolist(), t.hits[:, 0].tolist()
+    rule = {
+        B.ALL_ROWS: lambda x, y: True,
+        B.A_HITS_B_MISSES: lambda x, y: x and not y,
+        B.A_MISSES: lambda x, y: not x,
+        B.BOTH_MISS: lambda x, y: not x and not y,
+        B.DISAGREE: lambda x, y: x != y,
+    }[hit_filter]
+    got = B.select_rows(t, "conceptot", "filip", hit_filter).tolist()
+    assert got == [q for q in range(len(t)) if rule(a[q], b[q])]
+
+
+@pytest.mark.parametrize("kinds", [[], [B.RELATION], [B.SIZE, B.COLOUR_SHARED], list(B.KINDS)])
+def test_kind_filter_keeps_rows_with_every_ticked_kind(kinds):
+    t = constructed()
+    got = B.select_rows(t, "conceptot", "filip", B.A_MISSES, kinds).tolist()
+    misses = (~t.hits[:, 1]).tolist()
+    assert got == [q for q, it in enumerate(t.items) if set(kinds) <= it.kinds and misses[q]]
+
+
+def test_orders_sort_by_iou_with_ties_in_set_order():
+    t = constructed()
+    rows = torch.arange(len(t))
+    ia, ib = t.iou[:, 1].tolist(), t.iou[:, 2].tolist()
+    assert B.sort_rows(t, rows, B.SET_ORDER, "conceptot", "qc_align").tolist() == list(rows)
+    assert B.sort_rows(t, rows, B.IOU_UP, "conceptot", "qc_align").tolist() == sorted(
+        range(len(t)), key=lambda q: (ia[q], q))
+    assert B.sort_rows(t, rows, B.IOU_DOWN, "conceptot", "qc_align").tolist() == sorted(
+        range(len(t)), key=lambda q: (-ia[q], q))
+    assert B.sort_rows(t, rows, B.IOU_GAP, "conceptot", "qc_align").tolist() == sorted(
+        range(len(t)), key=lambda q: (-(ia[q] - ib[q]), q))
+    subset = torch.tensor([5, 1, 9])
+    assert sorted(B.sort_rows(t, subset, B.IOU_UP, "conceptot", "filip").tolist()) == [1, 5, 9]
+
+
+def test_without_gold_boxes_hits_and_iou_orders_are_messages():
+    t = constructed(gold=False)
+    assert B.select_rows(t, "conceptot", "filip", B.ALL_ROWS, [B.SIZE]).numel() > 0
+    with pytest.raises(InputError, match="no gold boxes"):
+        B.select_rows(t, "conceptot", "filip", B.A_HITS_B_MISSES)
+    with pytest.raises(InputError, match="no gold boxes"):
+        B.select_rows(t, "conceptot", "filip", order=B.IOU_UP)
+    for bad in ({"a": "sparse_magic"}, {"hit_filter": "maybe"}, {"kinds": ["shiny"]},
+                {"order": "random"}):
+        args = {"a": "conceptot", "b": "filip", "hit_filter": B.A_MISSES, **bad}
+        with pytest.raises(InputError):
+            B.select_rows(constructed(), **args)
+
+
+@pytest.mark.parametrize(
+    ("page", "per_page", "number", "ids"),
+    [(1, 12, 1, range(0, 12)), (3, 12, 3, range(24, 30)), (4, 12, 3, range(24, 30)),
+     (0, 12, 1, range(0, 12)), (-7, 12, 1, range(0, 12)), (float("nan"), 12, 1, range(0, 12)),
+     (None, 12, 1, range(0, 12)), ("x", 12, 1, range(0, 12)), (1e12, 12, 3, range(24, 30)),
+     (2, 0, 2, range(1, 2)), (2, 10**6, 2, range(24, 30)), (2.6, 12, 3, range(24, 30))],
+)
+def test_pages_are_clamped(page, per_page, number, ids):
+    shown = B.page_of(torch.arange(30), page, per_page)
+    assert shown.number == number and shown.rows.tolist() == list(ids)
+    assert shown.n_pages == math.ceil(30 / shown.per_page)
+    assert (shown.first, shown.last) == (ids[0] + 1, ids[-1] + 1)
+
+
+def test_every_row_on_exactly_one_page_and_empty_is_one_page():
+    rows = torch.randperm(50, generator=torch.Generator().manual_seed(1))
+    pages = [B.page_of(rows, p, 12) for p in range(1, 6)]
+    assert torch.equal(torch.cat([p.rows for p in pages]), rows)
+    empty = B.page_of(torch.zeros(0, dtype=torch.long), 3, 12)
+    assert (empty.number, empty.n_pages, empty.first, empty.last) == (1, 1, 0, 0)
+
+
+def test_cache_computes_a_key_once_when_requests_race():
+    cache, calls = B.BrowseCache(size=2), []
+
+    def compute():
+        calls.append(1)
+        time.sleep(0.05)
+        return constructed()
+
+    threads = [threading.Thread(target=cache.get, args=("k", compute)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    cache.get("x", compute), cache.get("y", compute), cache.get("k", compute)
+    assert len(calls) == 4  # "k" was the least recently used of three in a cache of two
+
+
+# ----------------------------------------------------------------------- uploads
+@pytest.fixture()
+def caption_zip(tmp_path) -> Path:
+    """Four example images with captions (one naming a colour twice) in a .zip."""
+    folder = write_caption_folder(tmp_path / "pairs", 4,
+                                  {0: "a red circle to the left of a red star"})
+    archive = tmp_path / "pairs.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for f in folder.iterdir():
+            z.write(f, f"pairs/{f.name}")
+    return archive
+
+
+def test_an_uploaded_folder_browses_its_noun_phrases(ctx, checkpoint, sources, caption_zip):
+    t = load_table(ctx, sources, checkpoint, UPLOAD_SOURCE, files=[str(caption_zip)])
+    assert t.gold is None and t.hits is None
+    first = [it for it in t.items if it.image == 0]
+    assert [it.phrase for it in first] == ["a red circle", "a red star"]
+    assert all({B.COLOUR_SHARED, B.RELATION} <= it.kinds for it in first)
+    assert {it.image for it in t.items} == {0, 1, 2, 3}
+    v = browse_view(t, ["conceptot"], hit_filter=B.ALL_ROWS)
+    assert v.image is not None and list(v.frame["ConceptOT"]) == ["—"] * len(v.rows)
+    with pytest.raises(InputError, match="no gold boxes"):
+        browse_view(t, ["conceptot"], hit_filter=B.A_MISSES)
+
+
+def test_an_upload_may_only_name_its_own_files(ctx, checkpoint, sources, tmp_path):
+    outside = tmp_path / "secret.png"
+    shutil.copy(load_examples()[0].image_path, outside)
+    archive = tmp_path / "evil.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("captions.csv", f'path,caption\n{outside},"a red circle"\n')
+    with pytest.raises(InputError, match="outside the upload"):
+        load_table(ctx, sources, checkpoint, UPLOAD_SOURCE, files=[str(archive)])
+    with pytest.raises(InputError, match="no files uploaded"):
+        load_table(ctx, sources, checkpoint, UPLOAD_SOURCE, files=[])
+    for n in (0, MAX := B.MAX_IMAGES + 1, None):
+        with pytest.raises(InputError, match="number of images"):
+            load_table(ctx, sources, checkpoint, WORLD_SOURCE, n)
+    assert MAX > B.MAX_IMAGES
+    with pytest.raises(InputError, match="unknown split"):
+        load_table(ctx, sources, checkpoint, WORLD_SOURCE, 4, "train/../../etc")
+
+
+# ----------------------------------------------------------------------- the view
+def test_the_tab_builds_in_the_app_and_opens_rows_in_align(ctx, checkpoint, sources, world):
+    app = build_app(ctx, browse=sources)
+    assert isinstance(app, gr.Blocks)
+    tabs = {b.label: b for b in app.blocks.values() if isinstance(b, gr.Tab)}
+    assert tabs[BROWSE_TITLE].id == tab_id(BROWSE_TITLE)
+    assert "browse" in {fn.api_name for fn in app.fns.values()}
+
+    methods = ["filip", "conceptot", "qc_align"]
+    v = browse_view(world, methods, "conceptot", "filip", B.ALL_ROWS, [], B.IOU_UP, 1, 12)
+    assert v.image.ndim == 3 and v.image.shape[1] <= 1400 and v.image.std() > 0
+    assert list(v.frame.columns) == ["#", "image", "phrase", "kinds"] + [
+        METHOD_LABELS[m] for m in methods]
+    assert len(v.frame) == len(v.rows) == 12 and v.page == 1
+    ious = world.iou[v.rows, world.method_index("conceptot")].tolist()
+    assert ious == sorted(ious)
+    mark = v.frame["ConceptOT"].iloc[0]
+    assert mark[0] in "✓✗" and float(mark[2:]) == pytest.approx(ious[0], abs=0.005)
+
+    image, caption, phrase = open_row(world, v.rows, 3)
+    item = world.items[v.rows[3]]
+    assert caption == item.caption and np.array_equal(image, world.load_image(item.image))
+    opened = align_view(ctx.explainer(checkpoint), ctx.suite(checkpoint), image, caption,
+                        phrase=phrase)
+    assert opened.phrase == phrase == f"span:{item.start}:{item.end}"
+    with pytest.raises(InputError, match="not on this page"):
+        open_row(world, v.rows, 12)

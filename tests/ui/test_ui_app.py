@@ -1,0 +1,251 @@
+"""The whole app: every view mounted in order with its how-to-read text, all reading the one
+shared image / caption / checkpoint, and their callbacks working together on one served app
+(through Gradio's own pre- and postprocessing, via gradio_client); bad input comes back as
+a message, never a traceback; the picker (real CLIPs only with network, head sets)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gradio as gr
+import pytest
+import torch
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+from PIL import Image
+
+from otviz.checkpoints.heads import save_method_checkpoint
+from otviz.methods import METHODS, MethodConfig
+from otviz.suite import ALIGN_METHODS
+from otviz.ui import context as context_module
+from otviz.ui.app import BROWSE_TITLE, TRAIN_TITLE, VIEWS, build_app
+from otviz.ui.context import (
+    EMBEDDED,
+    REMOTE_MODELS,
+    SHIPPED_HEADS,
+    TRAINING_FREE,
+    TRAINING_FREE_FAITHFUL,
+    AppContext,
+    BackboneChoice,
+    find_heads,
+    remote_models,
+)
+from otviz.ui.examples import load_examples
+
+HOW_TO_READ = "**How to read this view.**"
+
+
+def _walk(block):
+    for child in getattr(block, "children", []):
+        yield child
+        yield from _walk(child)
+
+
+@pytest.fixture(scope="module")
+def built():
+    ctx = AppContext.default()
+    return ctx, build_app(ctx)
+
+
+@pytest.fixture(scope="module")
+def client(live_app) -> Client:
+    return Client(live_app.url, verbose=False, download_files=False)
+
+
+@pytest.fixture(scope="module")
+def example():
+    e = load_examples()[0]
+    return str(e.image_path), e.caption
+
+
+def test_views_in_order_each_with_how_to_read(built):
+    _, app = built
+    tabs = [b for b in app.blocks.values() if isinstance(b, gr.Tab)]
+    assert [t.label for t in tabs] == [title for title, _ in VIEWS] + [BROWSE_TITLE, TRAIN_TITLE]
+    assert tabs[0].label == "Align"
+    for tab in tabs:
+        notes = [b.value for b in _walk(tab) if isinstance(b, gr.Markdown)]
+        assert any(str(n).startswith(HOW_TO_READ) for n in notes), tab.label
+
+
+def test_every_view_reads_the_shared_inputs(built):
+    ctx, app = built
+    fns = {fn.api_name: fn for fn in app.fns.values()}
+    image = next(b for b in app.blocks.values() if getattr(b, "elem_id", None) == "shared-image")
+    caption = next(b for b in app.blocks.values()
+                   if getattr(b, "elem_id", None) == "shared-caption")
+    picker = next(b for b in app.blocks.values()
+                  if getattr(b, "elem_id", None) == "shared-checkpoint")
+    assert picker.choices[0][0] == f"{EMBEDDED} · {TRAINING_FREE}"
+    for name in ("align", "align_phrase", "anchor_maps", "phrases", "probe", "words"):
+        ids = [c._id for c in fns[name].inputs]
+        assert ids[:3] == [image._id, caption._id, picker._id], name
+    for name in ("anchors", "zero_shot", "train"):
+        assert picker._id in [c._id for c in fns[name].inputs], name
+    assert picker._id in [c._id for c in fns["train"].outputs]  # new heads reach the picker
+
+
+def test_every_callback_turns_errors_into_page_messages(built):
+    _, app = built
+    callbacks = [fn.fn for fn in app.fns.values() if fn.fn is not None]
+    assert len(callbacks) > 20
+    assert all(getattr(fn, "page_errors", False) for fn in callbacks)
+
+
+def test_callbacks_work_together_on_one_server(client, example, live_app):
+    """One image and caption through every view of one served app: the Align click fills
+    the feature cache the others read, the phrase change reuses it."""
+    path, caption = example
+    checkpoint = live_app.ctx.checkpoint_choices()[0]
+    img = handle_file(path)
+    out = client.predict(img, caption, checkpoint, "conceptot", "grid", True, 0.5, None, None,
+                         api_name="/align")
+    phrase, token, grid, plan, token_map, patch_marg, token_marg, scores, convergence, quotas = out
+    assert "CAME quotas: max" in quotas
+    width = Image.open(path).width
+    assert Image.open(grid["path"]).width > 4 * min(width, 100)  # eight panels side by side
+    plan_fig = json.loads(plan["plot"])
+    assert plan_fig["data"][0]["type"] == "heatmap"
+    assert len(scores["data"]) == len(ALIGN_METHODS) + 1  # + Global-only
+    choices = [v for _, v in phrase["choices"]]
+    assert phrase["value"] in choices
+
+    encoded_before = len(live_app.ctx.explainer(checkpoint)._cache)
+    other = client.predict(img, caption, checkpoint, "grid", True, choices[-1],
+                           api_name="/align_phrase")
+    assert Path(other["path"]).is_file()
+    assert len(live_app.ctx.explainer(checkpoint)._cache) == encoded_before  # no re-encode
+
+    words = client.predict(img, caption, checkpoint, api_name="/words")
+    assert words[0]["choices"]
+    anchors = client.predict(checkpoint, "red, circle, square", "PCA", api_name="/anchors")
+    assert anchors[3]["data"]  # one row per anchor
+    maps = client.predict(img, caption, checkpoint, 4, [], False, api_name="/anchor_maps")
+    assert maps[0] is not None
+    phrases = client.predict(img, caption, checkpoint, "grid", None, None,
+                             api_name="/phrases")
+    assert phrases[0]["choices"] and "parser" in phrases[6]
+    probe = client.predict(img, caption, checkpoint, "", 0.5, api_name="/probe")
+    assert "true" in json.dumps(probe[1])
+
+
+@pytest.mark.parametrize(
+    ("image_kind", "caption", "message"),
+    [
+        ("none", "a red circle", "no image"),
+        ("example", "   ", "caption is empty"),
+        ("example", "a red circle " * 100, "over 1000 characters"),
+        ("text", "a red circle", "notes.png is not an image"),
+        ("huge", "a red circle", "too large"),
+    ],
+)
+def test_bad_input_is_a_message_on_the_page(client, example, live_app, tmp_path, image_kind,
+                                            caption, message):
+    path = {"none": None, "example": example[0]}.get(image_kind)
+    if image_kind == "text":
+        path = tmp_path / "notes.png"
+        path.write_text("not an image")
+    if image_kind == "huge":  # 64 MP, a few kB as PNG: refused from its header
+        path = tmp_path / "huge.png"
+        Image.new("L", (8000, 8000)).save(path)
+    img = handle_file(str(path)) if path else None
+    checkpoint = live_app.ctx.checkpoint_choices()[0]
+    with pytest.raises(AppError, match=message):
+        client.predict(img, caption, checkpoint, "conceptot", "grid", True, 0.5, None, None,
+                       api_name="/align")
+
+
+def test_phrase_not_in_the_caption_and_unknown_checkpoint(client, example, live_app):
+    img = handle_file(example[0])
+    checkpoint = live_app.ctx.checkpoint_choices()[0]
+    with pytest.raises(AppError, match="purple elephant"):
+        client.predict(img, example[1], checkpoint, "grid", True, "purple elephant",
+                       api_name="/align_phrase")
+    with pytest.raises(AppError, match="unknown checkpoint"):
+        client.predict(img, example[1], "ViT-H-14 / nowhere · training-free", api_name="/words")
+
+
+def _foreign_head(path: Path, backbone_name: str = "otviz-tiny") -> Path:
+    """A FILIP head whose recorded backbone has other weights than the shipped one."""
+    method = METHODS["filip"](64, 64, MethodConfig(trainable=True))
+    identity = {"weights": "0" * 32, "name": backbone_name, "tags": {}, "space": "width",
+                "context_length": 32, "grid": [10, 10]}
+    return save_method_checkpoint(path, method, identity)
+
+
+def test_head_of_another_backbone_is_refused_with_a_message(client, example, live_app,
+                                                            tmp_path):
+    entry = live_app.ctx.add_head_set(EMBEDDED, "foreign", {"filip": _foreign_head(tmp_path)})
+    with pytest.raises(AppError, match="trained on backbone"):
+        client.predict(handle_file(example[0]), example[1], entry, "filip", "grid", True, 0.5,
+                       None, None, api_name="/align")
+
+
+def test_shipped_heads_are_offered_per_backbone(tmp_path, monkeypatch):
+    head = _foreign_head(tmp_path / "filip")
+    _foreign_head(tmp_path / "other" / "head", backbone_name="ViT-B-16")
+    assert [(m, p) for m, _, p in find_heads(tmp_path)] == [
+        ("filip", head), ("filip", tmp_path / "other" / "head")
+    ]
+    ctx = AppContext.default(heads_root=tmp_path)
+    assert ctx.checkpoint_choices() == [f"{EMBEDDED} · {TRAINING_FREE}",
+                                        f"{EMBEDDED} · {TRAINING_FREE_FAITHFUL}",
+                                        f"{EMBEDDED} · {SHIPPED_HEADS}"]
+    assert ctx.head_sets[0].heads == {"filip": head}
+    assert ctx.add_head_set(EMBEDDED, SHIPPED_HEADS, {}) == f"{EMBEDDED} · {SHIPPED_HEADS} #2"
+
+
+def test_heads_replace_their_method_in_the_suite(tmp_path):
+    """A head trained on this backbone takes its method's place (on raw width features);
+    the other methods stay training-free, and the suite's label keys its own cached runs."""
+    ctx = AppContext.default(heads_root=tmp_path)
+    free_entry = ctx.checkpoint_choices()[0]
+    backbone = ctx.explainer(free_entry).backbone
+    torch.manual_seed(0)
+    method = METHODS["filip"](backbone.patch_dim, backbone.token_dim,
+                              MethodConfig(trainable=True))
+    path = save_method_checkpoint(tmp_path / "filip", method, backbone)
+    entry = ctx.add_head_set(EMBEDDED, "mine", {"filip": path})
+    suite, free = ctx.suite(entry), ctx.suite(free_entry)
+    assert suite.methods["filip"].space == "width"
+    assert suite.methods["filip"].source.startswith("trained")
+    assert suite.methods["conceptot"] is free.methods["conceptot"]
+    assert suite.label != free.label
+    for a, b in zip(suite.methods["filip"].method.state_dict().values(),
+                    method.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_real_clip_entries_need_the_network(monkeypatch, tmp_path):
+    monkeypatch.delenv(context_module.REMOTE_ENV, raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert remote_models(lambda: True) == []
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert remote_models(lambda: False) == []
+    assert remote_models(lambda: True) == REMOTE_MODELS
+    monkeypatch.setenv("SPACE_ID", "someone/otviz")
+    assert remote_models(lambda: False) == REMOTE_MODELS
+    monkeypatch.setenv(context_module.REMOTE_ENV, "ViT-B-32/laion2b_s34b_b79k, ViT-B-16/openai")
+    assert remote_models() == [("ViT-B-32", "laion2b_s34b_b79k"), ("ViT-B-16", "openai")]
+    monkeypatch.setenv(context_module.REMOTE_ENV, "")
+    assert remote_models() == []
+    ctx = AppContext.default([("ViT-B-16", "openai")], heads_root=tmp_path)
+    assert ctx.checkpoint_choices()[2] == f"ViT-B-16 / openai · {TRAINING_FREE}"
+    choice = ctx.backbones[1]
+    assert choice.train_backbone == {"open_clip_model": "ViT-B-16", "pretrained": "openai"}
+    assert choice.takes_heads_of({"name": "ViT-B-16", "tags": {"pretrained": "openai"}})
+    assert not choice.takes_heads_of({"name": "otviz-tiny", "tags": {}})
+
+
+def test_an_unreachable_real_clip_is_a_message(monkeypatch):
+    from otviz.backbone import BackboneLoadError
+    from otviz.ui.inputs import user_errors
+
+    def offline():
+        raise BackboneLoadError("could not load ViT-B-16 with weights 'openai': no network")
+
+    ctx = AppContext([BackboneChoice("ViT-B-16 / openai", offline, [])])
+    with pytest.raises(gr.Error, match="no network"):
+        user_errors(ctx.explainer)(ctx.checkpoint_choices()[0])

@@ -1,0 +1,132 @@
+"""What the views do with uploads and errors: large images scaled down (in the page and for
+API callers), huge ones and non-images refused from their header, user errors (also from
+generator callbacks) turned into page messages."""
+
+from __future__ import annotations
+
+import re
+
+import gradio as gr
+import numpy as np
+import pytest
+from gradio.data_classes import ImageData
+from PIL import Image
+
+from otviz.backbone import ImageInputError
+from otviz.explain import InputError
+from otviz.ui.context import AppContext
+from otviz.ui.inputs import (
+    MAX_IMAGE_PIXELS,
+    MAX_IMAGE_SIDE,
+    check_image_file,
+    checked_uploads,
+    fit_image,
+    on_upload,
+    truncation_note,
+    user_errors,
+)
+
+
+def gradient(height: int, width: int) -> np.ndarray:
+    y, x = np.mgrid[0:height, 0:width]
+    return np.stack([x * 255 // width, y * 255 // height, (x + y) % 256], -1).astype(np.uint8)
+
+
+def test_small_images_pass_unchanged():
+    image = gradient(224, 300)
+    fitted, note = fit_image(image)
+    assert fitted is image and note is None
+    assert fit_image(None) == (None, None)
+
+
+def test_large_images_are_scaled_down_keeping_the_aspect_ratio():
+    image = gradient(3000, 1500)
+    fitted, note = fit_image(image)
+    expected = np.asarray(Image.fromarray(image).resize((512, 1024), Image.Resampling.LANCZOS))
+    assert fitted.shape == (MAX_IMAGE_SIDE, MAX_IMAGE_SIDE // 2, 3)
+    np.testing.assert_array_equal(fitted, expected)
+    assert note == "the image was scaled down from 1500x3000 to 512x1024 pixels"
+    with pytest.warns(UserWarning, match="scaled down"):  # gr.Warning outside a request
+        np.testing.assert_array_equal(on_upload(image), expected)
+    assert on_upload(gradient(100, 100)) == gr.skip()
+
+
+def test_huge_images_are_refused_before_any_work():
+    side = int(np.sqrt(MAX_IMAGE_PIXELS)) + 1
+    huge = np.broadcast_to(np.zeros((1, 1, 3), np.uint8), (side, side, 3))  # no memory
+    with pytest.raises(InputError, match="too large"):
+        fit_image(huge)
+    with pytest.raises(gr.Error, match="too large"):
+        on_upload(huge)
+    with pytest.raises(ImageInputError, match="not an image"):
+        fit_image(np.zeros(5))
+
+
+def test_files_are_checked_from_their_header(tmp_path):
+    good, text, huge = tmp_path / "good.png", tmp_path / "notes.jpg", tmp_path / "huge.png"
+    Image.fromarray(gradient(20, 30)).save(good)
+    text.write_text("not an image")
+    Image.new("1", (9000, 9000)).save(huge)  # 81 MP, a few kB on disk
+    assert check_image_file(str(good)) == (30, 20)
+    with pytest.raises(InputError, match="notes.jpg is not an image this app can read"):
+        check_image_file(str(text))
+    with pytest.raises(InputError, match="huge.png is too large \\(9000x9000"):
+        check_image_file(str(huge))
+    component = checked_uploads(gr.Image(type="numpy", image_mode="RGB", render=False))
+    with pytest.raises(gr.Error, match="not an image"):
+        component.preprocess(ImageData(path=str(text), orig_name="notes.jpg"))
+    np.testing.assert_array_equal(
+        component.preprocess(ImageData(path=str(good), orig_name="good.png")), gradient(20, 30)
+    )
+
+
+def test_api_callers_get_the_same_fitting():
+    """The app's explainer encodes a large upload as its scaled-down version (same cache
+    entry as the page's fitted image)."""
+    ctx = AppContext.default()
+    explainer = ctx.explainer(ctx.checkpoint_choices()[0])
+    image = gradient(2048, 2048)
+    encoded = explainer.encode(image, "a red circle")
+    assert encoded.image.shape == (MAX_IMAGE_SIDE, MAX_IMAGE_SIDE, 3)
+    assert explainer.encode(fit_image(image)[0], "a red circle") is encoded
+
+
+def test_user_errors_wrap_callbacks_and_generators(caplog):
+    def fails(text):
+        raise InputError(f"bad {text}")
+
+    def streams(text):
+        yield 1
+        raise ImageInputError(f"worse {text}")
+
+    def crashes():
+        raise KeyError("a bug, not a user error")
+
+    with pytest.raises(gr.Error, match="bad caption"):
+        user_errors(fails)("caption")
+    gen = user_errors(streams)("upload")
+    assert next(gen) == 1
+    with pytest.raises(gr.Error, match="worse upload"):
+        next(gen)
+    with pytest.raises(gr.Error, match=r"error id [0-9a-f]{8}, KeyError") as caught:
+        user_errors(crashes)()  # a bug: a message with an id, never its own text
+    assert "a bug" not in str(caught.value)
+    error_id = re.search(r"error id ([0-9a-f]{8})", str(caught.value)).group(1)
+    assert error_id in caplog.text and "KeyError: 'a bug" in caplog.text  # the server log
+    with pytest.raises(gr.Error, match="&lt;h1&gt;x&lt;/h1&gt;"):  # user text escaped
+        user_errors(fails)("<h1>x</h1>")
+
+
+def test_cut_caption_words_are_named():
+    ctx = AppContext.default()
+    explainer = ctx.explainer(ctx.checkpoint_choices()[0])
+    image = gradient(80, 80)
+    assert truncation_note(explainer.encode(image, "a red circle")) is None
+    words = [f"w{k}" for k in range(explainer.backbone.context_length + 5)]
+    encoded = explainer.encode(image, " ".join(words))
+    cut = encoded.features.truncated[0]
+    assert cut and cut == list(range(cut[0], len(words)))
+    assert truncation_note(encoded) == (
+        f"the caption is longer than the model reads: only its first {cut[0]} words are used "
+        f'({len(cut)} cut, from "w{cut[0]}" on)'
+    )
