@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from otviz.train.config import TrainConfig
     from otviz.ui.context import AppContext
 
 #: The repository's root folder.
@@ -57,3 +58,24 @@ def write_caption_folder(folder: Path, n: int, captions: dict[int, str] | None =
         rows.append(f'{e.image_path.name},"{(captions or {}).get(k, e.caption)}"')
     (folder / "captions.csv").write_text("\n".join(rows) + "\n")
     return folder
+
+
+def tiny_train_config(tmp_path: Path, **overrides) -> TrainConfig:
+    """A training config small enough for a test (a few steps, one thread)."""
+    from otviz.train.config import TrainConfig
+
+    values = dict(
+        batch_size=8,
+        max_steps=6,
+        concept_dim=16,
+        rank=4,
+        n_regions=4,
+        threads=1,
+        device="cpu",
+        lr=1e-2,
+        warmup_frac=0.0,
+        out=str(tmp_path / "run"),
+        log_every=0,
+    )
+    values.update(overrides)
+    return TrainConfig(**values)

@@ -10,14 +10,11 @@ alike and a new method is one module plus one :func:`register` line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-if TYPE_CHECKING:
-    from otviz.train.config import TrainConfig
 
 #: ConceptOT's local weight lambda_l (Table 7): the combined score s_g + lambda_l s_l of
 #: training, reranking and the views.
@@ -298,9 +295,10 @@ class AlignmentMethod(nn.Module):
         return cls.label or cls.name
 
     @classmethod
-    def train_settings(cls, config: TrainConfig) -> dict[str, Any]:
+    def train_settings(cls, config: Any) -> dict[str, Any]:
         """:class:`MethodConfig` fields a training config sets for this method on top of the
-        shared ones (e.g. its own ``eps``, its ``extra`` settings); none by default."""
+        shared ones (e.g. its own ``eps``, its ``extra`` settings); none by default. ``config``
+        is a :class:`otviz.train.config.TrainConfig` (not imported: methods lie below training)."""
         return {}
 
     @staticmethod

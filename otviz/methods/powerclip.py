@@ -42,7 +42,7 @@ gives none) and ``negatives`` ("hardest", Eq. 9, or "all": see :func:`triplet_lo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -52,9 +52,6 @@ from otviz.methods.base import POWERSET_TRIPLET, Alignment, DensePlan, PairBatch
 from otviz.methods.projected import ProjectedMethod, build_alignment
 from otviz.ot.powerset import exact_t2r, powerset_similarity
 from otviz.regions import cell_layout, grid_cells, random_boxes
-
-if TYPE_CHECKING:
-    from otviz.train.config import TrainConfig
 
 PROPOSALS = ("grid", "boxes")
 TRIPLET_NEGATIVES = ("hardest", "all")
@@ -230,7 +227,7 @@ class PowerCLIP(ProjectedMethod):
     paper = "PowerCLIP Eq. 1-16"
 
     @classmethod
-    def train_settings(cls, config: TrainConfig) -> dict[str, Any]:
+    def train_settings(cls, config: Any) -> dict[str, Any]:
         """The powerset settings of the training config, with the PowerCLIP-R random boxes
         as proposals (a head is evaluated on the kind of regions it trains on)."""
         return {"extra": {

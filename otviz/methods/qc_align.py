@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -45,9 +45,6 @@ from otviz.methods.projected import ProjectedMethod, dense_plan_alignment, maske
 from otviz.ot.came import CameResult, came_marginals
 from otviz.ot.divergence import sinkhorn_divergence
 from otviz.ot.sinkhorn import sinkhorn_log
-
-if TYPE_CHECKING:
-    from otviz.train.config import TrainConfig
 
 
 def relative_plan(plan: Tensor, mu: Tensor, nu: Tensor) -> Tensor:
@@ -73,7 +70,7 @@ class QCAlign(ProjectedMethod):
     paper = "QC-Align"
 
     @classmethod
-    def train_settings(cls, config: TrainConfig) -> dict[str, Any]:
+    def train_settings(cls, config: Any) -> dict[str, Any]:
         """QC-Align's own Sinkhorn entropy (``qc_eps``, the paper's 0.5) and the CAME
         temperature it trains with."""
         return {"eps": config.qc_eps, "extra": {"came_temperature": config.came_temperature}}

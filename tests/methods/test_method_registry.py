@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from otviz import bench
 from otviz.backbone import Backbone
+from otviz.bench import config as bench_config
+from otviz.bench import runners
 from otviz.eval.alignment_tables import grounding_table
 from otviz.eval.world_set import EvalSet
 from otviz.methods import METHODS
@@ -23,9 +24,7 @@ from otviz.train.loop import train_method
 from otviz.train.losses import LOCAL_CONTRASTIVE, local_objective
 from otviz.train.pairs import TensorPairs
 from otviz.ui import align_tab, train_tab
-from tests.test_train_loop import random_tiny_clip, tiny
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, random_tiny_clip, tiny_train_config
 
 
 class ToyMethod(AlignmentMethod):
@@ -56,7 +55,7 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_toy_method_trains(toy: str, tmp_path: Path) -> None:
-    config = tiny(tmp_path, method=toy, max_steps=3)
+    config = tiny_train_config(tmp_path, method=toy, max_steps=3)
     assert config.method_config().eps == MethodConfig().eps  # the shared solver settings
     assert local_objective(toy) == LOCAL_CONTRASTIVE and paper_recipe(config).epochs == 8
     result = train_method(config, source=TensorPairs.random(8, seed=1))
@@ -75,11 +74,11 @@ def test_toy_method_is_evaluated(toy: str, tmp_path: Path) -> None:
 
 
 def test_toy_method_is_benchmarked(toy: str) -> None:
-    assert toy in bench.benchmarked_methods(bench.BenchConfig())
-    cfg = bench.BenchConfig(methods=(toy,), ns=(16,), ms=(4,), ranks=(3,), pairs=2,
+    assert toy in runners.benchmarked_methods(bench_config.BenchConfig())
+    cfg = bench_config.BenchConfig(methods=(toy,), ns=(16,), ms=(4,), ranks=(3,), pairs=2,
                             backward_pairs=2, repeats=1, pot=False, train_step=False,
                             shared=False)
-    rows = [r for r in bench.run_benchmark(cfg)["rows"] if r["kind"] == "method"]
+    rows = [r for r in runners.run_benchmark(cfg)["rows"] if r["kind"] == "method"]
     assert rows and all(r["method"] == toy and r["status"] == "ok" for r in rows)
 
 

@@ -31,6 +31,7 @@ from otviz.train.negatives import positive_mask
 from otviz.train.pairs import TensorPairs
 from otviz.train.schedule import lr_factor
 from tests.helpers import random_tiny_clip
+from tests.helpers import tiny_train_config as tiny
 
 TRAINABLE = sorted(m for m in METHODS if m != "global_only")
 
@@ -38,24 +39,6 @@ TRAINABLE = sorted(m for m in METHODS if m != "global_only")
 @pytest.fixture(autouse=True)
 def _threads() -> None:
     torch.set_num_threads(1)
-
-
-def tiny(tmp_path: Path, **overrides) -> TrainConfig:
-    values = dict(
-        batch_size=8,
-        max_steps=6,
-        concept_dim=16,
-        rank=4,
-        n_regions=4,
-        threads=1,
-        device="cpu",
-        lr=1e-2,
-        warmup_frac=0.0,
-        out=str(tmp_path / "run"),
-        log_every=0,
-    )
-    values.update(overrides)
-    return TrainConfig(**values)
 
 
 def objective_for(config: TrainConfig, source: TensorPairs) -> TrainObjective:
