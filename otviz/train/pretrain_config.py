@@ -15,13 +15,13 @@ from otviz.world import WorldConfig
 class PretrainConfig:
     """Every knob of tiny-CLIP pre-training (defaults reproduce the shipped checkpoint)."""
 
-    steps: int = 800  # optimiser steps (epochs = steps * batch_size / n_train)
+    steps: int = 3000  # optimiser steps (epochs = steps * batch_size / n_train)
     batch_size: int = 256
     lr: float = 3e-3
     warmup_steps: int = 100
     weight_decay: float = 0.05
     seed: int = 0  # seeds torch and the world (train and test splits)
-    n_train: int = 40000  # world training samples, rendered once
+    n_train: int = 100000  # world training samples, rendered once
     n_test: int = 1000  # held-out world test pairs for retrieval
     embed_dim: int = 96
     vision_width: int = 96
@@ -43,7 +43,7 @@ class PretrainConfig:
     max_shift: int = 2  # augmentation: random translation in pixels (0: none)
     threads: int = 1  # torch threads per process
     processes: int = 2  # data-parallel processes (gloo), each with batch_size / processes
-    eval_every: int = 200  # held-out retrieval every this many steps (0: only at the end)
+    eval_every: int = 500  # held-out retrieval every this many steps (0: only at the end)
     out: str = "checkpoints/tiny-clip"  # checkpoint directory ("" : do not save)
     save_every: int = 100  # resumable training state every this many steps (0: never)
     resume: bool = True  # continue from the training state left by a stopped run

@@ -41,7 +41,9 @@ and PowerCLIP's soft version (right: bright = in the subset). **Table**: the exa
 tree-to-regions (T2R) and regions-to-tree (R2T) aggregations, computed by enumerating the
 powerset, next to the linear-time approximations PowerCLIP trains with (NLA-T1 and NLA-T2).
 NLA-T1 is never below T2R and exceeds it by at most tau * M * log 2 (Theorem 1); R2T lies
-between Lambda(0) and Lambda(1) (Eq. 78), which NLA-T2 interpolates with alpha."""
+between Lambda(0) and Lambda(1) (Eq. 78), which NLA-T2 interpolates with alpha. **Per node**:
+the exact best subset A* and its score Q(A*, B), the method's own best-subset score (NLA; exact in exact mode), and its
+soft members (regions whose membership sigmoid(q / tau) exceeds 0.5)."""
 
 BENEPAR_NOTE = (
     "benepar's model (benepar_en3) is not installed here, so the built-in chunker made the "
@@ -51,8 +53,10 @@ BENEPAR_NOTE = (
 )
 SUMMARY_HEADERS = ["aggregation", "exact", "approximation", "approx. value", "approx. - exact",
                    "guarantee"]
-NODE_HEADERS = ["node", "label", "words", "exact A*", "Q(A*, B)", "method's best-subset score",
-                "method's soft members (> 0.5)"]
+NODE_HEADERS = ["node", "label", "words", "exact A*", "Q(A*, B)", "method score",
+                "soft members"]
+#: Widths that keep every column in view at the app's width (the words wrap).
+NODE_WIDTHS = ["6%", "6%", "38%", "14%", "10%", "10%", "16%"]
 MAX_TAU = 10.0
 
 
@@ -240,7 +244,7 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
     # wrapped cells: every column fits the page's width
     summary = gr.Dataframe(headers=SUMMARY_HEADERS, label="Exact powerset vs NLA", wrap=True)
     per_node = gr.Dataframe(headers=NODE_HEADERS, label="Best region subset per node",
-                            elem_id="phrases-nodes", wrap=True)
+                            elem_id="phrases-nodes", wrap=True, column_widths=NODE_WIDTHS)
     files = gr.File(label="Downloads", file_count="multiple")
     gr.Markdown(HOW_TO_READ)
 
