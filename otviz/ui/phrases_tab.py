@@ -42,8 +42,8 @@ tree-to-regions (T2R) and regions-to-tree (R2T) aggregations, computed by enumer
 powerset, next to the linear-time approximations PowerCLIP trains with (NLA-T1 and NLA-T2).
 NLA-T1 is never below T2R and exceeds it by at most tau * M * log 2 (Theorem 1); R2T lies
 between Lambda(0) and Lambda(1) (Eq. 78), which NLA-T2 interpolates with alpha. **Per node**:
-the exact best subset A* and its score Q(A*, B), the method's own best-subset score (NLA; exact in exact mode), and its
-soft members (regions whose membership sigmoid(q / tau) exceeds 0.5)."""
+the exact best subset A* and its score Q(A*, B), the method's own best-subset score (NLA;
+exact in exact mode), and its soft members (membership sigmoid(q / tau) above 0.5)."""
 
 BENEPAR_NOTE = (
     "benepar's model (benepar_en3) is not installed here, so the built-in chunker made the "
