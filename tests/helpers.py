@@ -40,7 +40,8 @@ def app_context() -> AppContext:
     override = os.environ.get("OTVIZ_UI_TEST_CHECKPOINT")
     if override:
         load = lambda: Backbone.from_checkpoint(override)  # noqa: E731
-        return AppContext([BackboneChoice(EMBEDDED, load, WORLD_FIT_CAPTIONS)])
+        return AppContext([BackboneChoice(EMBEDDED, load, WORLD_FIT_CAPTIONS,
+                                          train_backbone={"backbone": override})])
     if not Path(DEFAULT_CHECKPOINT).is_dir():
         pytest.fail(f"the shipped checkpoint {DEFAULT_CHECKPOINT} is missing")
     return AppContext.default()

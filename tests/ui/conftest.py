@@ -1,5 +1,6 @@
 """Fixtures of the view tests: the app's context on the shipped checkpoint (a module may
-override ``ctx``, e.g. with one that has no trained heads) and its first backbone choice."""
+override ``ctx``, e.g. with one that has no trained heads), its first backbone choice and
+that choice's explainer and suite."""
 
 from __future__ import annotations
 
@@ -17,3 +18,9 @@ def ctx() -> AppContext:
 @pytest.fixture(scope="module")
 def checkpoint(ctx) -> str:
     return ctx.checkpoint_choices()[0]
+
+
+@pytest.fixture(scope="module")
+def tools(ctx, checkpoint):
+    """The explainer and method suite of the first backbone choice."""
+    return ctx.explainer(checkpoint), ctx.suite(checkpoint)

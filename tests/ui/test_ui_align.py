@@ -18,12 +18,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from otviz.backbone import Backbone, ImageInputError
+from otviz.backbone import ImageInputError
 from otviz.eval.came_quotas import quota_ratio_table
 from otviz.explain import InputError
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
-from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.ui.align_tab import (
     GRID_PANEL_PX,
     SCORED_METHODS,
@@ -41,7 +40,6 @@ from otviz.ui.align_tab import (
     scores_view,
     token_labels,
 )
-from otviz.ui.context import EMBEDDED, WORLD_FIT_CAPTIONS, AppContext, BackboneChoice
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.examples import load_examples
 from otviz.ui.inputs import user_errors
@@ -56,28 +54,6 @@ from otviz.viz.panels import (
 from otviz.viz.panels import overlay as heat_overlay
 
 LAMBDA = 0.7
-
-
-def app_context() -> AppContext:
-    """The app's default context on the shipped checkpoint; fails (does not skip) when the
-    checkpoint is missing. ``OTVIZ_UI_TEST_CHECKPOINT`` points it at another tiny-CLIP
-    checkpoint directory instead (development before the shipped one exists)."""
-    override = os.environ.get("OTVIZ_UI_TEST_CHECKPOINT")
-    if override:
-        load = lambda: Backbone.from_checkpoint(override)  # noqa: E731
-        choice = BackboneChoice(EMBEDDED, load, WORLD_FIT_CAPTIONS,
-                                train_backbone={"backbone": override})
-        return AppContext([choice])
-    if not Path(DEFAULT_CHECKPOINT).is_dir():
-        pytest.fail(f"the shipped checkpoint {DEFAULT_CHECKPOINT} is missing")
-    return AppContext.default()
-
-
-@pytest.fixture(scope="module")
-def tools():
-    ctx = app_context()
-    checkpoint = ctx.checkpoint_choices()[0]
-    return ctx.explainer(checkpoint), ctx.suite(checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -492,10 +468,9 @@ def test_download_dir_writes_safe_names_and_prunes_old_requests(tmp_path):
     assert new.files == [*paths, j]
 
 
-def test_tab_builds_in_blocks():
+def test_tab_builds_in_blocks(ctx):
     from otviz.ui.app import build_shared_inputs
 
-    ctx = app_context()
     with gr.Blocks() as demo:
         shared = build_shared_inputs(ctx)
         with gr.Tab(TAB_TITLE):

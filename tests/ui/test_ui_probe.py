@@ -19,8 +19,7 @@ from PIL import Image
 from otviz.eval.probe import probe_accuracy
 from otviz.explain import InputError
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS
-from otviz.tiny_clip import DEFAULT_CHECKPOINT
-from otviz.ui.context import AppContext, SharedInputs
+from otviz.ui.context import SharedInputs
 from otviz.ui.probe_tab import (
     MAX_CUSTOM,
     SCORE_COLUMNS,
@@ -36,20 +35,6 @@ from otviz.ui.probe_tab import (
 
 LAMBDA = 0.7
 METHODS = ["global_only", *ALIGN_METHODS]
-
-
-def app_context() -> AppContext:
-    """The app's default context on the shipped checkpoint; fails (not skips) without it."""
-    if not Path(DEFAULT_CHECKPOINT).is_dir():
-        pytest.fail(f"the shipped checkpoint {DEFAULT_CHECKPOINT} is missing")
-    return AppContext.default()
-
-
-@pytest.fixture(scope="module")
-def tools():
-    ctx = app_context()
-    checkpoint = ctx.checkpoint_choices()[0]
-    return ctx.explainer(checkpoint), ctx.suite(checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -218,8 +203,7 @@ def test_errors_are_clean(tools, image, image_ok, caption, custom, lam, message)
         probe_view(explainer, suite, image if image_ok else None, caption, custom, lam)
 
 
-def test_builder_wires_the_tab():
-    ctx = app_context()
+def test_builder_wires_the_tab(ctx):
     with gr.Blocks() as demo:
         shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
         with gr.Tab(TAB_TITLE):

@@ -33,8 +33,7 @@ from otviz.ot.zeroshot import (
     selective_predict,
     zero_shot_predict,
 )
-from otviz.tiny_clip import DEFAULT_CHECKPOINT
-from otviz.ui.context import AppContext, SharedInputs
+from otviz.ui.context import SharedInputs
 from otviz.ui.zeroshot_tab import (
     CUSTOM,
     LAYOUTS,
@@ -63,17 +62,9 @@ from otviz.world import ClassificationView, long_tailed_counts
 N_IMAGES = 24
 
 
-def app_context() -> AppContext:
-    """The app's default context on the shipped checkpoint; fails (not skips) without it."""
-    if not Path(DEFAULT_CHECKPOINT).is_dir():
-        pytest.fail(f"the shipped checkpoint {DEFAULT_CHECKPOINT} is missing")
-    return AppContext.default()
-
-
 @pytest.fixture(scope="module")
-def backbone():
-    ctx = app_context()
-    return ctx.explainer(ctx.checkpoint_choices()[0]).backbone
+def backbone(ctx, checkpoint):
+    return ctx.explainer(checkpoint).backbone
 
 
 @pytest.fixture(scope="module")
@@ -308,8 +299,7 @@ def test_non_image_and_huge_uploads_are_refused(tmp_path):
         parse_classes("")
 
 
-def test_builder_wires_the_tab():
-    ctx = app_context()
+def test_builder_wires_the_tab(ctx):
     with gr.Blocks() as demo:
         shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
         with gr.Tab(TAB_TITLE):
