@@ -52,7 +52,7 @@ def user_errors(fn: Callable) -> Callable:
     """``fn`` (a callback or a generator callback) with every exception turned into a
     message in the page: a :class:`~otviz.errors.UserInputError` as its own (escaped)
     message, anything else as :func:`unexpected_error`. Every callback of the app goes
-    through it (``tests/test_ui_app.py`` checks)."""
+    through it (``tests/ui/test_ui_app.py`` checks)."""
     if getattr(fn, "page_errors", False):
         return fn
     where = getattr(fn, "__qualname__", repr(fn))
