@@ -15,10 +15,8 @@ writes JSON (default ``benchmarks/latency_browser.json``) and Markdown beside it
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
-import time
 from pathlib import Path
 
 from playwright.async_api import Page, async_playwright
@@ -26,11 +24,8 @@ from playwright.async_api import Page, async_playwright
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from served import (  # noqa: E402
     EVENTS,
-    load_average,
-    machine,
+    latency_main,
     percentiles,
-    served_app,
-    write_report,
 )
 
 CHROMIUM = "/usr/bin/chromium"
@@ -116,27 +111,15 @@ async def measure(url: str, users: int, repeats: int) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=8)
-    parser.add_argument("--users", type=int, default=4)
-    parser.add_argument("--out", type=Path,
-                        default=Path(__file__).resolve().parent / "latency_browser.json")
-    args = parser.parse_args(argv)
-    load_before = load_average()
-    started = time.time()
-    with served_app() as (url, ctx):
-        latency = {str(n): asyncio.run(measure(url, n, args.repeats)) for n in (1, args.users)}
-        checkpoint = ctx.default_checkpoint()
-    result = {"checkpoint": checkpoint, "repeats_per_user": args.repeats,
-              "viewport": VIEWPORT, "load_before": load_before, "load_after": load_average(),
-              "wall_s": round(time.time() - started, 1), "machine": machine(),
-              "latency_ms": latency}
-    write_report(result, args.out, "Align latency in a browser",
-                 "Headless Chromium (Playwright), 1400-px viewport, timed in the page from the "
-                 "action to the last output drawn (status trackers hidden, images loaded, two "
-                 "animation frames); embedded backbone, trained heads, features cached.")
-    print(args.out.with_suffix(".md").read_text())
-    return 0
+    return latency_main(
+        argv, __doc__, lambda url, _checkpoint, users, repeats: asyncio.run(
+            measure(url, users, repeats)),
+        8, Path(__file__).resolve().parent / "latency_browser.json",
+        "Align latency in a browser",
+        "Headless Chromium (Playwright), 1400-px viewport, timed in the page from the action "
+        "to the last output drawn (status trackers hidden, images loaded, two animation "
+        "frames); embedded backbone, trained heads, features cached.",
+        extra={"viewport": VIEWPORT})
 
 
 if __name__ == "__main__":

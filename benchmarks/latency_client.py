@@ -9,7 +9,6 @@ writes JSON (default ``benchmarks/latency_client.json``) and Markdown beside it.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import threading
 import time
@@ -20,11 +19,8 @@ from gradio_client import Client, handle_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from served import (  # noqa: E402
     EVENTS,
-    load_average,
-    machine,
+    latency_main,
     percentiles,
-    served_app,
-    write_report,
 )
 
 from otviz.ui.align_tab import DEFAULT_SHARED_SCALE  # noqa: E402
@@ -67,24 +63,11 @@ def measure(url: str, checkpoint: str, users: int, repeats: int) -> dict[str, di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--users", type=int, default=4)
-    parser.add_argument("--out", type=Path,
-                        default=Path(__file__).resolve().parent / "latency_client.json")
-    args = parser.parse_args(argv)
-    load_before = load_average()
-    with served_app() as (url, ctx):
-        checkpoint = ctx.default_checkpoint()
-        latency = {str(n): measure(url, checkpoint, n, args.repeats) for n in (1, args.users)}
-    result = {"checkpoint": checkpoint, "repeats_per_user": args.repeats,
-              "load_before": load_before, "load_after": load_average(), "machine": machine(),
-              "latency_ms": latency}
-    write_report(result, args.out, "Align latency through gradio_client",
-                 "Client-side time per request on loopback (upload, queue, callback, "
-                 "answer); embedded backbone, trained heads, features cached.")
-    print(args.out.with_suffix(".md").read_text())
-    return 0
+    return latency_main(
+        argv, __doc__, measure, 10, Path(__file__).resolve().parent / "latency_client.json",
+        "Align latency through gradio_client",
+        "Client-side time per request on loopback (upload, queue, callback, answer); "
+        "embedded backbone, trained heads, features cached.")
 
 
 if __name__ == "__main__":

@@ -4,11 +4,13 @@ events they time, percentiles, the machine's load and the JSON + Markdown report
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -81,3 +83,32 @@ def write_report(result: dict, out: Path, title: str, how: str) -> None:
                          f"{row['p95']:.0f} | {row['n']} | {bar} | "
                          f"{'' if ok is None else ('yes' if ok else 'no')} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+#: ``measure(url, checkpoint, users, repeats)``: percentiles per event for that many users.
+Measure = Callable[[str, str, int, int], dict]
+
+
+def latency_main(
+    argv: list[str] | None, doc: str, measure: Measure, repeats: int, out: Path, title: str,
+    how: str, extra: dict | None = None,
+) -> int:
+    """The command line both latency benchmarks share: ``--repeats``, ``--users`` (one user,
+    then that many at once), ``--out``; the app served once, the report written and shown."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--users", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=out)
+    args = parser.parse_args(argv)
+    load_before = load_average()
+    started = time.time()
+    with served_app() as (url, ctx):
+        checkpoint = ctx.default_checkpoint()
+        latency = {str(n): measure(url, checkpoint, n, args.repeats) for n in (1, args.users)}
+    result = {"checkpoint": checkpoint, "repeats_per_user": args.repeats, **(extra or {}),
+              "load_before": load_before, "load_after": load_average(),
+              "wall_s": round(time.time() - started, 1), "machine": machine(),
+              "latency_ms": latency}
+    write_report(result, args.out, title, how)
+    print(args.out.with_suffix(".md").read_text())
+    return 0
