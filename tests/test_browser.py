@@ -208,6 +208,38 @@ def test_align_shows_the_heatmap_grid_and_the_plan(page, live_app, shots):
     screenshot(page, "tab-align", shots / "align.png")
 
 
+#: Changed when an output is redrawn: an image's source, a plotly figure's markup size.
+DRAWN = "e => e.src || e.outerHTML.length"
+
+
+@pytest.mark.parametrize(("dropdown", "output"), [("align-phrase", "#align-grid img"),
+                                                  ("align-method", "#align-plan .js-plotly-plot")])
+def test_a_pick_in_a_dropdown_is_one_server_call(page, dropdown, output):
+    """Gradio's dropdown dispatches ``input`` twice per pick; the views listen to the one
+    event that fires once (otviz.ui.events), so a pick queues one job and redraws."""
+    open_tab(page, "Align")
+    if not page.locator(output).count():
+        page.get_by_role("button", name="Align", exact=True).click()
+        rendered_image(page, "#align-grid")
+    before = page.locator(output).evaluate(DRAWN)
+    joins: list[str] = []
+
+    def record(request) -> None:
+        if request.url.split("?")[0].endswith("/queue/join"):
+            joins.append(request.post_data or "")
+
+    page.locator(f"#{dropdown} input").click()
+    page.on("request", record)
+    page.get_by_role("option").nth(2).click()
+    page.wait_for_function(
+        f"""before => {{ const e = document.querySelector('{output}');
+            return e && ({DRAWN})(e) !== before && !document.querySelector(
+                '#tab-align [data-testid="status-tracker"]:not(.hide)'); }}""", arg=before)
+    page.wait_for_timeout(500)  # a second dispatch would have gone out by now
+    page.remove_listener("request", record)
+    assert len(joins) == 1, f"{dropdown}: {len(joins)} server calls for one pick"
+
+
 def test_align_bad_input_is_a_message_in_the_page(browser, live_app):
     page = browser.new_page(viewport=VIEWPORT)
     page.set_default_timeout(TIMEOUT_MS)

@@ -97,12 +97,13 @@ def per_seed_values(runs: Sequence[Table], row: str, key: str) -> list[float]:
 
 def aggregate(runs: Sequence[Table], level: float = LEVEL) -> Table:
     """One table over seeds (``runs``: the same table per seed): each measured cell (a
-    column of format pct / num / ms) becomes the mean, with ``<key>_ci = [low, high]`` and
-    ``<key>_seeds`` (the per-seed values); Markdown shows ``mean [low, high]``."""
+    column of format pct / num / ms that is not a setting) becomes the mean, with
+    ``<key>_ci = [low, high]`` and ``<key>_seeds`` (the per-seed values); Markdown shows
+    ``mean [low, high]``."""
     first = runs[0]
     table = Table(first.key, f"{first.title}; mean [{level:.0%} interval] over "
                   f"{len(runs)} seeds", list(first.columns), notes=list(first.notes))
-    measured = [c.key for c in first.columns if c.fmt in MEASURED_FORMATS]
+    measured = [c.key for c in first.columns if c.fmt in MEASURED_FORMATS and not c.setting]
     for row in first.rows:
         rid = _row_id(row)
         out = dict(row)

@@ -15,11 +15,13 @@ Format = Literal["text", "pct", "num", "int", "ms"]
 class Column:
     """``key`` of the row dicts, ``label`` in the header, ``fmt``: ``"pct"`` (a fraction
     shown as a percentage, one decimal), ``"num"`` (three decimals), ``"ms"`` (two),
-    ``"int"`` (thousands separated) or ``"text"``."""
+    ``"int"`` (thousands separated) or ``"text"``; ``setting``: the value is a setting of
+    the row (an ablation's λ_l), not a measurement, so it is never averaged over seeds."""
 
     key: str
     label: str
     fmt: Format = "pct"
+    setting: bool = False
 
 
 @dataclass

@@ -40,6 +40,7 @@ from otviz.text.parse import phrase_nodes
 from otviz.text.words import split_words
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
+from otviz.ui.events import on_edit
 from otviz.ui.inputs import truncation_note, user_errors
 from otviz.viz.mass import displayable_mass, negative_mass, negative_mass_note
 from otviz.viz.panels import compose_heatmaps
@@ -772,10 +773,10 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
     run.click(user_errors(on_align), all_inputs, all_outputs, api_name="align")
     regions.input(user_errors(on_align), all_inputs, all_outputs, **hidden)
     came_t.release(user_errors(on_align), all_inputs, all_outputs, **hidden)
-    phrase.input(user_errors(on_phrase), phrase_inputs, grid, api_name="align_phrase")
+    on_edit(phrase, user_errors(on_phrase), phrase_inputs, grid, api_name="align_phrase")
     shared_scale.input(user_errors(on_phrase), phrase_inputs, grid, **hidden)
-    method.input(user_errors(on_plan), plan_inputs, plan_outputs, api_name="align_plan")
-    token.input(user_errors(on_token), plan_inputs, token_map, api_name="align_token")
+    on_edit(method, user_errors(on_plan), plan_inputs, plan_outputs, api_name="align_plan")
+    on_edit(token, user_errors(on_token), plan_inputs, token_map, api_name="align_token")
     lam.release(user_errors(on_lambda), [*base, lam, regions, came_t], scores,
                 api_name="align_scores")
     prepare.click(

@@ -42,6 +42,7 @@ from otviz.explain import InputError
 from otviz.suite import method_choices
 from otviz.ui.align_tab import AlignLink
 from otviz.ui.context import AppContext, SharedInputs
+from otviz.ui.events import on_edit
 from otviz.ui.inputs import user_errors
 from otviz.ui.train_jobs import unpack_uploads
 from otviz.viz.browse import browse_frame, browse_page_image
@@ -242,7 +243,7 @@ def build_browse_tab(
     load.click(user_errors(first_page), inputs, outputs, api_name="browse")
     hidden = {"api_visibility": "private"}
     for control in (methods, a, b, hit_filter, kinds, order, per_page):
-        control.input(user_errors(first_page), inputs, outputs, **hidden)
+        on_edit(control, user_errors(first_page), inputs, outputs, **hidden)
     page.submit(user_errors(show), inputs, outputs, api_name="browse_page")
     prev.click(user_errors(step(-1)), inputs, outputs, **hidden)
     nxt.click(user_errors(step(1)), inputs, outputs, **hidden)

@@ -26,6 +26,7 @@ from otviz.text.parse import phrase_nodes
 from otviz.text.tree import Tree
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
+from otviz.ui.events import on_edit
 from otviz.ui.inputs import user_errors
 from otviz.viz.regions import best_subset_figure, regions_figure
 from otviz.viz.trees import tree_figure
@@ -264,4 +265,4 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
     outputs = [picker, tree_plot, regions_plot, subset_plot, summary, per_node, note, files]
     run.click(lambda *a: on_show(*a, False), inputs, outputs, api_name="phrases")
     for control in (kind, picker, tau):
-        control.input(lambda *a: on_show(*a, True), inputs, outputs)
+        on_edit(control, lambda *a: on_show(*a, True), inputs, outputs)

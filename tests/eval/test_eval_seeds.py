@@ -77,6 +77,17 @@ def test_tables_over_seeds_and_best_claims() -> None:
     assert [r["verdict"] for r in verdicts.rows] == [HOLDS, INCONCLUSIVE]
 
 
+def test_settings_are_not_averaged_over_seeds() -> None:
+    cols = [Column("name", "Variant", "text"), Column("lam", "λ", "num", setting=True),
+            Column("r1", "R@1")]
+    runs = [Table("ablation", "Ablation", cols, [{"name": "x", "lam": 0.5, "r1": r}])
+            for r in (0.4, 0.5, 0.6)]
+    row = aggregate(runs).rows[0]
+    assert row["lam"] == 0.5 and "lam_ci" not in row
+    assert row["r1"] == pytest.approx(0.5) and "r1_ci" in row
+    assert "| x | 0.500 | 50.0 [" in aggregate(runs).markdown()
+
+
 def test_paper_recipe_preset() -> None:
     fast = TrainConfig(method="conceptot", lr=2e-3, batch_size=32)
     paper = paper_recipe(fast)
