@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         argv, __doc__, measure, 10, Path(__file__).resolve().parent / "latency_client.json",
         "Align latency through gradio_client",
         "Client-side time per request on loopback (upload, queue, callback, answer); "
-        "embedded backbone, trained heads, features cached.")
+        "embedded backbone, trained heads, features cached; the app in a process of its own.")
 
 
 if __name__ == "__main__":

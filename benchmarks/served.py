@@ -1,11 +1,16 @@
-"""What the end-to-end latency benchmarks share: the app served in-process as
-``otviz.ui.app.launch`` serves it (same queue and limits) on 127.0.0.1, the three Align
-events they time, percentiles, the machine's load and the JSON + Markdown report."""
+"""What the end-to-end latency benchmarks share: the app served as ``otviz.ui.app.launch``
+serves it (same queue and limits) on 127.0.0.1 in a process of its own, the three Align
+events they time, percentiles, the machine's load and the JSON + Markdown report.
+
+The server has its own process as ``python app.py`` has: served from the benchmark's own
+process, the clients' Python threads and the server's shared one interpreter lock, which
+added 20-50 ms to every request on this 2-core machine."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import socket
@@ -20,6 +25,9 @@ import torch
 from otviz.ui.app import build_app, serve_options
 from otviz.ui.context import AppContext
 
+#: Seconds the server process gets to load the model and start listening.
+START_TIMEOUT_S = 600
+
 #: p50 bars of the issue (ms), embedded model and cached features, and the 4-user p95 bar.
 BARS_MS = {"align_click": 250.0, "phrase_change": 100.0, "method_change": None}
 CONCURRENT_P95_BAR_MS = 1000.0
@@ -32,18 +40,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextmanager
-def served_app() -> Iterator[tuple[str, AppContext]]:
-    """The app on a free loopback port: ``(url, context)``."""
+def _serve(port: int, ready: multiprocessing.Queue, stop: multiprocessing.Event) -> None:
+    """The server process: build and serve the app, report its default checkpoint, serve
+    until ``stop``."""
     ctx = AppContext.default()
     app = build_app(ctx)
-    port = free_port()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
                quiet=True, ssr_mode=False, **serve_options(app))
+    ready.put(ctx.default_checkpoint())
+    stop.wait()
+    app.close()
+
+
+@contextmanager
+def served_app() -> Iterator[tuple[str, str]]:
+    """The app on a free loopback port in a process of its own: ``(url, the default
+    checkpoint's name)``."""
+    spawn = multiprocessing.get_context("spawn")
+    ready, stop, port = spawn.Queue(), spawn.Event(), free_port()
+    server = spawn.Process(target=_serve, args=(port, ready, stop), daemon=True)
+    server.start()
     try:
-        yield f"http://127.0.0.1:{port}/", ctx
+        checkpoint = ready.get(timeout=START_TIMEOUT_S)
+        yield f"http://127.0.0.1:{port}/", checkpoint
     finally:
-        app.close()
+        stop.set()
+        server.join(timeout=30)
+        if server.is_alive():
+            server.kill()
 
 
 def percentiles(samples_s: list[float]) -> dict[str, float]:
@@ -102,8 +126,7 @@ def latency_main(
     args = parser.parse_args(argv)
     load_before = load_average()
     started = time.time()
-    with served_app() as (url, ctx):
-        checkpoint = ctx.default_checkpoint()
+    with served_app() as (url, checkpoint):
         latency = {str(n): measure(url, checkpoint, n, args.repeats) for n in (1, args.users)}
     result = {"checkpoint": checkpoint, "repeats_per_user": args.repeats, **(extra or {}),
               "load_before": load_before, "load_after": load_average(),

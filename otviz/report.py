@@ -76,6 +76,14 @@ BAR_COLUMNS: dict[str, tuple[dict[str, str], str]] = {
 }
 
 
+def _intervals(table: Table, columns: dict[str, str]) -> dict[str, list] | None:
+    """Per series, each row's ``[low, high]`` interval over seeds, where the table has
+    them (``<key>_ci``, :func:`otviz.eval.seeds.aggregate`)."""
+    out = {label: table.column(f"{key}_ci") for label, key in columns.items()}
+    out = {label: spans for label, spans in out.items() if any(s is not None for s in spans)}
+    return out or None
+
+
 def table_figures(tables: dict[str, Table]) -> dict[str, Figure]:
     """Bars (and the probe matrix) of the tables present, by file stem."""
     figs: dict[str, Figure] = {}
@@ -83,7 +91,8 @@ def table_figures(tables: dict[str, Table]) -> dict[str, Figure]:
         if key in tables:
             t = tables[key]
             series = {label: t.column(col) for label, col in columns.items()}
-            figs[key] = grouped_bars_figure(_labels(t), series, t.title, unit)
+            figs[key] = grouped_bars_figure(_labels(t), series, t.title, unit,
+                                            intervals=_intervals(t, columns))
     if "probe" in tables:
         t = tables["probe"]
         cats = [c for c in (*NEGATIVE_CATEGORIES, "overall", "compositional")
@@ -95,17 +104,18 @@ def table_figures(tables: dict[str, Table]) -> dict[str, Figure]:
         if key in tables:
             t = tables[key]
             labels = {c.key: c.label for c in t.columns}
+            shown = {labels[r]: r for r in rules if r in labels}
             figs[key] = grouped_bars_figure(
-                _labels(t), {labels[r]: t.column(r) for r in rules if r in labels}, t.title,
-                "top-1 accuracy (%)")
+                _labels(t), {label: t.column(r) for label, r in shown.items()}, t.title,
+                "top-1 accuracy (%)", intervals=_intervals(t, shown))
     if "long_tailed" in tables:
         t = tables["long_tailed"]
         groups = [f"{r['task']} {r['order']}" for r in t.rows]
         labels = {c.key: c.label for c in t.columns}
+        shown = {labels[r]: r for r in ("softmax", *LONG_TAILED_RULES) if r in labels}
         figs["long_tailed"] = grouped_bars_figure(
-            groups, {labels[r]: t.column(r) for r in ("softmax", *LONG_TAILED_RULES)
-                     if r in labels},
-            t.title, "top-1 accuracy (%)")
+            groups, {label: t.column(r) for label, r in shown.items()}, t.title,
+            "top-1 accuracy (%)", intervals=_intervals(t, shown))
     return figs
 
 

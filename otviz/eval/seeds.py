@@ -102,7 +102,7 @@ def aggregate(runs: Sequence[Table], level: float = LEVEL) -> Table:
     ``mean [low, high]``."""
     first = runs[0]
     table = Table(first.key, f"{first.title}; mean [{level:.0%} interval] over "
-                  f"{len(runs)} seeds", list(first.columns), notes=list(first.notes))
+                  f"{len(runs)} seeds", list(first.columns), notes=_merged_notes(runs))
     measured = [c.key for c in first.columns if c.fmt in MEASURED_FORMATS and not c.setting]
     for row in first.rows:
         rid = _row_id(row)
@@ -120,6 +120,16 @@ def aggregate(runs: Sequence[Table], level: float = LEVEL) -> Table:
     table.notes.append(f"intervals: Student-t over {len(runs)} seeds (seed of the head "
                        "training where heads were trained per seed, and of the test draw)")
     return table
+
+
+def _merged_notes(runs: Sequence[Table]) -> list[str]:
+    """The notes of the per-seed tables: a note every seed shares once, one that differs
+    (the heads a seed used) as its per-seed values."""
+    out = []
+    for k, note in enumerate(runs[0].notes):
+        values = [t.notes[k] if k < len(t.notes) else "" for t in runs]
+        out.append(note if len(set(values)) == 1 else "per seed: " + "; ".join(values))
+    return out
 
 
 CLAIM_COLUMNS = [

@@ -89,26 +89,39 @@ def overlay(
     (``[gh, gw]``) stretched over it by bilinear interpolation, colour-mapped on
     ``[vmin, vmax]`` and blended at an opacity growing linearly from ``alpha[0]`` (``vmin``)
     to ``alpha[1]`` (``vmax``)."""
-    return _blend(dimmed(image, backdrop), heat, vmin, vmax, cmap, alpha)
+    return np.asarray(_blend(dimmed(image, backdrop), heat, vmin, vmax, cmap, alpha))
 
 
-def dimmed(image: np.ndarray, backdrop: float = BACKDROP) -> np.ndarray:
-    """``[h, w, 1]`` float32: the image's luma scaled by ``backdrop``."""
+def dimmed(image: np.ndarray, backdrop: float = BACKDROP) -> Image.Image:
+    """The image's luma scaled by ``backdrop``, as a grey RGB image (the backdrop of every
+    heatmap panel)."""
     grey = image[..., :3].astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
-    return (backdrop * grey)[..., None]
+    return Image.fromarray((backdrop * grey).round().astype(np.uint8), "L").convert("RGB")
 
 
 def _blend(
-    grey: np.ndarray, heat: np.ndarray, vmin: float, vmax: float, cmap: str,
+    grey: Image.Image, heat: np.ndarray, vmin: float, vmax: float, cmap: str,
     alpha: tuple[float, float],
-) -> np.ndarray:
-    h, w = grey.shape[:2]
+) -> Image.Image:
+    """``heat`` stretched bilinearly over ``grey``, its level on ``[vmin, vmax]`` mapped to
+    0-255, coloured by ``cmap`` and composited at the level's opacity; every step in
+    Pillow's C code (a panel in about a millisecond)."""
+    scale = 255.0 / (vmax - vmin)
     field = Image.fromarray(np.asarray(heat, dtype=np.float32), mode="F")
-    up = np.asarray(field.resize((w, h), Image.Resampling.BILINEAR))
-    level = np.clip((up - vmin) / (vmax - vmin), 0.0, 1.0)
-    colour = colormap_lut(cmap)[(level * 255.0).astype(np.uint8)].astype(np.float32)
-    opacity = (alpha[0] + (alpha[1] - alpha[0]) * level)[..., None]
-    return ((1.0 - opacity) * grey + opacity * colour).round().astype(np.uint8)
+    level = field.resize(grey.size, Image.Resampling.BILINEAR).point(
+        lambda v: (v - vmin) * scale).convert("L")  # clipped to 0-255
+    palette, opacity = _blend_tables(cmap, alpha)
+    colour = level.copy()
+    colour.putpalette(palette, "RGB")
+    return Image.composite(colour.convert("RGB"), grey, level.point(opacity))
+
+
+@lru_cache(maxsize=8)
+def _blend_tables(cmap: str, alpha: tuple[float, float]) -> tuple[list[int], list[int]]:
+    """The colour map as a 256-entry RGB palette, and the opacity of each level (linear from
+    ``alpha[0]`` to ``alpha[1]``) in 0-255."""
+    opacity = np.linspace(alpha[0], alpha[1], 256) * 255.0
+    return colormap_lut(cmap).reshape(-1).tolist(), opacity.round().astype(int).tolist()
 
 
 def _fit(image: np.ndarray, panel_px: int) -> np.ndarray:
@@ -217,7 +230,7 @@ def compose_heatmaps(
         x, y = (k % cols) * cell_w, (k // cols) * cell_h
         vmin, vmax = limits[k]
         panel = _blend(grey, heat, vmin, vmax, cmap, HEAT_ALPHA)
-        canvas.paste(Image.fromarray(panel), (x, y + TITLE_PX))
+        canvas.paste(panel, (x, y + TITLE_PX))
         draw.text(
             (x + pw // 2, y + TITLE_PX // 2),
             _clip_text(draw, drawable(title), pw, font),

@@ -36,8 +36,20 @@ def _axis_names(fig: go.Figure) -> list[str]:
     return sorted(names, key=top)
 
 
+def _tick_positions(axis, categories) -> list | None:
+    """Where ``axis``'s explicit ticks go: their values, or on a category axis the positions
+    of those categories in the trace's coordinates (``categories``)."""
+    if axis.tickvals is None or axis.ticktext is None:
+        return None
+    if axis.type != "category":
+        return list(axis.tickvals)
+    index = {c: k for k, c in enumerate(categories or ())}
+    return [index[v] for v in axis.tickvals]
+
+
 def _style_axes(ax: Axes, fig: go.Figure, yname: str, bottom: bool) -> None:
     xaxis, yaxis = fig.layout.xaxis, fig.layout["yaxis" + yname[1:]]
+    trace = next((t for t in fig.data if (getattr(t, "yaxis", None) or "y") == yname), None)
     if yaxis.type == "log":
         ax.set_yscale("log")
     if yaxis.range is not None and yaxis.type == "log":
@@ -47,8 +59,12 @@ def _style_axes(ax: Axes, fig: go.Figure, yname: str, bottom: bool) -> None:
     if yaxis.autorange == "reversed":
         ax.invert_yaxis()
     ax.set_ylabel(_text(yaxis.title), fontsize=9)
-    if xaxis.tickvals is not None and xaxis.ticktext is not None:
-        ax.set_xticks(list(xaxis.tickvals), [drawable(str(t)) for t in xaxis.ticktext])
+    x_ticks = _tick_positions(xaxis, getattr(trace, "x", None))
+    if x_ticks is not None:
+        ax.set_xticks(x_ticks, [drawable(str(t)) for t in xaxis.ticktext])
+    y_ticks = _tick_positions(yaxis, getattr(trace, "y", None))
+    if y_ticks is not None:
+        ax.set_yticks(y_ticks, [drawable(str(t)) for t in yaxis.ticktext])
     if bottom:
         ax.set_xlabel(_text(xaxis.title), fontsize=9)
     ax.tick_params(axis="x", labelrotation=-(xaxis.tickangle or 0), labelsize=8)

@@ -20,9 +20,12 @@ def grouped_bars_figure(
     title: str,
     ylabel: str,
     percent: bool = True,
+    intervals: Mapping[str, Sequence[Sequence[float] | None]] | None = None,
 ) -> Figure:
     """One cluster of bars per group (e.g. method), one bar per series (e.g. metric), the
-    value printed on each bar. ``percent`` shows fractions as percentages on a 0-100 axis."""
+    value printed on each bar. ``percent`` shows fractions as percentages on a 0-100 axis.
+    ``intervals`` (per series, a ``[low, high]`` per group or None) draws each bar's
+    interval as an error bar, the value then printed inside the bar."""
     scale = 100.0 if percent else 1.0
     k, n = len(series), len(groups)
     width = 0.8 / max(k, 1)
@@ -33,8 +36,15 @@ def grouped_bars_figure(
         vals = np.asarray([np.nan if v is None else v for v in values], dtype=float) * scale
         pos = np.arange(n) + (s - (k - 1) / 2) * width
         bars = ax.bar(pos, np.nan_to_num(vals), width, label=label, color=palette(s % 10))
+        spans = (intervals or {}).get(label)
+        if spans is not None:
+            low, high = (np.asarray([np.nan if c is None else c[i] for c in spans], float)
+                         * scale for i in (0, 1))
+            ax.errorbar(pos, vals, yerr=[vals - low, high - vals], fmt="none", ecolor="black",
+                        elinewidth=0.8, capsize=2)
         ax.bar_label(bars, labels=["-" if np.isnan(v) else f"{v:.0f}" if percent else f"{v:.2f}"
-                                   for v in vals], fontsize=6, padding=1)
+                                   for v in vals], fontsize=6, padding=1,
+                     label_type="edge" if spans is None else "center")
     ax.set_xticks(np.arange(n), list(groups), rotation=20, ha="right", fontsize=8)
     if percent:
         ax.set_ylim(0, 108)

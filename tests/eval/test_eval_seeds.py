@@ -86,6 +86,10 @@ def test_settings_are_not_averaged_over_seeds() -> None:
     assert row["lam"] == 0.5 and "lam_ci" not in row
     assert row["r1"] == pytest.approx(0.5) and "r1_ci" in row
     assert "| x | 0.500 | 50.0 [" in aggregate(runs).markdown()
+    for seed, table in enumerate(runs):
+        table.notes = ["recipe: lr 0.002", f"heads: heads-s{seed}"]
+    assert aggregate(runs).notes[:2] == [
+        "recipe: lr 0.002", "per seed: heads: heads-s0; heads: heads-s1; heads: heads-s2"]
 
 
 def test_paper_recipe_preset() -> None:
@@ -94,3 +98,23 @@ def test_paper_recipe_preset() -> None:
     assert (paper.lr, paper.batch_size, paper.epochs, paper.max_steps) == (1e-4, 64, 3, 4686)
     assert paper_recipe(TrainConfig(method="filip")).max_steps == 8 * 1562
     assert build_parser().parse_args(["--paper-recipe"]).paper_recipe
+
+
+def test_report_bars_carry_the_seed_intervals() -> None:
+    """A table over seeds is drawn with each bar's interval as an error bar spanning
+    exactly [low, high] (in %)."""
+    from matplotlib.collections import LineCollection
+
+    from otviz.report import table_figures
+
+    values = {"a": [0.50, 0.52, 0.51], "b": [0.40, 0.43, 0.41]}
+    table = aggregate(_seed_tables(values))
+    for row in table.rows:
+        row["avg_r1"] = row["i2t_r1"] = row["t2i_r1"] = row["r1"]
+        row["avg_r1_ci"] = row["i2t_r1_ci"] = row["t2i_r1_ci"] = row["r1_ci"]
+    ax = table_figures({"retrieval": table})["retrieval"].axes[0]
+    spans = [seg for c in ax.collections if isinstance(c, LineCollection)
+             for seg in c.get_segments()]
+    expected = sorted(100 * v for row in table.rows for v in row["r1_ci"]) * 3  # 3 series
+    got = [float(y) for seg in spans for _, y in seg]
+    assert sorted(got) == pytest.approx(sorted(expected))

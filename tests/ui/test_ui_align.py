@@ -44,9 +44,11 @@ from otviz.ui.downloads import DownloadDir
 from otviz.ui.examples import load_examples
 from otviz.ui.inputs import user_errors
 from otviz.viz.panels import (
+    BACKDROP,
     BAR_PX,
     BOX_COLOUR,
     GAP_PX,
+    HEAT_ALPHA,
     TITLE_PX,
     colormap_lut,
     compose_heatmaps,
@@ -101,6 +103,23 @@ def test_panels_are_the_overlays_on_one_scale_and_boxes_are_drawn():
     assert tuple(boxed[TITLE_PX + 15, 40]) == BOX_COLOUR  # top edge of the box
     assert tuple(boxed[TITLE_PX + 30, 20]) == BOX_COLOUR  # left edge
     assert tuple(boxed[TITLE_PX + 30, 40]) != BOX_COLOUR  # inside
+
+
+def test_overlay_is_the_documented_blend():
+    """overlay = (1 - a) * backdrop * luma + a * colour(level), a linear in the level from
+    HEAT_ALPHA[0] to HEAT_ALPHA[1]: the table-driven blend is within one intensity unit of
+    the formula evaluated in float64 (its opacity is quantised to the 256 colour levels)."""
+    rng = np.random.default_rng(1)
+    image = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    heat = rng.random((8, 8))  # same size as the image: the bilinear stretch is the identity
+    got = heat_overlay(image, heat, 0.2, 0.9).astype(float)
+    level = np.clip((heat - 0.2) / 0.7, 0, 1)
+    index = (level * 255).astype(np.uint8)
+    colour = colormap_lut("magma")[index].astype(float)
+    a = (HEAT_ALPHA[0] + (HEAT_ALPHA[1] - HEAT_ALPHA[0]) * level)[..., None]
+    luma = image.astype(float) @ np.array([0.299, 0.587, 0.114])
+    expected = (1 - a) * (BACKDROP * luma)[..., None] + a * colour
+    assert np.abs(got - expected).max() <= 1.0
 
 
 def test_per_panel_scales_differ_from_the_shared_scale():
@@ -171,12 +190,14 @@ def test_plan_matrix_is_the_alignment_plan_on_valid_tokens(view, tools, encoded)
     assert z.shape == (n, m)
     np.testing.assert_allclose(z, runs["dense_uot"].alignment.plan.dense()[0][:, mask].numpy())
     _, texts, words = token_labels(encoded)
-    hover = view.plan.plan.data[0].text
+    trace = view.plan.plan.data[0]
+    assert "%{y}<br>%{x}" in trace.hovertemplate  # a cell's hover names its patch and token
     gw = encoded.grid[1]
     for i, j in [(0, 0), (n - 1, m - 1), (gw + 2, m // 2)]:
-        assert f"patch {i} (row {i // gw}, col {i % gw})" in hover[i][j]
-        assert f"'{texts[j]}' of word '{words[j]}'" in hover[i][j]
+        assert trace.y[i] == f"patch {i} (row {i // gw}, col {i % gw})"
+        assert trace.x[j].endswith(f"'{texts[j]}' of word '{words[j]}'")
     assert list(view.plan.plan.layout.xaxis.ticktext) == texts
+    assert len(view.plan.plan.to_json()) < 120_000  # no per-cell text matrix
 
 
 @pytest.mark.parametrize("method", ALIGN_METHODS)
