@@ -6,6 +6,7 @@ changing the phrase or the method does not re-encode.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -28,6 +29,15 @@ MAX_CAPTION_CHARS = 1000
 
 class InputError(UserInputError, ValueError):
     """Bad user input (no image, empty caption, unknown phrase); the message is for people."""
+
+
+class NotComputedError(InputError):
+    """A read of cached results (``compute=False``) found the pair not encoded or aligned
+    yet."""
+
+    def __init__(self) -> None:
+        super().__init__("this image and caption are not aligned yet (or no longer cached): "
+                         "click Align")
 
 
 REGION_KINDS: tuple[str, ...] = ("grid", "boxes", "segments")
@@ -112,9 +122,30 @@ class Explainer:
         self._cache: OrderedDict[tuple[str, str], Encoded] = OrderedDict()
         self._projected: OrderedDict[tuple[str, str], TokenFeatures] = OrderedDict()
         self._runs: OrderedDict[tuple[str, ...], MethodRun] = OrderedDict()
+        self._lock = threading.Lock()  # the caches are read and written from server threads
 
-    def encode(self, image: ImageInput | None, caption: str | None) -> Encoded:
-        """Encode one pair (cached). Raises :class:`InputError` on unusable input."""
+    def _cached(self, cache: OrderedDict, key: tuple, compute: bool):
+        """``cache[key]`` (marked most recent) or None; with ``compute=False`` a miss is a
+        :class:`NotComputedError`."""
+        with self._lock:
+            hit = cache.get(key)
+            if hit is not None:
+                cache.move_to_end(key)
+        if hit is None and not compute:
+            raise NotComputedError()
+        return hit
+
+    def _store(self, cache: OrderedDict, key: tuple, value: object, size: int) -> None:
+        with self._lock:
+            cache[key] = value
+            while len(cache) > size:
+                cache.popitem(last=False)
+
+    def encode(self, image: ImageInput | None, caption: str | None,
+               compute: bool = True) -> Encoded:
+        """Encode one pair (cached). Raises :class:`InputError` on unusable input and, with
+        ``compute=False`` (a read of cached results only, for requests served outside the
+        queue), :class:`NotComputedError` when the pair is not cached."""
         if image is None:
             raise InputError("no image: upload one or pick an example")
         caption = (caption or "").strip()
@@ -124,28 +155,27 @@ class Explainer:
             raise InputError(f"the caption is over {MAX_CAPTION_CHARS} characters")
         rgb = np.asarray(to_rgb(image))
         key = (hashlib.sha1(rgb.tobytes() + str(rgb.shape).encode()).hexdigest(), caption)
-        hit = self._cache.get(key)
+        hit = self._cached(self._cache, key, compute)
         if hit is not None:
-            self._cache.move_to_end(key)
             return hit
         features = self.backbone.encode([rgb], [caption])
         if not features.words[0] or not bool(features.token_mask.any()):
             raise InputError("the caption has no words the model can read")
         encoded = Encoded(rgb, caption, features, parse_caption(caption), key)
-        self._cache[key] = encoded
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        self._store(self._cache, key, encoded, self.cache_size)
         return encoded
 
     def align(
-        self, encoded: Encoded, suite: MethodSuite, names: list[str], regions: str = "grid"
+        self, encoded: Encoded, suite: MethodSuite, names: list[str], regions: str = "grid",
+        compute: bool = True,
     ) -> dict[str, MethodRun]:
         """Run the named methods of ``suite`` on the pair (each result cached, so a phrase
-        change re-reads the plan without re-solving)."""
+        change re-reads the plan without re-solving); ``compute=False`` as in
+        :meth:`encode`."""
         runs = {}
         for name in names:
             key = (*encoded.key, suite.label, name, regions)
-            run = self._runs.get(key)
+            run = self._cached(self._runs, key, compute)
             if run is None:
                 entry = suite.methods[name]
                 n_regions = int(entry.method.config.extra.get("n_regions", 9))  # PowerCLIP's M
@@ -155,9 +185,7 @@ class Explainer:
                     alignment = entry.method(batch)
                 elapsed = 1000 * (time.perf_counter() - start)
                 run = MethodRun(name, alignment, elapsed, entry.source)
-                self._runs[key] = run
-                if len(self._runs) > self.cache_size * 16:
-                    self._runs.popitem(last=False)
+                self._store(self._runs, key, run, self.cache_size * 16)
             runs[name] = run
         return runs
 
@@ -175,12 +203,10 @@ class Explainer:
 
     def projected(self, encoded: Encoded) -> TokenFeatures:
         """The pair's features in the model's joint embedding space (cached)."""
-        cached = self._projected.get(encoded.key)
+        cached = self._cached(self._projected, encoded.key, compute=True)
         if cached is None:
             cached = self.backbone.to_space(encoded.features, "projected")
-            self._projected[encoded.key] = cached
-            if len(self._projected) > self.cache_size:
-                self._projected.popitem(last=False)
+            self._store(self._projected, encoded.key, cached, self.cache_size)
         return cached
 
     def word_similarity(self, encoded: Encoded) -> Tensor:

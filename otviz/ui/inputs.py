@@ -191,8 +191,9 @@ class UploadExplainer(Explainer):
     """An :class:`~otviz.explain.Explainer` that fits every upload first
     (:func:`fit_image`), so API callers get the same limits as the page."""
 
-    def encode(self, image: ImageInput | None, caption: str | None) -> Encoded:
-        return super().encode(fit_image(image)[0], caption)
+    def encode(self, image: ImageInput | None, caption: str | None,
+               compute: bool = True) -> Encoded:
+        return super().encode(fit_image(image)[0], caption, compute)
 
 
 @user_errors

@@ -75,6 +75,14 @@ def example() -> tuple[str, str]:
     return str(e.image_path), e.caption
 
 
+@pytest.fixture(scope="module")
+def aligned(client, checkpoint, example) -> tuple[str, str]:
+    """The example after an Align click: the phrase and plan endpoints read its results."""
+    assert outcome(client, "/align", *view_args("align", handle_file(example[0]), example[1],
+                                                checkpoint)) is None
+    return example
+
+
 def view_args(view: str, image, caption: str, checkpoint: str) -> tuple:
     """The positional inputs of each image view's API endpoint."""
     return {
@@ -212,17 +220,28 @@ def test_a_400_word_caption_works_in_every_view(client, checkpoint, example, vie
                    *view_args(view, handle_file(example[0]), caption, checkpoint)) is None
 
 
-def test_html_in_a_message_is_escaped(client, checkpoint, example):
-    message = outcome(client, "/align_phrase", handle_file(example[0]), example[1],
+def test_html_in_a_message_is_escaped(client, checkpoint, aligned):
+    message = outcome(client, "/align_phrase", handle_file(aligned[0]), aligned[1],
                       checkpoint, "grid", True, "<h1>purple</h1> <img src=x>")
     assert message is not None and "&lt;h1&gt;purple&lt;/h1&gt;" in message
 
 
+def test_phrase_and_plan_reads_before_an_align_click_say_so(client, checkpoint, example):
+    """The phrase and plan endpoints are served outside the queue and never encode or
+    solve: a pair nobody aligned is a message, not work."""
+    image, caption = handle_file(example[0]), example[1] + " never aligned"
+    for api, args in (("/align_phrase", (image, caption, checkpoint, "grid", True, "red")),
+                      ("/align_plan", (image, caption, checkpoint, "conceptot", 0, "grid"))):
+        message = outcome(client, api, *args)
+        assert message is not None and "click Align" in message, api
+
+
 # ----------------------------------------------------------------------- phrases, checkpoints
 @pytest.mark.parametrize("phrase", ["", "   ", "x" * 5000, "a\x00b", "🔴"])
-def test_odd_phrases_are_a_result_or_a_message(client, checkpoint, example, phrase):
-    outcome(client, "/align_phrase", handle_file(example[0]), example[1], checkpoint, "grid",
-            True, phrase)
+def test_odd_phrases_are_a_result_or_a_message(client, checkpoint, aligned, phrase):
+    message = outcome(client, "/align_phrase", handle_file(aligned[0]), aligned[1], checkpoint,
+                      "grid", True, phrase)
+    assert message is None or "click Align" not in message  # the phrase itself was read
 
 
 @pytest.mark.parametrize(

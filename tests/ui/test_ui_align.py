@@ -20,7 +20,7 @@ from PIL import Image
 
 from otviz.backbone import ImageInputError
 from otviz.eval.came_quotas import quota_ratio_table
-from otviz.explain import InputError
+from otviz.explain import InputError, NotComputedError
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
 from otviz.ui.align_tab import (
@@ -324,6 +324,21 @@ def test_phrase_change_reads_the_cache(tools, sample, view, monkeypatch):
         phrase_view(*tools, *sample, value)
     per_change = (time.perf_counter() - start) / len(view.phrase_choices)
     assert per_change < 1.0  # generous on a shared CPU; the benchmark measures the real p50
+
+
+def test_reads_without_compute_use_the_cache_or_refuse(tools, sample, view):
+    """``compute=False`` (the phrase and plan requests served outside the queue) gives the
+    cached result of a click, and for a pair never aligned a message instead of work."""
+    first = view.phrase_choices[0][1]
+    cached, _ = phrase_view(*tools, *sample, first, compute=False)
+    np.testing.assert_array_equal(cached, phrase_view(*tools, *sample, first)[0])
+    image, caption = sample
+    with pytest.raises(NotComputedError, match="click Align"):
+        phrase_view(*tools, image, caption + " and a blue star", first, compute=False)
+    with pytest.raises(NotComputedError):
+        plan_view(*tools, image[::-1].copy(), caption, "conceptot", compute=False)
+    with pytest.raises(NotComputedError):  # cached features, regions never solved
+        plan_view(*tools, image, caption, "powerclip", regions="segments", compute=False)
 
 
 def test_region_kind_resolves_powerclip_alone(tools, sample, encoded):

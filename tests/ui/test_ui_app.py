@@ -159,6 +159,8 @@ def test_bad_input_is_a_message_on_the_page(client, example, live_app, tmp_path,
 def test_phrase_not_in_the_caption_and_unknown_checkpoint(client, example, live_app):
     img = handle_file(example[0])
     checkpoint = live_app.ctx.checkpoint_choices()[0]
+    client.predict(img, example[1], checkpoint, "conceptot", "grid", True, 0.5, None, None,
+                   api_name="/align")  # the phrase endpoint reads an Align click's results
     with pytest.raises(AppError, match="purple elephant"):
         client.predict(img, example[1], checkpoint, "grid", True, "purple elephant",
                        api_name="/align_phrase")
