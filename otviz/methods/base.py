@@ -308,6 +308,14 @@ class AlignmentMethod(nn.Module):
         defines its own."""
         return alignment.heatmap(token_select)
 
+    @classmethod
+    def shown_patch_map(cls, alignment: Alignment, token_select: Tensor) -> tuple[Tensor, str]:
+        """``([B, N] map, label)`` that the views draw for the phrase: the
+        :meth:`phrase_patch_map`, labelled ``""`` when it is transported mass and with the
+        name of the readout otherwise (QC-Align's ``Π/(μν)``, drawn on its own scale)."""
+        label = "" if alignment.readout is None else "Π/(μν)"
+        return cls.phrase_patch_map(alignment, token_select), label
+
     def __init__(self, patch_dim: int, token_dim: int, config: MethodConfig | None = None):
         super().__init__()
         self.config = config or MethodConfig()

@@ -167,6 +167,10 @@ def triplet_loss(
     return phi(sim, skip) + phi(sim.transpose(-1, -2), skip.transpose(-1, -2))
 
 
+#: A membership map whose peak is below this has an empty best subset (no region chosen).
+EMPTY_SUBSET = 1e-6
+
+
 @dataclass
 class PowersetInputs:
     """Region and phrase embeddings of a batch with their masks."""
@@ -177,6 +181,7 @@ class PowersetInputs:
     nodes: Tensor  # [B, K, M] bool
     node_mask: Tensor  # [B, K] bool
     phrase_emb: Tensor  # [B, K, d]
+    patch_emb: Tensor  # [B, N, d] projected patch embeddings v_n
 
 
 def proposal_regions(grid: tuple[int, int], kind: str, n_regions: int, seed: int = 0) -> Tensor:
@@ -275,7 +280,7 @@ class PowerCLIP(ProjectedMethod):
             node_mask = node_mask & nodes.any(-1)
         region_emb, region_mask = region_embeddings(z, regions)
         phrase = phrase_embeddings(y, nodes, node_mask, batch.token_mask)
-        return PowersetInputs(regions, region_emb, region_mask, nodes, node_mask, phrase)
+        return PowersetInputs(regions, region_emb, region_mask, nodes, node_mask, phrase, z)
 
     def _membership(self, q: Tensor, inp: PowersetInputs) -> tuple[Tensor, Tensor]:
         """``[B, K, R]`` membership of each region in each node's best subset and the
@@ -321,6 +326,9 @@ class PowerCLIP(ProjectedMethod):
             "node_best_regions": member,
             "node_best_score": best,
             "node_patch_maps": member @ inp.regions.to(member.dtype),  # [B, K, N]
+            # Fig. 6's text-to-patch similarity <v_n / ||v_n||, p_B>: q of one-patch regions
+            "node_patch_similarity": region_node_scores(
+                F.normalize(inp.patch_emb, dim=-1), inp.phrase_emb).transpose(1, 2),
             "raw_local_score": raw,
             "exact": self.exact,
         }
@@ -343,6 +351,32 @@ class PowerCLIP(ProjectedMethod):
         node = best_node(ex["nodes"], ex["node_mask"], sel)
         maps = ex["node_patch_maps"]
         return maps[torch.arange(maps.shape[0], device=maps.device), node]
+
+    @classmethod
+    def shown_patch_map(cls, alignment: Alignment, token_select: Tensor) -> tuple[Tensor, str]:
+        """The membership map (:meth:`phrase_patch_map`); where the node's best subset is
+        empty (every ``sigma(q / tau)`` below :data:`EMPTY_SUBSET`: no region matches the
+        phrase, an all-zero map) the Fig. 6 text-to-patch similarity instead, shifted to
+        start at 0 and labelled "Fig. 6 sim." (:meth:`phrase_similarity_map`)."""
+        heat = cls.phrase_patch_map(alignment, token_select)
+        empty = heat.amax(-1) < EMPTY_SUBSET  # [B]
+        if not bool(empty.any()):
+            return heat, ""
+        sim = cls.phrase_similarity_map(alignment, token_select)
+        shifted = sim - sim.amin(-1, keepdim=True)
+        return (torch.where(empty[:, None], shifted, heat),
+                "Fig. 6 sim.")
+
+    @staticmethod
+    def phrase_similarity_map(alignment: Alignment, token_select: Tensor) -> Tensor:
+        """``[B, N]`` text-to-patch similarity of the phrase (PowerCLIP Fig. 6): ``<v_n /
+        ||v_n||, p_B>`` for the node ``B`` that best matches ``token_select``, i.e. Eq. 10's
+        region-node score of one-patch regions; signed, a cosine per leaf of ``B``."""
+        ex = alignment.extras
+        sel = token_select.bool() & alignment.token_mask.bool()
+        node = best_node(ex["nodes"], ex["node_mask"], sel)
+        sims = ex["node_patch_similarity"]
+        return sims[torch.arange(sims.shape[0], device=sims.device), node]
 
     def powerset_loss(self, batch: PairBatch, excluded: Tensor | None = None) -> Tensor:
         """Triplet loss ``Phi(S) + Phi(S^T)`` (Eq. 8-9, 16) over the ``C x C`` raw NLA

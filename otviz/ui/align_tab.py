@@ -85,6 +85,11 @@ but its projections were trained at the temperature the note names. *ConceptOT*'
 Nystrom plan (checkpoint "training-free, ConceptOT faithful") can hold negative entries:
 they are never drawn as mass (clipped at 0, the titles and the score table's "negative
 mass" column say how much); the default training-free entry uses the nonnegative variant.
+*PowerCLIP*'s panel is its own readout: the regions of the phrase's tree node weighted by
+their membership sigmoid(q / tau) in the node's best subset (the map its pointing game is
+scored on; pick *boxes*, the proposals its head trained on, or *grid*); when no region is
+in the best subset (all memberships ~0) the panel shows its Fig. 6 text-to-patch similarity
+instead, titled "Fig. 6 sim.".
 Global+Patch, FILIP, Text-Attn and PowerCLIP have no reference masses. *Scores:* global
 cosine s_g, local score s_l, their combination s_g + λ·s_l (ConceptOT App. G.4), the
 solver's final marginal error (blank without an OT solver) and the solve time."""
@@ -221,13 +226,20 @@ def quota_note(
 
 def phrase_heatmaps(
     runs: dict[str, MethodRun], encoded: Encoded, words: list[int]
-) -> dict[str, np.ndarray]:
-    """``[gh, gw]`` heatmap of the phrase per method: ``Alignment.heatmap`` of its tokens
-    (ConceptOT Sec. 2.6)."""
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """``[gh, gw]`` heatmap of the phrase per method, each method's ``shown_patch_map`` of
+    its tokens: the map its grounding is scored on (``Alignment.heatmap``, ConceptOT Sec.
+    2.6, unless the method reads the phrase its own way), and the labels of the maps that
+    are not masses (QC-Align's Π/(μν); PowerCLIP's Fig. 6 similarity where its best subset is
+    empty)."""
     select = encoded.token_select(words)
-    return {
-        n: runs[n].alignment.heatmap(select)[0].reshape(encoded.grid).numpy() for n in ALIGN_METHODS
-    }
+    heats, readouts = {}, {}
+    for n in ALIGN_METHODS:
+        heat, label = METHODS[n].shown_patch_map(runs[n].alignment, select)
+        heats[n] = heat[0].reshape(encoded.grid).numpy()
+        if label:
+            readouts[n] = label
+    return heats, readouts
 
 
 #: A grounding box covering at least this share of the image localises nothing: not drawn.
@@ -338,11 +350,13 @@ def heatmap_grid_image(
     heats: dict[str, np.ndarray],
     phrase_text: str,
     shared_scale: bool,
-    relative: frozenset[str] = frozenset(),
+    readouts: dict[str, str] | None = None,
 ) -> np.ndarray:
     """The per-method heatmap panels with their grounding boxes, as one image. Panels of
-    ``relative`` methods (a readout relative to the marginals, not a mass) are stretched to
-    the mass panels' peak on a shared scale and titled "own scale"."""
+    ``readouts`` (method -> label of a map that is not a mass: QC-Align's Π/(μν), PowerCLIP's
+    Fig. 6 similarity) are stretched to the mass panels' peak on a shared scale and titled
+    with the label and "own scale"."""
+    relative = readouts or {}
     shown = [displayable_mass(heats[n]) for n in ALIGN_METHODS]
     maps = [m for m, _ in shown]
     peak = max((float(m.max()) for n, m in zip(ALIGN_METHODS, maps, strict=True)
@@ -353,7 +367,7 @@ def heatmap_grid_image(
     return compose_heatmaps(
         encoded.image,
         maps,
-        [METHOD_LABELS[n] + (" Π/(μν), own scale" if n in relative else "")
+        [METHOD_LABELS[n] + (f" {relative[n]}, own scale" if n in relative else "")
          + negative_mass_note(neg) for n, (_, neg) in zip(ALIGN_METHODS, shown, strict=True)],
         boxes=grounding_boxes(encoded, maps),
         shared_scale=shared_scale,
@@ -452,10 +466,9 @@ def _phrase_grid(
     encoded: Encoded, runs: dict[str, MethodRun], phrase: str | None, shared_scale: bool
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     words = resolve_phrase(encoded, phrase)
-    heats = phrase_heatmaps(runs, encoded, words)
+    heats, readouts = phrase_heatmaps(runs, encoded, words)
     text = " ".join(encoded.words[k].text for k in words)
-    relative = frozenset(n for n in ALIGN_METHODS if runs[n].alignment.readout is not None)
-    return heatmap_grid_image(encoded, heats, text, shared_scale, relative), heats
+    return heatmap_grid_image(encoded, heats, text, shared_scale, readouts), heats
 
 
 def _plan_view(

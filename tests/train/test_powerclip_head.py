@@ -62,6 +62,20 @@ def test_phrase_patch_map_is_membership_weighted_region_cover(exact: bool) -> No
         torch.testing.assert_close(got[b], want)
 
 
+def test_text_to_patch_similarity_is_q_of_one_patch_regions() -> None:
+    """Fig. 6's map: with every patch its own region, Eq. 10's region-node scores q are the
+    text-to-patch similarities, so the two readouts agree patch by patch."""
+    batch = _pair()
+    n = batch.patches.shape[1]
+    batch.regions = torch.eye(n, dtype=torch.bool).expand(2, n, n).clone()
+    out = _method().align(batch)
+    select = torch.zeros(2, 5, dtype=torch.bool)
+    select[:, :2] = True  # exactly node 0
+    got = type(_method()).phrase_similarity_map(out, select)
+    torch.testing.assert_close(got, out.extras["region_node_scores"][:, :, 0])
+    assert got.min() < 0 < got.max()  # signed: a cosine per leaf of the node
+
+
 def test_best_node_is_the_largest_jaccard_overlap() -> None:
     nodes = _pair().nodes
     select = torch.tensor([[1, 1, 0, 0, 0], [0, 0, 1, 1, 0]], dtype=torch.bool)

@@ -22,6 +22,8 @@ from otviz.backbone import ImageInputError
 from otviz.eval.came_quotas import quota_ratio_table
 from otviz.explain import InputError, NotComputedError
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
+from otviz.methods import METHODS
+from otviz.methods.powerclip import EMPTY_SUBSET
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
 from otviz.ui.align_tab import (
     GRID_PANEL_PX,
@@ -297,6 +299,12 @@ def test_phrase_heatmaps_equal_alignment_heatmap(tools, sample, encoded, view):
     select = encoded.features.text.word_mask(0, range(np_node.start, np_node.end))
     for name in ALIGN_METHODS:
         a = runs[name].alignment
+        if name == "powerclip":  # its own readout: membership map, or Fig. 6 if that is empty
+            member = METHODS[name].phrase_patch_map(a, select[None])[0]
+            sim = METHODS[name].phrase_similarity_map(a, select[None])[0]
+            ref = member if member.max() >= EMPTY_SUBSET else sim - sim.min()
+            np.testing.assert_array_equal(heats[name].reshape(-1), ref.numpy())
+            continue
         matrix = (a.plan if a.readout is None else a.readout).dense()[0]  # QC-Align: Pi/(mu nu)
         np.testing.assert_allclose(
             heats[name].reshape(-1), matrix[:, select].sum(1).numpy(), rtol=1e-5, atol=1e-8
