@@ -69,11 +69,15 @@ remake: install
 	$(OTVIZ) eval --heads checkpoints/heads --tables retrieval,probe,grounding --n-test 1000 \
 		--n-compositional 500 --also-candidates '' --threads 2 --out runs/eval-shipped \
 		--manifest checkpoints/manifest.json
+	$(OTVIZ) eval --heads 'runs/heads-s{seed}' --seeds 0,1,2 --n-test 1000 --n-compositional 500 \
+		--tables retrieval --threads 2 --out runs/eval-rerank
 	$(OTVIZ) ablate --n-train 4000 --max-steps 60 --lr 2e-3 --threads 2 --out runs/ablation \
 		--n-test 500 --seeds 0,1,2 --tables-out runs/eval
 	$(OTVIZ) eval --otclip-losses --out runs/eval
 	$(OTVIZ) report --eval-dir runs/eval --out benchmarks/eval/figures
 	cp runs/eval/tables.* runs/eval/ablation.* runs/eval/otclip_losses.* benchmarks/eval/
+	cp runs/eval-rerank/tables.json benchmarks/eval/retrieval_rerank.json
+	cp runs/eval-rerank/tables.md benchmarks/eval/retrieval_rerank.md
 	$(BIN)/python benchmarks/backbone_quality.py --out benchmarks/backbone_quality
 
 clean:
