@@ -5,9 +5,10 @@
 #   make screenshots   rerun the browser tests, writing the views to docs/screenshots/
 #   make remake   everything measured on the shipped backbone, re-made in order: the eight
 #                 heads for 3 seeds (seed 0 shipped), the eval tables over those seeds, the
-#                 manifest's eval records, the ablation over 3 seeds, the OT-CLIP loss table,
-#                 the report figures and the backbone-quality benchmark (2 cores: the heads
-#                 and eval about 30 min on an idle machine; the 3-seed ablation well over 1 h)
+#                 manifest's eval records, top-16/128 retrieval over 3 seeds, the ablation over
+#                 3 seeds, the OT-CLIP loss table, the report figures and the backbone-quality
+#                 benchmark (2 cores, idle: heads and eval about 30 min, the top-128 retrieval
+#                 about 40 min, the ablation about 25 min)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
