@@ -69,11 +69,17 @@ class Encoded:
     def grid(self) -> tuple[int, int]:
         return self.features.grid
 
+    @property
+    def kept_words(self) -> list[int]:
+        """Indices of the caption words the model reads (those with a token inside the
+        context length), in order."""
+        return sorted({int(w) for w in self.features.token_word[0][self.features.token_mask[0]]})
+
     def token_select(self, word_indices: list[int] | range) -> Tensor:
         """``[1, L]`` bool mask of the BPE tokens of the given caption words."""
         if not len(word_indices):
             raise InputError("pick at least one word of the caption")
-        kept = {int(w) for w in self.features.token_word[0][self.features.token_mask[0]]}
+        kept = set(self.kept_words)
         missing = [self.words[w].text for w in word_indices if w not in kept]
         if len(missing) == len(word_indices):
             raise InputError(

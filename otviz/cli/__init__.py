@@ -168,25 +168,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_explain(args: argparse.Namespace) -> int:
     from otviz.backbone import Backbone
     from otviz.explain import Explainer
-    from otviz.viz.heatmaps import heatmap_grid_figure
-    from otviz.viz.style import SIMILARITY_CMAP
+    from otviz.viz.heatmaps import word_similarity_figure
 
     backbone = Backbone.from_checkpoint(args.checkpoint) if args.checkpoint else (
         Backbone.from_checkpoint()
     )
     explainer = Explainer(backbone)
     encoded = explainer.encode(args.image, args.caption)
-    maps = explainer.word_similarity(encoded)
-    kept = sorted({int(w) for w in encoded.features.token_word[0][encoded.features.token_mask[0]]})
-    fig = heatmap_grid_figure(
-        encoded.image,
-        [maps[k].numpy() for k in kept],
-        [encoded.words[k].text for k in kept],
-        cmap=SIMILARITY_CMAP,
-        colorbar_label="cosine similarity",
-        zero_floor=False,
-        suptitle=f'"{encoded.caption}"',
-    )
+    fig = word_similarity_figure(encoded, explainer.word_similarity(encoded),
+                                 encoded.kept_words, suptitle=f'"{encoded.caption}"')
     fig.savefig(args.out)
     print(f"wrote {args.out}")
     return 0

@@ -100,10 +100,8 @@ def phrase_choices(encoded: Encoded) -> list[tuple[str, str]]:
     """``(label, value)`` for the caption's words, then its parse-tree phrases (spans of
     two words or more, NP/PP/VP/... and the whole caption), each as ``"span:start:end"``
     over word indices. Words the context length cut are left out."""
-    kept = _kept_words(encoded)
-    words = [
-        (f'word "{w.text}"', f"span:{k}:{k + 1}") for k, w in enumerate(encoded.words) if k in kept
-    ]
+    kept = set(encoded.kept_words)
+    words = [(f'word "{encoded.words[k].text}"', f"span:{k}:{k + 1}") for k in sorted(kept)]
     phrases = [
         (f'{node.label} "{node.span_text()}"', f"span:{node.start}:{node.end}")
         for node in phrase_nodes(encoded.parse.tree)
@@ -163,10 +161,6 @@ def token_choices(encoded: Encoded) -> list[tuple[str, int]]:
         (f"{j}: {t}" + ("" if t == w else f" ({w})"), j)
         for j, (t, w) in enumerate(zip(texts, words, strict=True))
     ]
-
-
-def _kept_words(encoded: Encoded) -> set[int]:
-    return {int(w) for w in encoded.features.token_word[0][encoded.features.token_mask[0]]}
 
 
 # ----------------------------------------------------------------------- computing

@@ -14,7 +14,7 @@ from otviz.explain import Explainer
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.inputs import user_errors
-from otviz.viz.heatmaps import heatmap_grid_figure
+from otviz.viz.heatmaps import heatmap_grid_figure, word_similarity_figure
 from otviz.viz.style import SIMILARITY_CMAP
 
 HOW_TO_READ = """**How to read this view.** Each panel shows how similar one caption word is to
@@ -26,8 +26,7 @@ scale. The large panel averages the words you pick; its cyan box is the weak-gro
 def word_choices(explainer: Explainer, image, caption: str) -> list[tuple[str, int]]:
     """``(label, word index)`` for each caption word the model reads."""
     encoded = explainer.encode(image, caption)
-    kept = {int(w) for w in encoded.features.token_word[0][encoded.features.token_mask[0]]}
-    return [(f"{w.text} ({k})", k) for k, w in enumerate(encoded.words) if k in kept]
+    return [(f"{encoded.words[k].text} ({k})", k) for k in encoded.kept_words]
 
 
 def words_figures(
@@ -39,14 +38,7 @@ def words_figures(
     choices = word_choices(explainer, image, caption)
     shown = [k for _, k in choices]
     picked = [k for k in (picked or shown[:1]) if k in shown] or shown[:1]
-    grid_fig = heatmap_grid_figure(
-        encoded.image,
-        [maps[k].numpy() for k in shown],
-        [encoded.words[k].text for k in shown],
-        cmap=SIMILARITY_CMAP,
-        colorbar_label="cosine similarity",
-        zero_floor=False,
-    )
+    grid_fig = word_similarity_figure(encoded, maps, shown)
     phrase = maps[picked].mean(0)
     heat = (phrase - phrase.min()).reshape(1, -1)
     box = heatmap_boxes(heat, encoded.grid)[0]

@@ -10,7 +10,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from otviz.viz.style import HEAT_CMAP, new_figure
+from otviz.explain import Encoded
+from otviz.viz.style import HEAT_CMAP, SIMILARITY_CMAP, new_figure
 
 
 def draw_heatmap(
@@ -101,3 +102,19 @@ def heatmap_grid_figure(
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
     return fig
+
+
+def word_similarity_figure(
+    encoded: Encoded, maps, words: Sequence[int], suptitle: str | None = None
+) -> Figure:
+    """One panel per caption word in ``words``: its patch cosine map from
+    ``Explainer.word_similarity`` (``maps``, ``[n_words, N]``), all on one colour scale."""
+    return heatmap_grid_figure(
+        encoded.image,
+        [maps[k].numpy() for k in words],
+        [encoded.words[k].text for k in words],
+        cmap=SIMILARITY_CMAP,
+        colorbar_label="cosine similarity",
+        zero_floor=False,
+        suptitle=suptitle,
+    )
