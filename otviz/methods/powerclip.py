@@ -167,6 +167,16 @@ def triplet_loss(
     return phi(sim, skip) + phi(sim.transpose(-1, -2), skip.transpose(-1, -2))
 
 
+def _of_best_node(alignment: Alignment, token_select: Tensor, key: str) -> Tensor:
+    """``[B, N]`` row of the ``[B, K, N]`` extra ``key`` at the node that best matches
+    ``token_select`` (``[B, M]`` or ``[M]``, :func:`best_node`)."""
+    ex = alignment.extras
+    sel = token_select.bool() & alignment.token_mask.bool()  # [M] broadcasts to [B, M]
+    node = best_node(ex["nodes"], ex["node_mask"], sel)
+    rows = ex[key]
+    return rows[torch.arange(rows.shape[0], device=rows.device), node]
+
+
 #: A membership map whose peak is below this has an empty best subset (no region chosen).
 EMPTY_SUBSET = 1e-6
 
@@ -346,11 +356,7 @@ class PowerCLIP(ProjectedMethod):
         """``[B, N]`` patch map of a phrase (module docstring): ``map_B(n) = sum_m
         sigma(q_mB / tau) R_mn`` of the node ``B`` that best matches ``token_select``
         (``[B, M]`` or ``[M]``)."""
-        ex = alignment.extras
-        sel = token_select.bool() & alignment.token_mask.bool()  # [M] broadcasts to [B, M]
-        node = best_node(ex["nodes"], ex["node_mask"], sel)
-        maps = ex["node_patch_maps"]
-        return maps[torch.arange(maps.shape[0], device=maps.device), node]
+        return _of_best_node(alignment, token_select, "node_patch_maps")
 
     @classmethod
     def shown_patch_map(cls, alignment: Alignment, token_select: Tensor) -> tuple[Tensor, str]:
@@ -372,11 +378,7 @@ class PowerCLIP(ProjectedMethod):
         """``[B, N]`` text-to-patch similarity of the phrase (PowerCLIP Fig. 6): ``<v_n /
         ||v_n||, p_B>`` for the node ``B`` that best matches ``token_select``, i.e. Eq. 10's
         region-node score of one-patch regions; signed, a cosine per leaf of ``B``."""
-        ex = alignment.extras
-        sel = token_select.bool() & alignment.token_mask.bool()
-        node = best_node(ex["nodes"], ex["node_mask"], sel)
-        sims = ex["node_patch_similarity"]
-        return sims[torch.arange(sims.shape[0], device=sims.device), node]
+        return _of_best_node(alignment, token_select, "node_patch_similarity")
 
     def powerset_loss(self, batch: PairBatch, excluded: Tensor | None = None) -> Tensor:
         """Triplet loss ``Phi(S) + Phi(S^T)`` (Eq. 8-9, 16) over the ``C x C`` raw NLA
