@@ -80,3 +80,15 @@ def tiny_train_config(tmp_path: Path, **overrides) -> TrainConfig:
     )
     values.update(overrides)
     return TrainConfig(**values)
+
+
+def random_ot_problem(seed: int, b: int = 3, n: int = 7, m: int = 5, col_mass: float = 1.0):
+    """A seeded batch of ``b`` float64 OT problems: costs ``[b, n, m]`` in [0, 1), marginals
+    ``a`` of mass 1 and ``b`` of mass ``col_mass`` (entries bounded away from 0)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    cost = torch.rand(b, n, m, generator=gen, dtype=torch.float64)
+    a = torch.rand(b, n, generator=gen, dtype=torch.float64) + 0.1
+    bb = torch.rand(b, m, generator=gen, dtype=torch.float64) + 0.1
+    return cost, a / a.sum(1, keepdim=True), col_mass * bb / bb.sum(1, keepdim=True)

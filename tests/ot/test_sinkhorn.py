@@ -8,16 +8,9 @@ import pytest
 import torch
 
 from otviz.ot.sinkhorn import _ShiftedKernel, sinkhorn_log
+from tests.helpers import random_ot_problem as _problem
 
 DT = torch.float64
-
-
-def _problem(seed: int, b: int = 3, n: int = 7, m: int = 5):
-    gen = torch.Generator().manual_seed(seed)
-    cost = torch.rand(b, n, m, generator=gen, dtype=DT)
-    a = torch.rand(b, n, generator=gen, dtype=DT) + 0.1
-    bb = torch.rand(b, m, generator=gen, dtype=DT) + 0.1
-    return cost, a / a.sum(1, keepdim=True), bb / bb.sum(1, keepdim=True)
 
 
 def _rel(x: np.ndarray, ref: np.ndarray) -> float:

@@ -10,6 +10,7 @@ is POT-'kl' with cost ``C + eps log(a_i b_j)``.
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import numpy as np
 import ot
@@ -18,16 +19,10 @@ import torch
 
 from otviz.ot.sinkhorn import sinkhorn_log
 from otviz.ot.unbalanced import _damping_exponent, sinkhorn_unbalanced_log
+from tests.helpers import random_ot_problem
 
 DT = torch.float64
-
-
-def _problem(seed: int, b: int = 3, n: int = 7, m: int = 5):
-    gen = torch.Generator().manual_seed(seed)
-    cost = torch.rand(b, n, m, generator=gen, dtype=DT)
-    a = torch.rand(b, n, generator=gen, dtype=DT) + 0.1
-    bb = torch.rand(b, m, generator=gen, dtype=DT) + 0.1
-    return cost, a / a.sum(1, keepdim=True), 0.7 * bb / bb.sum(1, keepdim=True)
+_problem = partial(random_ot_problem, col_mass=0.7)  # b has less mass than a
 
 
 def _pot(a, b, c, eps, tau_a, tau_b, reg_type="entropy"):
