@@ -36,12 +36,17 @@ TIMEOUT_MS = 120_000
 METHODS = ("Dense UOT", "Balanced OT", "ConceptOT")
 
 #: Arms a clock and a MutationObserver on the Align tab; ``window.__drawn`` resolves with the
-#: ms from the press (the next ``pointerdown``) to the last output drawn.
+#: ms from the press (the next ``pointerdown``) to the last output drawn: a status tracker
+#: came and went, or (a change the page makes alone, as a phrase pick swapping in a
+#: prefetched grid) what the view shows changed; then every image loaded, two frames.
 ARM = """() => {
   const tab = document.querySelector('#tab-align');
   const busy = () => Array.from(tab.querySelectorAll('[data-testid="status-tracker"]'))
       .some(e => !e.classList.contains('hide'));
   const imagesLoaded = () => Array.from(tab.querySelectorAll('img')).every(i => i.complete);
+  const shown = () => Array.from(tab.querySelectorAll('img, .js-plotly-plot'),
+                                 e => e.src || e.outerHTML.length).join();
+  const before = shown();
   let t0 = null;
   document.addEventListener('pointerdown', e => { t0 = e.timeStamp; },
                             {capture: true, once: true});
@@ -49,7 +54,7 @@ ARM = """() => {
     let seen = false;
     const check = () => {
       if (busy()) { seen = true; return; }
-      if (!seen || t0 === null || !imagesLoaded()) return;
+      if (t0 === null || !(seen || shown() !== before) || !imagesLoaded()) return;
       observer.disconnect();
       clearInterval(poll);
       requestAnimationFrame(() => requestAnimationFrame(() => resolve(performance.now() - t0)));

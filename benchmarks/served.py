@@ -73,7 +73,7 @@ def served_app() -> Iterator[tuple[str, str]]:
 def percentiles(samples_s: list[float]) -> dict[str, float]:
     ms = 1000 * np.asarray(samples_s)
     return {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95)),
-            "n": len(samples_s)}
+            "n": len(samples_s), "samples_ms": [round(float(x)) for x in ms]}
 
 
 def load_average() -> str:

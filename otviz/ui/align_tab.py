@@ -10,11 +10,13 @@ alignment, so a phrase, method, token, scale or lambda change only reads cached 
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import gradio as gr
 import numpy as np
@@ -23,7 +25,6 @@ import plotly.graph_objects as go
 import torch
 
 from otviz.explain import REGION_KINDS, Encoded, Explainer, InputError, MethodRun
-from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.methods import METHODS
 from otviz.methods.masses import max_over_uniform
 from otviz.suite import (
@@ -42,18 +43,30 @@ from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.events import on_edit
 from otviz.ui.inputs import truncation_note, user_errors
+from otviz.ui.phrase_grids import (
+    DELAY_JS,
+    PREFETCH_MAX,
+    SWAP_JS,
+    GridCache,
+    IdleDrawer,
+    PhraseMaps,
+    decode_jpeg,
+    encode_jpeg,
+    pair_token,
+    prefetch_payload,
+)
 from otviz.viz.mass import displayable_mass, negative_mass, negative_mass_note
 from otviz.viz.panels import compose_heatmaps
+from otviz.viz.phrase_grid import grounding_boxes, heatmap_grid_image
 from otviz.viz.plans import convergence_figure, plan_matrix_figure, token_marginal_figure
 from otviz.viz.tables import ScoreRow, score_frame, score_records
 
+log = logging.getLogger(__name__)
 TAB_TITLE = "Align"
 DEFAULT_METHOD = "conceptot"
 #: Each method's panel on its own colour scale by default: on one shared scale the
 #: methods that spread their mass look like the bare image next to the peaked ones.
 DEFAULT_SHARED_SCALE = False
-#: Side of one heatmap panel (px): four across fill the app's width.
-GRID_PANEL_PX = 288
 #: CAME's temperature control: the paper's plain softmax (1) down to sharp quotas.
 CAME_TEMPERATURES = (0.05, 2.0)
 DEFAULT_CAME_TEMPERATURE = 1.0
@@ -141,6 +154,11 @@ def resolve_phrase(encoded: Encoded, phrase: str | None) -> list[int]:
         if wanted and have[start : start + len(wanted)] == wanted:
             return list(range(start, start + len(wanted)))
     raise InputError(f'"{phrase}" is not in the caption "{encoded.caption}"')
+
+
+def phrase_text(encoded: Encoded, phrase: str | None) -> str:
+    """The caption words of ``phrase`` (see :func:`resolve_phrase`), space-separated."""
+    return " ".join(encoded.words[k].text for k in resolve_phrase(encoded, phrase))
 
 
 def token_labels(encoded: Encoded) -> tuple[torch.Tensor, list[str], list[str]]:
@@ -236,19 +254,11 @@ def phrase_heatmaps(
     return heats, readouts
 
 
-#: A grounding box covering at least this share of the image localises nothing: not drawn.
-MAX_BOX_AREA = 0.9
-
-
-def grounding_boxes(encoded: Encoded, heats: list[np.ndarray]) -> list[list[float] | None]:
-    """Pixel boxes of the thresholded heatmaps (ConceptOT Sec. 2.6 weak grounding); ``None``
-    for a box covering :data:`MAX_BOX_AREA` of the image or more (a flat heatmap)."""
-    flat = torch.from_numpy(np.stack([h.reshape(-1) for h in heats]))
-    boxes = heatmap_boxes(flat, encoded.grid)
-    height, width = encoded.image.shape[:2]
-    pixels = patch_box_to_pixels(boxes, encoded.grid, (width, height)).tolist()
-    return [None if (x1 - x0) * (y1 - y0) >= MAX_BOX_AREA * width * height else [x0, y0, x1, y1]
-            for x0, y0, x1, y1 in pixels]
+def phrase_maps(runs: dict[str, MethodRun], encoded: Encoded, phrase: str | None) -> PhraseMaps:
+    """What the grid of ``phrase`` shows: :func:`phrase_heatmaps` of its words, and its
+    words."""
+    heats, readouts = phrase_heatmaps(runs, encoded, resolve_phrase(encoded, phrase))
+    return PhraseMaps(heats, readouts, phrase_text(encoded, phrase))
 
 
 @dataclass
@@ -339,37 +349,6 @@ def score_rows(runs: dict[str, MethodRun], lambda_local: float) -> list[ScoreRow
 
 
 # ----------------------------------------------------------------------- drawing
-def heatmap_grid_image(
-    encoded: Encoded,
-    heats: dict[str, np.ndarray],
-    phrase_text: str,
-    shared_scale: bool,
-    readouts: dict[str, str] | None = None,
-) -> np.ndarray:
-    """The per-method heatmap panels with their grounding boxes, as one image. Panels of
-    ``readouts`` (method -> label of a map that is not a mass: QC-Align's Π/(μν), PowerCLIP's
-    Fig. 6 similarity) are stretched to the mass panels' peak on a shared scale and titled
-    with the label and "own scale"."""
-    relative = readouts or {}
-    shown = [displayable_mass(heats[n]) for n in ALIGN_METHODS]
-    maps = [m for m, _ in shown]
-    peak = max((float(m.max()) for n, m in zip(ALIGN_METHODS, maps, strict=True)
-                if n not in relative), default=1.0)
-    for k, name in enumerate(ALIGN_METHODS):
-        if name in relative and shared_scale and float(maps[k].max()) > 0:
-            maps[k] = maps[k] * (peak / float(maps[k].max()))
-    return compose_heatmaps(
-        encoded.image,
-        maps,
-        [METHOD_LABELS[n] + (f" {relative[n]}, own scale" if n in relative else "")
-         + negative_mass_note(neg) for n, (_, neg) in zip(ALIGN_METHODS, shown, strict=True)],
-        boxes=grounding_boxes(encoded, maps),
-        shared_scale=shared_scale,
-        panel_px=GRID_PANEL_PX,
-        colorbar_label=f'mass of "{phrase_text}"',
-    )
-
-
 def patch_marginal_image(
     encoded: Encoded, data: PlanData, label: str, reference_name: str = "reference mu"
 ) -> np.ndarray:
@@ -407,7 +386,7 @@ def token_map_image(encoded: Encoded, data: PlanData, column: int, label: str) -
         encoded.image,
         [heat],
         [f'{label}: "{data.tokens[column]}"' + negative_mass_note(negative)],
-        boxes=grounding_boxes(encoded, [heat]),
+        boxes=grounding_boxes(encoded.image, encoded.grid, [heat]),
         columns=1,
         panel_px=224,
         colorbar_label="token mass",
@@ -459,10 +438,9 @@ def _encode_and_align(
 def _phrase_grid(
     encoded: Encoded, runs: dict[str, MethodRun], phrase: str | None, shared_scale: bool
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    words = resolve_phrase(encoded, phrase)
-    heats, readouts = phrase_heatmaps(runs, encoded, words)
-    text = " ".join(encoded.words[k].text for k in words)
-    return heatmap_grid_image(encoded, heats, text, shared_scale, readouts), heats
+    maps = phrase_maps(runs, encoded, phrase)
+    return heatmap_grid_image(encoded.image, encoded.grid, maps.heats, maps.text, shared_scale,
+                              maps.readouts), maps.heats
 
 
 def _plan_view(
@@ -639,11 +617,10 @@ def align_downloads(
         f"token_marginals_{method}",
         columns=["kept", "nu"],
     )
-    words = resolve_phrase(encoded, phrase)
     out.save_json(
         {
             "caption": encoded.caption,
-            "phrase": " ".join(encoded.words[k].text for k in words),
+            "phrase": phrase_text(encoded, phrase),
             "method": method,
             "regions": regions,
             "grid": list(encoded.grid),
@@ -661,13 +638,30 @@ def align_downloads(
 
 
 # ----------------------------------------------------------------------- the tab
+#: The prefetch of a pair's phrase grids: in the background of what the person sees (outside
+#: the queue, no progress overlay), once the page has drawn the Align click.
+PREFETCH = {"queue": False, "show_progress": "hidden", "api_visibility": "private",
+            "js": DELAY_JS}
+
+
 @dataclass
 class AlignLink:
-    """What another view needs to open a pair in Align: the phrase picker to set, and the
-    Align click (its function, inputs and outputs) to run after setting it."""
+    """What another view needs to open a pair in Align: the phrase picker to set, the Align
+    click (its function, inputs and outputs) to run after setting it, and the prefetch of
+    the pair's phrase grids that follows the click (:meth:`after`)."""
 
     phrase: gr.Dropdown
     click: tuple[Callable, list, list]
+    prefetch: tuple[Callable, list, list]
+
+    def prefetch_after(self, dependency: Any) -> Any:
+        """Prefetch the pair's phrase grids into the page when ``dependency`` succeeds."""
+        return dependency.success(*self.prefetch, **PREFETCH)
+
+    def after(self, event: Any, **kwargs: Any) -> Any:
+        """Run the Align click when ``event`` succeeds (``kwargs`` go to its listener), then
+        prefetch the phrase grids."""
+        return self.prefetch_after(event.success(*self.click, **kwargs))
 
 
 def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
@@ -691,10 +685,17 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
         allow_custom_value=True,
         elem_id="align-phrase",
     )
+    # its download button is left out: a phrase swapped in by the page (otviz.ui.phrase_grids)
+    # is not the component's value; "Prepare downloads" saves the grid on show
     grid = gr.Image(
         label="Phrase heatmap per method", format=RASTER_FORMAT, interactive=False,
-        elem_id="align-grid",
+        elem_id="align-grid", buttons=["fullscreen"],
     )
+    # the page's copy of the pair's phrase grids, the token of the pair on show, and the
+    # phrase a pick swapped in from the copy
+    prefetched = gr.HTML(visible="hidden", html_template="", elem_id="align-prefetched")
+    shown_token = gr.Textbox(visible="hidden", elem_id="align-token")
+    swapped = gr.Textbox(visible="hidden", elem_id="align-swapped")
     with gr.Row():
         with gr.Column(scale=3):
             method = gr.Dropdown(method_choices(), value=DEFAULT_METHOD, label="Method",
@@ -719,14 +720,28 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
             prepare = gr.Button("Prepare downloads")
             files = gr.File(label="Downloads", file_count="multiple")
     gr.Markdown(HOW_TO_READ)
+    grids, drawer = GridCache(), IdleDrawer()
 
     def tools(checkpoint: str) -> tuple[Explainer, MethodSuite]:
         return ctx.explainer(checkpoint), ctx.suite(checkpoint)
 
+    def token_of(encoded: Encoded, checkpoint: str, reg: str, temp: float | None) -> str:
+        return pair_token(encoded.key, checkpoint, reg, temp)
+
+    def grid_jpeg(encoded: Encoded, runs: dict[str, MethodRun], token: str, phr: str | None,
+                  scale: bool) -> bytes:
+        """The phrase's grid as JPEG, from the server's cache or drawn and kept."""
+        jpeg = grids.get(token, phr or "", scale)
+        if jpeg is None:
+            jpeg = encode_jpeg(_phrase_grid(encoded, runs, phr, scale)[0])
+            grids.put(token, phr or "", scale, jpeg)
+        return jpeg
+
     def on_align(img, text, checkpoint, meth, reg, scale, lam_l, phr, tok, temp):
         explainer, suite = tools(checkpoint)
         v = align_view(explainer, suite, img, text, meth, reg, scale, lam_l, phr, tok, temp)
-        note = truncation_note(explainer.encode(img, text))  # cached
+        encoded = explainer.encode(img, text)  # cached
+        note = truncation_note(encoded)
         if note:
             gr.Warning(note)
         signed = [r.label for r in v.rows if r.negative_mass > 0]
@@ -736,6 +751,8 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
         notice = ctx.world_notice(checkpoint, img)
         if notice:
             gr.Warning(notice, duration=None, title="Far from the synthetic world")
+        token_key = token_of(encoded, checkpoint, reg, temp)
+        grids.put(token_key, v.phrase, scale, encode_jpeg(v.grid))
         return (
             gr.Dropdown(choices=v.phrase_choices, value=v.phrase),
             gr.Dropdown(choices=v.token_choices, value=v.token),
@@ -747,13 +764,36 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
             v.scores,
             v.convergence,
             v.quota_note,
+            token_key,
         )
 
     # served outside the queue (one HTTP request, no queue round trips: ~60 ms less per
     # change), so they only read what an Align click computed and never encode or solve
-    def on_phrase(img, text, checkpoint, reg, scale, phr, temp):
-        return phrase_view(*tools(checkpoint), img, text, phr, reg, scale, temp,
-                           compute=False)[0]
+    def on_prefetch(img, text, checkpoint, reg, scale, temp):
+        try:
+            encoded, runs = _encode_and_align(*tools(checkpoint), img, text, reg, temp,
+                                              compute=False)
+            token_key = token_of(encoded, checkpoint, reg, temp)
+            picks = [value for _, value in phrase_choices(encoded)][:PREFETCH_MAX]
+            jpegs = {p: grids.get(token_key, p, scale) for p in picks}
+            todo = [p for p, jpeg in jpegs.items() if jpeg is None]
+            drawn = drawer.draw(encoded.image, encoded.grid, scale,
+                                [phrase_maps(runs, encoded, p) for p in todo]) if todo else []
+        except Exception:  # the server draws every pick the page cannot swap in
+            log.exception("prefetching the phrase grids failed")
+            return gr.skip()
+        for p, jpeg in zip(todo, drawn, strict=True):
+            grids.put(token_key, p, scale, jpeg)
+            jpegs[p] = jpeg
+        return prefetch_payload(token_key, scale, jpegs)
+
+    def on_phrase(img, text, checkpoint, reg, scale, phr, temp, swapped_in=None):
+        if swapped_in and swapped_in == phr:  # the page already shows it (SWAP_JS)
+            return gr.skip()
+        encoded, runs = _encode_and_align(*tools(checkpoint), img, text, reg, temp,
+                                          compute=False)
+        return decode_jpeg(grid_jpeg(encoded, runs, token_of(encoded, checkpoint, reg, temp),
+                                     phr, scale))
 
     def on_plan(img, text, checkpoint, meth, tok, reg, temp):
         v = plan_view(*tools(checkpoint), img, text, meth, tok, reg, temp, compute=False)
@@ -783,18 +823,26 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
         scores,
         convergence,
         quotas,
+        shown_token,
     ]
     phrase_inputs = [*base, regions, shared_scale, phrase, came_t]
     plan_inputs = [*base, method, token, regions, came_t]
     plan_outputs = [plan, token_map, patch_marginals, token_marginals]
+    link = AlignLink(phrase, (user_errors(on_align), all_inputs, all_outputs),
+                     (user_errors(on_prefetch), [*base, regions, shared_scale, came_t],
+                      prefetched))
     hidden = {"api_visibility": "private"}  # the same endpoint again, from another control
-    run.click(user_errors(on_align), all_inputs, all_outputs, api_name="align")
-    regions.input(user_errors(on_align), all_inputs, all_outputs, **hidden)
-    came_t.release(user_errors(on_align), all_inputs, all_outputs, **hidden)
+    link.prefetch_after(run.click(*link.click, api_name="align"))
+    link.prefetch_after(regions.input(*link.click, **hidden))
+    link.prefetch_after(came_t.release(*link.click, **hidden))
     cached = {"queue": False}  # reads of an Align click's results (on_phrase, on_plan)
-    on_edit(phrase, user_errors(on_phrase), phrase_inputs, grid, api_name="align_phrase",
-            **cached)
-    shared_scale.input(user_errors(on_phrase), phrase_inputs, grid, **hidden, **cached)
+    # a pick: swapped in the page from the prefetched grids (SWAP_JS), else drawn (or read
+    # from the grid cache) by the server; the server call for a swapped pick is a no-op
+    on_edit(phrase, None, [phrase, shared_scale, prefetched, shown_token], swapped,
+            js=SWAP_JS).then(user_errors(on_phrase), [*phrase_inputs, swapped], grid,
+                             api_name="align_phrase", queue=False, show_progress="hidden")
+    link.prefetch_after(shared_scale.input(user_errors(on_phrase), phrase_inputs, grid,
+                                           **hidden, **cached))
     on_edit(method, user_errors(on_plan), plan_inputs, plan_outputs, api_name="align_plan",
             **cached)
     on_edit(token, user_errors(on_token), plan_inputs, token_map, api_name="align_token",
@@ -807,4 +855,4 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
         files,
         api_name="align_downloads",
     )
-    return AlignLink(phrase, (user_errors(on_align), all_inputs, all_outputs))
+    return link

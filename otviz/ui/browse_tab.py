@@ -247,8 +247,7 @@ def build_browse_tab(
     page.submit(user_errors(show), inputs, outputs, api_name="browse_page")
     prev.click(user_errors(step(-1)), inputs, outputs, **hidden)
     nxt.click(user_errors(step(1)), inputs, outputs, **hidden)
-    fn, align_inputs, align_outputs = align.link.click
-    frame.select(
+    align.link.after(frame.select(
         user_errors(on_select), [*source_inputs, rows],
         [shared.image, shared.caption, align.link.phrase, align.tabs], **hidden,
-    ).success(fn, align_inputs, align_outputs, **hidden)
+    ), **hidden)

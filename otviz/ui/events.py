@@ -27,8 +27,9 @@ def edit_event(control: gr.components.Component) -> str:
     return "input"
 
 
-def on_edit(control: gr.components.Component, fn: Callable, inputs: Any, outputs: Any,
+def on_edit(control: gr.components.Component, fn: Callable | None, inputs: Any, outputs: Any,
             **kwargs: Any) -> Any:
     """Run ``fn`` once per edit of ``control`` (see :func:`edit_event`); ``kwargs`` go to
-    the Gradio listener (``api_name``, ``api_visibility``, ...)."""
+    the Gradio listener (``api_name``, ``api_visibility``, ``js``: with ``fn=None`` the
+    edit runs in the page alone)."""
     return getattr(control, edit_event(control))(fn, inputs, outputs, **kwargs)

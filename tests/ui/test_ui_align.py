@@ -26,7 +26,6 @@ from otviz.methods import METHODS
 from otviz.methods.powerclip import EMPTY_SUBSET
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
 from otviz.ui.align_tab import (
-    GRID_PANEL_PX,
     SCORED_METHODS,
     TAB_TITLE,
     align_downloads,
@@ -56,6 +55,7 @@ from otviz.viz.panels import (
     compose_heatmaps,
 )
 from otviz.viz.panels import overlay as heat_overlay
+from otviz.viz.phrase_grid import GRID_PANEL_PX
 
 LAMBDA = 0.7
 

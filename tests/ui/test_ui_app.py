@@ -101,7 +101,9 @@ def test_callbacks_work_together_on_one_server(client, example, live_app):
     img = handle_file(path)
     out = client.predict(img, caption, checkpoint, "conceptot", "grid", True, 0.5, None, None,
                          api_name="/align")
-    phrase, token, grid, plan, token_map, patch_marg, token_marg, scores, convergence, quotas = out
+    (phrase, token, grid, plan, token_map, patch_marg, token_marg, scores, convergence, quotas,
+     pair) = out
+    assert len(pair) == 16 and int(pair, 16) >= 0  # the token the page's phrase swaps check
     assert "CAME quotas: max" in quotas
     width = Image.open(path).width
     assert Image.open(grid["path"]).width > 4 * min(width, 100)  # eight panels side by side

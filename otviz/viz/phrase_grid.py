@@ -1,0 +1,68 @@
+"""The Align view's phrase heatmap grid as one raster: every method's map of a phrase over
+the image, with its weak-grounding box (ConceptOT Sec. 2.6), drawn by
+:func:`otviz.viz.panels.compose_heatmaps`. No Gradio here: the app draws the grids of a
+caption's phrases in a worker process too (:mod:`otviz.ui.phrase_grids`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from otviz.grounding import heatmap_boxes, patch_box_to_pixels
+from otviz.suite import ALIGN_METHODS, METHOD_LABELS
+from otviz.viz.mass import displayable_mass, negative_mass_note
+from otviz.viz.panels import compose_heatmaps
+
+#: Side of one heatmap panel (px): four across fill the app's width.
+GRID_PANEL_PX = 288
+
+
+#: A grounding box covering at least this share of the image localises nothing: not drawn.
+MAX_BOX_AREA = 0.9
+
+
+def grounding_boxes(
+    image: np.ndarray, grid: tuple[int, int], heats: list[np.ndarray]
+) -> list[list[float] | None]:
+    """Pixel boxes, on ``image``, of the thresholded ``[gh, gw]`` heatmaps on the patch
+    ``grid`` (ConceptOT Sec. 2.6 weak grounding); ``None`` for a box covering
+    :data:`MAX_BOX_AREA` of the image or more (a flat heatmap)."""
+    flat = torch.from_numpy(np.stack([h.reshape(-1) for h in heats]))
+    boxes = heatmap_boxes(flat, grid)
+    height, width = image.shape[:2]
+    pixels = patch_box_to_pixels(boxes, grid, (width, height)).tolist()
+    return [None if (x1 - x0) * (y1 - y0) >= MAX_BOX_AREA * width * height else [x0, y0, x1, y1]
+            for x0, y0, x1, y1 in pixels]
+
+
+def heatmap_grid_image(
+    image: np.ndarray,
+    grid: tuple[int, int],
+    heats: dict[str, np.ndarray],
+    phrase_text: str,
+    shared_scale: bool,
+    readouts: dict[str, str] | None = None,
+) -> np.ndarray:
+    """The per-method heatmap panels (``[gh, gw]`` maps on the patch ``grid``) over ``image``
+    with their grounding boxes, as one raster. Panels of
+    ``readouts`` (method -> label of a map that is not a mass: QC-Align's Π/(μν), PowerCLIP's
+    Fig. 6 similarity) are stretched to the mass panels' peak on a shared scale and titled
+    with the label and "own scale"."""
+    relative = readouts or {}
+    shown = [displayable_mass(heats[n]) for n in ALIGN_METHODS]
+    maps = [m for m, _ in shown]
+    peak = max((float(m.max()) for n, m in zip(ALIGN_METHODS, maps, strict=True)
+                if n not in relative), default=1.0)
+    for k, name in enumerate(ALIGN_METHODS):
+        if name in relative and shared_scale and float(maps[k].max()) > 0:
+            maps[k] = maps[k] * (peak / float(maps[k].max()))
+    return compose_heatmaps(
+        image,
+        maps,
+        [METHOD_LABELS[n] + (f" {relative[n]}, own scale" if n in relative else "")
+         + negative_mass_note(neg) for n, (_, neg) in zip(ALIGN_METHODS, shown, strict=True)],
+        boxes=grounding_boxes(image, grid, maps),
+        shared_scale=shared_scale,
+        panel_px=GRID_PANEL_PX,
+        colorbar_label=f'mass of "{phrase_text}"',
+    )
