@@ -4,10 +4,10 @@ import os
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from otviz.ui.app import launch  # noqa: E402
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # imports under the guard: worker processes re-import this file
     import argparse
+
+    from otviz.ui.app import launch
 
     parser = argparse.ArgumentParser(description="Serve the otviz app.")
     parser.add_argument("--max-file-size", default=None,

@@ -24,6 +24,7 @@ import torch
 
 from otviz.ui.app import build_app, serve_options
 from otviz.ui.context import AppContext
+from otviz.ui.phrase_grids import DRAWER
 
 #: Seconds the server process gets to load the model and start listening.
 START_TIMEOUT_S = 600
@@ -45,6 +46,7 @@ def _serve(port: int, ready: multiprocessing.Queue, stop: multiprocessing.Event)
     until ``stop``."""
     ctx = AppContext.default()
     app = build_app(ctx)
+    DRAWER.start()  # as otviz.ui.app.launch does
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
                quiet=True, ssr_mode=False, **serve_options(app))
     ready.put(ctx.default_checkpoint())
@@ -58,7 +60,8 @@ def served_app() -> Iterator[tuple[str, str]]:
     checkpoint's name)``."""
     spawn = multiprocessing.get_context("spawn")
     ready, stop, port = spawn.Queue(), spawn.Event(), free_port()
-    server = spawn.Process(target=_serve, args=(port, ready, stop), daemon=True)
+    # not a daemon: the app starts a worker process of its own (otviz.ui.phrase_grids)
+    server = spawn.Process(target=_serve, args=(port, ready, stop))
     server.start()
     try:
         checkpoint = ready.get(timeout=START_TIMEOUT_S)

@@ -11,6 +11,7 @@ Without Chromium or Playwright the tests skip and say how to install them; with
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import io
 import os
@@ -21,8 +22,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from otviz.ui.align_tab import align_view
+from otviz.ui.align_tab import align_view, phrase_choices, phrase_view
 from otviz.ui.examples import load_examples
+from otviz.ui.phrase_grids import SWAP_JS, encode_jpeg
 
 CHROMIUM = os.environ.get("OTVIZ_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -239,6 +241,40 @@ def test_a_pick_in_a_dropdown_is_one_server_call(page, dropdown, output):
     page.wait_for_timeout(500)  # a second dispatch would have gone out by now
     page.remove_listener("request", record)
     assert len(joins) == 1, f"{dropdown}: {len(joins)} server calls for one pick"
+
+
+def test_a_phrase_pick_swaps_in_the_prefetched_grid(page, live_app):
+    """After an Align click the page holds the caption's phrase grids: a pick shows the
+    server's own grid of that phrase (the same JPEG bytes) without drawing it on the server,
+    and a prefetch of another pair (another token) is never swapped in."""
+    open_tab(page, "Align")
+    page.get_by_role("button", name="Align", exact=True).click()
+    rendered_image(page, "#align-grid")
+    example = load_examples()[0]
+    checkpoint = live_app.ctx.default_checkpoint()
+    tools = live_app.ctx.explainer(checkpoint), live_app.ctx.suite(checkpoint)
+    image = np.asarray(Image.open(example.image_path).convert("RGB"))
+    choices = phrase_choices(tools[0].encode(image, example.caption))
+    src = "document.querySelector('#align-grid img').src"
+    for attempt in range(40):  # until the prefetch (drawn at idle priority) has landed
+        page.locator("#align-phrase input").click()
+        page.get_by_role("option").nth(1 + attempt % 2).click()
+        page.wait_for_timeout(250)
+        if page.evaluate(src).startswith("data:image/jpeg"):
+            break
+    shown = page.evaluate(src)
+    assert shown.startswith("data:image/jpeg"), "no pick was swapped in from the prefetch"
+    picked = choices[1 + attempt % 2][1]
+    grid, _ = phrase_view(*tools, image, example.caption, picked)
+    assert base64.b64decode(shown.split(",", 1)[1]) == encode_jpeg(grid)
+    # a payload of another pair, or drawn at the other scale setting, is not taken
+    for token, scale in (("another-pair", False), (None, True)):
+        kept = page.evaluate(f"""token => {{
+            const shownToken = document.querySelector('#align-token textarea').value;
+            const payload = {{token: token || shownToken, shared_scale: {str(scale).lower()},
+                             grids: {{'{picked}': 'data:image/jpeg;base64,AAAA'}}}};
+            return ({SWAP_JS})('{picked}', false, payload, shownToken); }}""", token)
+        assert kept == "" and page.evaluate(src) == shown
 
 
 def test_align_bad_input_is_a_message_in_the_page(browser, live_app):

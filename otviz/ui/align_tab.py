@@ -45,11 +45,10 @@ from otviz.ui.events import on_edit
 from otviz.ui.inputs import truncation_note, user_errors
 from otviz.ui.phrase_grids import (
     DELAY_JS,
+    DRAWER,
     PREFETCH_MAX,
     SWAP_JS,
     GridCache,
-    IdleDrawer,
-    PhraseMaps,
     decode_jpeg,
     encode_jpeg,
     pair_token,
@@ -57,7 +56,7 @@ from otviz.ui.phrase_grids import (
 )
 from otviz.viz.mass import displayable_mass, negative_mass, negative_mass_note
 from otviz.viz.panels import compose_heatmaps
-from otviz.viz.phrase_grid import grounding_boxes, heatmap_grid_image
+from otviz.viz.phrase_grid import grid_layout, grounding_boxes, heatmap_grid_image
 from otviz.viz.plans import convergence_figure, plan_matrix_figure, token_marginal_figure
 from otviz.viz.tables import ScoreRow, score_frame, score_records
 
@@ -252,6 +251,16 @@ def phrase_heatmaps(
         if label:
             readouts[n] = label
     return heats, readouts
+
+
+@dataclass(frozen=True)
+class PhraseMaps:
+    """What one phrase's grid shows: each method's ``[gh, gw]`` map, the labels of the maps
+    that are not masses (:func:`phrase_heatmaps`) and the phrase's words."""
+
+    heats: dict[str, np.ndarray]
+    readouts: dict[str, str]
+    text: str
 
 
 def phrase_maps(runs: dict[str, MethodRun], encoded: Encoded, phrase: str | None) -> PhraseMaps:
@@ -639,7 +648,8 @@ def align_downloads(
 
 # ----------------------------------------------------------------------- the tab
 #: The prefetch of a pair's phrase grids: in the background of what the person sees (outside
-#: the queue, no progress overlay), once the page has drawn the Align click.
+#: the queue, no progress overlay, drawn at idle priority: otviz.ui.phrase_grids), once the
+#: page has drawn the Align click.
 PREFETCH = {"queue": False, "show_progress": "hidden", "api_visibility": "private",
             "js": DELAY_JS}
 
@@ -720,7 +730,7 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
             prepare = gr.Button("Prepare downloads")
             files = gr.File(label="Downloads", file_count="multiple")
     gr.Markdown(HOW_TO_READ)
-    grids, drawer = GridCache(), IdleDrawer()
+    grids = GridCache()
 
     def tools(checkpoint: str) -> tuple[Explainer, MethodSuite]:
         return ctx.explainer(checkpoint), ctx.suite(checkpoint)
@@ -738,6 +748,7 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
         return jpeg
 
     def on_align(img, text, checkpoint, meth, reg, scale, lam_l, phr, tok, temp):
+        DRAWER.start()  # the page prefetches the phrase grids after this click
         explainer, suite = tools(checkpoint)
         v = align_view(explainer, suite, img, text, meth, reg, scale, lam_l, phr, tok, temp)
         encoded = explainer.encode(img, text)  # cached
@@ -777,8 +788,9 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
             picks = [value for _, value in phrase_choices(encoded)][:PREFETCH_MAX]
             jpegs = {p: grids.get(token_key, p, scale) for p in picks}
             todo = [p for p, jpeg in jpegs.items() if jpeg is None]
-            drawn = drawer.draw(encoded.image, encoded.grid, scale,
-                                [phrase_maps(runs, encoded, p) for p in todo]) if todo else []
+            drawn = DRAWER.draw(encoded.image, [
+                grid_layout(encoded.image, encoded.grid, m.heats, m.text, scale, m.readouts)
+                for m in (phrase_maps(runs, encoded, p) for p in todo)]) if todo else []
         except Exception:  # the server draws every pick the page cannot swap in
             log.exception("prefetching the phrase grids failed")
             return gr.skip()

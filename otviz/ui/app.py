@@ -15,6 +15,7 @@ from otviz.ui.browse_tab import AlignTarget, BrowseSources, build_browse_tab
 from otviz.ui.context import AppContext, SharedInputs, on_space, remote_models
 from otviz.ui.examples import load_examples
 from otviz.ui.inputs import checked_uploads, guard_callbacks, on_upload
+from otviz.ui.phrase_grids import DRAWER
 from otviz.ui.phrases_tab import build_phrases_tab
 from otviz.ui.probe_tab import build_probe_tab
 from otviz.ui.train_jobs import TrainingJobs
@@ -134,4 +135,5 @@ def launch(max_file_size: str | int | None = None, **kwargs) -> None:
     if on_space() and not try_download_benepar():
         log.info("benepar unavailable: trees come from the built-in parser")
     app = build_app()
+    DRAWER.start()  # the phrase grids' drawing worker, ready before the first visitor
     app.launch(**{**serve_options(app, max_file_size), **kwargs})

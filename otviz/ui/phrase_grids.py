@@ -25,14 +25,14 @@ import io
 import multiprocessing
 import os
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
-from otviz.viz.phrase_grid import heatmap_grid_image
+from otviz.viz.panels import compose_heatmaps
 
 #: JPEG quality of the grids (about 2 ms to encode a 1176 x 668 grid, ~100 kB).
 GRID_QUALITY = 85
@@ -90,52 +90,58 @@ class GridCache:
                 self._items.popitem(last=False)
 
 
-@dataclass(frozen=True)
-class PhraseMaps:
-    """What one phrase's grid shows: each method's ``[gh, gw]`` map, the labels of the maps
-    that are not masses (see :func:`otviz.viz.phrase_grid.heatmap_grid_image`) and the
-    phrase's words."""
-
-    heats: dict[str, np.ndarray]
-    readouts: dict[str, str]
-    text: str
+def draw_grids(image: np.ndarray, layouts: list[dict]) -> list[bytes]:
+    """Each grid (:func:`otviz.viz.phrase_grid.grid_layout`) over ``image`` as JPEG."""
+    return [encode_jpeg(compose_heatmaps(image, **layout)) for layout in layouts]
 
 
-def draw_grids(image: np.ndarray, grid: tuple[int, int], shared_scale: bool,
-               phrases: list[PhraseMaps]) -> list[bytes]:
-    """Each phrase's grid over ``image`` as JPEG."""
-    return [encode_jpeg(heatmap_grid_image(image, grid, p.heats, p.text, shared_scale,
-                                           p.readouts)) for p in phrases]
-
-
-def _lowest_priority() -> None:
+def _worker_start(parent: int) -> None:
+    """The worker's set-up: the lowest CPU priority, and an exit as soon as its parent (the
+    server) is gone, however that ended (a killed server leaves no drawing process)."""
     os.nice(19)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 class IdleDrawer:
-    """:func:`draw_grids` in one worker process (spawned on first use) at the lowest CPU
-    priority: it draws with the CPU time nothing else wants."""
+    """:func:`draw_grids` in one worker process at the lowest CPU priority: it draws with
+    the CPU time nothing else wants. The worker imports numpy, Pillow and matplotlib only
+    (about a second to start); :meth:`start` starts it ahead of the first drawing."""
 
     def __init__(self) -> None:
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def draw(self, image: np.ndarray, grid: tuple[int, int], shared_scale: bool,
-             phrases: list[PhraseMaps]) -> list[bytes]:
+    def start(self) -> ProcessPoolExecutor:
+        """The worker pool, started (without waiting) if it is not running."""
         with self._lock:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
                     1, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_lowest_priority)
-            pool = self._pool
+                    initializer=_worker_start, initargs=(os.getpid(),))
+                self._pool.submit(int)  # spawns the worker now
+            return self._pool
+
+    def draw(self, image: np.ndarray, layouts: list[dict]) -> list[bytes]:
+        pool = self.start()
         try:
-            return pool.submit(draw_grids, image, grid, shared_scale, phrases).result()
+            return pool.submit(draw_grids, image, layouts).result()
         except Exception:
             with self._lock:  # a broken worker is replaced on the next call
                 if self._pool is pool:
                     self._pool = None
             pool.shutdown(wait=False, cancel_futures=True)
             raise
+
+
+#: The server process's one drawing worker (started by ``otviz.ui.app.launch``, else by the
+#: first Align click).
+DRAWER = IdleDrawer()
 
 
 def prefetch_payload(token: str, shared_scale: bool, grids: dict[str, bytes]) -> dict:
@@ -158,8 +164,8 @@ SWAP_JS = """(phrase, sharedScale, payload, shownToken) => {
   return phrase;
 }"""
 
-#: Holds the prefetch back until the page has drawn the Align click's outputs (its request
-#: and the server's drawing would otherwise compete with that for the CPU).
+#: Holds the prefetch back until the page has drawn the Align click's outputs: its answer
+#: (a few MB of grids) would otherwise arrive while the page is still drawing them.
 PREFETCH_DELAY_MS = 400
 DELAY_JS = f"""(...inputs) => new Promise(
   resolve => setTimeout(() => resolve(inputs), {PREFETCH_DELAY_MS}))"""

@@ -1,9 +1,11 @@
 """The Align view's phrase heatmap grid as one raster: every method's map of a phrase over
 the image, with its weak-grounding box (ConceptOT Sec. 2.6), drawn by
-:func:`otviz.viz.panels.compose_heatmaps`. No Gradio here: the app draws the grids of a
-caption's phrases in a worker process too (:mod:`otviz.ui.phrase_grids`)."""
+:func:`otviz.viz.panels.compose_heatmaps`. The layout (:func:`grid_layout`) is plain data,
+so the app can have the drawing done in a worker process (:mod:`otviz.ui.phrase_grids`)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,19 +37,20 @@ def grounding_boxes(
             for x0, y0, x1, y1 in pixels]
 
 
-def heatmap_grid_image(
+def grid_layout(
     image: np.ndarray,
     grid: tuple[int, int],
     heats: dict[str, np.ndarray],
     phrase_text: str,
     shared_scale: bool,
     readouts: dict[str, str] | None = None,
-) -> np.ndarray:
-    """The per-method heatmap panels (``[gh, gw]`` maps on the patch ``grid``) over ``image``
-    with their grounding boxes, as one raster. Panels of
-    ``readouts`` (method -> label of a map that is not a mass: QC-Align's Π/(μν), PowerCLIP's
-    Fig. 6 similarity) are stretched to the mass panels' peak on a shared scale and titled
-    with the label and "own scale"."""
+) -> dict[str, Any]:
+    """What :func:`~otviz.viz.panels.compose_heatmaps` draws of a phrase, bar the image: one
+    panel per method (``[gh, gw]`` maps on the patch ``grid``) with its grounding box, as
+    its keyword arguments (plain arrays, strings and numbers). Panels of ``readouts``
+    (method -> label of a map that is not a mass: QC-Align's Π/(μν), PowerCLIP's Fig. 6
+    similarity) are stretched to the mass panels' peak on a shared scale and titled with the
+    label and "own scale"."""
     relative = readouts or {}
     shown = [displayable_mass(heats[n]) for n in ALIGN_METHODS]
     maps = [m for m, _ in shown]
@@ -56,13 +59,26 @@ def heatmap_grid_image(
     for k, name in enumerate(ALIGN_METHODS):
         if name in relative and shared_scale and float(maps[k].max()) > 0:
             maps[k] = maps[k] * (peak / float(maps[k].max()))
-    return compose_heatmaps(
-        image,
-        maps,
-        [METHOD_LABELS[n] + (f" {relative[n]}, own scale" if n in relative else "")
-         + negative_mass_note(neg) for n, (_, neg) in zip(ALIGN_METHODS, shown, strict=True)],
-        boxes=grounding_boxes(image, grid, maps),
-        shared_scale=shared_scale,
-        panel_px=GRID_PANEL_PX,
-        colorbar_label=f'mass of "{phrase_text}"',
-    )
+    return {
+        "heats": maps,
+        "titles": [METHOD_LABELS[n] + (f" {relative[n]}, own scale" if n in relative else "")
+                   + negative_mass_note(neg)
+                   for n, (_, neg) in zip(ALIGN_METHODS, shown, strict=True)],
+        "boxes": grounding_boxes(image, grid, maps),
+        "shared_scale": shared_scale,
+        "panel_px": GRID_PANEL_PX,
+        "colorbar_label": f'mass of "{phrase_text}"',
+    }
+
+
+def heatmap_grid_image(
+    image: np.ndarray,
+    grid: tuple[int, int],
+    heats: dict[str, np.ndarray],
+    phrase_text: str,
+    shared_scale: bool,
+    readouts: dict[str, str] | None = None,
+) -> np.ndarray:
+    """The phrase's grid (:func:`grid_layout`) over ``image``, as one raster."""
+    return compose_heatmaps(image, **grid_layout(image, grid, heats, phrase_text, shared_scale,
+                                                 readouts))
