@@ -46,7 +46,9 @@ def _serve(port: int, ready: multiprocessing.Queue, stop: multiprocessing.Event)
     until ``stop``."""
     ctx = AppContext.default()
     app = build_app(ctx)
-    DRAWER.start()  # as otviz.ui.app.launch does
+    # as otviz.ui.app.launch does, and waited for: the worker re-imports this process's main
+    # module (a benchmark script importing the whole app, ~8 s), which app.py keeps light
+    DRAWER.start().submit(int).result()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
                quiet=True, ssr_mode=False, **serve_options(app))
     ready.put(ctx.default_checkpoint())

@@ -47,6 +47,7 @@ from otviz.ui.phrase_grids import (
     DELAY_JS,
     DRAWER,
     PREFETCH_MAX,
+    PRELOAD_JS,
     SWAP_JS,
     GridCache,
     decode_jpeg,
@@ -665,8 +666,11 @@ class AlignLink:
     prefetch: tuple[Callable, list, list]
 
     def prefetch_after(self, dependency: Any) -> Any:
-        """Prefetch the pair's phrase grids into the page when ``dependency`` succeeds."""
-        return dependency.success(*self.prefetch, **PREFETCH)
+        """Prefetch the pair's phrase grids into the page when ``dependency`` succeeds, and
+        have the page decode them."""
+        _, _, payload = self.prefetch
+        return dependency.success(*self.prefetch, **PREFETCH).success(
+            None, payload, None, js=PRELOAD_JS, api_visibility="private")
 
     def after(self, event: Any, **kwargs: Any) -> Any:
         """Run the Align click when ``event`` succeeds (``kwargs`` go to its listener), then

@@ -164,6 +164,18 @@ SWAP_JS = """(phrase, sharedScale, payload, shownToken) => {
   return phrase;
 }"""
 
+#: Runs in the page when a payload arrives: decodes its grids ahead of a pick (a JPEG of
+#: 1176 x 668 px takes tens of ms to decode), so a swap shows a picture already decoded.
+PRELOAD_JS = """(payload) => {
+  if (!payload || !payload.grids) return;
+  window.otvizPreloaded = Object.values(payload.grids).map(url => {
+    const image = new Image();
+    image.src = url;
+    image.decode().catch(() => {});
+    return image;
+  });
+}"""
+
 #: Holds the prefetch back until the page has drawn the Align click's outputs: its answer
 #: (a few MB of grids) would otherwise arrive while the page is still drawing them.
 PREFETCH_DELAY_MS = 400
