@@ -126,9 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         8, Path(__file__).resolve().parent / "latency_browser.json",
         "Align latency in a browser",
         "Headless Chromium (Playwright), 1400-px viewport, timed in the page from the press "
-        "(pointerdown) to the last output drawn (status trackers hidden, images loaded, two "
-        "animation frames); embedded backbone, trained heads, features cached; the app in a "
-        "process of its own.",
+        "(pointerdown) to the last output drawn (status trackers hidden or, for a change the "
+        "page makes alone, what the view shows changed; images loaded, two animation "
+        "frames); embedded backbone, trained heads, features cached; the app in a process of "
+        "its own.",
         extra={"viewport": VIEWPORT})
 
 

@@ -3,13 +3,23 @@ API and browser tests)."""
 
 from __future__ import annotations
 
+import os
+import platform
 import socket
 from dataclasses import dataclass
 
-import pytest
+# The world's background textures go through a float32 matrix product, and OpenBLAS picks
+# its kernel by CPU: its AVX-512 kernels round differently from its AVX2 ones, so a world
+# image can differ in the last bit of a pixel from one x86 CPU to another. The golden world
+# digests (tests/world/test_world_golden.py) were recorded with the AVX2 ("Haswell") kernel;
+# the tests ask for it before numpy loads OpenBLAS.
+if platform.machine().lower() in {"x86_64", "amd64"}:
+    os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 
-from otviz.ui.context import AppContext
-from otviz.ui.train_jobs import TrainingJobs
+import pytest  # noqa: E402
+
+from otviz.ui.context import AppContext  # noqa: E402
+from otviz.ui.train_jobs import TrainingJobs  # noqa: E402
 
 
 @dataclass
