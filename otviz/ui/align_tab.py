@@ -57,7 +57,7 @@ from otviz.ui.phrase_grids import (
 )
 from otviz.viz.mass import displayable_mass, negative_mass, negative_mass_note
 from otviz.viz.panels import compose_heatmaps
-from otviz.viz.phrase_grid import grid_layout, grounding_boxes, heatmap_grid_image
+from otviz.viz.phrase_grid import grid_layout, grounding_boxes
 from otviz.viz.plans import convergence_figure, plan_matrix_figure, token_marginal_figure
 from otviz.viz.tables import ScoreRow, score_frame, score_records
 
@@ -449,8 +449,9 @@ def _phrase_grid(
     encoded: Encoded, runs: dict[str, MethodRun], phrase: str | None, shared_scale: bool
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     maps = phrase_maps(runs, encoded, phrase)
-    return heatmap_grid_image(encoded.image, encoded.grid, maps.heats, maps.text, shared_scale,
-                              maps.readouts), maps.heats
+    layout = grid_layout(encoded.image, encoded.grid, maps.heats, maps.text, shared_scale,
+                         maps.readouts)
+    return compose_heatmaps(encoded.image, **layout), maps.heats
 
 
 def _plan_view(

@@ -1,6 +1,6 @@
-"""The Align view's phrase heatmap grid as one raster: every method's map of a phrase over
-the image, with its weak-grounding box (ConceptOT Sec. 2.6), drawn by
-:func:`otviz.viz.panels.compose_heatmaps`. The layout (:func:`grid_layout`) is plain data,
+"""The Align view's phrase heatmap grid: every method's map of a phrase over the image, with
+its weak-grounding box (ConceptOT Sec. 2.6), as the keyword arguments of
+:func:`otviz.viz.panels.compose_heatmaps` (:func:`grid_layout`). The layout is plain data,
 so the app can have the drawing done in a worker process (:mod:`otviz.ui.phrase_grids`)."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import torch
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS
 from otviz.viz.mass import displayable_mass, negative_mass_note
-from otviz.viz.panels import compose_heatmaps
 
 #: Side of one heatmap panel (px): four across fill the app's width.
 GRID_PANEL_PX = 288
@@ -69,16 +68,3 @@ def grid_layout(
         "panel_px": GRID_PANEL_PX,
         "colorbar_label": f'mass of "{phrase_text}"',
     }
-
-
-def heatmap_grid_image(
-    image: np.ndarray,
-    grid: tuple[int, int],
-    heats: dict[str, np.ndarray],
-    phrase_text: str,
-    shared_scale: bool,
-    readouts: dict[str, str] | None = None,
-) -> np.ndarray:
-    """The phrase's grid (:func:`grid_layout`) over ``image``, as one raster."""
-    return compose_heatmaps(image, **grid_layout(image, grid, heats, phrase_text, shared_scale,
-                                                 readouts))

@@ -21,19 +21,20 @@ from otviz.ui.phrase_grids import (
     pair_token,
     prefetch_payload,
 )
-from otviz.viz.phrase_grid import grid_layout, heatmap_grid_image
+from otviz.viz.panels import compose_heatmaps
+from otviz.viz.phrase_grid import grid_layout
 
 
 @pytest.fixture(scope="module")
 def layouts() -> tuple[np.ndarray, list[dict], list[np.ndarray]]:
-    """An image, two phrases' grid layouts and the rasters heatmap_grid_image draws."""
+    """An image, two phrases' grid layouts and the rasters the view draws of them."""
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)
     out, rasters = [], []
     for k, scale in enumerate((False, True)):
         heats = {n: rng.random((6, 8)) ** (k + 2) for n in ALIGN_METHODS}
         out.append(grid_layout(image, (6, 8), heats, f"phrase {k}", scale))
-        rasters.append(heatmap_grid_image(image, (6, 8), heats, f"phrase {k}", scale))
+        rasters.append(compose_heatmaps(image, **out[-1]))
     return image, out, rasters
 
 
