@@ -263,6 +263,11 @@ class PhraseMaps:
     readouts: dict[str, str]
     text: str
 
+    def layout(self, encoded: Encoded, shared_scale: bool) -> dict[str, Any]:
+        """The grid's drawing over the pair's image (:func:`grid_layout`)."""
+        return grid_layout(encoded.image, encoded.grid, self.heats, self.text, shared_scale,
+                           self.readouts)
+
 
 def phrase_maps(runs: dict[str, MethodRun], encoded: Encoded, phrase: str | None) -> PhraseMaps:
     """What the grid of ``phrase`` shows: :func:`phrase_heatmaps` of its words, and its
@@ -449,9 +454,7 @@ def _phrase_grid(
     encoded: Encoded, runs: dict[str, MethodRun], phrase: str | None, shared_scale: bool
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     maps = phrase_maps(runs, encoded, phrase)
-    layout = grid_layout(encoded.image, encoded.grid, maps.heats, maps.text, shared_scale,
-                         maps.readouts)
-    return compose_heatmaps(encoded.image, **layout), maps.heats
+    return compose_heatmaps(encoded.image, **maps.layout(encoded, shared_scale)), maps.heats
 
 
 def _plan_view(
@@ -743,15 +746,6 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
     def token_of(encoded: Encoded, checkpoint: str, reg: str, temp: float | None) -> str:
         return pair_token(encoded.key, checkpoint, reg, temp)
 
-    def grid_jpeg(encoded: Encoded, runs: dict[str, MethodRun], token: str, phr: str | None,
-                  scale: bool) -> bytes:
-        """The phrase's grid as JPEG, from the server's cache or drawn and kept."""
-        jpeg = grids.get(token, phr or "", scale)
-        if jpeg is None:
-            jpeg = encode_jpeg(_phrase_grid(encoded, runs, phr, scale)[0])
-            grids.put(token, phr or "", scale, jpeg)
-        return jpeg
-
     def on_align(img, text, checkpoint, meth, reg, scale, lam_l, phr, tok, temp):
         DRAWER.start()  # the page prefetches the phrase grids after this click
         explainer, suite = tools(checkpoint)
@@ -794,8 +788,8 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
             jpegs = {p: grids.get(token_key, p, scale) for p in picks}
             todo = [p for p, jpeg in jpegs.items() if jpeg is None]
             drawn = DRAWER.draw(encoded.image, [
-                grid_layout(encoded.image, encoded.grid, m.heats, m.text, scale, m.readouts)
-                for m in (phrase_maps(runs, encoded, p) for p in todo)]) if todo else []
+                phrase_maps(runs, encoded, p).layout(encoded, scale) for p in todo
+            ]) if todo else []
         except Exception:  # the server draws every pick the page cannot swap in
             log.exception("prefetching the phrase grids failed")
             return gr.skip()
@@ -809,8 +803,13 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
             return gr.skip()
         encoded, runs = _encode_and_align(*tools(checkpoint), img, text, reg, temp,
                                           compute=False)
-        return decode_jpeg(grid_jpeg(encoded, runs, token_of(encoded, checkpoint, reg, temp),
-                                     phr, scale))
+        token_key = token_of(encoded, checkpoint, reg, temp)
+        jpeg = grids.get(token_key, phr or "", scale)
+        if jpeg is not None:
+            return decode_jpeg(jpeg)
+        raster = _phrase_grid(encoded, runs, phr, scale)[0]
+        grids.put(token_key, phr or "", scale, encode_jpeg(raster))
+        return raster
 
     def on_plan(img, text, checkpoint, meth, tok, reg, temp):
         v = plan_view(*tools(checkpoint), img, text, meth, tok, reg, temp, compute=False)
