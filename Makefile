@@ -59,17 +59,19 @@ bench: install
 	$(BIN)/python benchmarks/run_bench.py
 
 OTVIZ := $(BIN)/otviz
+# the shipped checkpoints: package data of otviz.assets (checkpoints/ is a link to it)
+SHIPPED := otviz/assets/checkpoints
 remake: install
 	for s in 0 1 2; do \
 		$(OTVIZ) train --method all --n-train 4000 --epochs 3 --lr 2e-3 --threads 2 --seed $$s \
 			--out runs/heads-s$$s-run --publish runs/heads-s$$s || exit 1; \
 	done
-	rm -rf checkpoints/heads && cp -r runs/heads-s0 checkpoints/heads
+	rm -rf $(SHIPPED)/heads && cp -r runs/heads-s0 $(SHIPPED)/heads
 	$(OTVIZ) eval --heads 'runs/heads-s{seed}' --seeds 0,1,2 --n-test 1000 --n-compositional 500 \
 		--also-candidates '' --threads 2 --out runs/eval
-	$(OTVIZ) eval --heads checkpoints/heads --tables retrieval,probe,grounding --n-test 1000 \
+	$(OTVIZ) eval --heads $(SHIPPED)/heads --tables retrieval,probe,grounding --n-test 1000 \
 		--n-compositional 500 --also-candidates '' --threads 2 --out runs/eval-shipped \
-		--manifest checkpoints/manifest.json
+		--manifest $(SHIPPED)/manifest.json
 	$(OTVIZ) eval --heads 'runs/heads-s{seed}' --seeds 0,1,2 --n-test 1000 --n-compositional 500 \
 		--tables retrieval --threads 2 --out runs/eval-rerank
 	$(OTVIZ) ablate --n-train 4000 --max-steps 60 --lr 2e-3 --threads 2 --out runs/ablation \
