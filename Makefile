@@ -1,7 +1,13 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   install into .venv and launch the app on the embedded default
-#   make test   install into .venv (with test extras), Chromium for the browser tests
-#               (Debian package, as root), and run the test suite
+#   make test   install into .venv (with test and docs extras), Chromium for the browser
+#               tests (Debian package, as root), run ruff and the test suite (with the docs'
+#               code blocks and the notebook), build the docs site (make docs) and check the
+#               package as a user installs it (make package-check)
+#   make docs   the documentation site in site/, warnings as errors
+#   make package-check   build the wheel and the sdist into dist/, install the wheel into a
+#                 fresh virtual environment outside the checkout (/tmp/otviz-package-check) and run
+#                 `otviz explain` and one Align call of a served `otviz app` there
 #   make screenshots   rerun the browser tests, writing the views to docs/screenshots/
 #   make remake   everything measured on the shipped backbone, re-made in order: the eight
 #                 heads for 3 seeds (seed 0 shipped), the eval tables over those seeds, the
@@ -18,7 +24,7 @@ export HF_HUB_OFFLINE ?= 1
 export GRADIO_ANALYTICS_ENABLED := False
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: demo test install browser screenshots lint bench remake clean
+.PHONY: demo test install browser screenshots lint bench remake clean docs package-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +32,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH_PINS)
-	$(BIN)/pip install --quiet -e ".[test]" $(TORCH_PINS)
+	$(BIN)/pip install --quiet -e ".[test,docs]" $(TORCH_PINS)
 	touch $@
 
 install: $(VENV)/.installed
@@ -48,6 +54,25 @@ browser:
 test: install browser
 	$(BIN)/ruff check otviz tests app.py benchmarks
 	$(BIN)/python -m pytest -q tests
+	$(MAKE) --no-print-directory docs package-check
+
+docs: install
+	$(BIN)/mkdocs build --strict --quiet
+
+# a fresh environment, outside the checkout: the wheel and its dependencies only (torch from
+# the same pins, so machines with local torch wheels take them from disk)
+DIST ?= dist
+SMOKE_DIR ?= /tmp/otviz-package-check
+SMOKE_PORT ?= 7871
+package-check: install
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	$(BIN)/python -m build --outdir $(DIST) . >$(DIST)/build.log 2>&1 || (cat $(DIST)/build.log; exit 1)
+	rm -rf $(SMOKE_DIR) && $(PYTHON) -m venv $(SMOKE_DIR)/venv
+	$(SMOKE_DIR)/venv/bin/python -m pip install --quiet --upgrade pip
+	$(SMOKE_DIR)/venv/bin/pip install --quiet $(TORCH_PINS)
+	$(SMOKE_DIR)/venv/bin/pip install --quiet $(DIST)/otviz-*.whl $(TORCH_PINS)
+	cd $(SMOKE_DIR) && env -u PYTHONPATH $(SMOKE_DIR)/venv/bin/python \
+		$(CURDIR)/.ci/package_smoke.py --dist $(CURDIR)/$(DIST) --port $(SMOKE_PORT)
 
 screenshots: install browser
 	OTVIZ_SCREENSHOT_DIR=docs/screenshots $(BIN)/python -m pytest -q tests/test_browser.py
@@ -59,17 +84,19 @@ bench: install
 	$(BIN)/python benchmarks/run_bench.py
 
 OTVIZ := $(BIN)/otviz
+# the shipped checkpoints: package data of otviz.assets (checkpoints/ is a link to it)
+SHIPPED := otviz/assets/checkpoints
 remake: install
 	for s in 0 1 2; do \
 		$(OTVIZ) train --method all --n-train 4000 --epochs 3 --lr 2e-3 --threads 2 --seed $$s \
 			--out runs/heads-s$$s-run --publish runs/heads-s$$s || exit 1; \
 	done
-	rm -rf checkpoints/heads && cp -r runs/heads-s0 checkpoints/heads
+	rm -rf $(SHIPPED)/heads && cp -r runs/heads-s0 $(SHIPPED)/heads
 	$(OTVIZ) eval --heads 'runs/heads-s{seed}' --seeds 0,1,2 --n-test 1000 --n-compositional 500 \
 		--also-candidates '' --threads 2 --out runs/eval
-	$(OTVIZ) eval --heads checkpoints/heads --tables retrieval,probe,grounding --n-test 1000 \
+	$(OTVIZ) eval --heads $(SHIPPED)/heads --tables retrieval,probe,grounding --n-test 1000 \
 		--n-compositional 500 --also-candidates '' --threads 2 --out runs/eval-shipped \
-		--manifest checkpoints/manifest.json
+		--manifest $(SHIPPED)/manifest.json
 	$(OTVIZ) eval --heads 'runs/heads-s{seed}' --seeds 0,1,2 --n-test 1000 --n-compositional 500 \
 		--tables retrieval --threads 2 --out runs/eval-rerank
 	$(OTVIZ) ablate --n-train 4000 --max-steps 60 --lr 2e-3 --threads 2 --out runs/ablation \
@@ -82,4 +109,4 @@ remake: install
 	$(BIN)/python benchmarks/backbone_quality.py --out benchmarks/backbone_quality
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site $(DIST)

@@ -33,14 +33,15 @@ from world_speed import run as world_speed  # noqa: E402
 from otviz.backbone import Backbone  # noqa: E402
 from otviz.eval.backbone_quality import QualityConfig, markdown, measure, target_rows  # noqa: E402
 from otviz.eval.world_set import world_config_of  # noqa: E402
+from otviz.tiny_clip import DEFAULT_CHECKPOINT  # noqa: E402
 
 COUNTS = [f.name for f in dataclasses.fields(QualityConfig) if f.name.startswith("n_")]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backbone", default="checkpoints/tiny-clip")
-    parser.add_argument("--heads", default="checkpoints/heads",
+    parser.add_argument("--backbone", default=str(DEFAULT_CHECKPOINT))
+    parser.add_argument("--heads", default=QualityConfig.heads,
                         help="dir of <method>/ heads, or 'training-free'")
     parser.add_argument("--out", default="benchmarks/backbone_quality",
                         help="output prefix: writes PREFIX.json and PREFIX.md")

@@ -20,12 +20,13 @@ from otviz.backbone import Backbone
 from otviz.eval.came_quotas import TEMPERATURES, quota_ratio_table
 from otviz.explain import Explainer
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
+from otviz.tiny_clip import DEFAULT_CHECKPOINT
 from otviz.ui.examples import load_examples
 
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backbone", default="checkpoints/tiny-clip")
+    parser.add_argument("--backbone", default=str(DEFAULT_CHECKPOINT))
     parser.add_argument("--heads", default="training-free",
                         help="dir of <method>/ heads (QC-Align's is read), or 'training-free'")
     parser.add_argument("--temperatures", default=",".join(f"{t:g}" for t in TEMPERATURES))

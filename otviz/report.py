@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from otviz import assets
 from otviz.checkpoints.heads import head_meta
 from otviz.eval.alignment_tables import align_pairs, phrase_queries
 from otviz.eval.classification_tables import ZERO_SHOT_RULES
@@ -53,7 +54,7 @@ class ReportConfig:
     """Where the tables and heads are, where the figures go (every field is a flag)."""
 
     eval_dir: str = "runs/eval"  # folder of tables.json (+ otclip_losses.json, ablation.json)
-    heads: str = "checkpoints/heads"  # trained heads ("training-free": no curves)
+    heads: str = str(assets.path("heads"))  # trained heads ("training-free": no curves)
     backbone: str = ""  # tiny-CLIP checkpoint ("" : the shipped one)
     n_examples: int = 4  # grounding grid rows
     seed: int = 0  # world seed of the examples

@@ -27,6 +27,7 @@ import torch
 from open_clip import factory as open_clip_factory
 from torch import Tensor, nn
 
+from otviz import assets
 from otviz.checkpoints.store import (
     CheckpointError,
     load_checkpoint,
@@ -37,7 +38,7 @@ from otviz.checkpoints.store import (
 TINY_CLIP_NAME = "otviz-tiny"
 CHECKPOINT_KIND = "otviz-tiny-clip"
 TOKENIZER_NAME = "open_clip.SimpleTokenizer(bpe_simple_vocab_16e6, clean=lower)"
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "tiny-clip"
+DEFAULT_CHECKPOINT = assets.path("tiny-clip")
 _EMBED_KEY = "text.token_embedding.weight"
 _ROWS_KEY = "text.token_embedding.rows"
 _IDS_KEY = "text.token_embedding.row_ids"

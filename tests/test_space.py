@@ -28,5 +28,5 @@ def test_requirements_cover_the_package_dependencies():
 
 def test_app_file_launches_the_package_app():
     source = (ROOT / "app.py").read_text()
-    assert "from otviz.ui.app import launch" in source
+    assert "from otviz.cli.app import main" in source  # the function `otviz app` runs
     assert len(source.splitlines()) < 20  # thin: the app lives in otviz.ui

@@ -1,5 +1,5 @@
-"""The ``otviz`` command line: ``world``, ``pretrain``, ``train``, ``eval``, ``ablate``,
-``report``, ``explain``, ``bench``.
+"""The ``otviz`` command line: ``app``, ``world``, ``pretrain``, ``train``, ``eval``,
+``ablate``, ``report``, ``explain``, ``bench``.
 
 Every subcommand is a thin wrapper over a function of the package; knobs of configuration
 dataclasses become flags (``--batch-size`` for ``batch_size``).
@@ -182,6 +182,12 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_app(args: argparse.Namespace) -> int:
+    from otviz.cli.app import main as app_main
+
+    return app_main(args.rest)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from otviz.cli.bench import main as bench_main
 
@@ -193,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="otviz", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+
+    app = sub.add_parser("app", help="serve the app (see --help)", add_help=False)
+    app.add_argument("rest", nargs=argparse.REMAINDER)
+    app.set_defaults(run=_cmd_app)
 
     world = sub.add_parser("world", help="render samples of the synthetic world")
     world.add_argument("--n", type=int, default=8, help="how many samples")

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from otviz import assets
 from otviz.backbone import Backbone
 from otviz.checkpoints.store import CheckpointError
 from otviz.eval import alignment_tables as A
@@ -71,7 +72,7 @@ class QualityConfig:
     """What :func:`measure` runs on and how many samples each part draws."""
 
     backbone: str = ""  # tiny-CLIP checkpoint dir ("": the shipped checkpoints/tiny-clip)
-    heads: str = "checkpoints/heads"  # dir of <method>/ heads, or "training-free"
+    heads: str = str(assets.path("heads"))  # dir of <method>/ heads, or "training-free"
     seed: int = 0  # world seed of every held-out set
     n_zero_shot: int = 800  # one-object test images
     n_probe_scenes: int = 600  # test scenes whose objects feed the linear probes

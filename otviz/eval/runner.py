@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from otviz import assets
 from otviz.backbone import Backbone
 from otviz.eval import alignment_tables as A
 from otviz.eval import classification_tables as C
@@ -40,7 +41,7 @@ class EvalConfig:
     """What ``otviz eval`` measures, on what (every field is a command-line flag)."""
 
     backbone: str = ""  # tiny-CLIP checkpoint dir ("" : the shipped checkpoints/tiny-clip)
-    heads: str = "checkpoints/heads"  # dir of <method>/ heads, or "training-free"
+    heads: str = str(assets.path("heads"))  # dir of <method>/ heads, or "training-free"
     methods: str = ""  # comma list of comparison methods ("" : all eight)
     tables: str = "all"  # comma list of TABLES, or "all"
     n_test: int = 1000  # world test images (retrieval, probe, grounding)

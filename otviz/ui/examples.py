@@ -1,4 +1,4 @@
-"""The examples gallery shipped in ``examples/`` (world samples: PNG + caption)."""
+"""The examples gallery shipped as ``otviz.assets`` ``examples`` (world samples: PNG + caption)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+from otviz import assets
+
+EXAMPLES_DIR = assets.path("examples")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from otviz import assets
 from otviz.eval.backbone_quality import target_rows, targets
 from otviz.eval.binding import (
     BindingItem,
@@ -200,7 +201,7 @@ def test_script_end_to_end_on_a_random_tiny_clip(tmp_path: Path) -> None:
     out = tmp_path / "bq"
     results = script.main([
         "--backbone", str(random_tiny_clip(tmp_path / "bb", 0)),
-        "--heads", str(ROOT / "checkpoints" / "heads"), "--quick", "--out", str(out),
+        "--heads", str(assets.path("heads")), "--quick", "--out", str(out),
         "--cache-dir", str(tmp_path / "cache"), "--world-speed-count", "10",
         "--n-zero-shot", "16", "--n-probe-scenes", "24", "--n-binding", "4",
         "--n-grounding", "6", "--n-retrieval", "12", "--n-compositional", "10"])

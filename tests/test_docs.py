@@ -1,0 +1,85 @@
+"""Every ```python block of README.md and docs/*.md runs: the blocks of one page in order, in
+one fresh interpreter (a page may register a method; it must not leak into other tests), from
+a folder outside the checkout. A block that cannot run here is marked on the line above it
+with ``<!-- docs-test: skip (reason) -->`` and reported as a skipped test with that reason."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SKIP_MARK = re.compile(r"<!-- docs-test: skip \((?P<reason>[^)]+)\) -->")
+FENCE = re.compile(r"^```(?P<lang>\w*)\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # 1-based line of the opening fence
+    code: str
+    skip_reason: str | None
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def python_blocks(page: Path) -> list[Block]:
+    """The page's ```python blocks, each with the reason of a skip mark just above it."""
+    lines = page.read_text().splitlines()
+    blocks, k = [], 0
+    while k < len(lines):
+        fence = FENCE.match(lines[k])
+        if not fence:
+            k += 1
+            continue
+        end = next(j for j in range(k + 1, len(lines)) if lines[j].startswith("```"))
+        if fence["lang"] == "python":
+            mark = SKIP_MARK.fullmatch(lines[k - 1].strip()) if k else None
+            blocks.append(Block(page, k + 1, "\n".join(lines[k + 1:end]) + "\n",
+                                mark["reason"] if mark else None))
+        k = end + 1
+    return blocks
+
+
+def stray_skip_marks(page: Path) -> list[int]:
+    """Lines holding only a skip mark that are not directly above a ```python block."""
+    lines = page.read_text().splitlines()
+    return [k + 1 for k, line in enumerate(lines) if SKIP_MARK.fullmatch(line.strip())
+            and (k + 1 >= len(lines) or lines[k + 1].strip() != "```python")]
+
+
+BLOCKS = [b for page in PAGES for b in python_blocks(page)]
+RUN_PAGES = sorted({b.page for b in BLOCKS if b.skip_reason is None})
+
+
+def test_the_pages_have_python_blocks_and_no_stray_skip_marks():
+    assert ROOT / "README.md" in RUN_PAGES
+    assert {page.name: stray_skip_marks(page) for page in PAGES if stray_skip_marks(page)} == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", RUN_PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_python_blocks_of_the_page_run(page: Path, tmp_path: Path):
+    script = "".join(f"# --- {b.where}\n{b.code}" for b in BLOCKS
+                     if b.page == page and b.skip_reason is None)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{page.name}'s python blocks failed:\n{done.stderr[-4000:]}"
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.skip_reason],
+                         ids=lambda b: b.where)
+def test_marked_blocks_are_reported_skipped(block: Block):
+    pytest.skip(f"{block.where}: {block.skip_reason}")
