@@ -24,7 +24,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.ot._result import DEFAULT_TOL, NotConvergedWarning, SolverResult, warn_unconverged
+from otviz.ot._checks import (
+    SolverInputError,
+    check_batched,
+    check_mask,
+    check_tensors,
+    clean_masses,
+    clean_where_valid,
+)
+from otviz.ot._result import (
+    DEFAULT_MAX_ITERS,
+    DEFAULT_TOL,
+    NotConvergedWarning,
+    SolverResult,
+    warn_unconverged,
+)
 from otviz.ot.costs import cosine_cost
 from otviz.ot.sinkhorn import _transport_cost, sinkhorn_log
 
@@ -50,7 +64,7 @@ def _ot_value(
     b: Tensor,
     eps: float,
     objective: Objective = "sharp",
-    n_iters: int = 1000,
+    n_iters: int = DEFAULT_MAX_ITERS,
     tol: float | None = DEFAULT_TOL,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
@@ -77,6 +91,7 @@ class DivergenceResult:
         cross, self_x, self_y: ``[B]`` the three OT values.
         plan: ``[B, N, M]`` cross plan.
         marginal_error: ``[B]`` the largest L1 marginal error of the three solves.
+        relative_error: ``[B]`` the largest relative error of the three solves.
         converged: ``[B]`` bool, whether all three solves met their tolerance.
     """
 
@@ -86,7 +101,26 @@ class DivergenceResult:
     self_y: Tensor
     plan: Tensor
     marginal_error: Tensor
+    relative_error: Tensor
     converged: Tensor
+
+
+def _clean_clouds(
+    x: Tensor, y: Tensor, x_mask: Tensor | None, y_mask: Tensor | None, solver: str
+) -> tuple[Tensor, Tensor]:
+    """Batched point clouds ``[B, N, d]``, ``[B, M, d]`` of one width, their masks, finite
+    on valid points; returned with non-finite masked points set to 0."""
+    check_batched("x", x, 3, "[B, N, d]", solver)
+    check_batched("y", y, 3, "[B, M, d]", solver)
+    if x.shape[0] != y.shape[0] or x.shape[2] != y.shape[2]:
+        raise SolverInputError(
+            f"{solver}: x {tuple(x.shape)} and y {tuple(y.shape)} need the same batch and width"
+        )
+    check_mask("x_mask", x_mask, tuple(x.shape[:2]), x.device, solver)
+    check_mask("y_mask", y_mask, tuple(y.shape[:2]), y.device, solver)
+    x = clean_where_valid("x", x, None if x_mask is None else x_mask[..., None], solver)
+    y = clean_where_valid("y", y, None if y_mask is None else y_mask[..., None], solver)
+    return x, y
 
 
 def sinkhorn_divergence(
@@ -95,7 +129,7 @@ def sinkhorn_divergence(
     a: Tensor,
     b: Tensor,
     eps: float,
-    n_iters: int = 1000,
+    n_iters: int = DEFAULT_MAX_ITERS,
     x_mask: Tensor | None = None,
     y_mask: Tensor | None = None,
     a_self: Tensor | None = None,
@@ -116,9 +150,20 @@ def sinkhorn_divergence(
         a_self, b_self: marginals of the self terms (default ``a``, ``b``: the standard
             divergence; QC-Align uses uniform ones).
         objective: ``"sharp"`` or ``"entropic"`` (module docstring).
+
+    Raises:
+        SolverInputError: unbatched or empty clouds, clouds of different widths, mixed
+            dtypes or devices, bad masks, NaN on valid points, and every refusal of
+            :func:`otviz.ot.sinkhorn.sinkhorn_log` on the three problems.
     """
-    a_self = a if a_self is None else a_self
-    b_self = b if b_self is None else b_self
+    solver = "sinkhorn_divergence"
+    check_tensors(solver, x=x, y=y, a=a, b=b, a_self=a_self, b_self=b_self)
+    x, y = _clean_clouds(x, y, x_mask, y_mask, solver)
+    (bsz, n, _), m = x.shape, y.shape[1]
+    a = clean_masses("a", a, bsz, n, solver, x_mask)
+    b = clean_masses("b", b, bsz, m, solver, y_mask)
+    a_self = a if a_self is None else clean_masses("a_self", a_self, bsz, n, solver, x_mask)
+    b_self = b if b_self is None else clean_masses("b_self", b_self, bsz, m, solver, y_mask)
 
     def solve(
         p: Tensor, q: Tensor, mp: Tensor, mq: Tensor, pm: Tensor | None, qm: Tensor | None
@@ -133,7 +178,8 @@ def sinkhorn_divergence(
     wyy, ryy = solve(y, y, b_self, b_self, y_mask, y_mask)
     solves = (res, rxx, ryy)
     err = torch.stack([r.marginal_error for r in solves]).amax(0)
+    rel = torch.stack([r.relative_error for r in solves]).amax(0)
     converged = torch.stack([r.converged for r in solves]).all(0)
-    warn_unconverged(err, tol, max(r.n_iters for r in solves), "sinkhorn_divergence")
+    warn_unconverged(rel, tol, max(r.n_iters for r in solves), solver)
     value = cross - 0.5 * (wxx + wyy)
-    return DivergenceResult(value, cross, wxx, wyy, res.plan, err, converged)
+    return DivergenceResult(value, cross, wxx, wyy, res.plan, err, rel, converged)

@@ -181,8 +181,8 @@ def test_selective_uot_closed_form_and_outlier_rejection():
     part = selective_predict(imgs, cls, rate=0.8, method="partial", eps=eps)
     assert not bool(part.accepted[-1])
     assert float(part.scores.sum()) == pytest.approx(round(0.8 * 13))
-    # P 1 <= 1 up to the reported L1 gap, itself within the library tolerance
-    assert float(part.marginal_error) <= DEFAULT_TOL
+    # P 1 <= 1 up to the reported L1 gap, itself within the library's relative tolerance
+    assert float(part.marginal_error) <= DEFAULT_TOL * round(0.8 * 13)
     assert bool((part.scores.sum(1) <= 1 + part.marginal_error).all())
 
 
