@@ -192,3 +192,17 @@ def test_cache_chunks_equal_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
         for field in ("plan", "log_u", "log_v", "marginal_error", "cost"):
             assert torch.allclose(getattr(one, field), getattr(many, field), rtol=1e-12), field
         assert torch.allclose(one.extras["row_marginal"], many.extras["row_marginal"], rtol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-5, 1e-7])
+def test_tiny_mass_is_judged_relative_to_the_mass(scale: float) -> None:
+    """Masses far below the tolerance: the relative test iterates as at unit mass and the
+    converged plan is POT's (reg_m = (tau_a, tau_b), reg = eps, entropy). Under the former
+    absolute test masses of 1e-5 stopped after one iteration with a plan about 44 % off."""
+    cost, a, b = _problem(13, b=1)
+    a, b = a * scale, b * scale
+    res = sinkhorn_unbalanced_log(cost, a, b, 0.05, 0.3, 0.5)
+    ref = _pot(a[0].numpy(), b[0].numpy(), cost[0].numpy(), 0.05, 0.3, 0.5)
+    assert bool(res.converged[0]) and res.n_iters > 5
+    assert float(res.relative_error[0]) <= 1e-4
+    assert _rel(res.plan[0].numpy(), ref) < 1e-3
