@@ -132,3 +132,20 @@ def test_documented_iteration_caps_are_the_code_defaults() -> None:
         default = inspect.signature(getattr(ot, solver)).parameters[arg].default
         assert str(default) == value, (solver, cap, default)
     assert DEFAULT_MAX_ITERS == 1000 and DEFAULT_TOL == 1e-4
+
+
+def test_came_validates_like_the_solvers_and_ignores_nan_on_masked_features() -> None:
+    p = random_problem(10)
+    clean = ot.came_marginals(p.x, p.y, p.row_mask, p.col_mask)
+    dirty_p = plant_nan(p)
+    dirty = ot.came_marginals(dirty_p.x, dirty_p.y, p.row_mask, p.col_mask)
+    assert torch.allclose(dirty.mu, clean.mu, rtol=1e-12) and torch.allclose(dirty.nu, clean.nu)
+    assert bool(torch.isfinite(dirty.attn_t2v).all() & torch.isfinite(dirty.attn_v2t).all())
+    for call, message in [
+        (lambda: ot.came_marginals(p.x.float(), p.y), "one dtype"),
+        (lambda: ot.came_marginals(p.x[0], p.y[0]), r"\[None\]"),
+        (lambda: ot.came_marginals(p.x, p.y, p.row_mask[:, :-1]), "shape"),
+        (lambda: ot.came_marginals(p.x, p.y[..., :2]), "width"),
+    ]:
+        with pytest.raises(ot.SolverInputError, match=message):
+            call()
