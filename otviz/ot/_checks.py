@@ -113,19 +113,27 @@ def check_tau(name: str, tau: float | Tensor, solver: str) -> None:
         raise SolverInputError(f"{solver}: {name} must be >= 0 (inf: hard), got {_show(tau)}")
 
 
-def clean_where_valid(name: str, x: Tensor, valid: Tensor | None, solver: str) -> Tensor:
-    """``x`` must be finite where ``valid`` (bool, broadcastable to ``x``; ``None``:
-    everywhere); returns ``x`` with its non-finite invalid entries set to 0."""
-    nonfinite = ~torch.isfinite(x.detach())
-    if not bool(nonfinite.any()):
+def clean_where_valid(
+    name: str, x: Tensor, valid: Tensor | None, solver: str, nonnegative: bool = False
+) -> Tensor:
+    """``x`` must be finite (and ``>= 0`` when ``nonnegative``) where ``valid`` (bool,
+    broadcastable to ``x``; ``None``: everywhere); returns ``x`` with its offending invalid
+    entries set to 0 (``x`` itself when it has none: one pass, one host sync)."""
+    values = x.detach()
+    ok = torch.isfinite(values)
+    if nonnegative:
+        ok &= values >= 0
+    bad = ~ok
+    if not bool(bad.any()):
         return x
-    on_valid = nonfinite if valid is None else nonfinite & valid
+    on_valid = bad if valid is None else bad & valid
     if bool(on_valid.any()):
+        what = "NaN, infinite or negative" if nonnegative else "NaN or infinite"
         raise SolverInputError(
-            f"{solver}: {name} holds {int(on_valid.sum())} NaN or infinite entries on valid "
+            f"{solver}: {name} holds {int(on_valid.sum())} {what} entries on valid "
             "entries; mask those rows/columns out instead"
         )
-    return x.masked_fill(nonfinite, 0.0)
+    return x.masked_fill(bad, 0.0)
 
 
 def pair_mask(row_mask: Tensor | None, col_mask: Tensor | None) -> Tensor | None:
@@ -169,10 +177,7 @@ def clean_masses(
         raise SolverInputError(
             f"{solver}: {name} has shape {tuple(x.shape)}, the problem needs ({batch}, {size})"
         )
-    x = clean_where_valid(name, x, mask, solver)
-    valid = torch.ones_like(x, dtype=torch.bool) if mask is None else mask
-    if bool((valid & (x.detach() < 0)).any()):
-        raise SolverInputError(f"{solver}: {name} must be finite and >= 0 on valid entries")
+    x = clean_where_valid(name, x, mask, solver, nonnegative=True)
     if bool((_total(x, mask) <= 0).any()):
         raise SolverInputError(f"{solver}: {name} has no mass in some problem (empty problem)")
     return x

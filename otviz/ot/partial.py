@@ -94,8 +94,9 @@ def partial_ot_log(
         return log_k + f[:, :, None] + g[:, None, :] + h[:, None, None]
 
     def residual(log_p: Tensor) -> Tensor:
-        err = box_update_gap(torch.logsumexp(log_p, 2), f, None, log_a, row_mask)
-        err = err + (torch.exp(torch.logsumexp(log_p.flatten(1), 1)) - mass_t).abs()
+        log_rows = torch.logsumexp(log_p, 2)
+        err = box_update_gap(log_rows, f, None, log_a, row_mask)
+        err = err + (torch.exp(torch.logsumexp(log_rows, 1)) - mass_t).abs()
         if log_b is None:
             return err
         return err + box_update_gap(torch.logsumexp(log_p, 1), g, None, log_b, col_mask)
