@@ -461,7 +461,7 @@ def _check_index(
             f"lowrank_uot: {name} must be a [{pairs}] long tensor on {device}, got "
             f"{index.dtype} {tuple(index.shape)} on {index.device}"
         )
-    if pairs and (int(index.min()) < 0 or int(index.max()) >= distinct):
+    if bool(((index < 0) | (index >= distinct)).any()):
         raise SolverInputError(f"lowrank_uot: {name} must index [0, {distinct}) of {side}")
 
 
