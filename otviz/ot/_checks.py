@@ -98,6 +98,36 @@ def check_batched(name: str, x: Tensor, dims: int, layout: str, solver: str) -> 
         raise SolverInputError(f"{solver}: empty problem, {name} has shape {tuple(x.shape)}")
 
 
+def clean_clouds(
+    solver: str,
+    names: tuple[str, str],
+    x: Tensor,
+    y: Tensor,
+    x_mask: Tensor | None,
+    y_mask: Tensor | None,
+    same_batch: bool = True,
+    mask_names: tuple[str, str] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Two batched point clouds ``[B, N, d]``, ``[B, M, d]`` (named ``names``) of one width
+    (and one batch when ``same_batch``), their masks (named ``mask_names``, default
+    ``<name>_mask``) shaped like their first two dimensions, finite on valid points;
+    returned with non-finite masked points set to 0."""
+    nx, ny = names
+    mx, my = mask_names or (f"{nx}_mask", f"{ny}_mask")
+    check_batched(nx, x, 3, "[B, N, d]", solver)
+    check_batched(ny, y, 3, "[B, M, d]", solver)
+    if x.shape[2] != y.shape[2] or (same_batch and x.shape[0] != y.shape[0]):
+        raise SolverInputError(
+            f"{solver}: {nx} {tuple(x.shape)} and {ny} {tuple(y.shape)} need the same "
+            f"{'batch and ' if same_batch else ''}feature width"
+        )
+    check_mask(mx, x_mask, tuple(x.shape[:2]), x.device, solver)
+    check_mask(my, y_mask, tuple(y.shape[:2]), y.device, solver)
+    x = clean_where_valid(nx, x, None if x_mask is None else x_mask[..., None], solver)
+    y = clean_where_valid(ny, y, None if y_mask is None else y_mask[..., None], solver)
+    return x, y
+
+
 def check_eps(eps: float | Tensor, solver: str) -> None:
     """``eps`` must be a finite positive number (a tensor ``eps``: all entries)."""
     value = eps.detach() if isinstance(eps, Tensor) else torch.tensor(float(eps))

@@ -23,13 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.ot._checks import (
-    SolverInputError,
-    check_batched,
-    check_mask,
-    check_tensors,
-    clean_where_valid,
-)
+from otviz.ot._checks import SolverInputError, check_tensors, clean_clouds
 
 
 @dataclass
@@ -104,7 +98,8 @@ def came_marginals(
             batches, mixed dtypes or devices, bad masks, NaN on valid features, a
             temperature ``<= 0`` (masked features may hold anything).
     """
-    v, t = _clean_features(v, t, v_mask, t_mask)
+    check_tensors("came_marginals", v=v, t=t)
+    v, t = clean_clouds("came_marginals", ("v", "t"), v, t, v_mask, t_mask)
     if not temperature > 0:
         raise SolverInputError(f"came_marginals: temperature must be > 0, got {temperature}")
     sim_tv = F.normalize(t, dim=-1) @ F.normalize(v, dim=-1).transpose(1, 2)  # [B, M, N]
@@ -114,22 +109,3 @@ def came_marginals(
     nu = (w_v[:, None, :] @ beta).squeeze(1)  # nu[m] = sum_n w_v[n] beta[n, m]
     return CameResult(mu, nu, alpha, beta, w_t, w_v)
 
-
-def _clean_features(
-    v: Tensor, t: Tensor, v_mask: Tensor | None, t_mask: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """The checks of :mod:`otviz.ot._checks` for two feature sets; returns them with
-    non-finite masked features set to 0."""
-    solver = "came_marginals"
-    check_tensors(solver, v=v, t=t)
-    check_batched("v", v, 3, "[B, N, d]", solver)
-    check_batched("t", t, 3, "[B, M, d]", solver)
-    if v.shape[0] != t.shape[0] or v.shape[2] != t.shape[2]:
-        raise SolverInputError(
-            f"{solver}: v {tuple(v.shape)} and t {tuple(t.shape)} need the same batch and width"
-        )
-    check_mask("v_mask", v_mask, tuple(v.shape[:2]), v.device, solver)
-    check_mask("t_mask", t_mask, tuple(t.shape[:2]), t.device, solver)
-    v = clean_where_valid("v", v, None if v_mask is None else v_mask[..., None], solver)
-    t = clean_where_valid("t", t, None if t_mask is None else t_mask[..., None], solver)
-    return v, t

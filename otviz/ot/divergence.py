@@ -24,14 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.ot._checks import (
-    SolverInputError,
-    check_batched,
-    check_mask,
-    check_tensors,
-    clean_masses,
-    clean_where_valid,
-)
+from otviz.ot._checks import check_tensors, clean_clouds, clean_masses
 from otviz.ot._result import (
     DEFAULT_MAX_ITERS,
     DEFAULT_TOL,
@@ -105,24 +98,6 @@ class DivergenceResult:
     converged: Tensor
 
 
-def _clean_clouds(
-    x: Tensor, y: Tensor, x_mask: Tensor | None, y_mask: Tensor | None, solver: str
-) -> tuple[Tensor, Tensor]:
-    """Batched point clouds ``[B, N, d]``, ``[B, M, d]`` of one width, their masks, finite
-    on valid points; returned with non-finite masked points set to 0."""
-    check_batched("x", x, 3, "[B, N, d]", solver)
-    check_batched("y", y, 3, "[B, M, d]", solver)
-    if x.shape[0] != y.shape[0] or x.shape[2] != y.shape[2]:
-        raise SolverInputError(
-            f"{solver}: x {tuple(x.shape)} and y {tuple(y.shape)} need the same batch and width"
-        )
-    check_mask("x_mask", x_mask, tuple(x.shape[:2]), x.device, solver)
-    check_mask("y_mask", y_mask, tuple(y.shape[:2]), y.device, solver)
-    x = clean_where_valid("x", x, None if x_mask is None else x_mask[..., None], solver)
-    y = clean_where_valid("y", y, None if y_mask is None else y_mask[..., None], solver)
-    return x, y
-
-
 def sinkhorn_divergence(
     x: Tensor,
     y: Tensor,
@@ -158,7 +133,7 @@ def sinkhorn_divergence(
     """
     solver = "sinkhorn_divergence"
     check_tensors(solver, x=x, y=y, a=a, b=b, a_self=a_self, b_self=b_self)
-    x, y = _clean_clouds(x, y, x_mask, y_mask, solver)
+    x, y = clean_clouds(solver, ("x", "y"), x, y, x_mask, y_mask)
     (bsz, n, _), m = x.shape, y.shape[1]
     a = clean_masses("a", a, bsz, n, solver, x_mask)
     b = clean_masses("b", b, bsz, m, solver, y_mask)

@@ -58,9 +58,9 @@ from otviz.ot._checks import (
     SolverInputError,
     check_batched,
     check_eps,
-    check_mask,
     check_tau,
     check_tensors,
+    clean_clouds,
     clean_masses,
     clean_where_valid,
 )
@@ -405,17 +405,14 @@ def _clean_inputs(
     anchors, masses, ``eps`` and the taus."""
     solver = "lowrank_uot"
     check_tensors(solver, z=z, y=y, anchors=anchors, mu=mu, nu=nu, z_scale=z_scale)
-    check_batched("z", z, 3, "[B, N, d]", solver)
-    check_batched("y", y, 3, "[B, M, d]", solver)
+    z, y = clean_clouds(solver, ("z", "y"), z, y, row_mask, col_mask, same_batch=False,
+                        mask_names=("row_mask", "col_mask"))
     if anchors.dim() not in (2, 3) or anchors.shape[-2] == 0:
         raise SolverInputError(f"{solver}: anchors must be [r, d] or [B, r, d], r >= 1")
-    if not z.shape[-1] == y.shape[-1] == anchors.shape[-1]:
+    if anchors.shape[-1] != z.shape[-1]:
         raise SolverInputError(
-            f"{solver}: z, y and anchors must share the feature width d, got "
-            f"{z.shape[-1]}, {y.shape[-1]}, {anchors.shape[-1]}"
+            f"{solver}: anchors have width {anchors.shape[-1]}, the features {z.shape[-1]}"
         )
-    check_mask("row_mask", row_mask, tuple(z.shape[:2]), z.device, solver)
-    check_mask("col_mask", col_mask, tuple(y.shape[:2]), y.device, solver)
     check_batched("mu", mu, 2, "[B, N]", solver)
     check_batched("nu", nu, 2, "[B, M]", solver)
     pairs = mu.shape[0]
@@ -427,8 +424,6 @@ def _clean_inputs(
         )
     if not bool(torch.isfinite(anchors.detach()).all()):
         raise SolverInputError(f"{solver}: anchors hold NaN or infinite entries")
-    z = clean_where_valid("z", z, None if row_mask is None else row_mask[..., None], solver)
-    y = clean_where_valid("y", y, None if col_mask is None else col_mask[..., None], solver)
     if z_scale is not None:
         if tuple(z_scale.shape) != tuple(z.shape[:2]):
             raise SolverInputError(

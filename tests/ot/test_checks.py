@@ -145,7 +145,7 @@ def test_came_validates_like_the_solvers_and_ignores_nan_on_masked_features() ->
         (lambda: ot.came_marginals(p.x.float(), p.y), "one dtype"),
         (lambda: ot.came_marginals(p.x[0], p.y[0]), r"\[None\]"),
         (lambda: ot.came_marginals(p.x, p.y, p.row_mask[:, :-1]), "shape"),
-        (lambda: ot.came_marginals(p.x, p.y[..., :2]), "width"),
+        (lambda: ot.came_marginals(p.x, p.y[..., :2]), "feature width"),
     ]:
         with pytest.raises(ot.SolverInputError, match=message):
             call()
