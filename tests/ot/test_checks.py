@@ -149,3 +149,18 @@ def test_came_validates_like_the_solvers_and_ignores_nan_on_masked_features() ->
     ]:
         with pytest.raises(ot.SolverInputError, match=message):
             call()
+
+
+@pytest.mark.parametrize("rule", ["zero_shot", "long_tailed", "selective"])
+def test_zero_shot_helpers_refuse_mixed_dtypes_and_widths(rule: str) -> None:
+    p = random_problem(11)
+    img, cls = p.x[0], p.y[0]
+    call = {
+        "zero_shot": lambda i, c: ot.zero_shot_predict(i, c, "fgw_pgd"),
+        "long_tailed": lambda i, c: ot.long_tailed_predict(i, c, torch.ones(c.shape[0])),
+        "selective": lambda i, c: ot.selective_predict(i, c, 0.5, "partial"),
+    }[rule]
+    with pytest.raises(ot.SolverInputError, match="one dtype"):
+        call(img.float(), cls)
+    with pytest.raises(ot.SolverInputError, match="one width"):
+        call(img, cls[:, :2])
