@@ -1,16 +1,26 @@
 """Result types and conventions shared by every solver in :mod:`otviz.ot`.
 
-One meaning of ``marginal_error`` and ``tol`` across the solvers: ``marginal_error [B]`` is
-an L1 distance in units of mass between the plan's marginals and the marginals the solver's
-constraints ask for at its solution -- ``a`` and ``b`` for hard constraints, the bounds and
-the total mass for inequality constraints (partial OT, DBOT), and for KL-relaxed marginals
-the row marginal one more scaling update would give (0 exactly at the fixed point; equal to
-``|P 1 - a|_1`` when the relaxation is hard). A solver given ``tol`` stops once every
-problem's ``marginal_error`` is ``<= tol``, sets ``converged`` from the same test and warns
-(:class:`NotConvergedWarning`) when some problem is still above ``tol`` after ``n_iters``.
-``tol=None`` runs exactly ``n_iters`` (an unrolled solver inside a model, e.g. ConceptOT's
-``L = 5``): ``converged`` is then judged against :data:`DEFAULT_TOL` and nothing is warned,
-the caller having chosen the count.
+One meaning of ``marginal_error``, ``relative_error``, ``converged`` and ``tol`` across the
+solvers (docs/solver-contract.md):
+
+* ``marginal_error [B]`` is the *fixed-point residual* of the solver's constraints, an L1
+  distance in units of mass between the plan's marginals and the marginals one more
+  projection (scaling update) of each constraint would give it: ``|P 1 - a|_1`` (plus the
+  column term) for hard marginals; for KL-relaxed marginals the gap to the next row
+  update; for an inequality constraint (partial OT's bounds, DBOT's column box) the gap to
+  the next Dykstra projection, which undoes the constraint's dual scaling and clips again.
+  It is 0 exactly when the plan is a fixed point of every update, i.e. when the
+  optimality (KKT) conditions of the entropic problem hold: feasibility alone does not make
+  it 0 (an inequality whose dual is active on a slack bound still counts).
+* ``relative_error [B]`` is ``marginal_error / plan_mass``, with ``plan_mass`` the plan's
+  total mass ``1^T P 1``: scale-free, so a problem of tiny mass is judged like the same
+  problem at unit mass (``inf`` when the plan has no mass: nothing can be judged).
+* A solver given ``tol`` stops once every problem's ``relative_error`` is ``<= tol``, sets
+  ``converged`` from the same test and warns (:class:`NotConvergedWarning`) when some
+  problem is still above ``tol`` after ``n_iters``. ``tol=None`` runs exactly ``n_iters``
+  (an unrolled solver inside a model, e.g. ConceptOT's ``L = 5``): ``converged`` is then
+  judged against :data:`DEFAULT_TOL` and nothing is warned, the caller having chosen the
+  count.
 """
 
 from __future__ import annotations
@@ -21,12 +31,22 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-#: Default marginal-error tolerance (L1, units of mass) of the library solvers.
+#: Default relative marginal-error tolerance of the library solvers.
 DEFAULT_TOL = 1e-4
+
+#: Default iteration cap of the library solvers that iterate to ``tol``.
+DEFAULT_MAX_ITERS = 1000
 
 
 class NotConvergedWarning(RuntimeWarning):
-    """A solver stopped at its iteration cap with a marginal error above its tolerance."""
+    """A solver stopped at its iteration cap with a relative error above its tolerance."""
+
+
+def relative_error(error: Tensor, mass: Tensor) -> Tensor:
+    """``[B]`` ``error / mass``, ``inf`` where ``mass`` is not positive (an empty or
+    underflowed plan cannot be judged)."""
+    safe = mass.clamp_min(torch.finfo(mass.dtype).tiny)
+    return torch.where(mass > 0, error / safe, torch.full_like(error, float("inf")))
 
 
 @dataclass
@@ -37,12 +57,14 @@ class SolverResult:
         plan: ``[B, N, M]`` transport plan (dense solvers), or ``None`` for factored solvers.
         log_u: ``[B, N]`` log row scaling (``f / eps`` in dual terms).
         log_v: ``[B, M]`` log column scaling.
-        marginal_error: ``[B]`` L1 marginal error (module docstring: one meaning for all).
+        marginal_error: ``[B]`` L1 fixed-point residual in units of mass (module docstring).
         n_iters: iterations actually run.
         cost: ``[B]`` transport cost ``<C, plan>`` where the solver defines one.
         extras: solver-specific tensors (duals, partial results) for views.
-        converged: ``[B]`` bool, ``marginal_error <= tol`` (:data:`DEFAULT_TOL` when the
-            solver ran a fixed count); filled from ``marginal_error`` when not given.
+        converged: ``[B]`` bool, ``relative_error <= tol`` (:data:`DEFAULT_TOL` when the
+            solver ran a fixed count); filled from ``relative_error`` when not given.
+        plan_mass: ``[B]`` the plan's total mass ``1^T P 1``, the scale of
+            ``relative_error``; summed from ``plan`` when not given.
     """
 
     plan: Tensor | None
@@ -53,32 +75,43 @@ class SolverResult:
     cost: Tensor | None = None
     extras: dict[str, Tensor] = field(default_factory=dict)
     converged: Tensor | None = None
+    plan_mass: Tensor | None = None
 
     def __post_init__(self) -> None:
+        if self.plan_mass is None:
+            if self.plan is None:
+                raise ValueError("SolverResult needs plan_mass when it holds no dense plan")
+            self.plan_mass = self.plan.sum((1, 2))
         if self.converged is None:
-            self.converged = self.marginal_error <= DEFAULT_TOL
+            self.converged = self.relative_error <= DEFAULT_TOL
+
+    @property
+    def relative_error(self) -> Tensor:
+        """``[B]`` ``marginal_error / plan_mass`` (module docstring)."""
+        return relative_error(self.marginal_error.detach(), self.plan_mass.detach())
 
 
 def judge_convergence(result: SolverResult, tol: float | None, solver: str) -> SolverResult:
     """Set ``result.converged`` against ``tol`` (:data:`DEFAULT_TOL` when ``None``) and warn
     when a tolerance was asked for and some problem did not reach it."""
-    result.converged = result.marginal_error <= (DEFAULT_TOL if tol is None else tol)
-    warn_unconverged(result.marginal_error, tol, result.n_iters, solver)
+    rel = result.relative_error
+    result.converged = rel <= (DEFAULT_TOL if tol is None else tol)
+    warn_unconverged(rel, tol, result.n_iters, solver)
     return result
 
 
-def warn_unconverged(error: Tensor, tol: float | None, n_iters: int, solver: str) -> None:
-    """Warn (:class:`NotConvergedWarning`) when ``tol`` is given and some ``error`` exceeds it
-    (NaN errors count as exceeding)."""
+def warn_unconverged(rel: Tensor, tol: float | None, n_iters: int, solver: str) -> None:
+    """Warn (:class:`NotConvergedWarning`) when ``tol`` is given and some relative error
+    ``rel`` exceeds it (NaN errors count as exceeding)."""
     if tol is None:
         return
-    bad = ~(error.detach() <= tol)
+    bad = ~(rel.detach() <= tol)
     if bool(bad.any()):
-        worst = float(error.detach().nan_to_num(float("inf")).max())
+        worst = float(rel.detach().nan_to_num(float("inf")).max())
         warnings.warn(
-            f"{solver}: {int(bad.sum())} of {error.numel()} problems stopped after "
-            f"{n_iters} iterations with marginal error up to {worst:.3g} > tol {tol:g}; "
-            "raise n_iters or eps, or pass tol=None for a fixed iteration count",
+            f"{solver}: {int(bad.sum())} of {rel.numel()} problems stopped after "
+            f"{n_iters} iterations with relative marginal error up to {worst:.3g} > tol "
+            f"{tol:g}; raise n_iters or eps, or pass tol=None for a fixed iteration count",
             NotConvergedWarning,
             stacklevel=3,
         )

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from otviz.ot._checks import SolverInputError, check_tensors, clean_clouds
+
 
 @dataclass
 class CameResult:
@@ -90,12 +92,20 @@ def came_marginals(
 
     Returns:
         :class:`CameResult`.
+
+    Raises:
+        SolverInputError: unbatched or empty features, features of different widths or
+            batches, mixed dtypes or devices, bad masks, NaN on valid features, a
+            temperature ``<= 0`` (masked features may hold anything).
     """
+    check_tensors("came_marginals", v=v, t=t)
+    v, t = clean_clouds("came_marginals", ("v", "t"), v, t, v_mask, t_mask)
     if not temperature > 0:
-        raise ValueError(f"CAME temperature must be > 0, got {temperature}")
+        raise SolverInputError(f"came_marginals: temperature must be > 0, got {temperature}")
     sim_tv = F.normalize(t, dim=-1) @ F.normalize(v, dim=-1).transpose(1, 2)  # [B, M, N]
     alpha, w_t = _side(t, v, sim_tv, t_mask, v_mask, negative_slope, temperature)
     beta, w_v = _side(v, t, sim_tv.transpose(1, 2), v_mask, t_mask, negative_slope, temperature)
     mu = (w_t[:, None, :] @ alpha).squeeze(1)  # mu[n] = sum_m w_t[m] alpha[m, n]
     nu = (w_v[:, None, :] @ beta).squeeze(1)  # nu[m] = sum_n w_v[n] beta[n, m]
     return CameResult(mu, nu, alpha, beta, w_t, w_v)
+

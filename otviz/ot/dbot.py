@@ -9,6 +9,11 @@ intersection by Dykstra's algorithm in the log domain (Benamou et al. 2015): alt
 row projection (a row normalisation) and the column-box projection (each column sum clipped
 into its box), carrying the Dykstra correction for the box, which plain alternation (OT-CLIP
 App. A.2) lacks and without which the limit is feasible but not the optimum.
+
+Convergence means optimality: ``marginal_error`` is the fixed-point residual of the column
+box (:func:`otviz.ot._bregman.box_update_gap`: the column sums against those the next
+projection gives them after undoing its dual ``g``), 0 only when the box holds and every
+column whose dual is active sits on its bound; the rows are exact.
 """
 
 from __future__ import annotations
@@ -16,9 +21,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from otviz.ot._bregman import col_box_shift, row_box_shift
-from otviz.ot._checks import SolverInputError, check_problem
-from otviz.ot._result import DEFAULT_TOL, SolverResult, judge_convergence
+from otviz.ot._bregman import box_update_gap, col_box_shift, row_box_shift
+from otviz.ot._checks import SolverInputError, check_tensors, clean_problem
+from otviz.ot._result import (
+    DEFAULT_MAX_ITERS,
+    DEFAULT_TOL,
+    SolverResult,
+    judge_convergence,
+    relative_error,
+)
 from otviz.ot.sinkhorn import _masked_log, _masked_log_kernel, _transport_cost
 
 
@@ -36,7 +47,7 @@ def dbot_log(
     low: Tensor | None,
     high: Tensor | None,
     eps: float,
-    n_iters: int = 1000,
+    n_iters: int = DEFAULT_MAX_ITERS,
     tol: float | None = DEFAULT_TOL,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
@@ -53,18 +64,23 @@ def dbot_log(
         eps: entropic regularisation (> 0).
         n_iters: maximal Dykstra sweeps (rows then columns), followed by a last row
             projection so the returned plan meets the rows exactly.
-        tol: stop once every problem's marginal error is ``<= tol``, warn when some is not
-            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot._result`).
-        row_mask, col_mask: optional validity masks.
+        tol: stop once every problem's relative error (``marginal_error / sum a``) is
+            ``<= tol``, warn when some is not after ``n_iters``; ``None``: exactly
+            ``n_iters`` (:mod:`otviz.ot._result`).
+        row_mask, col_mask: optional validity masks (masked entries may hold anything).
 
     Returns:
         :class:`SolverResult` with ``P = diag(exp log_u) K diag(exp log_v)``,
-        ``marginal_error`` = L1 violation of the column box (rows are exact) and
-        ``cost = <C, P>``.
+        ``marginal_error`` = the column box's fixed-point residual (module docstring; rows
+        are exact) and ``cost = <C, P>``.
     """
     solver = "dbot_log"
-    check_problem(cost, a, None, eps, solver, row_mask, col_mask)
-    _check_box(a, low, high, cost.shape[2], row_mask, col_mask)
+    check_tensors(solver, cost=cost, a=a, low=low, high=high)
+    cost, a, _ = clean_problem(cost, a, None, eps, solver, row_mask, col_mask)
+    bsz, _, m = cost.shape
+    low = _clean_bound("low", low, bsz, m, col_mask)
+    high = _clean_bound("high", high, bsz, m, col_mask)
+    _check_box(a, low, high, m, row_mask, col_mask)
     log_k = _masked_log_kernel(cost, eps, row_mask, col_mask)
     log_a = _masked_log(a, row_mask)
     log_low = _log_bound(low, col_mask, -float("inf"))
@@ -77,16 +93,12 @@ def dbot_log(
         shift = row_box_shift(log_k + f[:, :, None] + g[:, None, :], log_a, log_a)
         return f + (shift if row_mask is None else shift.masked_fill(~row_mask, 0.0))
 
-    def violation(f: Tensor, g: Tensor) -> Tensor:
-        col = torch.exp(log_k + f[:, :, None] + g[:, None, :]).sum(1)
-        viol = torch.zeros_like(col)
-        if low is not None:
-            viol = viol + torch.relu(low - col)
-        if high is not None:
-            viol = viol + torch.relu(col - high)
-        if col_mask is not None:
-            viol = viol * col_mask.to(viol.dtype)
-        return viol.sum(1)
+    def residual(f: Tensor, g: Tensor) -> Tensor:
+        log_cols = torch.logsumexp(log_k + f[:, :, None] + g[:, None, :], 1)
+        return box_update_gap(log_cols, g, log_low, log_high, col_mask)
+
+    row_mass = a if row_mask is None else a * row_mask.to(a.dtype)
+    row_mass = row_mass.sum(1).detach()
 
     done = 0
     for _ in range(n_iters):
@@ -98,16 +110,40 @@ def dbot_log(
         g = g + shift
         corr = -shift
         done += 1
-        if tol is not None and bool((violation(rows(f, g), g) <= tol).all()):
-            break
+        if tol is not None:
+            rel = relative_error(residual(rows(f, g), g).detach(), row_mass)
+            if bool((rel <= tol).all()):
+                break
     f = rows(f, g)
     plan = torch.exp(log_k + f[:, :, None] + g[:, None, :])
     log_u = f if row_mask is None else f.masked_fill(~row_mask, -float("inf"))
     log_v = g if col_mask is None else g.masked_fill(~col_mask, -float("inf"))
     res = SolverResult(
-        plan, log_u, log_v, violation(f, g), done, _transport_cost(plan, cost, row_mask, col_mask)
+        plan,
+        log_u,
+        log_v,
+        residual(f, g),
+        done,
+        _transport_cost(plan, cost, row_mask, col_mask),
+        plan_mass=plan.sum((1, 2)),
     )
     return judge_convergence(res, tol, solver)
+
+
+def _clean_bound(
+    name: str, bound: Tensor | None, bsz: int, m: int, col_mask: Tensor | None
+) -> Tensor | None:
+    """A column bound ``[B, M]`` (``high`` may be ``inf``; ``None``: none), with NaN on
+    masked columns set to 0."""
+    if bound is None:
+        return None
+    if tuple(bound.shape) != (bsz, m):
+        raise SolverInputError(
+            f"dbot_log: {name} has shape {tuple(bound.shape)}, expected {(bsz, m)}"
+        )
+    if col_mask is None:
+        return bound
+    return bound.masked_fill(~col_mask & torch.isnan(bound), 0.0)
 
 
 def _check_box(
@@ -118,18 +154,14 @@ def _check_box(
     row_mask: Tensor | None,
     col_mask: Tensor | None,
 ) -> None:
-    """The column box must be ``[B, M]``, non-negative, non-empty and able to hold the row
-    mass ``sum a``."""
+    """The column box must be non-negative, non-empty and able to hold the row mass
+    ``sum a``."""
     valid = torch.ones(a.shape[0], m, dtype=torch.bool, device=a.device)
     valid = valid if col_mask is None else col_mask
     total = (a if row_mask is None else a * row_mask.to(a.dtype)).sum(1)
     for name, bound in (("low", low), ("high", high)):
         if bound is None:
             continue
-        if tuple(bound.shape) != tuple(valid.shape):
-            raise SolverInputError(
-                f"dbot_log: {name} has shape {tuple(bound.shape)}, expected {tuple(valid.shape)}"
-            )
         if bool((valid & ~(bound >= 0)).any()) or bool((valid & torch.isnan(bound)).any()):
             raise SolverInputError(f"dbot_log: {name} must be >= 0 on valid columns")
     if low is not None and high is not None and bool((valid & (low > high)).any()):

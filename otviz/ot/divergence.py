@@ -24,7 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.ot._result import DEFAULT_TOL, NotConvergedWarning, SolverResult, warn_unconverged
+from otviz.ot._checks import check_tensors, clean_clouds, clean_masses
+from otviz.ot._result import (
+    DEFAULT_MAX_ITERS,
+    DEFAULT_TOL,
+    NotConvergedWarning,
+    SolverResult,
+    warn_unconverged,
+)
 from otviz.ot.costs import cosine_cost
 from otviz.ot.sinkhorn import _transport_cost, sinkhorn_log
 
@@ -50,7 +57,7 @@ def _ot_value(
     b: Tensor,
     eps: float,
     objective: Objective = "sharp",
-    n_iters: int = 1000,
+    n_iters: int = DEFAULT_MAX_ITERS,
     tol: float | None = DEFAULT_TOL,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
@@ -77,6 +84,7 @@ class DivergenceResult:
         cross, self_x, self_y: ``[B]`` the three OT values.
         plan: ``[B, N, M]`` cross plan.
         marginal_error: ``[B]`` the largest L1 marginal error of the three solves.
+        relative_error: ``[B]`` the largest relative error of the three solves.
         converged: ``[B]`` bool, whether all three solves met their tolerance.
     """
 
@@ -86,6 +94,7 @@ class DivergenceResult:
     self_y: Tensor
     plan: Tensor
     marginal_error: Tensor
+    relative_error: Tensor
     converged: Tensor
 
 
@@ -95,7 +104,7 @@ def sinkhorn_divergence(
     a: Tensor,
     b: Tensor,
     eps: float,
-    n_iters: int = 1000,
+    n_iters: int = DEFAULT_MAX_ITERS,
     x_mask: Tensor | None = None,
     y_mask: Tensor | None = None,
     a_self: Tensor | None = None,
@@ -116,9 +125,20 @@ def sinkhorn_divergence(
         a_self, b_self: marginals of the self terms (default ``a``, ``b``: the standard
             divergence; QC-Align uses uniform ones).
         objective: ``"sharp"`` or ``"entropic"`` (module docstring).
+
+    Raises:
+        SolverInputError: unbatched or empty clouds, clouds of different widths, mixed
+            dtypes or devices, bad masks, NaN on valid points, and every refusal of
+            :func:`otviz.ot.sinkhorn.sinkhorn_log` on the three problems.
     """
-    a_self = a if a_self is None else a_self
-    b_self = b if b_self is None else b_self
+    solver = "sinkhorn_divergence"
+    check_tensors(solver, x=x, y=y, a=a, b=b, a_self=a_self, b_self=b_self)
+    x, y = clean_clouds(solver, ("x", "y"), x, y, x_mask, y_mask)
+    (bsz, n, _), m = x.shape, y.shape[1]
+    a = clean_masses("a", a, bsz, n, solver, x_mask)
+    b = clean_masses("b", b, bsz, m, solver, y_mask)
+    a_self = a if a_self is None else clean_masses("a_self", a_self, bsz, n, solver, x_mask)
+    b_self = b if b_self is None else clean_masses("b_self", b_self, bsz, m, solver, y_mask)
 
     def solve(
         p: Tensor, q: Tensor, mp: Tensor, mq: Tensor, pm: Tensor | None, qm: Tensor | None
@@ -133,7 +153,8 @@ def sinkhorn_divergence(
     wyy, ryy = solve(y, y, b_self, b_self, y_mask, y_mask)
     solves = (res, rxx, ryy)
     err = torch.stack([r.marginal_error for r in solves]).amax(0)
+    rel = torch.stack([r.relative_error for r in solves]).amax(0)
     converged = torch.stack([r.converged for r in solves]).all(0)
-    warn_unconverged(err, tol, max(r.n_iters for r in solves), "sinkhorn_divergence")
+    warn_unconverged(rel, tol, max(r.n_iters for r in solves), solver)
     value = cross - 0.5 * (wxx + wyy)
-    return DivergenceResult(value, cross, wxx, wyy, res.plan, err, converged)
+    return DivergenceResult(value, cross, wxx, wyy, res.plan, err, rel, converged)

@@ -55,8 +55,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.ot._checks import SolverInputError, check_problem
-from otviz.ot._result import DEFAULT_TOL, NotConvergedWarning, SolverResult, judge_convergence
+from otviz.ot._checks import (
+    SolverInputError,
+    check_tensors,
+    clean_problem,
+    clean_where_valid,
+    pair_mask,
+)
+from otviz.ot._result import (
+    DEFAULT_MAX_ITERS,
+    DEFAULT_TOL,
+    NotConvergedWarning,
+    SolverResult,
+    judge_convergence,
+)
 from otviz.ot.sinkhorn import NEG, _transport_cost, sinkhorn_log
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
 
@@ -94,7 +106,7 @@ def _structure_term(d1: Tensor, d2: Tensor, plan: Tensor) -> Tensor:
     return (d1 * (plan @ d2 @ plan.transpose(-1, -2))).sum((-1, -2))
 
 
-def _check_fgw(
+def _clean_fgw(
     cost: Tensor,
     a: Tensor | None,
     b: Tensor | None,
@@ -106,18 +118,25 @@ def _check_fgw(
     solver: str,
     row_mask: Tensor | None,
     col_mask: Tensor | None,
-) -> None:
-    check_problem(cost, a, b, eps, solver, row_mask, col_mask)
+) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor, Tensor]:
+    """The checks of :mod:`otviz.ot._checks` for an FGW problem; returns ``(cost, a, b, d1,
+    d2)`` with non-finite masked entries set to 0 (``d1`` is masked by ``row_mask`` on both
+    sides, ``d2`` by ``col_mask``), so none reaches a plan."""
+    check_tensors(solver, cost=cost, a=a, b=b, d1=d1, d2=d2)
+    cost, a, b = clean_problem(cost, a, b, eps, solver, row_mask, col_mask)
     bsz, n, m = cost.shape
     if tuple(d1.shape) != (bsz, n, n) or tuple(d2.shape) != (bsz, m, m):
         raise SolverInputError(
             f"{solver}: d1, d2 must be [B, N, N], [B, M, M] = {(bsz, n, n)}, {(bsz, m, m)}; "
             f"got {tuple(d1.shape)}, {tuple(d2.shape)}"
         )
+    d1 = clean_where_valid("d1", d1, pair_mask(row_mask, row_mask), solver)
+    d2 = clean_where_valid("d2", d2, pair_mask(col_mask, col_mask), solver)
     if not math.isfinite(alpha0):
         raise SolverInputError(f"{solver}: alpha0 must be finite, got {alpha0}")
     if scaling not in SCALINGS:
         raise SolverInputError(f"{solver}: unknown Gromov scaling {scaling!r}; use {SCALINGS}")
+    return cost, a, b, d1, d2
 
 
 def _row_masks(
@@ -139,7 +158,7 @@ def _row_result(
     n_iters: int,
 ) -> SolverResult:
     """Result of a row-constrained (``C(a)``) solve from its log plan."""
-    plan = torch.exp(log_plan) * rows[:, :, None].to(cost.dtype)
+    plan = _row_plan(log_plan, rows)
     err = ((plan.sum(2) - a).abs() * rows.to(cost.dtype)).sum(1)
     log_u = torch.logsumexp(log_plan, dim=2).masked_fill(~rows, -torch.inf)
     log_v = torch.zeros_like(cost[:, 0])
@@ -152,6 +171,11 @@ def _row_result(
         _transport_cost(plan, cost, rows, None),
         {"structure": _structure_term(d1, d2, plan)},
     )
+
+
+def _row_plan(log_plan: Tensor, rows: Tensor) -> Tensor:
+    """``exp(log_plan)`` on valid rows, exactly 0 on masked ones (whatever they hold)."""
+    return torch.where(rows[:, :, None], torch.exp(log_plan), 0.0)
 
 
 def _row_log_softmax(logits: Tensor, a: Tensor, cols: Tensor) -> Tensor:
@@ -184,16 +208,21 @@ def fgw_isoftmax(
         d1, d2: ``[B, N, N]``, ``[B, M, M]`` structure matrices.
         alpha0: weight of the structural (Gromov) term (Table 7's ``a1``).
         n_iters: linearisation steps (OT-CLIP Table 7: 3-5), a fixed count: the row
-            constraint holds exactly at every step, so ``marginal_error`` is rounding.
+            constraint holds exactly at every step, so ``marginal_error`` is rounding and
+            ``converged`` says only that the rows hold, not that the linearisation reached
+            a fixed point of Eq. 12 (docs/solver-contract.md).
         scaling: ``"paper"`` (Eq. 12) or ``"unit_mass"`` (module docstring).
-        row_mask, col_mask: optional validity masks.
+        row_mask, col_mask: optional validity masks (masked entries of ``cost``, ``a``,
+            ``d1``, ``d2`` may hold anything, NaN included).
     """
-    _check_fgw(cost, a, None, eps, d1, d2, alpha0, scaling, "fgw_isoftmax", row_mask, col_mask)
+    cost, a, _, d1, d2 = _clean_fgw(
+        cost, a, None, eps, d1, d2, alpha0, scaling, "fgw_isoftmax", row_mask, col_mask
+    )
     rows, cols = _row_masks(cost, row_mask, col_mask)
     a = torch.ones_like(cost[:, :, 0]) if a is None else a
     log_plan = _row_log_softmax(-cost / eps, a, cols)
     for _ in range(n_iters):
-        plan = torch.exp(log_plan) * rows[:, :, None].to(cost.dtype)
+        plan = _row_plan(log_plan, rows)
         c_l = _linearised_cost(cost, d1, d2, plan, alpha0, scaling)
         log_plan = _row_log_softmax(-c_l / eps, a, cols)
     return _row_result(log_plan, cost, a, rows, d1, d2, n_iters)
@@ -219,12 +248,14 @@ def fgw_pgd(
     ``softmax(-(l + 1) C / eps)`` and the predicted labels are the softmax ones. Arguments
     as :func:`fgw_isoftmax` (``n_iters``: Table 7's 5 steps).
     """
-    _check_fgw(cost, a, None, eps, d1, d2, alpha0, scaling, "fgw_pgd", row_mask, col_mask)
+    cost, a, _, d1, d2 = _clean_fgw(
+        cost, a, None, eps, d1, d2, alpha0, scaling, "fgw_pgd", row_mask, col_mask
+    )
     rows, cols = _row_masks(cost, row_mask, col_mask)
     a = torch.ones_like(cost[:, :, 0]) if a is None else a
     log_plan = _row_log_softmax(-cost / eps, a, cols)
     for _ in range(n_iters):
-        plan = torch.exp(log_plan) * rows[:, :, None].to(cost.dtype)
+        plan = _row_plan(log_plan, rows)
         grad = _linearised_cost(cost, d1, d2, plan, alpha0, scaling)
         log_plan = _row_log_softmax(log_plan - grad / eps, a, cols)
     return _row_result(log_plan, cost, a, rows, d1, d2, n_iters)
@@ -239,7 +270,7 @@ def fgw_sinkhorn(
     d2: Tensor,
     alpha0: float,
     n_outer: int = 3,
-    n_inner: int = 1000,
+    n_inner: int = DEFAULT_MAX_ITERS,
     tau_a: float = float("inf"),
     tau_b: float = float("inf"),
     scaling: Scaling = "paper",
@@ -260,7 +291,9 @@ def fgw_sinkhorn(
     of inner iterations and ``converged`` (one warning) for that last solve.
     """
     solver = "fgw_sinkhorn"
-    _check_fgw(cost, a, b, eps, d1, d2, alpha0, scaling, solver, row_mask, col_mask)
+    cost, a, b, d1, d2 = _clean_fgw(
+        cost, a, b, eps, d1, d2, alpha0, scaling, solver, row_mask, col_mask
+    )
     balanced = tau_a == float("inf") and tau_b == float("inf")
 
     def solve(c: Tensor) -> SolverResult:

@@ -54,8 +54,23 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from otviz.ot._checks import SolverInputError, check_eps, check_masses, check_tau
-from otviz.ot._result import DEFAULT_TOL, SolverResult, judge_convergence
+from otviz.ot._checks import (
+    SolverInputError,
+    check_batched,
+    check_eps,
+    check_tau,
+    check_tensors,
+    clean_clouds,
+    clean_masses,
+    clean_where_valid,
+)
+from otviz.ot._result import (
+    DEFAULT_MAX_ITERS,
+    DEFAULT_TOL,
+    SolverResult,
+    judge_convergence,
+    relative_error,
+)
 from otviz.ot.sinkhorn import NEG, _effective_mask, _masked_log
 from otviz.ot.unbalanced import _damping_exponent
 
@@ -358,7 +373,18 @@ class _PositiveOps:
         return self._through(self.zp, self.yp, f)
 
 
-def _check_inputs(
+@dataclass
+class _Inputs:
+    """The validated tensors of a low-rank problem, non-finite masked entries set to 0."""
+
+    z: Tensor
+    y: Tensor
+    mu: Tensor
+    nu: Tensor
+    z_scale: Tensor | None
+
+
+def _clean_inputs(
     z: Tensor,
     y: Tensor,
     anchors: Tensor,
@@ -369,31 +395,69 @@ def _check_inputs(
     tau_b: float,
     row_mask: Tensor | None,
     col_mask: Tensor | None,
-) -> None:
-    """The checks of :mod:`otviz.ot._checks` for the factored problem (no cost matrix)."""
+    z_scale: Tensor | None,
+    image_index: Tensor | None,
+    text_index: Tensor | None,
+) -> _Inputs:
+    """The checks of :mod:`otviz.ot._checks` for the factored problem (no cost matrix):
+    batched non-empty features of one width, one dtype and device, masks of their side's
+    shape, indices into the distinct sides, finite features on valid rows and finite
+    anchors, masses, ``eps`` and the taus."""
     solver = "lowrank_uot"
-    for name, x in (("z", z), ("y", y)):
-        if x.dim() != 3 or 0 in x.shape[1:]:
-            raise SolverInputError(
-                f"{solver}: {name} must be a non-empty batched [B, n, d], got {tuple(x.shape)} "
-                f"({name}[None] for one pair)"
-            )
+    check_tensors(solver, z=z, y=y, anchors=anchors, mu=mu, nu=nu, z_scale=z_scale)
+    z, y = clean_clouds(solver, ("z", "y"), z, y, row_mask, col_mask, same_batch=False,
+                        mask_names=("row_mask", "col_mask"))
     if anchors.dim() not in (2, 3) or anchors.shape[-2] == 0:
         raise SolverInputError(f"{solver}: anchors must be [r, d] or [B, r, d], r >= 1")
-    for name, x in (("z", z), ("y", y), ("anchors", anchors)):
-        if not bool(torch.isfinite(x.detach()).all()):
-            raise SolverInputError(f"{solver}: {name} holds NaN or infinite entries")
-    check_masses("mu", mu, mu.shape[0], z.shape[1], solver, _batch_mask(row_mask, mu))
-    check_masses("nu", nu, nu.shape[0], y.shape[1], solver, _batch_mask(col_mask, nu))
+    if anchors.shape[-1] != z.shape[-1]:
+        raise SolverInputError(
+            f"{solver}: anchors have width {anchors.shape[-1]}, the features {z.shape[-1]}"
+        )
+    check_batched("mu", mu, 2, "[B, N]", solver)
+    check_batched("nu", nu, 2, "[B, M]", solver)
+    pairs = mu.shape[0]
+    _check_index("image_index", image_index, pairs, z.shape[0], z.device)
+    _check_index("text_index", text_index, pairs, y.shape[0], y.device)
+    if anchors.dim() == 3 and anchors.shape[0] != pairs:
+        raise SolverInputError(
+            f"{solver}: per-pair anchors have batch {anchors.shape[0]}, the masses {pairs}"
+        )
+    if not bool(torch.isfinite(anchors.detach()).all()):
+        raise SolverInputError(f"{solver}: anchors hold NaN or infinite entries")
+    if z_scale is not None:
+        if tuple(z_scale.shape) != tuple(z.shape[:2]):
+            raise SolverInputError(
+                f"{solver}: z_scale has shape {tuple(z_scale.shape)}, z needs {tuple(z.shape[:2])}"
+            )
+        z_scale = clean_where_valid("z_scale", z_scale, row_mask, solver)
+    mu = clean_masses("mu", mu, pairs, z.shape[1], solver, _take(row_mask, image_index))
+    nu = clean_masses("nu", nu, pairs, y.shape[1], solver, _take(col_mask, text_index))
     check_eps(eps, solver)
     check_tau("tau_a", tau_a, solver)
     check_tau("tau_b", tau_b, solver)
+    return _Inputs(z, y, mu, nu, z_scale)
 
 
-def _batch_mask(mask: Tensor | None, masses: Tensor) -> Tensor | None:
-    """A side's mask when it is per pair (``[B, n]`` like the masses), else ``None`` (masks
-    of distinct images / captions are checked through the kernels)."""
-    return mask if mask is not None and mask.shape == masses.shape else None
+def _check_index(
+    name: str, index: Tensor | None, pairs: int, distinct: int, device: torch.device
+) -> None:
+    """``index`` (``None``: one side per pair, so ``distinct == pairs``) is a ``[pairs]``
+    integer tensor with entries in ``[0, distinct)``, on ``device``."""
+    side = "z" if name == "image_index" else "y"
+    if index is None:
+        if distinct != pairs:
+            raise SolverInputError(
+                f"lowrank_uot: {side} holds {distinct} problems, the masses {pairs}; pass "
+                f"{name} to pair distinct sides"
+            )
+        return
+    if index.dtype != torch.long or tuple(index.shape) != (pairs,) or index.device != device:
+        raise SolverInputError(
+            f"lowrank_uot: {name} must be a [{pairs}] long tensor on {device}, got "
+            f"{index.dtype} {tuple(index.shape)} on {index.device}"
+        )
+    if bool(((index < 0) | (index >= distinct)).any()):
+        raise SolverInputError(f"lowrank_uot: {name} must index [0, {distinct}) of {side}")
 
 
 def _take(x: Tensor | None, index: Tensor | None) -> Tensor | None:
@@ -410,7 +474,7 @@ def lowrank_uot(
     eps: float,
     tau_a: float,
     tau_b: float,
-    n_iters: int = 100,
+    n_iters: int = DEFAULT_MAX_ITERS,
     kpp_reg: float = 1e-2,
     variant: str = "faithful",
     row_mask: Tensor | None = None,
@@ -431,11 +495,13 @@ def lowrank_uot(
         mu, nu: ``[B, N]``, ``[B, M]`` positive reference masses.
         eps, tau_a, tau_b: entropic regularisation (> 0) and KL weights (>= 0) of Eq. 3.
         n_iters: maximal iterations (ConceptOT's model runs a fixed ``L = 5``, ``tol=None``).
-        tol: stop once every problem's marginal error is ``<= tol``, warn when some is not
-            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot._result`).
+        tol: stop once every problem's relative error (``marginal_error`` over the plan's
+            mass) is ``<= tol``, warn when some is not after ``n_iters``; ``None``: exactly
+            ``n_iters`` (:mod:`otviz.ot._result`).
         kpp_reg: lambda added to ``K_PP`` (App. H: 1e-2).
         variant: ``"faithful"`` or ``"positive"`` (module docstring).
-        row_mask, col_mask: optional validity masks of patches and tokens.
+        row_mask, col_mask: optional validity masks of patches and tokens, shaped like
+            ``z`` / ``y``'s first two dimensions (masked features may hold anything).
         clamp: bound of the centred log-scalings (faithful; ``None`` disables).
         floor: the ``1e-8`` of Alg. 1 lines 9 and 13 (faithful; 0 disables).
         z_scale: optional ``[B, N]`` inverse norms when ``z`` comes unnormalised (the unit
@@ -466,16 +532,23 @@ def lowrank_uot(
         see.
 
     Raises:
-        SolverInputError: non-batched or empty inputs, non-finite features, bad masses,
-            ``eps <= 0`` or a negative ``tau``.
+        SolverInputError: non-batched or empty inputs, features of different widths,
+            non-finite features on valid rows, bad masses, masks or indices, mixed dtypes
+            or devices, ``eps <= 0`` or a negative ``tau``.
     """
     if variant not in VARIANTS:
-        raise ValueError(f"unknown low-rank variant {variant!r}; known: {VARIANTS}")
-    _check_inputs(z, y, anchors, mu, nu, eps, tau_a, tau_b, row_mask, col_mask)
+        raise SolverInputError(f"lowrank_uot: unknown variant {variant!r}; known: {VARIANTS}")
+    cleaned = _clean_inputs(
+        z, y, anchors, mu, nu, eps, tau_a, tau_b, row_mask, col_mask, z_scale, image_index,
+        text_index,
+    )
+    z, y, mu, nu, z_scale = cleaned.z, cleaned.y, cleaned.mu, cleaned.nu, cleaned.z_scale
     alpha_a = _damping_exponent(tau_a, eps)
     alpha_b = _damping_exponent(tau_b, eps)
     if (image_index is not None or text_index is not None) and anchors.dim() != 2:
-        raise ValueError("per-pair anchors [B, r, d] need per-pair z and y (no index)")
+        raise SolverInputError(
+            "lowrank_uot: per-pair anchors [B, r, d] need per-pair z and y (no index)"
+        )
     row_mask, col_mask = _effective_mask(row_mask), _effective_mask(col_mask)
     zp = _AnchorKernel(z, anchors, eps, row_mask, z_scale, keep_cosine=True).take(image_index)
     yp = _AnchorKernel(y, anchors, eps, col_mask).take(text_index)  # [B, M, r]
@@ -503,7 +576,8 @@ def lowrank_uot(
         log_kb = row.log(floor)
         f_next = _hold(_centre_clamp(alpha_a * (log_mu - log_kb), row_mask, bound), row_mask)
         if tol is not None and done > 0:
-            if bool((_row_gap(row, f, alpha_a * (log_mu - log_kb), log_kb, row_mask) <= tol).all()):
+            gap, mass = _row_gap(row, f, alpha_a * (log_mu - log_kb), log_kb, row_mask)
+            if bool((relative_error(gap.detach(), mass.detach()) <= tol).all()):
                 break
         f = f_next
         col = ops.col(f)
@@ -512,7 +586,7 @@ def lowrank_uot(
     col = ops.col(f) if col is None else col  # K~^T a at the final a
     row = ops.row(g)  # K~ b at the final b
     log_kb = row.log(floor)
-    residual = _row_gap(row, f, alpha_a * (log_mu - log_kb), log_kb, row_mask)
+    residual, _ = _row_gap(row, f, alpha_a * (log_mu - log_kb), log_kb, row_mask)
 
     plan = LowRankPlan(
         zp.kernel, yp.kernel, core, col.weights, row.weights, (col.scale + row.scale).squeeze(1)
@@ -543,6 +617,7 @@ def lowrank_uot(
         factors=plan,
         score=score,
         mass=mass,
+        plan_mass=mass,
         extras={
             "patch_anchor_cosine": zp.cosine,
             "patch_anchor_affinity": zp.kernel,
@@ -556,15 +631,18 @@ def lowrank_uot(
 
 def _row_gap(
     row: _KernelProduct, f: Tensor, f_next: Tensor, log_kb_floored: Tensor, mask: Tensor | None
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     """``[B]`` ``sum_i |(P~ 1)_i - e^{f_next_i} (max(K~ b, 0)_i + floor)|``: the L1 distance
     between the plan's row marginal (``e^f K~ b``, negative where the faithful ``K~ b`` is)
     and the row marginal the (unclamped) update of Alg. 1 line 9 assigns it; 0 at the
-    fixed point when ``K~ b > 0`` and the floor is 0."""
+    fixed point when ``K~ b > 0`` and the floor is 0. Returned with the plan's mass
+    ``1^T P~ 1`` ``[B]``, the scale of its relative error."""
     rows = row.s * torch.exp(f + row.offset)
     target = torch.exp(f_next + log_kb_floored)
     gap = (rows - target).abs()
-    return (gap if mask is None else gap.masked_fill(~mask, 0.0)).sum(1)
+    if mask is not None:
+        gap, rows = gap.masked_fill(~mask, 0.0), rows.masked_fill(~mask, 0.0)
+    return gap.sum(1), rows.sum(1)
 
 
 def _shifted_similarity(

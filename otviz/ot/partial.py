@@ -4,9 +4,18 @@
     min <C, P> - eps H(P)   s.t.   P 1 <= a,   [P^T 1 <= b,]   1^T P 1 = s,
 
 solved by Dykstra's iterative Bregman projections in the log domain (Benamou et al. 2015,
-as OT-CLIP says; the same iteration as POT's ``ot.partial.entropic_partial_wasserstein``,
-which always has the column bound). OT-CLIP's selective classification uses ``a = 1`` per
-image and no column bound: ``s`` images are (softly) accepted.
+as OT-CLIP says; the same iteration as POT's ``ot.partial.entropic_partial_wasserstein``
+with ``reg = eps``, which always has the column bound: ``H(P) = -sum P (log P - 1)`` and
+POT's ``sum P log P`` differ by ``s``, a constant at fixed mass). OT-CLIP's selective
+classification uses ``a = 1`` per image and no column bound: ``s`` images are (softly)
+accepted.
+
+Convergence means optimality: after each sweep the plan ``P = K e^{f + g + h}`` meets the
+total mass exactly, and ``marginal_error`` is the fixed-point residual of the bounds
+(:func:`otviz.ot._bregman.box_update_gap`): the row (column) sums against those the next
+Dykstra projection gives them after undoing its dual ``f <= 0`` (``g <= 0``). It is 0 only
+when every bound holds and every bound with an active dual binds, so a plan that is merely
+feasible (the test this solver stopped on before) is not reported converged.
 """
 
 from __future__ import annotations
@@ -16,9 +25,15 @@ import math
 import torch
 from torch import Tensor
 
-from otviz.ot._bregman import col_box_shift, row_box_shift, total_mass_shift
-from otviz.ot._checks import check_problem, check_transported_mass
-from otviz.ot._result import DEFAULT_TOL, SolverResult, judge_convergence
+from otviz.ot._bregman import box_update_gap, col_box_shift, row_box_shift, total_mass_shift
+from otviz.ot._checks import check_transported_mass, clean_problem
+from otviz.ot._result import (
+    DEFAULT_MAX_ITERS,
+    DEFAULT_TOL,
+    SolverResult,
+    judge_convergence,
+    relative_error,
+)
 from otviz.ot.sinkhorn import _masked_log, _masked_log_kernel, _transport_cost
 
 
@@ -32,7 +47,7 @@ def partial_ot_log(
     b: Tensor | None,
     eps: float,
     mass: float | Tensor,
-    n_iters: int = 1000,
+    n_iters: int = DEFAULT_MAX_ITERS,
     tol: float | None = DEFAULT_TOL,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
@@ -43,21 +58,24 @@ def partial_ot_log(
         cost: ``[B, N, M]`` cost.
         a: ``[B, N]`` row upper bounds (``None``: ones, OT-CLIP Eq. 16's ``P 1 <= 1``).
         b: ``[B, M]`` column upper bounds (``None``: none).
-        eps: entropic regularisation (> 0).
-        mass: total transported mass ``s`` (float or ``[B]``), ``0 < s <= sum a`` (and
-            ``<= sum b``); more than is available is refused.
+        eps: entropic regularisation (> 0; POT's ``reg``).
+        mass: total transported mass ``s`` (float, 0-D or ``[B]``), ``0 < s <= sum a``
+            (and ``<= sum b``); more than is available is refused.
         n_iters: maximal Dykstra sweeps (rows, columns if bounded, total mass); the
             returned plan meets the total mass exactly.
-        tol: stop once every problem's marginal error is ``<= tol``, warn when some is not
-            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot._result`).
-        row_mask, col_mask: optional validity masks.
+        tol: stop once every problem's relative error (``marginal_error / s``) is
+            ``<= tol``, warn when some is not after ``n_iters``; ``None``: exactly
+            ``n_iters`` (:mod:`otviz.ot._result`).
+        row_mask, col_mask: optional validity masks (masked entries may hold anything).
 
     Returns:
-        :class:`SolverResult` with ``marginal_error`` = L1 excess over the row (and column)
-        bounds plus ``|1^T P 1 - s|`` (0 up to rounding) and ``cost = <C, P>``.
+        :class:`SolverResult` with ``marginal_error`` = the bounds' fixed-point residual
+        (module docstring) plus ``|1^T P 1 - s|`` (0 up to rounding), ``plan_mass = s``
+        and ``cost = <C, P>``; ``log_u`` holds ``f + h`` (row and total-mass duals over
+        eps), ``log_v`` holds ``g``.
     """
     solver = "partial_ot_log"
-    check_problem(cost, a, b, eps, solver, row_mask, col_mask)
+    cost, a, b = clean_problem(cost, a, b, eps, solver, row_mask, col_mask)
     log_k = _masked_log_kernel(cost, eps, row_mask, col_mask)
     a = torch.ones_like(cost[:, :, 0]) if a is None else a
     available = _total(a, row_mask)
@@ -75,9 +93,13 @@ def partial_ot_log(
     def log_plan() -> Tensor:
         return log_k + f[:, :, None] + g[:, None, :] + h[:, None, None]
 
-    def error(plan: Tensor) -> Tensor:
-        err = _excess(plan.sum(2), a, row_mask) + (plan.sum((1, 2)) - mass_t).abs()
-        return err if b is None else err + _excess(plan.sum(1), b, col_mask)
+    def residual(log_p: Tensor) -> Tensor:
+        log_rows = torch.logsumexp(log_p, 2)
+        err = box_update_gap(log_rows, f, None, log_a, row_mask)
+        err = err + (torch.exp(torch.logsumexp(log_rows, 1)) - mass_t).abs()
+        if log_b is None:
+            return err
+        return err + box_update_gap(torch.logsumexp(log_p, 1), g, None, log_b, col_mask)
 
     done = 0
     for _ in range(n_iters):
@@ -92,9 +114,11 @@ def partial_ot_log(
         shift = total_mass_shift(log_plan(), log_s)
         h, c_tot = h + shift, -shift
         done += 1
-        if tol is not None and bool((error(torch.exp(log_plan())) <= tol).all()):
-            break
-    plan = torch.exp(log_plan())
+        if tol is not None:
+            if bool((relative_error(residual(log_plan()).detach(), mass_t) <= tol).all()):
+                break
+    log_p = log_plan()
+    plan = torch.exp(log_p)
     log_u = f + h[:, None]
     log_v = g
     if row_mask is not None:
@@ -102,15 +126,15 @@ def partial_ot_log(
     if col_mask is not None:
         log_v = log_v.masked_fill(~col_mask, -math.inf)
     res = SolverResult(
-        plan, log_u, log_v, error(plan), done, _transport_cost(plan, cost, row_mask, col_mask)
+        plan,
+        log_u,
+        log_v,
+        residual(log_p),
+        done,
+        _transport_cost(plan, cost, row_mask, col_mask),
+        plan_mass=plan.sum((1, 2)),
     )
     return judge_convergence(res, tol, solver)
-
-
-def _excess(sums: Tensor, bound: Tensor, mask: Tensor | None) -> Tensor:
-    """``[B]`` L1 excess of ``sums`` over ``bound`` on valid entries."""
-    excess = torch.relu(sums - bound)
-    return (excess if mask is None else excess * mask.to(excess.dtype)).sum(1)
 
 
 def _total(x: Tensor, mask: Tensor | None) -> Tensor:

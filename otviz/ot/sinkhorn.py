@@ -13,8 +13,8 @@ Conventions shared by every function here:
   finite negative value :data:`NEG` there (never ``-inf`` inside the iterations, so no NaN
   reaches autograd), and the returned log-scalings are ``-inf`` there;
 * at most ``n_iters`` iterations are run (autograd goes through all of them); with ``tol``
-  the loop stops early once *every* problem in the batch is below ``tol`` and warns when
-  one is not (:mod:`otviz.ot._result`); ``tol=None`` runs exactly ``n_iters``.
+  the loop stops early once *every* problem's relative marginal error is below ``tol`` and
+  warns when one is not (:mod:`otviz.ot._result`); ``tol=None`` runs exactly ``n_iters``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from otviz.ot._checks import check_equal_mass, check_problem
-from otviz.ot._result import DEFAULT_TOL, SolverResult, judge_convergence, safe_log
+from otviz.ot._checks import check_equal_mass, clean_problem
+from otviz.ot._result import (
+    DEFAULT_MAX_ITERS,
+    DEFAULT_TOL,
+    SolverResult,
+    judge_convergence,
+    relative_error,
+    safe_log,
+)
 
 # Bias added to the log-kernel of masked pairs: exp(NEG) == 0 in float32 and float64, and
 # it stays finite so softmax-type gradients of the log-sum-exp are exactly zero there.
@@ -180,9 +187,9 @@ def _log_scaling_iterations(
         log_a, log_b: ``[B, N]``, ``[B, M]`` log target masses (any finite value where masked).
         alpha_a, alpha_b: update exponents ``tau / (tau + eps)`` (1 for a hard marginal).
         n_iters: maximal number of (f, g) update pairs.
-        tol: optional early stop once every problem's :func:`_row_update_gap` is ``<= tol``
-            (the column equation holds exactly after each g-update, so this is the
-            marginal error of :mod:`otviz.ot._result`).
+        tol: optional early stop once every problem's :func:`_row_update_gap` relative to
+            the plan's mass is ``<= tol`` (the column equation holds exactly after each
+            g-update, so this is the relative error of :mod:`otviz.ot._result`).
         row_mask, col_mask: validity masks; masked scalings are held at :data:`NEG`.
     """
     f = _hold(torch.zeros_like(log_a), row_mask)
@@ -192,7 +199,7 @@ def _log_scaling_iterations(
         log_kb = kernel.row_lse(g)
         f_next = _hold(alpha_a * (log_a - log_kb), row_mask)
         if tol is not None and done > 0:
-            if bool((_row_update_gap(f + log_kb, f_next + log_kb, row_mask) <= tol).all()):
+            if bool((_relative_row_gap(f + log_kb, f_next + log_kb, row_mask) <= tol).all()):
                 break
         f = f_next
         g = _hold(alpha_b * (log_b - kernel.col_lse(f)), col_mask)
@@ -204,6 +211,12 @@ def _row_update_gap(log_rows: Tensor, log_rows_next: Tensor, mask: Tensor | None
     """``[B]`` L1 distance ``|P 1 - P' 1|_1`` between the plan's row marginal and the one the
     next row update gives (``log`` of both; for a hard row constraint ``P' 1 = a``)."""
     return _l1(torch.exp(log_rows) - torch.exp(log_rows_next), mask)
+
+
+def _relative_row_gap(log_rows: Tensor, log_rows_next: Tensor, mask: Tensor | None) -> Tensor:
+    """``[B]`` :func:`_row_update_gap` over the plan's mass ``|P 1|_1`` (its relative error)."""
+    return relative_error(_row_update_gap(log_rows, log_rows_next, mask),
+                          _l1(torch.exp(log_rows), mask))
 
 
 def _hold(x: Tensor, mask: Tensor | None) -> Tensor:
@@ -286,6 +299,7 @@ def _in_cache_chunks(
         n_iters=max(p.n_iters for p in parts),
         cost=torch.cat([p.cost for p in parts]),
         extras={k: torch.cat([p.extras[k] for p in parts]) for k in first.extras},
+        plan_mass=torch.cat([p.plan_mass for p in parts]),
     )
 
 
@@ -294,7 +308,7 @@ def sinkhorn_log(
     a: Tensor,
     b: Tensor,
     eps: float,
-    n_iters: int = 1000,
+    n_iters: int = DEFAULT_MAX_ITERS,
     tol: float | None = DEFAULT_TOL,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
@@ -309,14 +323,16 @@ def sinkhorn_log(
             entries; masked entries are ignored).
         eps: entropic regularisation (> 0).
         n_iters: maximal iterations (each one row and one column update).
-        tol: stop once every problem's L1 marginal error is ``<= tol``; warns when some
-            problem is above it after ``n_iters``; ``None``: exactly ``n_iters`` iterations
-            (:mod:`otviz.ot._result`).
-        row_mask, col_mask: optional ``[B, N]``/``[B, M]`` bool validity masks.
+        tol: stop once every problem's relative marginal error (``|P1 - a|_1`` over the
+            plan's mass) is ``<= tol``; warns when some problem is above it after
+            ``n_iters``; ``None``: exactly ``n_iters`` iterations (:mod:`otviz.ot._result`).
+        row_mask, col_mask: optional ``[B, N]``/``[B, M]`` bool validity masks (masked
+            entries of ``cost``, ``a``, ``b`` may hold anything, NaN included).
 
     Raises:
         SolverInputError: a 2-D or empty cost, NaN/inf costs on valid pairs, negative or
-            missing masses, unequal total masses, ``eps <= 0``.
+            missing masses, unequal total masses, ``eps <= 0``, mixed dtypes or devices,
+            integer tensors, masks of the wrong shape or dtype (:mod:`otviz.ot._checks`).
 
     Returns:
         :class:`SolverResult` with the dense plan, ``log_u``/``log_v`` (``f/eps``, ``g/eps`` in
@@ -326,7 +342,7 @@ def sinkhorn_log(
         run in cache-sized sub-batches (:func:`_in_cache_chunks`; ``tol`` then applies per
         sub-batch).
     """
-    check_problem(cost, a, b, eps, "sinkhorn_log", row_mask, col_mask)
+    cost, a, b = clean_problem(cost, a, b, eps, "sinkhorn_log", row_mask, col_mask)
     check_equal_mass(a, b, "sinkhorn_log", row_mask, col_mask)
     res = _in_cache_chunks(
         _sinkhorn_log, cost, a, b, row_mask, col_mask, eps=eps, n_iters=n_iters, tol=tol
@@ -357,4 +373,6 @@ def _sinkhorn_log(
     log_u, log_v = _finalise_scalings(state, row_mask, col_mask)
     transport = _transport_cost(plan, cost, row_mask, col_mask)
     extras = {"row_marginal": rows, "col_marginal": cols}
-    return SolverResult(plan, log_u, log_v, err, state.n_iters, transport, extras)
+    return SolverResult(
+        plan, log_u, log_v, err, state.n_iters, transport, extras, plan_mass=rows.sum(1)
+    )

@@ -20,8 +20,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from otviz.ot._checks import check_problem, check_tau
-from otviz.ot._result import DEFAULT_TOL, SolverResult, judge_convergence, safe_log
+from otviz.ot._checks import check_tau, clean_problem
+from otviz.ot._result import (
+    DEFAULT_MAX_ITERS,
+    DEFAULT_TOL,
+    SolverResult,
+    judge_convergence,
+    safe_log,
+)
 from otviz.ot.sinkhorn import (
     _effective_mask,
     _finalise_scalings,
@@ -46,7 +52,7 @@ def sinkhorn_unbalanced_log(
     eps: float,
     tau_a: float,
     tau_b: float,
-    n_iters: int = 1000,
+    n_iters: int = DEFAULT_MAX_ITERS,
     tol: float | None = DEFAULT_TOL,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
@@ -60,9 +66,11 @@ def sinkhorn_unbalanced_log(
         tau_a, tau_b: KL weights (>= 0) on the row / column marginals (``float('inf')``:
             hard constraint, the balanced update on that side; 0: that side free).
         n_iters: maximal iterations (ConceptOT's model runs a fixed L = 5 with ``tol=None``).
-        tol: stop once every problem's marginal error is ``<= tol``, warn when some is not
-            after ``n_iters``; ``None``: exactly ``n_iters`` (:mod:`otviz.ot._result`).
-        row_mask, col_mask: optional ``[B, N]``/``[B, M]`` bool validity masks.
+        tol: stop once every problem's relative marginal error (``marginal_error`` below
+            over the plan's mass) is ``<= tol``, warn when some is not after ``n_iters``;
+            ``None``: exactly ``n_iters`` (:mod:`otviz.ot._result`).
+        row_mask, col_mask: optional ``[B, N]``/``[B, M]`` bool validity masks (masked
+            entries may hold anything, NaN included).
 
     Returns:
         :class:`SolverResult` with the dense plan, log-scalings (``-inf`` where masked),
@@ -76,7 +84,7 @@ def sinkhorn_unbalanced_log(
         applies per sub-batch).
     """
     solver = "sinkhorn_unbalanced_log"
-    check_problem(cost, a, b, eps, solver, row_mask, col_mask)
+    cost, a, b = clean_problem(cost, a, b, eps, solver, row_mask, col_mask)
     check_tau("tau_a", tau_a, solver)
     check_tau("tau_b", tau_b, solver)
     res = _in_cache_chunks(
@@ -136,4 +144,6 @@ def _sinkhorn_unbalanced_log(
     log_u, log_v = _finalise_scalings(state, row_mask, col_mask)
     transport = _transport_cost(plan, cost, row_mask, col_mask)
     extras = {"row_marginal": rows, "col_marginal": plan.sum(1)}
-    return SolverResult(plan, log_u, log_v, residual, state.n_iters, transport, extras)
+    return SolverResult(
+        plan, log_u, log_v, residual, state.n_iters, transport, extras, plan_mass=rows.sum(1)
+    )

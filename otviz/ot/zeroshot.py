@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from otviz.ot._checks import SolverInputError, check_tensors
 from otviz.ot._result import DEFAULT_TOL
 from otviz.ot.fgw import Scaling, Structure, fgw_isoftmax, fgw_pgd, fgw_sinkhorn, structure_matrix
 from otviz.ot.partial import partial_ot_log
@@ -47,7 +48,14 @@ class Prediction:
 
 
 def _cost(image_emb: Tensor, class_emb: Tensor) -> Tensor:
-    """``[1, n, K]`` cosine cost."""
+    """``[1, n, K]`` cosine cost of one set of embeddings ``[n, d]`` and ``[K, d]`` (one
+    floating dtype and device, one width; refused with :class:`SolverInputError`)."""
+    check_tensors("zero-shot", image_emb=image_emb, class_emb=class_emb)
+    if image_emb.dim() != 2 or class_emb.dim() != 2 or image_emb.shape[1] != class_emb.shape[1]:
+        raise SolverInputError(
+            f"zero-shot: image_emb and class_emb must be [n, d] and [K, d] of one width, got "
+            f"{tuple(image_emb.shape)} and {tuple(class_emb.shape)}"
+        )
     return (1.0 - F.normalize(image_emb, dim=-1) @ F.normalize(class_emb, dim=-1).T)[None]
 
 

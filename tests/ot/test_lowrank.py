@@ -356,3 +356,27 @@ def test_unnormalised_patches_with_scale_equal_normalised() -> None:
     raw = lowrank_uot(z * norms, y, anchors, mu, nu, 0.3, 0.2, 0.2, z_scale=1 / norms[..., 0])
     assert torch.allclose(unit.factors.dense(), raw.factors.dense())
     assert torch.allclose(unit.score, raw.score)
+
+
+def test_tiny_mass_is_judged_relative_to_the_mass() -> None:
+    """Anchors on the tokens make the Nystrom kernel the dense one, so the plan is POT's
+    unbalanced plan (reg_m = (tau_a, tau_b), entropy). At masses of 1e-6 the relative test
+    iterates to it; the former absolute one stopped after one iteration."""
+    import warnings
+
+    import numpy as np
+    import ot as pot
+
+    z, y, mu, nu = _data(40, b=1)
+    mu, nu = mu * 1e-6, nu * 1e-6
+    res = lowrank.lowrank_uot(z, y, y[0], mu, nu, 0.1, 0.3, 0.5, kpp_reg=1e-12, clamp=None,
+                              floor=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = pot.unbalanced.sinkhorn_unbalanced(
+            mu[0].numpy(), nu[0].numpy(), (1 - z[0] @ y[0].T).numpy(), 0.1, (0.3, 0.5),
+            reg_type="entropy", numItermax=100_000, stopThr=1e-15,
+        )
+    assert bool(res.converged[0]) and res.n_iters > 5
+    plan = res.factors.dense()[0].numpy()
+    assert np.abs(plan - ref).max() <= 1e-3 * ref.max()

@@ -1,13 +1,15 @@
 """Constraint-relaxed entropic OT: partial OT (OT-CLIP Eq. 16) and DBOT (Eq. 8) against POT,
 their limits and optimality conditions, and selective classification (Sec. 4.3)."""
 
+import warnings
+
 import numpy as np
 import ot
 import pytest
 import torch
 import torch.nn.functional as F
 
-from otviz.ot._result import DEFAULT_TOL
+from otviz.ot._result import DEFAULT_TOL, NotConvergedWarning
 from otviz.ot.dbot import dbot_log
 from otviz.ot.partial import partial_ot_log
 from otviz.ot.sinkhorn import sinkhorn_log
@@ -181,8 +183,8 @@ def test_selective_uot_closed_form_and_outlier_rejection():
     part = selective_predict(imgs, cls, rate=0.8, method="partial", eps=eps)
     assert not bool(part.accepted[-1])
     assert float(part.scores.sum()) == pytest.approx(round(0.8 * 13))
-    # P 1 <= 1 up to the reported L1 gap, itself within the library tolerance
-    assert float(part.marginal_error) <= DEFAULT_TOL
+    # P 1 <= 1 up to the reported L1 gap, itself within the library's relative tolerance
+    assert float(part.marginal_error) <= DEFAULT_TOL * round(0.8 * 13)
     assert bool((part.scores.sum(1) <= 1 + part.marginal_error).all())
 
 
@@ -191,3 +193,39 @@ def test_selective_uot_large_tau_is_softmax():
     pred = selective_predict(imgs, cls, rate=1.0, method="uot", eps=0.05, tau=1e9)
     cost = 1.0 - F.normalize(imgs, dim=-1) @ cls.T
     assert torch.allclose(pred.scores, torch.softmax(-cost / 0.05, 1), atol=1e-6)
+
+
+def _random_partial(rng: np.random.Generator):
+    n, m = (int(k) for k in rng.integers(2, 12, 2))
+    eps = float(rng.choice([0.01, 0.03, 0.1, 0.5]))
+    a, b = rng.uniform(0.05, 1, n), rng.uniform(0.05, 1, m)
+    if rng.random() < 0.5:
+        a, b = a / a.sum(), b / b.sum()
+    mass = float(rng.uniform(0.1, 0.95) * min(a.sum(), b.sum()))
+    return rng.uniform(0, 1, (n, m)), a, b, eps, mass
+
+
+def test_partial_converged_means_pots_optimum_on_a_random_sweep():
+    """Seeded random problems (sizes 2-11, masses, eps 0.01-0.5) at the defaults: a plan
+    reported converged is POT's within 10 tol of its largest entry; the others warn. Under
+    the former feasibility test 26 of these 48 were reported converged and up to 109 % off
+    (one sweep often made the plan feasible, not optimal)."""
+    rng = np.random.default_rng(0)
+    converged = 0
+    for _ in range(48):
+        c, a, b, eps, mass = _random_partial(rng)
+        ref = ot.partial.entropic_partial_wasserstein(
+            a, b, c, reg=eps, m=mass, numItermax=100_000, stopThr=1e-14
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = partial_ot_log(torch.tensor(c)[None], torch.tensor(a)[None],
+                                 torch.tensor(b)[None], eps, mass)
+        off = np.abs(res.plan[0].numpy() - ref).max() / ref.max()
+        if bool(res.converged[0]):
+            converged += 1
+            assert off <= 10 * DEFAULT_TOL, (eps, mass, off)
+            assert float(res.relative_error[0]) <= DEFAULT_TOL
+        else:
+            assert any(issubclass(w.category, NotConvergedWarning) for w in caught)
+    assert converged >= 40
