@@ -29,7 +29,8 @@ Nothing is downloaded and every model is randomly initialised. The columns
   median of 3 after one warm-up.
 
 Usage: ``python benchmarks/open_clip_coverage.py [--models RN50 ViT-B-16 ...] [--no-views]
-[--no-timing]``; writes ``benchmarks/open_clip_coverage.json`` and ``.md``.
+[--no-timing] [--merge]``; writes ``benchmarks/open_clip_coverage.json`` and ``.md``
+(``--merge``: only the named models' rows are replaced in them).
 """
 
 from __future__ import annotations
@@ -366,11 +367,18 @@ def main() -> None:
     parser.add_argument("--no-views", action="store_true")
     parser.add_argument("--no-timing", action="store_true")
     parser.add_argument("--out", default=str(OUT), help="path without suffix")
+    parser.add_argument("--merge", action="store_true",
+                        help="update these models' rows (and the timing, if run) in the "
+                             "existing output instead of replacing it")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    result = run(args.models, not args.no_views, not args.no_timing)
-    result["summary"] = summary(result)
     out = Path(args.out)
+    result = run(args.models, not args.no_views, not args.no_timing)
+    if args.merge and out.with_suffix(".json").exists():
+        old = json.loads(out.with_suffix(".json").read_text())
+        result["models"] = dict(sorted({**old["models"], **result["models"]}.items()))
+        result["encoding_cost"] = result["encoding_cost"] or old["encoding_cost"]
+    result["summary"] = summary(result)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(result))
     print(json.dumps(result["summary"]))

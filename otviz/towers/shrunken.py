@@ -203,8 +203,9 @@ def shrunken_config(cfg: dict[str, Any], hf_dir: Path) -> dict[str, Any]:
         text["hf_model_name"] = str(local_hf_text_config(
             hf_dir, text["hf_model_name"], tok.pad_token_id, len(tok)))
         text["hf_model_pretrained"] = False
-    else:
-        text.update(width=WIDTH, heads=HEADS, layers=1)
+    else:  # without a projection (SigLIP i18n) the text width is the embedding dimension
+        text.update(width=EMBED_DIM if text.get("proj_type") == "none" else WIDTH,
+                    heads=HEADS, layers=1)
         if text.get("hf_tokenizer_name"):
             from transformers import AutoTokenizer
 
