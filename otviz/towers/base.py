@@ -10,7 +10,7 @@ class (:func:`image_tower`, :func:`text_tower`), so no caller branches on the fa
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -25,14 +25,10 @@ class BackboneLoadError(UserInputError, RuntimeError):
 class ImageTower:
     """Adapter of one image-tower family (``model.visual``).
 
-    Subclasses set :attr:`family` and implement :meth:`encode` and :meth:`project`; the
-    grid and dimensions default to one forward pass on a blank image at the tower's
-    native size, which subclasses replace where the tower states them.
+    Subclasses implement :meth:`encode` and :meth:`project`; the grid and dimensions
+    default to one forward pass on a blank image at the tower's native size, which
+    subclasses replace where the tower states them.
     """
-
-    family: ClassVar[str] = ""
-    #: How training-free (projected) patch tokens are made, for the docs and the coverage table.
-    projection: ClassVar[str] = ""
 
     def __init__(self, visual: nn.Module) -> None:
         self.visual = visual
@@ -88,8 +84,6 @@ class ImageTower:
 class TextTower:
     """Adapter of one text-tower family (``model.text``, or the ``CLIP`` model itself whose
     text tower lives on the model)."""
-
-    family: ClassVar[str] = ""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model

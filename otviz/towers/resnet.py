@@ -20,9 +20,6 @@ from otviz.towers.base import ImageTower, register_image_tower
 
 @register_image_tower(ModifiedResNet)
 class ResNetTower(ImageTower):
-    family = "ModifiedResNet"
-    projection = "attention pool's value and output projections per position (MaskCLIP)"
-
     @property
     def grid(self) -> tuple[int, int]:
         side = int(self.visual.attnpool.positional_embedding.shape[0] - 1) ** 0.5

@@ -22,7 +22,6 @@ from otviz.towers.base import TextTower, register_text_tower
 class OpenClipText(TextTower):
     """open_clip's TextTransformer, at ``model.text`` or spread over a ``CLIP`` model."""
 
-    family = "open_clip transformer"
 
     @property
     def _tower(self) -> nn.Module:
@@ -54,7 +53,6 @@ class OpenClipText(TextTower):
 class HuggingFaceText(TextTower):
     """open_clip's ``HFTextEncoder`` (BERT, RoBERTa, XLM-R, mT5 / NLLB encoders, ...)."""
 
-    family = "Hugging Face encoder"
 
     def encode(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         text = self.model.text

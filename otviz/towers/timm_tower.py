@@ -24,9 +24,6 @@ from otviz.towers.base import ImageTower, register_image_tower
 
 @register_image_tower(TimmModel)
 class TimmTower(ImageTower):
-    family = "timm"
-    projection = "the tower's head (trunk forward_head + adapter head) on each position alone"
-
     @property
     def image_size(self) -> tuple[int, int]:
         return tuple(self.visual.image_size)  # type: ignore[return-value]

@@ -34,9 +34,6 @@ def _through_pooler(pooler: AttentionalPooler, x: Tensor) -> Tensor:
 
 @register_image_tower(VisionTransformer)
 class VitTower(ImageTower):
-    family = "open_clip ViT"
-    projection = "ln_post tokens @ proj (attention-pooled: the pooler's value/output path first)"
-
     @property
     def grid(self) -> tuple[int, int]:
         return tuple(self.visual.grid_size)  # type: ignore[return-value]
