@@ -1,5 +1,6 @@
 """Hugging Face Space readiness: requirements.txt (what a Space installs) carries every
-dependency of pyproject.toml and its ``hf`` extra, with CPU-only torch, and app.py is a thin entry point."""
+dependency of pyproject.toml and its ``hf`` extra, with CPU-only torch, and app.py is a thin
+entry point."""
 
 from __future__ import annotations
 
