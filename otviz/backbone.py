@@ -49,10 +49,6 @@ Space = Literal["width", "projected"]
 ImageInput = Image.Image | np.ndarray | str | os.PathLike | bytes
 
 
-__all__ = ["Backbone", "BackboneLoadError", "CaptionTooLongError", "ImageInputError",
-           "TokenFeatures", "to_rgb"]
-
-
 class ImageInputError(UserInputError, ValueError):
     """An input is not a usable image."""
 
