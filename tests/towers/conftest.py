@@ -13,6 +13,7 @@ FAMILIES: dict[str, str] = {
     "vit-attnpool-coca": "coca_ViT-B-32",
     "resnet": "RN50",
     "timm-siglip-map": "ViT-B-16-SigLIP",
+    "timm-siglip-i18n-no-text-proj": "ViT-SO400M-16-SigLIP-i18n-256",
     "timm-eva02": "EVA02-B-16",
     "timm-convnext": "convnext_base",
     "timm-fastvit-mobileclip2": "MobileCLIP2-S0",
