@@ -1,18 +1,20 @@
 """Any open_clip model -> per-patch and per-token features with their caption words.
 
-:class:`Backbone` wraps an open_clip CLIP (``CLIP`` or ``CustomTextCLIP`` with a ViT image
-tower and a transformer text tower) and returns, for a batch of images and captions, a
-:class:`TokenFeatures`: patch tokens (CLS dropped) on their grid, text tokens with a validity
-mask, each token's caption word, and the pooled global embeddings. Two feature spaces:
+:class:`Backbone` wraps an open_clip model (``CLIP``, ``CustomTextCLIP``, ``CoCa``) and
+returns, for a batch of images and captions, a :class:`TokenFeatures`: patch tokens on
+their grid, text tokens with a validity mask, each token's caption word, and the pooled
+global embeddings. Two feature spaces:
 
-* ``space="width"``: the raw transformer outputs after the final LayerNorm (``ln_post`` /
-  ``ln_final``), what a trained method projects with its own W_v / W_t (ConceptOT Sec. 2.1);
-* ``space="projected"``: the same tokens through the model's own projections
-  (``visual.proj`` / ``text_projection``), the shared embedding space, for training-free use.
+* ``space="width"``: the towers' last spatial / per-token features after their final norm,
+  what a trained method projects with its own W_v / W_t (ConceptOT Sec. 2.1);
+* ``space="projected"``: the same positions through the towers' own projections into the
+  shared embedding space, for training-free use.
 
-The features come from open_clip's ``forward_intermediates`` (last block, final norm
-applied), which is the same as ``output_tokens=True`` on both towers and works for the
-standard ``CLIP`` class too, whose text tower has no ``output_tokens`` switch.
+What each tower family does for both lives in one adapter per family
+(:mod:`otviz.towers`: open_clip ViTs however pooled, ModifiedResNet, timm towers; open_clip
+and Hugging Face text towers), looked up once by the tower's class; the token -> word map
+comes from the model's tokenizer (:func:`otviz.text.tokenizers.word_tokenizer`: open_clip
+BPE or a Hugging Face tokenizer's offsets).
 
 Two ways to get one: :meth:`Backbone.from_checkpoint` (the embedded tiny CLIP, offline) and
 :meth:`Backbone.from_pretrained` (any open_clip name + pretrained tag or local weight file).
@@ -30,7 +32,6 @@ from typing import Any, Literal
 
 import numpy as np
 import open_clip
-import open_clip.transformer
 import torch
 from open_clip.tokenizer import SimpleTokenizer
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -38,16 +39,14 @@ from torch import Tensor, nn
 
 from otviz.errors import UserInputError
 from otviz.methods.base import PairBatch
-from otviz.text.tokens import TokenBatch, TokenizationError, WordTokenizer
+from otviz.text.tokenizers import word_tokenizer
+from otviz.text.tokens import TokenBatch, TokenizationError
 from otviz.text.words import Word
 from otviz.tiny_clip import DEFAULT_CHECKPOINT, load_tiny_clip
+from otviz.towers import BackboneLoadError, image_tower, text_tower
 
 Space = Literal["width", "projected"]
 ImageInput = Image.Image | np.ndarray | str | os.PathLike | bytes
-
-
-class BackboneLoadError(UserInputError, RuntimeError):
-    """A backbone could not be built (unknown name, weights unreachable, unsupported tower)."""
 
 
 class ImageInputError(UserInputError, ValueError):
@@ -67,7 +66,7 @@ class TokenFeatures:
     """Backbone features of B (image, caption) pairs.
 
     Attributes:
-        patches: ``[B, N, Dv]`` patch tokens (CLS dropped), row-major on ``grid``.
+        patches: ``[B, N, Dv]`` patch tokens (prefix tokens dropped), row-major on ``grid``.
         grid: ``(H, W)`` patch grid, ``H * W == N``.
         tokens: ``[B, L, Dt]`` text token features at every context position.
         token_mask: ``[B, L]`` bool, True for content tokens (no SOT/EOT/padding).
@@ -123,8 +122,10 @@ class Backbone:
     """Features of an open_clip model, per patch and per caption token.
 
     Args:
-        model: an open_clip ``CLIP`` / ``CustomTextCLIP`` with a ViT image tower.
-        tokenizer: the model's open_clip ``SimpleTokenizer``.
+        model: an open_clip ``CLIP`` / ``CustomTextCLIP`` / ``CoCa`` whose towers have an
+            adapter in :mod:`otviz.towers` (else :class:`BackboneLoadError`).
+        tokenizer: the model's open_clip tokenizer (BPE ``SimpleTokenizer`` or
+            ``HFTokenizer``).
         preprocess: the model's eval image transform (PIL RGB -> ``[3, H, W]`` tensor).
         space: ``"width"`` or ``"projected"`` (see the module docstring).
         name: a label for the UI / reports.
@@ -134,7 +135,7 @@ class Backbone:
     def __init__(
         self,
         model: nn.Module,
-        tokenizer: SimpleTokenizer,
+        tokenizer: object,
         preprocess: Callable[[Image.Image], Tensor],
         space: Space = "width",
         name: str = "",
@@ -142,9 +143,14 @@ class Backbone:
     ) -> None:
         if space not in ("width", "projected"):
             raise ValueError(f"space must be 'width' or 'projected', got {space!r}")
-        _check_supported(model)
         self.model = model.eval()
-        self.words = WordTokenizer(tokenizer, context_length=model.context_length)
+        self.image_tower = image_tower(model)
+        self.text_tower = text_tower(model)
+        context = getattr(tokenizer, "context_length", None) or model.context_length
+        try:
+            self.words = word_tokenizer(tokenizer, context_length=context)
+        except TypeError as e:
+            raise BackboneLoadError(str(e)) from e
         self.preprocess = preprocess
         self.space = space
         self.name = name
@@ -171,7 +177,8 @@ class Backbone:
         cache_dir: str | None = None,
     ) -> Backbone:
         """Any open_clip architecture ``name`` with weights ``pretrained`` (a tag such as
-        ``"openai"``, a local weight file, or ``None`` for random initialisation).
+        ``"openai"``, a local weight file, or ``None`` for random initialisation of both
+        towers: no base weights are fetched for a Hugging Face text tower either).
 
         Raises :class:`BackboneLoadError` with what to do when the name is unknown or the
         weights cannot be fetched.
@@ -182,15 +189,10 @@ class Backbone:
             )
         try:
             model = open_clip.create_model(name, pretrained=pretrained, device=device,
-                                           cache_dir=cache_dir)
+                                           cache_dir=cache_dir, pretrained_text=False)
             tokenizer = open_clip.get_tokenizer(name, cache_dir=cache_dir)
         except Exception as e:  # open_clip wraps hub / network errors in RuntimeError
             raise BackboneLoadError(_load_advice(name, pretrained, e)) from e
-        if not isinstance(tokenizer, SimpleTokenizer):
-            raise BackboneLoadError(
-                f"{name} uses {type(tokenizer).__name__}; otviz maps tokens to words only "
-                "for open_clip's BPE SimpleTokenizer (CLIP-family models)"
-            )
         info = {"model_name": name, "pretrained": pretrained}
         return cls(model, tokenizer, _eval_transform(model), space, name, info)
 
@@ -201,7 +203,7 @@ class Backbone:
 
     @property
     def grid(self) -> tuple[int, int]:
-        return tuple(self.model.visual.grid_size)  # type: ignore[return-value]
+        return self.image_tower.grid
 
     @property
     def context_length(self) -> int:
@@ -209,18 +211,22 @@ class Backbone:
 
     @property
     def embed_dim(self) -> int:
-        return int(self.model.visual.output_dim)
+        return self.image_tower.embed_dim
 
     @property
     def patch_dim(self) -> int:
         """Dv of :attr:`TokenFeatures.patches` in this backbone's space."""
-        width = self.model.visual.conv1.out_channels
-        return self.embed_dim if self.space == "projected" else int(width)
+        return self.embed_dim if self.space == "projected" else self.image_tower.width
 
     @property
     def token_dim(self) -> int:
         """Dt of :attr:`TokenFeatures.tokens` in this backbone's space."""
-        return self.embed_dim if self.space == "projected" else int(_text_width(self.model))
+        return self.embed_dim if self.space == "projected" else self.text_tower.width
+
+    @property
+    def token_embeddings(self) -> Tensor:
+        """``[vocab, width]``: the text tower's input token-embedding table."""
+        return self.text_tower.token_embeddings
 
     # ----------------------------------------------------------------- features
     def image_tensor(self, images: list[ImageInput]) -> Tensor:
@@ -273,21 +279,16 @@ class Backbone:
     def forward_tensors(self, pixels: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(patches [B,N,Dv], tokens [B,L,Dt], image_global [B,E], text_global [B,E])`` for
         preprocessed pixels and token ids (differentiable; no ``no_grad`` here)."""
-        out = self.model.forward_intermediates(
-            image=pixels,
-            text=ids.to(pixels.device),
-            image_indices=1,
-            text_indices=1,
-            normalize=False,
-            normalize_intermediates=True,
-            image_output_fmt="NLC",
-        )
-        patches = out["image_intermediates"][-1]
-        tokens = out["text_intermediates"][-1]
+        patches, image_global = self.image_tower.encode(pixels)
+        tokens, text_global = self.text_tower.encode(ids.to(pixels.device))
         if self.space == "projected":
-            patches = _project(patches, self.model.visual.proj)
-            tokens = _project(tokens, _text_projection(self.model))
-        return patches, tokens, out["image_features"], out["text_features"]
+            patches = self.image_tower.project(patches)
+            tokens = self.text_tower.project(tokens)
+        return patches, tokens, image_global, text_global
+
+    def stem(self, pixels: Tensor) -> Tensor:
+        """``[B, N', C]``: the image tower's first convolution on preprocessed pixels."""
+        return self.image_tower.stem(pixels)
 
     def pair_batch(self, features: TokenFeatures) -> PairBatch:
         """:meth:`TokenFeatures.pair_batch` (kept here so callers need only the backbone)."""
@@ -301,8 +302,8 @@ class Backbone:
         if space != "projected":
             raise ValueError("projected features cannot be mapped back to the width space")
         with torch.no_grad():
-            patches = _project(features.patches, self.model.visual.proj)
-            tokens = _project(features.tokens, _text_projection(self.model))
+            patches = self.image_tower.project(features.patches)
+            tokens = self.text_tower.project(features.tokens)
         return dataclasses.replace(features, patches=patches, tokens=tokens, space="projected")
 
     @torch.no_grad()
@@ -310,12 +311,9 @@ class Backbone:
         """Token features of captions alone: ``(tokens [B, L, Dt], token_mask [B, L])`` in
         ``space`` (default: the backbone's own)."""
         text = self.words(list(captions))
-        out = self.model.forward_intermediates(
-            text=text.ids.to(self.device), text_indices=1, normalize_intermediates=True
-        )
-        tokens = out["text_intermediates"][-1]
+        tokens, _ = self.text_tower.encode(text.ids.to(self.device))
         if (space or self.space) == "projected":
-            tokens = _project(tokens, _text_projection(self.model))
+            tokens = self.text_tower.project(tokens)
         return tokens, text.mask.to(tokens.device)
 
 
@@ -386,41 +384,6 @@ def _eval_transform(model: nn.Module) -> Callable[[Image.Image], Tensor]:
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
     return image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), is_train=False)
-
-
-def _check_supported(model: nn.Module) -> None:
-    visual = getattr(model, "visual", None)
-    if not isinstance(visual, open_clip.transformer.VisionTransformer):
-        raise BackboneLoadError(
-            f"otviz needs a ViT image tower (patch tokens); got {type(visual).__name__}"
-        )
-    if visual.attn_pool is not None or visual.pool_type not in ("tok", "avg"):
-        raise BackboneLoadError(
-            "otviz supports ViT towers pooled by their class token or by patch averaging"
-        )
-    text = getattr(model, "text", model)
-    if not hasattr(text, "forward_intermediates") and not hasattr(model, "transformer"):
-        raise BackboneLoadError(f"text tower {type(text).__name__} gives no per-token features")
-
-
-def _text_width(model: nn.Module) -> int:
-    text = getattr(model, "text", None)
-    if text is not None:
-        return int(text.width)
-    return int(model.transformer.width)
-
-
-def _text_projection(model: nn.Module) -> Tensor | nn.Module | None:
-    text = getattr(model, "text", None)
-    return text.text_projection if text is not None else model.text_projection
-
-
-def _project(x: Tensor, proj: Tensor | nn.Module | None) -> Tensor:
-    if proj is None:
-        return x
-    if isinstance(proj, nn.Module):
-        return proj(x)
-    return x @ proj
 
 
 def _load_advice(name: str, pretrained: str | None, error: Exception) -> str:

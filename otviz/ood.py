@@ -88,8 +88,7 @@ class WorldDistance:
 def patch_embeddings(backbone: Backbone, images: list[ImageInput]) -> Tensor:
     """``[B, N, C]``: the first layer of the backbone's image tower on each patch."""
     with torch.no_grad():
-        grid = backbone.model.visual.conv1(backbone.image_tensor(images))
-    return grid.flatten(2).transpose(1, 2).float().cpu()
+        return backbone.stem(backbone.image_tensor(images)).float().cpu()
 
 
 def photo_crops(seed: int = 0) -> list[Image.Image]:

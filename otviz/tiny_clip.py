@@ -17,8 +17,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +124,33 @@ def create_tiny_clip(cfg: dict[str, Any] | None = None, seed: int | None = None)
     return open_clip.create_model(name, pretrained=None)
 
 
+class _DropNotice(logging.Filter):
+    """Drops one exact log message."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != self.message
+
+
+@contextmanager
+def random_init_notice_silenced(name: str) -> Iterator[None]:
+    """Silence open_clip's "No pretrained weights loaded for model '<name>'. Model
+    initialized randomly." while building ``name`` whose weights are loaded right after
+    (any other record, that model's other warnings included, still goes through)."""
+    notice = _DropNotice(
+        f"No pretrained weights loaded for model '{name}'. Model initialized randomly."
+    )
+    root = logging.getLogger()  # open_clip logs through the root logger
+    root.addFilter(notice)
+    try:
+        yield
+    finally:
+        root.removeFilter(notice)
+
+
 def restrict_token_rows(model: nn.Module, used_ids: Tensor) -> None:
     """Set the token-embedding rows of every id not in ``used_ids`` to exactly zero."""
     weight = model.text.token_embedding.weight
@@ -186,7 +216,8 @@ def load_tiny_clip(
     if not isinstance(cfg, dict) or not {"vision_cfg", "text_cfg", "embed_dim"} <= set(cfg):
         raise CheckpointError(f"checkpoint {path} has no valid 'model_cfg'")
     try:
-        model = create_tiny_clip(cfg)
+        with random_init_notice_silenced(register_tiny_clip(cfg)):
+            model = create_tiny_clip(cfg)
     except (TypeError, ValueError, KeyError, AssertionError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint {path}: cannot build its model config: {e}") from e
     load_state_dict_strict(model, unpack_state_dict(tensors, cfg))

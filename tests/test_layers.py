@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("text",),
     ("world",),
     ("checkpoints",),
-    ("tiny_clip", "backbone"),
+    ("tiny_clip", "towers", "backbone"),
     ("data", "suite", "grounding", "ood", "bench"),
     ("explain",),
     ("train",),

@@ -1,5 +1,6 @@
 """Hugging Face Space readiness: requirements.txt (what a Space installs) carries every
-dependency of pyproject.toml, with CPU-only torch, and app.py is a thin entry point."""
+dependency of pyproject.toml and its ``hf`` extra, with CPU-only torch, and app.py is a thin
+entry point."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def test_requirements_cover_the_package_dependencies():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     lines = [line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
     requirements = [line for line in lines if line and not line.startswith(("#", "-"))]
-    assert {_name(r) for r in requirements} == {_name(d) for d in project["dependencies"]}
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["hf"]]  # SigLIP's
+    assert {_name(r) for r in requirements} == {_name(d) for d in wanted}
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in lines
     pins = re.search(r"^TORCH_PINS \?= (.+)$", (ROOT / "Makefile").read_text(), re.M)
     assert set(pins.group(1).split()) <= set(requirements)  # torch pinned as `make` does

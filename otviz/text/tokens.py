@@ -139,12 +139,7 @@ class WordTokenizer:
         if not ids:
             raise TokenizationError(f"caption {caption!r} has no tokens after cleaning")
         compact = "".join(cleaned.split())
-        char_word, char_pos = _align_chars(compact, words, tok.clean_fn)
-        token_words, token_spans = [], []
-        for a, b in char_ranges:
-            votes = Counter(char_word[a:b])
-            token_words.append(max(votes, key=lambda w: (votes[w], -char_word[a:b].index(w))))
-            token_spans.append((char_pos[a][0], char_pos[b - 1][1]))
+        token_words, token_spans = words_of_ranges(char_ranges, compact, words, tok.clean_fn)
         n_kept = min(len(ids), self.max_content_tokens)
         return CaptionTokens(caption, words, ids, token_words, token_spans, n_kept)
 
@@ -179,6 +174,29 @@ class WordTokenizer:
             ranges.append((byte_char[pos], byte_char[pos + n - 1] + 1))
             pos += n
         return ids, ranges
+
+
+def words_of_ranges(
+    char_ranges: list[tuple[int, int]], compact: str, words: list[Word], clean_fn
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """``(token_words, token_spans)``: the caption word and caption character span of each
+    token, given each token's character range ``[a, b)`` in the cleaned, whitespace-free
+    caption ``compact``. A token's word is the word of the majority of its characters
+    (first on ties); a token with no character (``a == b``, e.g. a lone SentencePiece
+    space marker) takes the word of the character that follows it, or none at the end."""
+    char_word, char_pos = _align_chars(compact, words, clean_fn)
+    token_words, token_spans = [], []
+    for a, b in char_ranges:
+        if a >= b:
+            nxt = min(a, len(compact) - 1)
+            known = a < len(compact) and nxt >= 0
+            token_words.append(char_word[nxt] if known else -1)
+            token_spans.append(char_pos[nxt] if known else (0, 0))
+            continue
+        votes = Counter(char_word[a:b])
+        token_words.append(max(votes, key=lambda w: (votes[w], -char_word[a:b].index(w))))
+        token_spans.append((char_pos[a][0], char_pos[b - 1][1]))
+    return token_words, token_spans
 
 
 def _align_chars(

@@ -100,8 +100,7 @@ def untrained_words(backbone: Backbone, words: list[str]) -> list[str]:
     """Words with a BPE token whose embedding row is all zero: the embedded tiny CLIP
     trains only the rows its world uses and leaves the rest at zero, so such a word's
     affinity says nothing (a real CLIP has no zero rows)."""
-    model = backbone.model
-    table = getattr(model, "text", model).token_embedding.weight
+    table = backbone.token_embeddings
     text = backbone.words(words)
     out = []
     for w, ids, mask in zip(words, text.ids, text.mask, strict=True):

@@ -40,8 +40,26 @@ NOTICE_CACHE = 256
 SEPARATOR = " · "
 #: Where shipped method heads live: ``<root>/<method>/`` (or ``<root>/<method>/head/``).
 HEADS_ROOT = DEFAULT_CHECKPOINT.parent / "heads"
-#: Real CLIPs offered where their weights can be downloaded (open_clip name, pretrained tag).
-REMOTE_MODELS: list[tuple[str, str]] = [("ViT-B-16", "openai"), ("ViT-B-32", "openai")]
+#: Real CLIPs offered where their weights can be downloaded (open_clip name, pretrained tag):
+#: the papers' backbones (ConceptOT: ViT-B-16; OT-CLIP: RN50) and popular families.
+REMOTE_MODELS: list[tuple[str, str]] = [
+    ("ViT-B-16", "openai"),
+    ("RN50", "openai"),
+    ("ViT-B-16-SigLIP", "webli"),
+    ("EVA02-B-16", "merged2b_s8b_b131k"),
+    ("convnext_base_w", "laion2b_s13b_b82k"),
+    ("ViT-B-32", "openai"),
+]
+#: What the picker adds to a real CLIP's label: whose backbone it is and its fp32 weights
+#: (parameters counted on open_clip's architecture, 4 bytes each), downloaded at first pick.
+REMOTE_NOTES: dict[tuple[str, str], str] = {
+    ("ViT-B-16", "openai"): "ConceptOT's backbone; 150 M parameters, 0.56 GB",
+    ("RN50", "openai"): "OT-CLIP's backbone; 102 M parameters, 0.38 GB",
+    ("ViT-B-16-SigLIP", "webli"): "SigLIP; 203 M parameters, 0.76 GB",
+    ("EVA02-B-16", "merged2b_s8b_b131k"): "EVA02; 150 M parameters, 0.56 GB",
+    ("convnext_base_w", "laion2b_s13b_b82k"): "ConvNeXt; 179 M parameters, 0.67 GB",
+    ("ViT-B-32", "openai"): "151 M parameters, 0.56 GB",
+}
 #: ``OTVIZ_REMOTE_MODELS="ViT-B-16/openai,ViT-L-14/openai"`` overrides the list ("": none).
 REMOTE_ENV = "OTVIZ_REMOTE_MODELS"
 # Captions whose token embeddings seed training-free ConceptOT anchors: on the tiny model
@@ -187,9 +205,10 @@ class AppContext:
         choices = [BackboneChoice(EMBEDDED, Backbone.from_checkpoint, WORLD_FIT_CAPTIONS,
                                   knows_only_world=True)]
         for name, tag in remote or []:
+            note = REMOTE_NOTES.get((name, tag))
             choices.append(
                 BackboneChoice(
-                    f"{name} / {tag}",
+                    f"{name} / {tag}" + (f" ({note}; downloaded at first pick)" if note else ""),
                     lambda n=name, t=tag: Backbone.from_pretrained(n, t),
                     COMMON_CONCEPTS,
                     name,

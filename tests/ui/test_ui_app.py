@@ -236,7 +236,9 @@ def test_real_clip_entries_need_the_network(monkeypatch, tmp_path):
     monkeypatch.setenv(context_module.REMOTE_ENV, "")
     assert remote_models() == []
     ctx = AppContext.default([("ViT-B-16", "openai")], heads_root=tmp_path)
-    assert ctx.checkpoint_choices()[2] == f"ViT-B-16 / openai · {TRAINING_FREE}"
+    assert ctx.checkpoint_choices()[2] == (
+        f"ViT-B-16 / openai ({context_module.REMOTE_NOTES[('ViT-B-16', 'openai')]}; "
+        f"downloaded at first pick) · {TRAINING_FREE}")
     choice = ctx.backbones[1]
     assert choice.train_backbone == {"open_clip_model": "ViT-B-16", "pretrained": "openai"}
     assert choice.takes_heads_of({"name": "ViT-B-16", "tags": {"pretrained": "openai"}})

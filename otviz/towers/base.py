@@ -1,0 +1,161 @@
+"""The two adapter contracts every open_clip tower family implements, and their registries.
+
+An image tower adapter turns preprocessed pixels into patch tokens on a grid (the *width*
+space: the tower's last spatial features after its final norm) plus the pooled image
+embedding, and maps width tokens one by one into the joint embedding space (the
+*projected* space, for training-free methods). A text tower adapter does the same for
+token ids. :class:`~otviz.backbone.Backbone` looks the adapter up once by the tower's
+class (:func:`image_tower`, :func:`text_tower`), so no caller branches on the family.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor, nn
+
+from otviz.errors import UserInputError
+
+
+class BackboneLoadError(UserInputError, RuntimeError):
+    """A backbone could not be built (unknown name, weights unreachable, unsupported tower)."""
+
+
+class ImageTower:
+    """Adapter of one image-tower family (``model.visual``).
+
+    Subclasses implement :meth:`encode` and :meth:`project`; the grid and dimensions
+    default to one forward pass on a blank image at the tower's native size, which
+    subclasses replace where the tower states them.
+    """
+
+    def __init__(self, visual: nn.Module) -> None:
+        self.visual = visual
+        self._probe: tuple[tuple[int, int], int, int] | None = None
+
+    def encode(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
+        """``(patches [B, N, width], pooled [B, E])``: width-space patch tokens, row-major on
+        :attr:`grid`, and the tower's own pooled, projected image embedding."""
+        raise NotImplementedError
+
+    def project(self, patches: Tensor) -> Tensor:
+        """``[B, N, width] -> [B, N, E]``: each position into the joint space."""
+        raise NotImplementedError
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        size = self.visual.preprocess_cfg["size"]
+        return (size, size) if isinstance(size, int) else tuple(size)  # type: ignore[return-value]
+
+    def _probed(self) -> tuple[tuple[int, int], int, int]:
+        """``(grid, width, embed_dim)`` measured on one blank image (cached)."""
+        if self._probe is None:
+            param = next(self.visual.parameters())
+            pixels = torch.zeros(1, 3, *self.image_size, dtype=param.dtype, device=param.device)
+            with torch.no_grad():
+                grid, patches, pooled = self._grid_forward(pixels)
+            self._probe = (grid, patches.shape[-1], pooled.shape[-1])
+        return self._probe
+
+    def _grid_forward(self, pixels: Tensor) -> tuple[tuple[int, int], Tensor, Tensor]:
+        """``(grid, patches, pooled)`` of one forward pass (used by :meth:`_probed`)."""
+        raise NotImplementedError
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self._probed()[0]
+
+    @property
+    def width(self) -> int:
+        return int(self._probed()[1])
+
+    @property
+    def embed_dim(self) -> int:
+        return int(self._probed()[2])
+
+    def stem(self, pixels: Tensor) -> Tensor:
+        """``[B, N', C]``: the tower's first convolution on each position (patch embedding
+        for ViTs, first stem convolution for CNNs): low-level statistics of the input."""
+        conv = next(m for m in self.visual.modules() if isinstance(m, nn.Conv2d))
+        return conv(pixels).flatten(2).transpose(1, 2)
+
+
+class TextTower:
+    """Adapter of one text-tower family (``model.text``, or the ``CLIP`` model itself whose
+    text tower lives on the model)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def encode(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """``(tokens [B, L, width], pooled [B, E])`` for token ids ``[B, L]``."""
+        raise NotImplementedError
+
+    def project(self, tokens: Tensor) -> Tensor:
+        """``[B, L, width] -> [B, L, E]``: each token into the joint space."""
+        raise NotImplementedError
+
+    @property
+    def width(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def token_embeddings(self) -> Tensor:
+        """``[vocab, width]``: the input token-embedding table."""
+        raise NotImplementedError
+
+
+#: Image-tower class -> adapter; filled by :func:`register_image_tower`.
+IMAGE_TOWERS: dict[type[nn.Module], type[ImageTower]] = {}
+#: Text-tower class -> adapter; filled by :func:`register_text_tower`.
+TEXT_TOWERS: dict[type[nn.Module], type[TextTower]] = {}
+
+A = TypeVar("A", bound=type)
+
+
+def _register(table: dict[Any, Any], tower_class: type[nn.Module]):
+    def deco(adapter: A) -> A:
+        if tower_class in table:
+            raise ValueError(f"{tower_class.__name__} already has an adapter: {table[tower_class]}")
+        table[tower_class] = adapter
+        return adapter
+
+    return deco
+
+
+def register_image_tower(tower_class: type[nn.Module]):
+    """Class decorator: ``adapter`` serves image towers of exactly ``tower_class``."""
+    return _register(IMAGE_TOWERS, tower_class)
+
+
+def register_text_tower(tower_class: type[nn.Module]):
+    """Class decorator: ``adapter`` serves text towers of exactly ``tower_class``."""
+    return _register(TEXT_TOWERS, tower_class)
+
+
+def _lookup(table: dict[Any, Any], tower: nn.Module, side: str) -> Any:
+    adapter = table.get(type(tower))
+    if adapter is None:
+        known = ", ".join(sorted(c.__name__ for c in table))
+        raise BackboneLoadError(
+            f"otviz has no adapter for the {side} tower {type(tower).__name__}; "
+            f"known {side} towers: {known}"
+        )
+    return adapter
+
+
+def image_tower(model: nn.Module) -> ImageTower:
+    """The adapter of ``model.visual`` (:class:`BackboneLoadError` for an unknown family)."""
+    visual = getattr(model, "visual", None)
+    if visual is None:
+        raise BackboneLoadError(f"{type(model).__name__} has no image tower (model.visual)")
+    return _lookup(IMAGE_TOWERS, visual, "image")(visual)
+
+
+def text_tower(model: nn.Module) -> TextTower:
+    """The adapter of ``model.text`` (or of the ``CLIP`` model's own text tower)."""
+    text = getattr(model, "text", None)
+    if text is None:
+        return _lookup(TEXT_TOWERS, model, "text")(model)
+    return _lookup(TEXT_TOWERS, text, "text")(model)
