@@ -1,0 +1,41 @@
+"""The explainers' rows of the grounding table: each the scores of its maps computed one
+phrase at a time (image and phrase text alone), after the methods' rows and before the
+model-free baselines."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from otviz.backbone import Backbone
+from otviz.eval import alignment_tables as A
+from otviz.eval.grounding_metrics import grounding_scores, pointing_hits
+from otviz.eval.world_set import EvalSet
+from otviz.explainers import EXPLAINERS, explain_pairs
+from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
+from tests.helpers import random_tiny_clip
+
+
+def test_explainer_rows_score_each_phrase_map(tmp_path) -> None:
+    torch.set_num_threads(1)
+    backbone = Backbone.from_checkpoint(random_tiny_clip(tmp_path / "bb", 5))
+    suite = MethodSuite.training_free(backbone, WORLD_FIT_CAPTIONS[:20], ("filip",))
+    data = EvalSet.build(backbone, 4, "test", 0, str(tmp_path / "cache"))
+    table = A.grounding_table(suite, data, chunk=4, explainers=tuple(EXPLAINERS))
+    names = [r["name"] for r in table.rows]
+    assert names[:4] == ["filip", *EXPLAINERS] and names[-1] == "uniform"
+    q = A.phrase_queries(data)
+    for name in EXPLAINERS:
+        row = next(r for r in table.rows if r["name"] == name)
+        maps = torch.cat([
+            explain_pairs(backbone, name, [data.samples[int(j)].image], [text]).maps
+            for j, text in zip(q.image, q.texts, strict=True)
+        ])
+        scores = grounding_scores(maps, data.grid, q.boxes, (80, 80))
+        for key in ("pointing", "mean_iou", "hit@0.5"):
+            assert row[key] == pytest.approx(scores[key], abs=1e-6), (name, key)
+        hits = pointing_hits(maps, data.grid, q.boxes, (80, 80))[q.shared_colour]
+        if hits.numel():
+            assert row["pointing_shared_colour"] == pytest.approx(float(hits.double().mean()))
+        assert row["method"] == EXPLAINERS[name].label
+        assert row["ms_per_phrase"] > 0
