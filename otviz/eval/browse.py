@@ -36,6 +36,7 @@ from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries
 from otviz.eval.grounding_metrics import box_iou, phrase_token_select, pointing_hits
 from otviz.eval.world_set import EvalSet, ParsedCaptions, world_config_of
 from otviz.explain import InputError
+from otviz.explainers import EXPLAINERS, explain_pairs
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
 from otviz.text.tree import Tree
@@ -238,17 +239,23 @@ def browse_table(
     load_image: Callable[[int], np.ndarray],
     methods: Sequence[str] = ALIGN_METHODS,
     threshold: float = 0.5,
+    explainers: Sequence[str] = tuple(EXPLAINERS),
 ) -> BrowseTable:
     """Every method's heatmap of every query (batched through the set's cached features),
+    then every explainer's (:mod:`otviz.explainers`: from the image and the phrase text),
     with its box and, where the queries have gold boxes (one image size for the set), hit
     and IoU. ``image_sizes`` is ``[n_images, 2]`` ``(width, height)``."""
     missing = [m for m in methods if m not in suite.methods]
     if missing:
         raise InputError(f"the checkpoint has no {', '.join(missing)}")
+    images = [load_image(int(j)) for j in queries.image] if explainers else []
+    phrases = [it.phrase for it in queries.items]
     heats = torch.stack([
         phrase_heatmaps(suite.methods[m], data, queries.image, queries.text, queries.select)
         for m in methods
-    ], dim=1).float()
+    ] + [explain_pairs(data.backbone, e, images, phrases).maps for e in explainers],
+        dim=1).float()
+    methods = (*methods, *explainers)
     sizes = image_sizes[queries.image]
     P, K = heats.shape[:2]
     boxes = heatmap_boxes(heats.reshape(P * K, -1), data.grid, threshold).reshape(P, K, 4)
@@ -416,7 +423,8 @@ def _clamped(value: float | int | None, low: int, high: int, default: int) -> in
 
 
 def method_label(name: str) -> str:
-    return METHOD_LABELS.get(name, name)
+    """A method's or an explainer's label (the name itself for neither)."""
+    return METHOD_LABELS.get(name) or (EXPLAINERS[name].label if name in EXPLAINERS else name)
 
 
 # ----------------------------------------------------------------------- cache

@@ -11,7 +11,13 @@ from otviz.explainers.base import (
     get_explainer,
     register_explainer,
 )
-from otviz.explainers.run import ExplainerMaps, explain_pairs, explainer_names, phrase_embeddings
+from otviz.explainers.run import (
+    ExplainerMaps,
+    explain_pairs,
+    explainer_choices,
+    explainer_names,
+    phrase_embeddings,
+)
 
 __all__ = [
     "EXPLAINERS",
@@ -19,6 +25,7 @@ __all__ = [
     "ExplainerUnsupportedError",
     "PhraseExplainer",
     "explain_pairs",
+    "explainer_choices",
     "explainer_names",
     "get_explainer",
     "phrase_embeddings",

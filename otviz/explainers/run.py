@@ -53,6 +53,11 @@ def explain_pairs(
     return ExplainerMaps(name, torch.cat(parts) if parts else torch.zeros(0, n), ms)
 
 
+def explainer_choices() -> list[tuple[str, str]]:
+    """``(label, name)`` of every explainer, for the views' pickers (after the methods')."""
+    return [(cls.label, name) for name, cls in EXPLAINERS.items()]
+
+
 def explainer_names(spec: str) -> tuple[str, ...]:
     """A comma list of explainer names (``"all"``: every registered one, ``""``: none),
     checked against the registry."""

@@ -39,6 +39,7 @@ from otviz.eval.browse import (
     world_browse,
 )
 from otviz.explain import InputError
+from otviz.explainers import explainer_choices
 from otviz.suite import method_choices
 from otviz.ui.align_tab import AlignLink
 from otviz.ui.context import AppContext, SharedInputs
@@ -194,10 +195,11 @@ def build_browse_tab(
                         file_count="multiple", scale=2)
         load = gr.Button("Load", variant="primary", scale=1)
     with gr.Row():
-        methods = gr.CheckboxGroup(method_choices(), value=list(DEFAULT_METHODS),
+        choices = method_choices() + explainer_choices()  # the explainers: docs/explainers.md
+        methods = gr.CheckboxGroup(choices, value=list(DEFAULT_METHODS),
                                    label="Methods shown", scale=3)
-        a = gr.Dropdown(method_choices(), value=DEFAULT_A, label="Method A", scale=1)
-        b = gr.Dropdown(method_choices(), value=DEFAULT_B, label="Method B", scale=1)
+        a = gr.Dropdown(choices, value=DEFAULT_A, label="Method A", scale=1)
+        b = gr.Dropdown(choices, value=DEFAULT_B, label="Method B", scale=1)
     with gr.Row():
         hit_filter = gr.Dropdown(list(HIT_FILTERS), value=ALL_ROWS, label="Hits", scale=1)
         kinds = gr.CheckboxGroup(list(KINDS), value=[], label="Phrase kinds (all ticked)",
