@@ -43,6 +43,10 @@ class LeGradExplainer(PhraseExplainer):
         """``[L', B, N]`` the per-layer signals ``E^l`` over the patch tokens, for the layers
         ``first_layer .. L-1`` (before the sum and the min-max)."""
         visual = vit_tower(self.model, self.label)
+        depth = len(visual.transformer.resblocks)
+        if not 0 <= self.first_layer < depth:
+            raise ValueError(f"LeGrad: first_layer {self.first_layer} is not a layer of this "
+                             f"{depth}-layer ViT")
         n = visual.grid_size[0] * visual.grid_size[1]
         with torch.enable_grad():
             # a leaf input: the attention maps are in the graph even on a frozen model

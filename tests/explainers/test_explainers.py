@@ -139,6 +139,8 @@ def test_legrad_is_the_relu_gradient_wrt_each_attention_map_averaged():
     assert torch.allclose(ours, expected, atol=1e-6)
     last_only = LeGradExplainer(model, first_layer=1).layer_maps(pixels, text)
     assert last_only.shape == (1, b, 4)
+    with pytest.raises(ValueError, match="not a layer"):
+        LeGradExplainer(model, first_layer=2).explain(pixels, text)
 
 
 def test_maskclip_is_the_closed_form_value_projection():
