@@ -371,8 +371,9 @@ def grounding_table(
     if baselines:
         table.rows += baseline_rows(data, q, threshold)
     if explainers:
-        table.notes.append("explainers (Grad-CAM, LeGrad, MaskCLIP, ...): the phrase's map from "
-                           "the image and the phrase's text embedding alone (docs/explainers.md)")
+        table.notes.append("explainers (Grad-CAM, LeGrad, MaskCLIP, Chefer relevance): the "
+                           "phrase's map from the image and the phrase's text embedding alone "
+                           "(docs/explainers.md)")
     table.notes.append(f"heatmap box: patches at >= {threshold} of the peak, enclosing "
                        "envelope; a flat heatmap points nowhere (a miss)")
     table.notes.append(f"colour not unique: the {int(q.shared_colour.sum())} phrases whose "

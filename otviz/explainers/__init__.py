@@ -1,9 +1,10 @@
 """Explainers people already use on CLIP, as phrase heatmaps beside the alignment methods:
-Grad-CAM (through the grad-cam library), LeGrad (reimplemented from its paper) and MaskCLIP
-(a training-free dense baseline). One contract (:class:`PhraseExplainer`), one registry
-(:data:`EXPLAINERS`); the tower-family facts live in :mod:`otviz.explainers.towers`."""
+Grad-CAM (through the grad-cam library), LeGrad (reimplemented from its paper), MaskCLIP
+(a training-free dense baseline) and Chefer et al.'s gradient-weighted attention relevance.
+One contract (:class:`PhraseExplainer`), one registry (:data:`EXPLAINERS`); the
+tower-family facts live in :mod:`otviz.explainers.towers`."""
 
-from otviz.explainers import gradcam, legrad, maskclip  # noqa: F401  (registration)
+from otviz.explainers import gradcam, legrad, maskclip, relevance  # noqa: F401  (registration)
 from otviz.explainers.base import (
     EXPLAINERS,
     ExplainerUnsupportedError,

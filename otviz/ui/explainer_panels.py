@@ -15,7 +15,7 @@ from otviz.backbone import Backbone
 from otviz.explain import Encoded
 from otviz.explainers import EXPLAINERS, ExplainerUnsupportedError, explain_pairs
 
-TOGGLE_LABEL = "Explainers too (Grad-CAM, LeGrad, MaskCLIP: gradients / attention, no OT)"
+TOGGLE_LABEL = "Explainers too (Grad-CAM, LeGrad, MaskCLIP, Chefer: gradients / attention, no OT)"
 DEFAULT_ON = False
 CACHE_SIZE = 512
 

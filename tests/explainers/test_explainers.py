@@ -19,6 +19,7 @@ from otviz.explainers.base import PhraseExplainer, min_max, register_explainer
 from otviz.explainers.gradcam import GradCamExplainer, ImageEmbedding, SimilarityTarget
 from otviz.explainers.legrad import LeGradExplainer
 from otviz.explainers.maskclip import MaskClipExplainer
+from otviz.explainers.relevance import CheferExplainer
 from otviz.explainers.towers import cam_target, pooled_embedding, vit_blocks
 
 TEXT = CLIPTextCfg(context_length=8, vocab_size=64, width=32, heads=2, layers=1)
@@ -159,7 +160,7 @@ def test_maskclip_is_the_closed_form_value_projection():
     assert torch.allclose(ours.reshape(2, -1), expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["legrad", "maskclip"])
+@pytest.mark.parametrize("name", ["legrad", "maskclip", "chefer"])
 def test_attention_explainers_refuse_non_vit_towers(name):
     model, size = TOWERS["modified-resnet"]()
     with pytest.raises(ExplainerUnsupportedError, match="ViT"):
@@ -177,7 +178,8 @@ def test_maps_resample_to_the_requested_grid():
 
 
 def test_registry_names_and_refuses_duplicates():
-    assert explainer_names("all") == tuple(EXPLAINERS) == ("gradcam", "legrad", "maskclip")
+    assert explainer_names("all") == tuple(EXPLAINERS) == ("gradcam", "legrad", "maskclip",
+                                                             "chefer")
     assert explainer_names("") == ()
     with pytest.raises(ValueError, match="known: gradcam"):
         explainer_names("gradcam,nope")
@@ -192,3 +194,23 @@ def test_registry_names_and_refuses_duplicates():
 
     with pytest.raises(ValueError, match="twice"):
         register_explainer(Twin)
+
+
+@pytest.mark.parametrize("pool", ["tok", "avg"])
+def test_chefer_relevance_is_the_product_of_gradient_weighted_attention(pool):
+    """Eq. 5-6: R = (I + Abar^2)(I + Abar^1), Abar^l = mean_h ReLU(ds/dA^l * A^l), with s the
+    final similarity; the map is the pooled token's row (class token, or the patch rows'
+    mean for a mean-pooled tower) over the patches."""
+    model = _vit(layers=2, pool=pool)
+    pixels, text = _inputs(32)
+    leaf = pixels.clone().requires_grad_(True)
+    tokens, maps = vit_blocks(model.visual, leaf)
+    s = (F.normalize(pooled_embedding(model.visual, tokens[-1]), dim=-1) * text).sum()
+    grads = torch.autograd.grad(s, maps)
+    eye = torch.eye(17)
+    bars = [(g * a).clamp_min(0).mean(1).detach() for a, g in zip(maps, grads, strict=True)]
+    r = (eye + bars[1]) @ (eye + bars[0])
+    row = r[:, 0, 1:] if pool == "tok" else r[:, 1:, 1:].mean(1)
+    ours = CheferExplainer(model).explain(pixels, text)
+    assert torch.allclose(ours.reshape(2, -1), min_max(row), atol=1e-5)
+    assert torch.allclose(CheferExplainer(model).relevance(pixels, text), r, atol=1e-5)
