@@ -107,7 +107,10 @@ in the best subset (all memberships ~0) the panel shows its Fig. 6 text-to-patch
 instead, titled "Fig. 6 sim.".
 Global+Patch, FILIP, Text-Attn and PowerCLIP have no reference masses. *Scores:* global
 cosine s_g, local score s_l, their combination s_g + λ·s_l (ConceptOT App. G.4), the
-solver's final marginal error (blank without an OT solver) and the solve time."""
+solver's final marginal error (blank without an OT solver) and the solve time.
+*Explainers too* adds, after the methods' panels, the maps of Grad-CAM, LeGrad, MaskCLIP and
+Chefer et al.'s relevance: read from the model's gradients or attention given the image and
+the phrase's words alone, no transport plan (docs/explainers.md); each on its own scale."""
 
 
 # ----------------------------------------------------------------------- choices
