@@ -17,6 +17,7 @@ from otviz.explainers.run import (
     explain_pairs,
     explainer_choices,
     explainer_names,
+    explainers_needed,
     phrase_embeddings,
 )
 
@@ -28,6 +29,7 @@ __all__ = [
     "explain_pairs",
     "explainer_choices",
     "explainer_names",
+    "explainers_needed",
     "get_explainer",
     "phrase_embeddings",
     "register_explainer",

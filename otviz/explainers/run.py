@@ -4,7 +4,7 @@ heatmaps of (image, phrase) pairs in chunks, on the backbone's patch grid."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +56,13 @@ def explain_pairs(
 def explainer_choices() -> list[tuple[str, str]]:
     """``(label, name)`` of every explainer, for the views' pickers (after the methods')."""
     return [(cls.label, name) for name, cls in EXPLAINERS.items()]
+
+
+def explainers_needed(chosen: Iterable[str]) -> tuple[str, ...]:
+    """Every registered explainer when any name of ``chosen`` is one, else none: a view
+    computes the explainers' maps only once a person picks one (they cost a forward and
+    backward pass per phrase), and then all of them at once."""
+    return tuple(EXPLAINERS) if any(n in EXPLAINERS for n in chosen) else ()
 
 
 def explainer_names(spec: str) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from otviz.eval import alignment_tables as A
 from otviz.eval import browse as B
 from otviz.eval.grounding_metrics import grounding_scores, pointing_hits
 from otviz.eval.world_set import EvalSet
-from otviz.explainers import EXPLAINERS, explain_pairs
+from otviz.explainers import EXPLAINERS, explain_pairs, explainers_needed
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
 from tests.helpers import random_tiny_clip
 
@@ -52,7 +52,9 @@ def test_browse_offers_the_explainers_as_columns(suite, tmp_path) -> None:
     data = EvalSet.build(suite.backbone, 3, "test", 0, str(tmp_path))
     sizes = torch.tensor([[80, 80]]).expand(3, 2)
     table = B.browse_table(suite, data, B.world_queries(data), sizes,
-                           lambda j: data.samples[j].image, methods=("filip",))
+                           lambda j: data.samples[j].image, methods=("filip",),
+                           explainers=explainers_needed(["filip", "legrad"]))
+    assert explainers_needed(["filip", "conceptot"]) == ()
     assert table.methods == ("filip", *EXPLAINERS)
     images = [table.load_image(it.image) for it in table.items]
     phrases = [it.phrase for it in table.items]

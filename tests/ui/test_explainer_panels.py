@@ -42,3 +42,20 @@ def test_off_by_default_and_on_adds_the_explainer_panels(tools, sample):
     np.testing.assert_array_equal(on.grid, compose_heatmaps(encoded.image, **layout))
     again, _ = phrase_view(explainer, suite, *sample, off.phrase, explainers=False)
     np.testing.assert_array_equal(again, off.grid)
+
+
+def test_browse_computes_the_explainers_once_one_is_picked(ctx, checkpoint, tmp_path):
+    from otviz.eval.browse import BrowseCache
+    from otviz.explainers import explainers_needed
+    from otviz.ui.browse_tab import WORLD_SOURCE, BrowseSources, browse_view, load_table
+
+    sources = BrowseSources(BrowseCache(), tmp_path / "features", tmp_path / "uploads")
+    plain = load_table(ctx, sources, checkpoint, WORLD_SOURCE, 4, "test",
+                       explainers=explainers_needed(["conceptot", "filip"]))
+    assert plain.methods == tuple(ALIGN_METHODS)
+    picked = load_table(ctx, sources, checkpoint, WORLD_SOURCE, 4, "test",
+                        explainers=explainers_needed(["conceptot", "legrad"]))
+    assert picked.methods == (*ALIGN_METHODS, *EXPLAINERS)
+    assert np.array_equal(picked.heatmaps[:, : len(ALIGN_METHODS)], plain.heatmaps)
+    view = browse_view(picked, ["conceptot", "legrad"], "conceptot", "legrad")
+    assert view.image is not None and "LeGrad" in view.frame.columns
