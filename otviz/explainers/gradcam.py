@@ -58,6 +58,9 @@ class _LayerGridCAM(GradCAM):
 
 #: grad-cam hooks the model's target layer for the length of a call: one call at a time.
 _HOOKS = threading.Lock()
+#: Calls of the library per map before giving up when other forwards of the model (another
+#: thread's, seen by the hooks) keep interleaving with its own.
+ATTEMPTS = 3
 
 
 @register_explainer
@@ -88,7 +91,14 @@ class GradCamExplainer(PhraseExplainer):
             try:
                 # a leaf input that needs its gradient: the hooks fire on a frozen model too
                 leaf = pixels.detach().requires_grad_(True)
-                maps = cam(leaf, [SimilarityTarget(t) for t in text])
+                for _ in range(ATTEMPTS):
+                    maps = cam(leaf, [SimilarityTarget(t) for t in text])
+                    # one activation: no other forward of the shared model ran in between
+                    if len(cam.activations_and_grads.activations) == 1:
+                        break
+                else:
+                    raise RuntimeError("Grad-CAM: other forwards of the model kept running "
+                                       "through its hooks; try again")
             finally:
                 cam.activations_and_grads.release()
                 self.model.zero_grad(set_to_none=True)

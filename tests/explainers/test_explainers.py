@@ -214,3 +214,32 @@ def test_chefer_relevance_is_the_product_of_gradient_weighted_attention(pool):
     ours = CheferExplainer(model).explain(pixels, text)
     assert torch.allclose(ours.reshape(2, -1), min_max(row), atol=1e-5)
     assert torch.allclose(CheferExplainer(model).relevance(pixels, text), r, atol=1e-5)
+
+
+def test_gradcam_redoes_a_call_that_another_forward_ran_through(monkeypatch):
+    """The library's hooks sit on the shared model for a call: a forward from elsewhere in
+    that window (here, once, from a pre-hook on the library's own forward) adds an
+    activation; the call is redone, and refused when it never comes out clean."""
+    from otviz.explainers import gradcam
+
+    model, size = TOWERS["vit"]()
+    pixels, text = _inputs(size)
+    clean = GradCamExplainer(model).explain(pixels, text)
+    calls = []
+
+    def intrude(module, args):
+        calls.append(True)
+        if len(calls) == 2:  # the first forward measures the layer; the second is the call's
+            with torch.no_grad():
+                module(torch.randn_like(args[0]))
+
+    handle = model.visual.register_forward_pre_hook(intrude)
+    try:
+        redone = GradCamExplainer(model).explain(pixels, text)
+        assert len(calls) >= 4 and torch.equal(redone, clean)
+        calls.clear()
+        monkeypatch.setattr(gradcam, "ATTEMPTS", 1)
+        with pytest.raises(RuntimeError, match="other forwards"):
+            GradCamExplainer(model).explain(pixels, text)
+    finally:
+        handle.remove()
