@@ -1,7 +1,8 @@
 """End-to-end latency of the Align view as a person feels it: headless Chromium (Playwright)
 on the served app, timed in the page from the user's press to the last output drawn (every
 status tracker of the view hidden again, every image loaded, two animation frames for the
-paint), for an Align click, a phrase change and a method change; one user, then 4 users at
+paint), for an Align click, a phrase change, a method change and an Align click with the
+explainers' panels on (otviz.ui.explainer_panels); one user, then 4 users at
 once (one page each, all acting together). Embedded backbone with its shipped trained
 heads, the first example's features cached by a warm-up click.
 
@@ -103,6 +104,11 @@ async def _user(page: Page, repeats: int, samples: dict[str, list[float]],
         samples["align_click"].append(await _timed(page, _align_button(page)))
         samples["phrase_change"].append(await _pick(page, "align-phrase", index=k % 4))
         samples["method_change"].append(await _pick(page, "align-method", METHODS[k % 3]))
+    # the Align click with the explainers' panels on (the toggle re-runs the click once)
+    await _timed(page, lambda: page.locator("#align-explainers input").check())
+    for _ in range(repeats):
+        samples["align_click_explainers"].append(await _timed(page, _align_button(page)))
+    await _timed(page, lambda: page.locator("#align-explainers input").uncheck())
 
 
 async def measure(url: str, users: int, repeats: int) -> dict[str, dict]:

@@ -59,7 +59,7 @@ def measure(url: str, checkpoint: str, users: int, repeats: int) -> dict[str, di
         t.start()
     for t in threads:
         t.join()
-    return {e: percentiles(s) for e, s in samples.items()}
+    return {e: percentiles(s) for e, s in samples.items() if s}  # (browser-only events)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("world",),
     ("checkpoints",),
     ("tiny_clip", "towers", "backbone"),
-    ("data", "suite", "grounding", "ood", "bench"),
+    ("data", "suite", "grounding", "ood", "bench", "explainers"),
     ("explain",),
     ("train",),
     ("eval",),

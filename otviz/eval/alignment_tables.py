@@ -43,6 +43,7 @@ from otviz.eval.probe import probe_accuracy
 from otviz.eval.retrieval import DIRECTIONS, two_stage_recall
 from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet
+from otviz.explainers import EXPLAINERS, explain_pairs
 from otviz.methods.base import Alignment
 from otviz.suite import METHOD_LABELS, MethodSuite, SuiteMethod
 from otviz.world import NEGATIVE_CATEGORIES
@@ -317,6 +318,27 @@ def baseline_rows(data: EvalSet, q: PhraseQueries, threshold: float = 0.5) -> li
     ]
 
 
+def explainer_rows(
+    data: EvalSet, q: PhraseQueries, names: Sequence[str], threshold: float = 0.5,
+    progress: StageProgress | None = None,
+) -> list[dict]:
+    """Grounding rows of the explainers ``names`` (:mod:`otviz.explainers`): each phrase's map
+    from its image and its text alone (encoded by the backbone's text tower), scored like the
+    methods' heatmaps, with the explainer's wall time per phrase."""
+    image = data.samples[0].image
+    size = image.shape[1], image.shape[0]
+    images = [data.samples[int(j)].image for j in q.image]
+    rows = []
+    for name in names:
+        run = explain_pairs(data.backbone, name, images, q.texts)
+        rows.append({**_grounding_row(EXPLAINERS[name].label, name, run.maps, q, data.grid,
+                                      size, threshold),
+                     "explainer": True, "ms_per_phrase": run.ms / max(1, len(q.texts))})
+        if progress is not None:
+            progress(f"grounding {name}", len(q.texts), len(q.texts))
+    return rows
+
+
 def grounding_table(
     suite: MethodSuite,
     data: EvalSet,
@@ -324,14 +346,15 @@ def grounding_table(
     chunk: int = CHUNK,
     progress: StageProgress | None = None,
     baselines: bool = True,
+    explainers: Sequence[str] = (),
 ) -> Table:
     """Weak phrase grounding (ConceptOT Sec. 2.6) over every gold noun phrase: pointing
     game, mean IoU and hit@0.5 of the heatmap ``Alignment.heatmap`` of the phrase's tokens,
     or the method's own ``phrase_patch_map`` where it defines one (PowerCLIP: the membership-
     weighted regions of the phrase's node) (box: patches above ``threshold`` x peak,
     enclosing envelope), and the pointing on the phrases whose colour another object of
-    the scene shares. With ``baselines``, the model-free rows (:func:`baseline_rows`)
-    follow the methods'."""
+    the scene shares. The rows of the ``explainers`` (:func:`explainer_rows`) follow the
+    methods'; with ``baselines``, the model-free rows (:func:`baseline_rows`) come last."""
     q = phrase_queries(data)
     image_idx, select = q.image, q.select
     size = data.samples[0].image.shape[1], data.samples[0].image.shape[0]
@@ -344,8 +367,13 @@ def grounding_table(
                                chunk, _stage(progress, f"grounding {name}"))
         table.rows.append(_grounding_row(_label(name), name, heat, q, data.grid, size,
                                          threshold))
+    table.rows += explainer_rows(data, q, explainers, threshold, progress)
     if baselines:
         table.rows += baseline_rows(data, q, threshold)
+    if explainers:
+        table.notes.append("explainers (Grad-CAM, LeGrad, MaskCLIP, Chefer relevance): the "
+                           "phrase's map from the image and the phrase's text embedding alone "
+                           "(docs/explainers.md)")
     table.notes.append(f"heatmap box: patches at >= {threshold} of the peak, enclosing "
                        "envelope; a flat heatmap points nowhere (a miss)")
     table.notes.append(f"colour not unique: the {int(q.shared_colour.sum())} phrases whose "

@@ -36,6 +36,7 @@ from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries
 from otviz.eval.grounding_metrics import box_iou, phrase_token_select, pointing_hits
 from otviz.eval.world_set import EvalSet, ParsedCaptions, world_config_of
 from otviz.explain import InputError
+from otviz.explainers import EXPLAINERS, explain_pairs
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
 from otviz.text.tree import Tree
@@ -238,17 +239,23 @@ def browse_table(
     load_image: Callable[[int], np.ndarray],
     methods: Sequence[str] = ALIGN_METHODS,
     threshold: float = 0.5,
+    explainers: Sequence[str] = (),
 ) -> BrowseTable:
     """Every method's heatmap of every query (batched through the set's cached features),
+    then each of ``explainers``' (:mod:`otviz.explainers`: from the image and the phrase text),
     with its box and, where the queries have gold boxes (one image size for the set), hit
     and IoU. ``image_sizes`` is ``[n_images, 2]`` ``(width, height)``."""
     missing = [m for m in methods if m not in suite.methods]
     if missing:
         raise InputError(f"the checkpoint has no {', '.join(missing)}")
+    images = [load_image(int(j)) for j in queries.image] if explainers else []
+    phrases = [it.phrase for it in queries.items]
     heats = torch.stack([
         phrase_heatmaps(suite.methods[m], data, queries.image, queries.text, queries.select)
         for m in methods
-    ], dim=1).float()
+    ] + [explain_pairs(data.backbone, e, images, phrases).maps for e in explainers],
+        dim=1).float()
+    methods = (*methods, *explainers)
     sizes = image_sizes[queries.image]
     P, K = heats.shape[:2]
     boxes = heatmap_boxes(heats.reshape(P * K, -1), data.grid, threshold).reshape(P, K, 4)
@@ -266,9 +273,11 @@ def browse_table(
 def world_browse(
     suite: MethodSuite, n_images: int, split: str = "test", seed: int = 0,
     cache_dir: str | Path = ".cache/otviz-features", threshold: float = 0.5,
+    explainers: Sequence[str] = (),
 ) -> BrowseTable:
     """The :class:`BrowseTable` of images ``0..n-1`` of a world split (the world the suite's
-    backbone was trained on, true captions only), encoded through the feature cache."""
+    backbone was trained on, true captions only), encoded through the feature cache, with
+    the ``explainers``' columns after the methods'."""
     if not 1 <= int(n_images) <= MAX_IMAGES:
         raise InputError(f"the number of images must be in [1, {MAX_IMAGES}]")
     config = world_config_of(suite.backbone, negatives=False)
@@ -277,7 +286,8 @@ def world_browse(
     side = data.samples[0].image.shape
     sizes = torch.tensor([[side[1], side[0]]], dtype=torch.long).expand(data.n_images, 2)
     return browse_table(suite, data, world_queries(data), sizes,
-                        lambda j: data.samples[j].image, threshold=threshold)
+                        lambda j: data.samples[j].image, threshold=threshold,
+                        explainers=explainers)
 
 
 def first_captions(
@@ -304,9 +314,11 @@ def first_captions(
 
 def folder_browse(
     suite: MethodSuite, folder: CaptionFolder, cache_dir: str | Path, threshold: float = 0.5,
+    explainers: Sequence[str] = (),
 ) -> BrowseTable:
     """The :class:`BrowseTable` of an image-caption folder (one caption per image, e.g. from
-    :func:`first_captions`), encoded through the feature cache in ``cache_dir``."""
+    :func:`first_captions`), encoded through the feature cache in ``cache_dir``, with the
+    ``explainers``' columns after the methods'."""
     data = EvalSet(ParsedCaptions(folder), suite.backbone, FeatureCache(cache_dir))
     data.features(suite.backbone.space)
 
@@ -318,7 +330,7 @@ def folder_browse(
         with Image.open(p) as im:
             sizes.append(im.size)
     return browse_table(suite, data, folder_queries(data), torch.tensor(sizes), load,
-                        threshold=threshold)
+                        threshold=threshold, explainers=explainers)
 
 
 # ----------------------------------------------------------------------- rows
@@ -416,7 +428,8 @@ def _clamped(value: float | int | None, low: int, high: int, default: int) -> in
 
 
 def method_label(name: str) -> str:
-    return METHOD_LABELS.get(name, name)
+    """A method's or an explainer's label (the name itself for neither)."""
+    return METHOD_LABELS.get(name) or (EXPLAINERS[name].label if name in EXPLAINERS else name)
 
 
 # ----------------------------------------------------------------------- cache

@@ -26,6 +26,7 @@ from otviz.eval import classification_tables as C
 from otviz.eval import seeds as S
 from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet
+from otviz.explainers import explainer_names
 from otviz.suite import ALIGN_METHODS, WORLD_FIT_CAPTIONS, MethodSuite
 
 StageProgress = Callable[[str, int, int], None]
@@ -43,6 +44,7 @@ class EvalConfig:
     backbone: str = ""  # tiny-CLIP checkpoint dir ("" : the shipped checkpoints/tiny-clip)
     heads: str = str(assets.path("heads"))  # dir of <method>/ heads, or "training-free"
     methods: str = ""  # comma list of comparison methods ("" : all eight)
+    explainers: str = ""  # comma list of explainers in the grounding table ("all", "" : none)
     tables: str = "all"  # comma list of TABLES, or "all"
     n_test: int = 1000  # world test images (retrieval, probe, grounding)
     n_compositional: int = 500  # compositional-split images (held-out probe column)
@@ -176,7 +178,8 @@ def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -
                 config.cache_dir, encoding)
             tables["probe"] = A.probe_table(suite, test, comp, **kw)
         if "grounding" in names:
-            tables["grounding"] = A.grounding_table(suite, test, **kw)
+            tables["grounding"] = A.grounding_table(
+                suite, test, explainers=explainer_names(config.explainers), **kw)
         if "anchors" in names:
             tables["anchors"] = A.anchor_table(suite)
         if "cost" in names:

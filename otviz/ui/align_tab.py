@@ -15,7 +15,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
@@ -42,6 +42,8 @@ from otviz.text.words import split_words
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.events import on_edit
+from otviz.ui.explainer_panels import DEFAULT_ON as EXPLAINERS_ON
+from otviz.ui.explainer_panels import TOGGLE_LABEL, explained_by, explainer_panels
 from otviz.ui.inputs import truncation_note, user_errors
 from otviz.ui.phrase_grids import (
     DELAY_JS,
@@ -105,7 +107,10 @@ in the best subset (all memberships ~0) the panel shows its Fig. 6 text-to-patch
 instead, titled "Fig. 6 sim.".
 Global+Patch, FILIP, Text-Attn and PowerCLIP have no reference masses. *Scores:* global
 cosine s_g, local score s_l, their combination s_g + λ·s_l (ConceptOT App. G.4), the
-solver's final marginal error (blank without an OT solver) and the solve time."""
+solver's final marginal error (blank without an OT solver) and the solve time.
+*Explainers too* adds, after the methods' panels, the maps of Grad-CAM, LeGrad, MaskCLIP and
+Chefer et al.'s relevance: read from the model's gradients or attention given the image and
+the phrase's words alone, no transport plan (docs/explainers.md); each on its own scale."""
 
 
 # ----------------------------------------------------------------------- choices
@@ -262,18 +267,23 @@ class PhraseMaps:
     heats: dict[str, np.ndarray]
     readouts: dict[str, str]
     text: str
+    explained: dict[str, np.ndarray] = field(default_factory=dict)
 
     def layout(self, encoded: Encoded, shared_scale: bool) -> dict[str, Any]:
-        """The grid's drawing over the pair's image (:func:`grid_layout`)."""
+        """The grid's drawing over the pair's image (:func:`grid_layout`), the explainers'
+        panels (if any) after the methods'."""
         return grid_layout(encoded.image, encoded.grid, self.heats, self.text, shared_scale,
-                           self.readouts)
+                           self.readouts, explainer_panels(self.explained))
 
 
-def phrase_maps(runs: dict[str, MethodRun], encoded: Encoded, phrase: str | None) -> PhraseMaps:
-    """What the grid of ``phrase`` shows: :func:`phrase_heatmaps` of its words, and its
-    words."""
+def phrase_maps(runs: dict[str, MethodRun], encoded: Encoded, phrase: str | None,
+                explained: Callable[[str], dict[str, np.ndarray]] | None = None) -> PhraseMaps:
+    """What the grid of ``phrase`` shows: :func:`phrase_heatmaps` of its words, its words
+    and, with ``explained`` (:func:`~otviz.ui.explainer_panels.explained_by`), the
+    explainers' maps of its words."""
     heats, readouts = phrase_heatmaps(runs, encoded, resolve_phrase(encoded, phrase))
-    return PhraseMaps(heats, readouts, phrase_text(encoded, phrase))
+    text = phrase_text(encoded, phrase)
+    return PhraseMaps(heats, readouts, text, explained(text) if explained else {})
 
 
 @dataclass
@@ -451,9 +461,10 @@ def _encode_and_align(
 
 
 def _phrase_grid(
-    encoded: Encoded, runs: dict[str, MethodRun], phrase: str | None, shared_scale: bool
+    encoded: Encoded, runs: dict[str, MethodRun], phrase: str | None, shared_scale: bool,
+    explained: Callable[[str], dict[str, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    maps = phrase_maps(runs, encoded, phrase)
+    maps = phrase_maps(runs, encoded, phrase, explained)
     return compose_heatmaps(encoded.image, **maps.layout(encoded, shared_scale)), maps.heats
 
 
@@ -499,13 +510,16 @@ def phrase_view(
     shared_scale: bool = DEFAULT_SHARED_SCALE,
     came_temperature: float | None = None,
     compute: bool = True,
+    explainers: bool = EXPLAINERS_ON,
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The phrase callback: the heatmap grid and the per-method heatmaps from the cached
     features and plans (nothing is re-encoded or re-solved; with ``compute=False`` a pair
-    not cached is a :class:`~otviz.explain.NotComputedError` rather than computed)."""
+    not cached is a :class:`~otviz.explain.NotComputedError` rather than computed); with
+    ``explainers``, the explainers' panels too."""
     encoded, runs = _encode_and_align(explainer, suite, image, caption, regions,
                                       came_temperature, compute)
-    return _phrase_grid(encoded, runs, phrase, shared_scale)
+    return _phrase_grid(encoded, runs, phrase, shared_scale,
+                        explained_by(explainer.backbone, encoded, explainers))
 
 
 def plan_view(
@@ -553,10 +567,12 @@ def align_view(
     phrase: str | None = None,
     token: int | None = None,
     came_temperature: float | None = None,
+    explainers: bool = EXPLAINERS_ON,
 ) -> AlignView:
     """The Align click: encode and solve (cached), then every figure of the view. A
     ``phrase`` / ``token`` still valid for this caption is kept, else the defaults;
-    QC-Align runs with CAME at ``came_temperature`` (``None``: its own)."""
+    QC-Align runs with CAME at ``came_temperature`` (``None``: its own); with
+    ``explainers``, the grid has the explainers' panels after the methods'."""
     encoded, runs = _encode_and_align(explainer, suite, image, caption, regions,
                                       came_temperature)
     phrases = phrase_choices(encoded)
@@ -565,7 +581,8 @@ def align_view(
     tokens = token_choices(encoded)
     if token not in {v for _, v in tokens}:
         token = 0
-    grid, heats = _phrase_grid(encoded, runs, phrase, shared_scale)
+    grid, heats = _phrase_grid(encoded, runs, phrase, shared_scale,
+                               explained_by(explainer.backbone, encoded, explainers))
     rows = score_rows(runs, lambda_local)
     errors = [r.marginal_error for r in rows if r.name in ALIGN_METHODS]
     return AlignView(
@@ -595,12 +612,14 @@ def align_downloads(
     lambda_local: float = DEFAULT_LAMBDA,
     token: int | None = None,
     came_temperature: float | None = None,
+    explainers: bool = EXPLAINERS_ON,
 ) -> list[str]:
     """Files of the current view: every figure (PNG; the plotly ones also as HTML), the
     phrase heatmaps, the plan and its marginals (.npy + .csv) and the scores (JSON)."""
     encoded, runs = _encode_and_align(explainer, suite, image, caption, regions,
                                       came_temperature)
-    grid, heats = _phrase_grid(encoded, runs, phrase, shared_scale)
+    grid, heats = _phrase_grid(encoded, runs, phrase, shared_scale,
+                               explained_by(explainer.backbone, encoded, explainers))
     view = _plan_view(encoded, runs, method, token)
     data, out = view.data, DownloadDir()
     out.save_figure(grid, "phrase_heatmaps")
@@ -696,6 +715,8 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
         came_t = gr.Slider(*CAME_TEMPERATURES, DEFAULT_CAME_TEMPERATURE, step=0.05, scale=1,
                            label="QC-Align: CAME temperature (1 = the paper's softmax)")
         quotas = gr.Markdown()
+        explain_on = gr.Checkbox(EXPLAINERS_ON, label=TOGGLE_LABEL, scale=1,
+                                 elem_id="align-explainers")
     # the heatmap grid spans the page (four panels across); the plan side comes under it
     phrase = gr.Dropdown(
         label="Phrase (a word or a parse-tree phrase; or type words)",
@@ -743,13 +764,15 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
     def tools(checkpoint: str) -> tuple[Explainer, MethodSuite]:
         return ctx.explainer(checkpoint), ctx.suite(checkpoint)
 
-    def token_of(encoded: Encoded, checkpoint: str, reg: str, temp: float | None) -> str:
-        return pair_token(encoded.key, checkpoint, reg, temp)
+    def token_of(encoded: Encoded, checkpoint: str, reg: str, temp: float | None,
+                 expl: bool) -> str:
+        return pair_token(encoded.key, checkpoint, reg, temp, bool(expl))
 
-    def on_align(img, text, checkpoint, meth, reg, scale, lam_l, phr, tok, temp):
+    def on_align(img, text, checkpoint, meth, reg, scale, lam_l, phr, tok, temp, expl=False):
         DRAWER.start()  # the page prefetches the phrase grids after this click
         explainer, suite = tools(checkpoint)
-        v = align_view(explainer, suite, img, text, meth, reg, scale, lam_l, phr, tok, temp)
+        v = align_view(explainer, suite, img, text, meth, reg, scale, lam_l, phr, tok, temp,
+                       bool(expl))
         encoded = explainer.encode(img, text)  # cached
         note = truncation_note(encoded)
         if note:
@@ -761,7 +784,7 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
         notice = ctx.world_notice(checkpoint, img)
         if notice:
             gr.Warning(notice, duration=None, title="Far from the synthetic world")
-        token_key = token_of(encoded, checkpoint, reg, temp)
+        token_key = token_of(encoded, checkpoint, reg, temp, expl)
         grids.put(token_key, v.phrase, scale, encode_jpeg(v.grid))
         return (
             gr.Dropdown(choices=v.phrase_choices, value=v.phrase),
@@ -779,16 +802,18 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
 
     # served outside the queue (one HTTP request, no queue round trips: ~60 ms less per
     # change), so they only read what an Align click computed and never encode or solve
-    def on_prefetch(img, text, checkpoint, reg, scale, temp):
+    def on_prefetch(img, text, checkpoint, reg, scale, temp, expl=False):
         try:
-            encoded, runs = _encode_and_align(*tools(checkpoint), img, text, reg, temp,
+            explainer, suite = tools(checkpoint)
+            encoded, runs = _encode_and_align(explainer, suite, img, text, reg, temp,
                                               compute=False)
-            token_key = token_of(encoded, checkpoint, reg, temp)
+            token_key = token_of(encoded, checkpoint, reg, temp, expl)
+            explained = explained_by(explainer.backbone, encoded, bool(expl))
             picks = [value for _, value in phrase_choices(encoded)][:PREFETCH_MAX]
             jpegs = {p: grids.get(token_key, p, scale) for p in picks}
             todo = [p for p, jpeg in jpegs.items() if jpeg is None]
             drawn = DRAWER.draw(encoded.image, [
-                phrase_maps(runs, encoded, p).layout(encoded, scale) for p in todo
+                phrase_maps(runs, encoded, p, explained).layout(encoded, scale) for p in todo
             ]) if todo else []
         except Exception:  # the server draws every pick the page cannot swap in
             log.exception("prefetching the phrase grids failed")
@@ -798,16 +823,18 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
             jpegs[p] = jpeg
         return prefetch_payload(token_key, scale, jpegs)
 
-    def on_phrase(img, text, checkpoint, reg, scale, phr, temp, swapped_in=None):
+    def on_phrase(img, text, checkpoint, reg, scale, phr, temp, expl=False, swapped_in=None):
         if swapped_in and swapped_in == phr:  # the page already shows it (SWAP_JS)
             return gr.skip()
-        encoded, runs = _encode_and_align(*tools(checkpoint), img, text, reg, temp,
+        explainer, suite = tools(checkpoint)
+        encoded, runs = _encode_and_align(explainer, suite, img, text, reg, temp,
                                           compute=False)
-        token_key = token_of(encoded, checkpoint, reg, temp)
+        token_key = token_of(encoded, checkpoint, reg, temp, expl)
         jpeg = grids.get(token_key, phr or "", scale)
         if jpeg is not None:
             return decode_jpeg(jpeg)
-        raster = _phrase_grid(encoded, runs, phr, scale)[0]
+        raster = _phrase_grid(encoded, runs, phr, scale,
+                              explained_by(explainer.backbone, encoded, bool(expl)))[0]
         grids.put(token_key, phr or "", scale, encode_jpeg(raster))
         return raster
 
@@ -822,12 +849,12 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
     def on_lambda(img, text, checkpoint, lam_l, reg, temp):
         return scores_view(*tools(checkpoint), img, text, lam_l, reg, temp)[0]
 
-    def on_download(img, text, checkpoint, phr, meth, reg, scale, lam_l, tok, temp):
+    def on_download(img, text, checkpoint, phr, meth, reg, scale, lam_l, tok, temp, expl=False):
         return align_downloads(*tools(checkpoint), img, text, phr, meth, reg, scale, lam_l, tok,
-                               temp)
+                               temp, bool(expl))
 
     base = [shared.image, shared.caption, shared.checkpoint]
-    all_inputs = [*base, method, regions, shared_scale, lam, phrase, token, came_t]
+    all_inputs = [*base, method, regions, shared_scale, lam, phrase, token, came_t, explain_on]
     all_outputs = [
         phrase,
         token,
@@ -841,16 +868,17 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
         quotas,
         shown_token,
     ]
-    phrase_inputs = [*base, regions, shared_scale, phrase, came_t]
+    phrase_inputs = [*base, regions, shared_scale, phrase, came_t, explain_on]
     plan_inputs = [*base, method, token, regions, came_t]
     plan_outputs = [plan, token_map, patch_marginals, token_marginals]
     link = AlignLink(phrase, (user_errors(on_align), all_inputs, all_outputs),
-                     (user_errors(on_prefetch), [*base, regions, shared_scale, came_t],
-                      prefetched))
+                     (user_errors(on_prefetch), [*base, regions, shared_scale, came_t,
+                                                 explain_on], prefetched))
     hidden = {"api_visibility": "private"}  # the same endpoint again, from another control
     link.prefetch_after(run.click(*link.click, api_name="align"))
     link.prefetch_after(regions.input(*link.click, **hidden))
     link.prefetch_after(came_t.release(*link.click, **hidden))
+    link.prefetch_after(explain_on.input(*link.click, **hidden))
     cached = {"queue": False}  # reads of an Align click's results (on_phrase, on_plan)
     # a pick: swapped in the page from the prefetched grids (SWAP_JS), else drawn (or read
     # from the grid cache) by the server; the server call for a swapped pick is a no-op
@@ -867,7 +895,7 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
                 api_name="align_scores")
     prepare.click(
         user_errors(on_download),
-        [*base, phrase, method, regions, shared_scale, lam, token, came_t],
+        [*base, phrase, method, regions, shared_scale, lam, token, came_t, explain_on],
         files,
         api_name="align_downloads",
     )

@@ -39,6 +39,7 @@ from otviz.eval.browse import (
     world_browse,
 )
 from otviz.explain import InputError
+from otviz.explainers import explainer_choices, explainers_needed
 from otviz.suite import method_choices
 from otviz.ui.align_tab import AlignLink
 from otviz.ui.context import AppContext, SharedInputs
@@ -98,9 +99,11 @@ def _uploaded_paths(files: Any) -> list[str]:
 def load_table(
     ctx: AppContext, sources: BrowseSources, checkpoint: str, source: str,
     n_images: float | None = DEFAULT_IMAGES, split: str = "test", files: Any = None,
+    explainers: tuple[str, ...] = (),
 ) -> BrowseTable:
     """The checkpoint's table of the source (computed on first use, then kept): the first
-    ``n_images`` of a world split, or the uploaded folder (a .zip or its files)."""
+    ``n_images`` of a world split, or the uploaded folder (a .zip or its files); with the
+    ``explainers``' columns (:func:`otviz.explainers.explainers_needed`)."""
     if source not in SOURCES:
         raise InputError(f"unknown source {source!r}; choose one of {list(SOURCES)}")
     suite = ctx.suite(checkpoint)
@@ -114,8 +117,9 @@ def load_table(
         if not 1 <= n <= MAX_IMAGES:
             raise InputError(f"the number of images must be in [1, {MAX_IMAGES}]")
         return sources.cache.get(
-            (checkpoint, source, split, n),
-            lambda: world_browse(suite, n, split, cache_dir=sources.features_dir),
+            (checkpoint, source, split, n, explainers),
+            lambda: world_browse(suite, n, split, cache_dir=sources.features_dir,
+                                 explainers=explainers),
         )
     paths = _uploaded_paths(files)
 
@@ -125,12 +129,13 @@ def load_table(
             folder = load_image_captions(root)
         except (DatasetError, OSError) as e:
             raise InputError(f"cannot read the uploaded folder: {e}") from None
-        return folder_browse(suite, first_captions(folder, root), sources.features_dir)
+        return folder_browse(suite, first_captions(folder, root), sources.features_dir,
+                             explainers=explainers)
 
     if not paths:
         raise InputError("no files uploaded: upload a .zip of the folder, or the images and "
                          "their captions file")
-    return sources.cache.get((checkpoint, source, tuple(paths)), compute)
+    return sources.cache.get((checkpoint, source, tuple(paths), explainers), compute)
 
 
 @dataclass
@@ -194,10 +199,11 @@ def build_browse_tab(
                         file_count="multiple", scale=2)
         load = gr.Button("Load", variant="primary", scale=1)
     with gr.Row():
-        methods = gr.CheckboxGroup(method_choices(), value=list(DEFAULT_METHODS),
+        choices = method_choices() + explainer_choices()  # the explainers: docs/explainers.md
+        methods = gr.CheckboxGroup(choices, value=list(DEFAULT_METHODS),
                                    label="Methods shown", scale=3)
-        a = gr.Dropdown(method_choices(), value=DEFAULT_A, label="Method A", scale=1)
-        b = gr.Dropdown(method_choices(), value=DEFAULT_B, label="Method B", scale=1)
+        a = gr.Dropdown(choices, value=DEFAULT_A, label="Method A", scale=1)
+        b = gr.Dropdown(choices, value=DEFAULT_B, label="Method B", scale=1)
     with gr.Row():
         hit_filter = gr.Dropdown(list(HIT_FILTERS), value=ALL_ROWS, label="Hits", scale=1)
         kinds = gr.CheckboxGroup(list(KINDS), value=[], label="Phrase kinds (all ticked)",
@@ -218,7 +224,8 @@ def build_browse_tab(
     gr.Markdown(HOW_TO_READ)
 
     def show(checkpoint, src, n, spl, fls, meth, ma, mb, hf, kd, od, pg, pp):
-        table = load_table(ctx, sources, checkpoint, src, n, spl, fls)
+        table = load_table(ctx, sources, checkpoint, src, n, spl, fls,
+                           explainers_needed([*(meth or []), ma, mb]))
         v = browse_view(table, meth, ma, mb, hf, kd, od, pg, pp)
         return v.image, v.frame, v.status, v.page, v.rows
 
@@ -231,8 +238,9 @@ def build_browse_tab(
             return show(*args[:-2], current + delta, args[-1])
         return turn
 
-    def on_select(checkpoint, src, n, spl, fls, shown, evt: gr.SelectData):
-        table = load_table(ctx, sources, checkpoint, src, n, spl, fls)
+    def on_select(checkpoint, src, n, spl, fls, meth, ma, mb, shown, evt: gr.SelectData):
+        table = load_table(ctx, sources, checkpoint, src, n, spl, fls,
+                           explainers_needed([*(meth or []), ma, mb]))
         image, caption, phrase = open_row(table, shown, evt.index[0])
         return (image, caption, gr.Dropdown(choices=[(phrase, phrase)], value=phrase),
                 gr.Tabs(selected=align.tab_id))
@@ -248,6 +256,6 @@ def build_browse_tab(
     prev.click(user_errors(step(-1)), inputs, outputs, **hidden)
     nxt.click(user_errors(step(1)), inputs, outputs, **hidden)
     align.link.after(frame.select(
-        user_errors(on_select), [*source_inputs, rows],
+        user_errors(on_select), [*source_inputs, methods, a, b, rows],
         [shared.image, shared.caption, align.link.phrase, align.tabs], **hidden,
     ), **hidden)

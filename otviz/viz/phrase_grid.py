@@ -5,6 +5,7 @@ so the app can have the drawing done in a worker process (:mod:`otviz.ui.phrase_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -43,13 +44,15 @@ def grid_layout(
     phrase_text: str,
     shared_scale: bool,
     readouts: dict[str, str] | None = None,
+    extra: Sequence[tuple[str, np.ndarray]] = (),
 ) -> dict[str, Any]:
     """What :func:`~otviz.viz.panels.compose_heatmaps` draws of a phrase, bar the image: one
     panel per method (``[gh, gw]`` maps on the patch ``grid``) with its grounding box, as
     its keyword arguments (plain arrays, strings and numbers). Panels of ``readouts``
     (method -> label of a map that is not a mass: QC-Align's Π/(μν), PowerCLIP's Fig. 6
     similarity) are stretched to the mass panels' peak on a shared scale and titled with the
-    label and "own scale"."""
+    label and "own scale". The ``extra`` panels (title, ``[gh, gw]`` map: the explainers')
+    follow the methods', their positive part drawn and stretched like the readouts."""
     relative = readouts or {}
     shown = [displayable_mass(heats[n]) for n in ALIGN_METHODS]
     maps = [m for m, _ in shown]
@@ -58,11 +61,16 @@ def grid_layout(
     for k, name in enumerate(ALIGN_METHODS):
         if name in relative and shared_scale and float(maps[k].max()) > 0:
             maps[k] = maps[k] * (peak / float(maps[k].max()))
+    added = [np.clip(m, 0.0, None) for _, m in extra]
+    if shared_scale:
+        added = [m * (peak / float(m.max())) if float(m.max()) > 0 else m for m in added]
+    maps += added
     return {
         "heats": maps,
         "titles": [METHOD_LABELS[n] + (f" {relative[n]}, own scale" if n in relative else "")
                    + negative_mass_note(neg)
-                   for n, (_, neg) in zip(ALIGN_METHODS, shown, strict=True)],
+                   for n, (_, neg) in zip(ALIGN_METHODS, shown, strict=True)]
+        + [title for title, _ in extra],
         "boxes": grounding_boxes(image, grid, maps),
         "shared_scale": shared_scale,
         "panel_px": GRID_PANEL_PX,

@@ -1,0 +1,89 @@
+"""The contract of the explainers: an image and a phrase's text embedding in, a heatmap over
+the image tower's patch grid out.
+
+An explainer reads the open_clip model itself (its gradients, attention maps or value
+projections), not an OT plan, so it stands beside the :mod:`otviz.methods` registry rather
+than inside the :class:`~otviz.methods.base.Alignment` contract. Every explainer answers
+:meth:`PhraseExplainer.maps` on a batch of pairs (image ``p`` with phrase ``p``), so the
+grounding table, the Align grid and the Browse view treat them alike, and a new one is one
+module with one :func:`register_explainer` line.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from otviz.errors import UserInputError
+
+
+class ExplainerUnsupportedError(UserInputError, ValueError):
+    """The explainer does not know this image tower (family, attention or pooling)."""
+
+
+class PhraseExplainer(ABC):
+    """A phrase heatmap computed from the model itself.
+
+    Class facts:
+        name: registry key (also the row key of the tables).
+        label: the name people know it by (table rows, panel titles).
+        source: where it comes from (paper, library), for the docs and the tables' notes.
+
+    Args:
+        model: an open_clip ``CLIP`` / ``CustomTextCLIP`` (its ``visual`` tower is read; the
+            model is not changed, bar the gradients a backward pass leaves on it).
+    """
+
+    name: ClassVar[str]
+    label: ClassVar[str]
+    source: ClassVar[str]
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    @abstractmethod
+    def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
+        """``[B, h, w]`` maps on the tower's own feature grid, for preprocessed ``pixels``
+        ``[B, 3, H, W]`` and unit text embeddings ``text`` ``[B, E]`` (pair ``p`` is image
+        ``p`` with phrase ``p``). Runs with gradients on, whatever the caller's mode."""
+
+    def maps(self, pixels: Tensor, text: Tensor, grid: tuple[int, int]) -> Tensor:
+        """``[B, N]`` maps on the patch ``grid`` (row-major, ``N = H * W``): :meth:`explain`,
+        resampled (area average / bilinear) when the tower's grid is not ``grid``."""
+        heat = self.explain(pixels, text).detach()
+        if tuple(heat.shape[-2:]) != tuple(grid):
+            heat = F.interpolate(heat[:, None], size=grid, mode="area" if heat.shape[-1] >
+                                 grid[1] else "bilinear")[:, 0]
+        return heat.reshape(heat.shape[0], -1)
+
+
+#: name -> explainer class, in registration order (the order of the tables and panels).
+EXPLAINERS: dict[str, type[PhraseExplainer]] = {}
+
+
+def register_explainer(cls: type[PhraseExplainer]) -> type[PhraseExplainer]:
+    """Class decorator: add ``cls`` to :data:`EXPLAINERS` under ``cls.name`` (a name taken
+    twice is an error, not a silent overwrite)."""
+    if cls.name in EXPLAINERS:
+        raise ValueError(f"explainer {cls.name!r} is registered twice")
+    EXPLAINERS[cls.name] = cls
+    return cls
+
+
+def get_explainer(name: str, model: nn.Module) -> PhraseExplainer:
+    """The registered explainer ``name`` on ``model``; a KeyError lists the known names."""
+    if name not in EXPLAINERS:
+        raise KeyError(f"unknown explainer {name!r}; known: {', '.join(EXPLAINERS)}")
+    return EXPLAINERS[name](model)
+
+
+def min_max(maps: Tensor, eps: float = 1e-12) -> Tensor:
+    """Each map of ``[B, ...]`` scaled to [0, 1] by its own minimum and maximum (a flat map
+    becomes all zero)."""
+    flat = maps.reshape(maps.shape[0], -1)
+    low = flat.amin(1, keepdim=True)
+    span = flat.amax(1, keepdim=True) - low
+    return ((flat - low) / span.clamp_min(eps)).reshape(maps.shape)

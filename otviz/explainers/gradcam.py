@@ -1,0 +1,105 @@
+"""Grad-CAM (Selvaraju et al., 2017) of the image-text similarity, through the ``grad-cam``
+library (pytorch-grad-cam, the maintained implementation).
+
+The score explained is the cosine ``s = <f(x) / |f(x)|, t>`` of the image embedding and the
+phrase's unit text embedding ``t``. For an activation map ``A [C, h, w]`` of the target
+layer (:func:`otviz.explainers.towers.cam_target`, chosen per tower family), Grad-CAM is
+``ReLU(sum_c alpha_c A_c)`` with ``alpha_c = mean_{ij} ds/dA_cij`` (Selvaraju et al. Eq. 1-2),
+min-max scaled per map by the library. The library is asked for the map at the layer's own
+resolution (the patch grid), not upsampled to the pixels.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.nn.functional as F
+from pytorch_grad_cam import GradCAM
+from torch import Tensor, nn
+
+from otviz.explainers.base import PhraseExplainer, register_explainer
+from otviz.explainers.towers import cam_target
+
+
+class ImageEmbedding(nn.Module):
+    """The unit image embedding of an open_clip model, as the module grad-cam runs."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.clip = model
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        return F.normalize(self.clip.encode_image(pixels), dim=-1)
+
+
+class SimilarityTarget:
+    """A grad-cam target: the model output's dot product with a unit text embedding."""
+
+    def __init__(self, text: Tensor) -> None:
+        self.text = text
+
+    def __call__(self, output: Tensor) -> Tensor:
+        return (output * self.text.to(output)).sum(-1)
+
+
+class _LayerGridCAM(GradCAM):
+    """The library's Grad-CAM, its map left at the target layer's resolution (``size``,
+    ``(w, h)``) instead of the input image's."""
+
+    def __init__(self, model: nn.Module, target_layers: list[nn.Module], reshape_transform,
+                 size: tuple[int, int]) -> None:
+        super().__init__(model, target_layers, reshape_transform)
+        self.size = size
+
+    def get_target_width_height(self, input_tensor: Tensor) -> tuple[int, int]:
+        return self.size
+
+
+#: grad-cam hooks the model's target layer for the length of a call: one call at a time.
+_HOOKS = threading.Lock()
+#: Calls of the library per map before giving up when other forwards of the model (another
+#: thread's, seen by the hooks) keep interleaving with its own.
+ATTEMPTS = 3
+
+
+@register_explainer
+class GradCamExplainer(PhraseExplainer):
+    name = "gradcam"
+    label = "Grad-CAM"
+    source = "Selvaraju et al. 2017, via the grad-cam library (pytorch-grad-cam)"
+
+    def layer_size(self, pixels: Tensor) -> tuple[int, int]:
+        """``(h, w)`` of the target layer's map for ``pixels`` (one forward on one image)."""
+        target = cam_target(self.model.visual)
+        seen: list[Tensor] = []
+        handle = target.layer.register_forward_hook(lambda m, i, o: seen.append(o))
+        try:
+            with torch.no_grad():
+                self.model.encode_image(pixels[:1])
+        finally:
+            handle.remove()
+        out = seen[0] if target.reshape is None else target.reshape(seen[0])
+        return int(out.shape[-2]), int(out.shape[-1])
+
+    def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
+        target = cam_target(self.model.visual)
+        h, w = self.layer_size(pixels)
+        with _HOOKS, torch.enable_grad():
+            cam = _LayerGridCAM(ImageEmbedding(self.model), [target.layer], target.reshape,
+                                (w, h))
+            try:
+                # a leaf input that needs its gradient: the hooks fire on a frozen model too
+                leaf = pixels.detach().requires_grad_(True)
+                for _ in range(ATTEMPTS):
+                    maps = cam(leaf, [SimilarityTarget(t) for t in text])
+                    # one activation: no other forward of the shared model ran in between
+                    if len(cam.activations_and_grads.activations) == 1:
+                        break
+                else:
+                    raise RuntimeError("Grad-CAM: other forwards of the model kept running "
+                                       "through its hooks; try again")
+            finally:
+                cam.activations_and_grads.release()
+                self.model.zero_grad(set_to_none=True)
+        return torch.from_numpy(maps).to(pixels.device)

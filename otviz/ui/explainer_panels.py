@@ -1,0 +1,61 @@
+"""The Align grid's explainer panels, behind a toggle (off by default, so the click costs
+what it did without them): each explainer's map of the phrase (:mod:`otviz.explainers`:
+from the image and the phrase's words alone), computed once per pair, phrase and model and
+kept, drawn after the methods' panels. What each explainer computes: docs/explainers.md."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+import numpy as np
+
+from otviz.backbone import Backbone
+from otviz.explain import Encoded
+from otviz.explainers import EXPLAINERS, ExplainerUnsupportedError, explain_pairs
+
+TOGGLE_LABEL = "Explainers too (Grad-CAM, LeGrad, MaskCLIP, Chefer: gradients / attention, no OT)"
+DEFAULT_ON = False
+CACHE_SIZE = 512
+
+_MAPS: OrderedDict[tuple, dict[str, np.ndarray]] = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def explainer_maps(backbone: Backbone, encoded: Encoded, phrase: str) -> dict[str, np.ndarray]:
+    """Each explainer's ``[gh, gw]`` map of ``phrase`` (the phrase's words) on the pair's
+    image, for the explainers that read this backbone's tower (cached)."""
+    key = (id(backbone.model), encoded.key, phrase)
+    with _LOCK:
+        hit = _MAPS.get(key)
+        if hit is not None:
+            _MAPS.move_to_end(key)
+            return hit
+    maps = {}
+    for name in EXPLAINERS:
+        try:
+            run = explain_pairs(backbone, name, [encoded.image], [phrase])
+        except ExplainerUnsupportedError:
+            continue
+        maps[name] = run.maps[0].reshape(encoded.grid).numpy()
+    with _LOCK:
+        _MAPS[key] = maps
+        while len(_MAPS) > CACHE_SIZE:
+            _MAPS.popitem(last=False)
+    return maps
+
+
+def explainer_panels(maps: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    """``(title, map)`` panels of :func:`explainer_maps`, for
+    :func:`otviz.viz.phrase_grid.grid_layout`'s ``extra``."""
+    return [(f"{EXPLAINERS[name].label} (explainer, own scale)", m) for name, m in maps.items()]
+
+
+def explained_by(backbone: Backbone, encoded: Encoded, on: bool
+                 ) -> Callable[[str], dict[str, np.ndarray]] | None:
+    """``phrase -> explainer_maps(...)`` for the pair, or ``None`` when ``on`` is off (the
+    grid then draws the methods alone, as without explainers)."""
+    if not on:
+        return None
+    return lambda phrase: explainer_maps(backbone, encoded, phrase)
