@@ -24,6 +24,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from otviz.boundary.text import check_phrase
 from otviz.explain import REGION_KINDS, Encoded, Explainer, InputError, MethodRun
 from otviz.methods import METHODS
 from otviz.methods.masses import max_over_uniform
@@ -138,9 +139,7 @@ def default_phrase(choices: list[tuple[str, str]]) -> str:
 def resolve_phrase(encoded: Encoded, phrase: str | None) -> list[int]:
     """Word indices of ``phrase``: a picker value ``"span:start:end"`` or words typed by the
     user, matched (case-insensitively) as a contiguous run of caption words."""
-    phrase = (phrase or "").strip()
-    if not phrase:
-        raise InputError("pick a word or phrase of the caption")
+    phrase = check_phrase(phrase)
     n = len(encoded.words)
     span = _SPAN.match(phrase)
     if span:

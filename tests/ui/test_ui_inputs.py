@@ -12,14 +12,12 @@ import pytest
 from gradio.data_classes import ImageData
 from PIL import Image
 
-from otviz.backbone import ImageInputError
+from otviz.boundary.images import MAX_IMAGE_PIXELS, ImageInputError, header_size
 from otviz.explain import InputError
 from otviz.ui.context import AppContext
 from otviz.ui.inputs import (
-    MAX_IMAGE_PIXELS,
     MAX_IMAGE_SIDE,
-    check_image_file,
-    checked_uploads,
+    CheckedImage,
     fit_image,
     on_upload,
     truncation_note,
@@ -67,12 +65,12 @@ def test_files_are_checked_from_their_header(tmp_path):
     Image.fromarray(gradient(20, 30)).save(good)
     text.write_text("not an image")
     Image.new("1", (9000, 9000)).save(huge)  # 81 MP, a few kB on disk
-    assert check_image_file(str(good)) == (30, 20)
+    assert header_size(str(good)) == (30, 20)
     with pytest.raises(InputError, match="notes.jpg is not an image this app can read"):
-        check_image_file(str(text))
+        header_size(str(text))
     with pytest.raises(InputError, match="huge.png is too large \\(9000x9000"):
-        check_image_file(str(huge))
-    component = checked_uploads(gr.Image(type="numpy", image_mode="RGB", render=False))
+        header_size(str(huge))
+    component = CheckedImage(type="numpy", image_mode="RGB", render=False)
     with pytest.raises(gr.Error, match="not an image"):
         component.preprocess(ImageData(path=str(text), orig_name="notes.jpg"))
     np.testing.assert_array_equal(
