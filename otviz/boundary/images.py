@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,7 @@ ImageInput = Image.Image | np.ndarray | str | os.PathLike | bytes
 MAX_IMAGE_PIXELS = 50_000_000
 #: What every unreadable upload (not an image, truncated, corrupt) is told, after its name.
 UNREADABLE_IMAGE = "not an image this app can read: upload a PNG, JPEG, WebP, BMP, ..."
-_DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError,
-                  Image.DecompressionBombError)
+_DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError)
 #: Modes of more than 8 bits per sample (16- and 32-bit integer, float).
 _WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 #: The full scale of an integer image wider than 8 bits (16-bit PNG, TIFF).
@@ -36,11 +36,15 @@ class ImageInputError(InputError):
     """An input is not a usable image (unreadable, empty, too large)."""
 
 
-def too_large(shown: str, width: int, height: int) -> ImageInputError:
-    """The error for an image over :data:`MAX_IMAGE_PIXELS`."""
+def too_large(shown: str, width: int | None = None, height: int | None = None
+              ) -> ImageInputError:
+    """The error for an image over :data:`MAX_IMAGE_PIXELS` (of the size its header gives,
+    where Pillow read it)."""
+    size = "" if width is None or height is None else (
+        f"{width}x{height} = {width * height / 1e6:.0f} MP; ")
     return ImageInputError(
-        f"{shown} is too large ({width}x{height} = {width * height / 1e6:.0f} MP; at most "
-        f"{MAX_IMAGE_PIXELS / 1e6:.0f} MP): scale it down and upload it again")
+        f"{shown} is too large ({size}at most {MAX_IMAGE_PIXELS / 1e6:.0f} MP): scale it "
+        "down and upload it again")
 
 
 def _source_name(source: str | os.PathLike | bytes | bytearray, name: str | None) -> str:
@@ -54,9 +58,13 @@ def _source_name(source: str | os.PathLike | bytes | bytearray, name: str | None
 def _opened(source: str | os.PathLike | bytes | bytearray, shown: str) -> Image.Image:
     """The image at ``source`` opened lazily (header parsed, pixels not decoded yet)."""
     try:
-        if isinstance(source, (bytes, bytearray)):
-            return Image.open(io.BytesIO(bytes(source)))
-        return Image.open(Path(source))
+        with warnings.catch_warnings():  # our limit is below Pillow's warning
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            if isinstance(source, (bytes, bytearray)):
+                return Image.open(io.BytesIO(bytes(source)))
+            return Image.open(Path(source))
+    except Image.DecompressionBombError:  # Pillow's own header check, far beyond ours
+        raise too_large(shown) from None
     except _DECODE_ERRORS:
         raise ImageInputError(f"{shown} is {UNREADABLE_IMAGE}") from None
 
@@ -81,11 +89,14 @@ def decode_image(source: str | os.PathLike | bytes | bytearray,
     file's name, never its folder)."""
     shown = _source_name(source, name)
     image = _opened(source, shown)
+    if image.width * image.height > MAX_IMAGE_PIXELS:
+        image.close()
+        raise too_large(shown, image.width, image.height)
     try:
-        if image.width * image.height > MAX_IMAGE_PIXELS:
-            raise too_large(shown, image.width, image.height)
         image.load()  # a truncated or corrupt file fails here, like a non-image
         return _rgb(image, shown)
+    except InputError:
+        raise
     except _DECODE_ERRORS:
         raise ImageInputError(f"{shown} is {UNREADABLE_IMAGE}") from None
     finally:

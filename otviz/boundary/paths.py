@@ -57,7 +57,7 @@ def unpack_uploads(files: Sequence[str | os.PathLike], target: Path) -> Path:
     top folder, if it has just one, becomes the root), otherwise the files are copied flat
     by name. Refuses members that :func:`confine` refuses and more than
     :data:`MAX_UPLOAD_BYTES`, counted while unpacking (a zip's headers may lie)."""
-    paths = [Path(getattr(f, "name", f)) for f in files or []]
+    paths = [Path(f if isinstance(f, (str, os.PathLike)) else f.name) for f in files or []]
     if not paths:
         raise InputError("no files uploaded: upload a .zip of the folder, or the images and "
                          "their captions file")
@@ -93,10 +93,10 @@ def _unzip(archive: Path, target: Path) -> Path:
                         if written > MAX_UPLOAD_BYTES:
                             raise InputError(over)
                         out.write(chunk)
+    except InputError:
+        raise
     except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError,
-            OSError, ValueError) as e:
-        if isinstance(e, InputError):
-            raise
+            OSError, ValueError):
         raise InputError(f"{archive.name} is not a readable .zip file") from None
     tops = [p for p in target.iterdir() if not p.name.startswith(("__MACOSX", "."))]
     return tops[0] if len(tops) == 1 and tops[0].is_dir() else target
