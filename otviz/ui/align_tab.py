@@ -25,6 +25,7 @@ import plotly.graph_objects as go
 import torch
 
 from otviz.boundary.text import check_phrase
+from otviz.errors import UserInputError
 from otviz.explain import REGION_KINDS, Encoded, Explainer, InputError, MethodRun
 from otviz.methods import METHODS
 from otviz.methods.masses import max_over_uniform
@@ -789,6 +790,8 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
             drawn = DRAWER.draw(encoded.image, [
                 phrase_maps(runs, encoded, p).layout(encoded, scale) for p in todo
             ]) if todo else []
+        except UserInputError:  # nothing aligned to prefetch (yet): the page asks the server
+            return gr.skip()
         except Exception:  # the server draws every pick the page cannot swap in
             log.exception("prefetching the phrase grids failed")
             return gr.skip()
