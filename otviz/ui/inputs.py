@@ -197,7 +197,10 @@ with _no_type_stub():
         of Gradio's own decoding, on every path (a fresh page, after an example was picked,
         API calls). A class, not an instance hook: Gradio rebuilds a component from its
         class when an event updates it (picking an example does), and the copy must check
-        too."""
+        too. A template of ``gr.Image`` (Gradio's mark for a subclass that the page shows
+        with its parent's frontend)."""
+
+        is_template = True
 
         def preprocess(self, payload: Any) -> np.ndarray | None:
             return decode_upload(payload)

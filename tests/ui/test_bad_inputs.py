@@ -268,7 +268,7 @@ FOLDERS: dict[str, Callable[[Path], list[Path]]] = {
 
 
 # ----------------------------------------------------------------------- the registry
-IMAGE_INPUTS = {"checkedimage"}
+IMAGE_INPUTS = {"image"}
 FILE_INPUTS = {"file"}
 #: Inputs no person types into: values the page sets (choices, numbers, state, markup).
 SET_BY_THE_PAGE = {"dropdown", "radio", "checkbox", "checkboxgroup", "slider", "number",
@@ -492,7 +492,8 @@ def test_every_event_survives_the_hostile_catalogue(live_app, example, tmp_path)
                             *example) for g in groups]
         for future in done:
             future.result()
-    allowed = (str(tmp_path), tempfile.gettempdir(), os.getcwd(), sys.prefix, "/usr/", "/proc/",
+    allowed = (str(tmp_path), tempfile.gettempdir(), os.getcwd(), sys.prefix, sys.base_prefix,
+               sys.exec_prefix, "/usr/", "/proc/",
                "/dev/", "/sys/", str(Path.home() / ".cache"))
     outside = sorted({p for p in opened.paths if p.startswith("/")
                       and not p.startswith(allowed)})
