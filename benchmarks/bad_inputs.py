@@ -18,8 +18,8 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 REGISTRY = "tests/ui/test_bad_inputs.py"
-BROWSER = ("tests/test_browser.py::test_errors_outside_the_queue_reach_the_page "
-           "tests/test_browser.py::test_every_event_outside_the_queue_is_driven "
+BROWSER = ("tests/test_browser.py::test_errors_of_the_align_reads_reach_the_page "
+           "tests/test_browser.py::test_every_event_outside_the_queue_never_fails_in_the_page "
            "tests/test_browser.py::test_a_bad_upload_after_an_example_is_a_message "
            "tests/test_browser.py::test_hostile_upload_and_caption_are_plain_messages")
 

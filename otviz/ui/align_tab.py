@@ -777,8 +777,9 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
             token_key,
         )
 
-    # served outside the queue (one HTTP request, no queue round trips: ~60 ms less per
-    # change), so they only read what an Align click computed and never encode or solve
+    # reads of what an Align click computed (they never encode or solve); the prefetch is
+    # served outside the queue (one HTTP request), the reads a person waits on go through it:
+    # Gradio's page shows nothing for an error of a request served outside the queue
     def on_prefetch(img, text, checkpoint, reg, scale, temp):
         try:
             encoded, runs = _encode_and_align(*tools(checkpoint), img, text, reg, temp,
@@ -853,18 +854,15 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
     link.prefetch_after(run.click(*link.click, api_name="align"))
     link.prefetch_after(regions.input(*link.click, **hidden))
     link.prefetch_after(came_t.release(*link.click, **hidden))
-    cached = {"queue": False}  # reads of an Align click's results (on_phrase, on_plan)
     # a pick: swapped in the page from the prefetched grids (SWAP_JS), else drawn (or read
     # from the grid cache) by the server; the server call for a swapped pick is a no-op
     on_edit(phrase, None, [phrase, shared_scale, prefetched, shown_token], swapped,
             js=SWAP_JS).then(user_errors(on_phrase), [*phrase_inputs, swapped], grid,
-                             api_name="align_phrase", queue=False, show_progress="hidden")
+                             api_name="align_phrase", show_progress="hidden")
     link.prefetch_after(shared_scale.input(user_errors(on_phrase), phrase_inputs, grid,
-                                           **hidden, **cached))
-    on_edit(method, user_errors(on_plan), plan_inputs, plan_outputs, api_name="align_plan",
-            **cached)
-    on_edit(token, user_errors(on_token), plan_inputs, token_map, api_name="align_token",
-            **cached)
+                                           **hidden))
+    on_edit(method, user_errors(on_plan), plan_inputs, plan_outputs, api_name="align_plan")
+    on_edit(token, user_errors(on_token), plan_inputs, token_map, api_name="align_token")
     lam.release(user_errors(on_lambda), [*base, lam, regions, came_t], scores,
                 api_name="align_scores")
     prepare.click(
