@@ -9,7 +9,6 @@ import os
 import struct
 import tempfile
 import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -31,17 +30,7 @@ from otviz.boundary.paths import (
 )
 from otviz.boundary.text import check_caption, check_phrase, parse_word_list
 from otviz.errors import InputError
-
-
-def png_header(width: int, height: int) -> bytes:
-    """A valid 1-bit PNG that declares ``width x height`` pixels in a few dozen bytes."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (struct.pack(">I", len(data)) + kind + data
-                + struct.pack(">I", zlib.crc32(kind + data)))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
-            + chunk(b"IEND", b""))
+from tests.helpers import png_header
 
 
 def test_sixteen_bit_images_are_scaled_not_clipped(tmp_path):

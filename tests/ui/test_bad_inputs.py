@@ -29,7 +29,6 @@ import tempfile
 import threading
 import time
 import zipfile
-import zlib
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +46,7 @@ from PIL import Image
 from otviz.boundary.images import UNREADABLE_IMAGE
 from otviz.ui.app import MAX_UPLOAD
 from otviz.ui.examples import load_examples
+from tests.helpers import png_header
 
 UNEXPECTED = "Something unexpected"
 RAW_HTML = ("<h1", "<a ", "<img", "<script")
@@ -146,17 +146,6 @@ SERVER_ROOTS = tuple({tempfile.gettempdir(), os.getcwd(), str(Path.home()), sys.
 
 
 # ----------------------------------------------------------------------- the catalogue
-def _png_header(width: int, height: int) -> bytes:
-    """A valid 1-bit PNG that claims ``width x height`` pixels with almost no data."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (struct.pack(">I", len(data)) + kind + data
-                + struct.pack(">I", zlib.crc32(kind + data)))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
-            + chunk(b"IEND", b""))
-
-
 def _save(image: Image.Image, path: Path, **kwargs) -> Path:
     image.save(path, **kwargs)
     return path
@@ -191,8 +180,8 @@ IMAGES: dict[str, tuple[Callable[[Path], Path], str | None]] = {
     "truncated.png": (_truncated, f"truncated.png is {UNREADABLE_IMAGE}"),
     "empty.png": (_write(b""), f"empty.png is {UNREADABLE_IMAGE}"),
     "notes.png": (_write(b"just text, named .png"), f"notes.png is {UNREADABLE_IMAGE}"),
-    "bomb900mp.png": (_write(_png_header(30_000, 30_000)), "bomb900mp.png is too large"),
-    "bomb144mp.png": (_write(_png_header(12_000, 12_000)), "bomb144mp.png is too large"),
+    "bomb900mp.png": (_write(png_header(30_000, 30_000)), "bomb900mp.png is too large"),
+    "bomb144mp.png": (_write(png_header(12_000, 12_000)), "bomb144mp.png is too large"),
     "deep16.png": (_sixteen_bit, None),
     "cmyk.jpg": (lambda p: _save(_rgb().convert("CMYK"), p), None),
 }
@@ -258,7 +247,7 @@ FOLDERS: dict[str, Callable[[Path], list[Path]]] = {
                                                     "ok.png": _png()},
                                    {"shadow.png": "/etc/shadow"})],
     "lying zip header": lambda d: [_lying_zip(d / "lying.zip")],
-    "bomb inside": _folder("bomb.png,a red circle\n", {"bomb.png": _png_header(12_000, 12_000)}),
+    "bomb inside": _folder("bomb.png,a red circle\n", {"bomb.png": png_header(12_000, 12_000)}),
     "truncated inside": _folder("ok.png,a red circle\n", {"ok.png": _png()[:100]}),
     "text named .png": _folder("ok.png,a red circle\n", {"ok.png": b"not an image"}),
     "empty file": _folder("ok.png,a red circle\n", {"ok.png": b""}),
