@@ -57,8 +57,8 @@ def markdown(counts: dict, api: dict, browser: dict) -> str:
         f"| raw HTML in a message | {counts['raw_html']} |",
         f"| wrong messages | {counts['wrong_messages']} |",
         f"| leaks (server paths in messages, files read outside) | {counts['leaks']} |",
-        "| refused uploads left unpacked | 0 (accepted ones kept: "
-        f"{counts['unpacked_uploads_left']}) |",
+        f"| unpacked upload folders left / uploads accepted | "
+        f"{counts['unpacked_uploads_left']} / {counts['uploads_accepted']} |",
         f"| seconds | {counts['seconds']} |",
         f"| API tests (gradio_client) passed / failed | {api['passed']} / {api['failed']} |",
         f"| browser tests passed / failed / skipped | {browser['passed']} / {browser['failed']} "

@@ -422,7 +422,7 @@ def _fresh_page(browser, live_app, pick_example: bool = True):
 def _toast(page) -> str:
     """The text of the first error toast, once one is visible."""
     toast = page.locator(".toast-body").first
-    toast.wait_for(state="visible")
+    toast.wait_for(state="visible", timeout=30_000)
     return toast.inner_text()
 
 
@@ -445,6 +445,7 @@ def _method_before_align(page) -> None:
     open_tab(page, "Align")
     page.locator("#align-method input").click()
     page.get_by_role("option").nth(2).click()
+    page.locator("#shared-caption textarea").click()  # the blur that ends the edit
 
 
 #: Align's reads of an Align click's results, which were served outside the queue, where
