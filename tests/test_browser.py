@@ -442,6 +442,9 @@ def _phrase_not_in_caption(page) -> None:
 
 
 def _method_before_align(page) -> None:
+    """A method picked for a caption no Align click has computed (another test may have
+    aligned the example's own)."""
+    page.locator("#shared-caption textarea").fill(f"a blue star never aligned {os.getpid()}")
     open_tab(page, "Align")
     page.locator("#align-method input").click()
     page.get_by_role("option").nth(2).click()
