@@ -79,7 +79,7 @@ class BrowseSources:
     features_dir: Path = Path(".cache/otviz-features")
     uploads_dir: Path = Path(".cache/otviz-uploads")
     uploads_cap_bytes: int = 2 * 2**30
-    roots: dict = field(default_factory=dict)  # table key -> its unpacked upload
+    roots: dict[tuple, Path] = field(default_factory=dict)  # table key -> its unpacked upload
 
     @property
     def uploads(self) -> UploadStore:

@@ -23,6 +23,7 @@ from PIL import Image
 
 from otviz.boundary.images import (
     MAX_IMAGE_PIXELS,
+    UNREADABLE_IMAGE,
     ImageInput,
     ImageInputError,
     decode_image,
@@ -168,11 +169,11 @@ def decode_upload(payload: Any) -> np.ndarray | None:
             try:
                 source: Any = base64.b64decode(url.split(",", 1)[-1], validate=False)
             except (binascii.Error, ValueError):
-                raise ImageInputError(f"{name} is not an image this app can read") from None
+                raise ImageInputError(f"{name} is {UNREADABLE_IMAGE}") from None
         else:
             source = getattr(payload, "path", None)
             if not source:
-                raise ImageInputError(f"{name} is not an image this app can read")
+                raise ImageInputError(f"{name} is {UNREADABLE_IMAGE}")
         return np.asarray(decode_image(source, name))
     except UserInputError as e:
         raise user_error("image upload", str(e)) from None
