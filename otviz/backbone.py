@@ -23,20 +23,23 @@ Two ways to get one: :meth:`Backbone.from_checkpoint` (the embedded tiny CLIP, o
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import open_clip
 import torch
 from open_clip.tokenizer import SimpleTokenizer
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
 from torch import Tensor, nn
 
+from otviz.boundary.images import (  # noqa: F401 (the image boundary, re-exported)
+    UNREADABLE_IMAGE,
+    ImageInput,
+    ImageInputError,
+    to_rgb,
+)
 from otviz.errors import UserInputError
 from otviz.methods.base import PairBatch
 from otviz.text.tokenizers import word_tokenizer
@@ -46,15 +49,8 @@ from otviz.tiny_clip import DEFAULT_CHECKPOINT, load_tiny_clip
 from otviz.towers import BackboneLoadError, image_tower, text_tower
 
 Space = Literal["width", "projected"]
-ImageInput = Image.Image | np.ndarray | str | os.PathLike | bytes
 
 
-class ImageInputError(UserInputError, ValueError):
-    """An input is not a usable image."""
-
-
-#: What every unreadable upload (not an image, truncated, corrupt) is told, after its name.
-UNREADABLE_IMAGE = "not an image this app can read: upload a PNG, JPEG, WebP, BMP, ..."
 
 
 class CaptionTooLongError(TokenizationError):
@@ -315,68 +311,6 @@ class Backbone:
         if (space or self.space) == "projected":
             tokens = self.text_tower.project(tokens)
         return tokens, text.mask.to(tokens.device)
-
-
-# --------------------------------------------------------------------- image input
-def to_rgb(image: ImageInput) -> Image.Image:
-    """Any upload as an 8-bit RGB PIL image, upright.
-
-    Accepts a PIL image, a numpy array (``[H, W]``, ``[H, W, 1|3|4]``; uint8, uint16, bool or
-    float in [0, 1]), a file path or encoded bytes. Applies the EXIF orientation, composites
-    transparency (RGBA, LA, palette with a transparent index) on white, scales 16- and
-    32-bit and float images to 8 bits. Raises :class:`ImageInputError` for anything else.
-    """
-    if isinstance(image, np.ndarray):
-        image = _array_to_pil(image)
-    elif isinstance(image, (str, os.PathLike, bytes, bytearray)):
-        image = _open(image)
-    if not isinstance(image, Image.Image):
-        raise ImageInputError(f"not an image: {type(image).__name__}")
-    if image.width < 1 or image.height < 1:
-        raise ImageInputError("empty image")
-    image = ImageOps.exif_transpose(image)
-    mode = image.mode
-    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
-        return _array_to_pil(np.asarray(image))
-    if mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")
-    elif mode in ("LA", "La", "PA", "RGBa"):
-        image = image.convert("RGBA")
-    if image.mode == "RGBA":
-        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, image).convert("RGB")
-    return image.convert("RGB")
-
-
-def _array_to_pil(a: np.ndarray) -> Image.Image:
-    if a.ndim == 3 and a.shape[2] == 1:
-        a = a[:, :, 0]
-    if a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[2] not in (3, 4)) or a.size == 0:
-        raise ImageInputError(f"array of shape {a.shape} is not an image")
-    if a.dtype == np.bool_:
-        a = a.astype(np.uint8) * 255
-    elif a.dtype == np.uint16 or (a.dtype.kind in "iu" and a.max(initial=0) > 255):
-        a = (np.clip(a.astype(np.float64), 0, 65535) / 257.0).round().astype(np.uint8)
-    elif a.dtype.kind == "f":
-        finite = np.nan_to_num(a.astype(np.float64), nan=0.0, posinf=1.0, neginf=0.0)
-        scale = 255.0 if finite.max(initial=0.0) <= 1.0 else 1.0
-        a = (np.clip(finite * scale, 0, 255)).round().astype(np.uint8)
-    elif a.dtype != np.uint8:
-        a = np.clip(a, 0, 255).astype(np.uint8)
-    image = Image.fromarray(np.ascontiguousarray(a))
-    return to_rgb(image) if image.mode == "RGBA" else image.convert("RGB")
-
-
-def _open(source: str | os.PathLike | bytes | bytearray) -> Image.Image:
-    try:
-        if isinstance(source, (bytes, bytearray)):
-            image = Image.open(io.BytesIO(bytes(source)))
-        else:
-            image = Image.open(Path(source))
-        image.load()
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, ValueError) as e:
-        raise ImageInputError(f"the input is {UNREADABLE_IMAGE}") from e
-    return image
 
 
 # --------------------------------------------------------------------- model helpers

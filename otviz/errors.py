@@ -15,3 +15,8 @@ class OtvizError(Exception):
 
 class UserInputError(OtvizError):
     """Bad input from a person; the message says what to change."""
+
+
+class InputError(UserInputError, ValueError):
+    """Bad user input (no image, empty caption, unknown phrase, a refused upload); the message
+    is for people."""

@@ -16,19 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.backbone import Backbone, ImageInput, TokenFeatures, to_rgb
-from otviz.errors import UserInputError
+from otviz.backbone import Backbone, TokenFeatures
+from otviz.boundary.images import ImageInput, to_rgb
+from otviz.boundary.text import MAX_CAPTION_CHARS, check_caption  # noqa: F401 (re-exported)
+from otviz.errors import InputError  # noqa: F401 (re-exported: the views import it here)
 from otviz.methods import Alignment, PairBatch
 from otviz.regions import cell_layout, grid_cells, patch_means, random_boxes, segments
 from otviz.suite import MethodSuite
 from otviz.text.parse import ParseResult, batch_node_masks, parse_caption
 from otviz.text.words import Word
-
-MAX_CAPTION_CHARS = 1000
-
-
-class InputError(UserInputError, ValueError):
-    """Bad user input (no image, empty caption, unknown phrase); the message is for people."""
 
 
 class NotComputedError(InputError):
@@ -154,11 +150,7 @@ class Explainer:
         queue), :class:`NotComputedError` when the pair is not cached."""
         if image is None:
             raise InputError("no image: upload one or pick an example")
-        caption = (caption or "").strip()
-        if not caption:
-            raise InputError("the caption is empty: type what the image shows")
-        if len(caption) > MAX_CAPTION_CHARS:
-            raise InputError(f"the caption is over {MAX_CAPTION_CHARS} characters")
+        caption = check_caption(caption)
         rgb = np.asarray(to_rgb(image))
         key = (hashlib.sha1(rgb.tobytes() + str(rgb.shape).encode()).hexdigest(), caption)
         hit = self._cached(self._cache, key, compute)

@@ -7,6 +7,7 @@ import os
 import platform
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 # The world's background textures go through a float32 matrix product, and OpenBLAS picks
 # its kernel by CPU: its AVX-512 kernels round differently from its AVX2 ones, so a world
@@ -18,6 +19,8 @@ if platform.machine().lower() in {"x86_64", "amd64"}:
 
 import pytest  # noqa: E402
 
+from otviz.eval.browse import BrowseCache  # noqa: E402
+from otviz.ui.browse_tab import BrowseSources  # noqa: E402
 from otviz.ui.context import AppContext  # noqa: E402
 from otviz.ui.train_jobs import TrainingJobs  # noqa: E402
 
@@ -29,6 +32,8 @@ class LiveApp:
     url: str
     ctx: AppContext
     jobs: TrainingJobs
+    browse: BrowseSources
+    blocks: Any  # the served gr.Blocks (its events, their callbacks)
 
 
 def free_port() -> int:
@@ -40,19 +45,20 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def live_app(tmp_path_factory) -> LiveApp:
     """``otviz.ui.app.build_app`` on the embedded checkpoint, queued and limited as
-    :func:`launch` does, on 127.0.0.1 and a free port; training runs and feature caches in
-    a temp dir."""
+    :func:`launch` does, on 127.0.0.1 and a free port; training runs, Browse's unpacked
+    uploads and feature caches in a temp dir."""
     from otviz.ui.app import build_app, serve_options
 
     root = tmp_path_factory.mktemp("live-app")
     ctx = AppContext.default()
     jobs = TrainingJobs(ctx, root / "runs", root / "features")
-    app = build_app(ctx, jobs)
+    browse = BrowseSources(BrowseCache(), root / "features", root / "uploads")
+    app = build_app(ctx, jobs, browse)
     options = serve_options(app)
     port = free_port()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
                quiet=True, ssr_mode=False, **options)
-    yield LiveApp(f"http://127.0.0.1:{port}/", ctx, jobs)
+    yield LiveApp(f"http://127.0.0.1:{port}/", ctx, jobs, browse, app)
     job = jobs.current()
     if job is not None:
         job.stop_event.set()

@@ -92,3 +92,18 @@ def random_ot_problem(seed: int, b: int = 3, n: int = 7, m: int = 5, col_mass: f
     a = torch.rand(b, n, generator=gen, dtype=torch.float64) + 0.1
     bb = torch.rand(b, m, generator=gen, dtype=torch.float64) + 0.1
     return cost, a / a.sum(1, keepdim=True), col_mass * bb / bb.sum(1, keepdim=True)
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A valid 1-bit PNG that declares ``width x height`` pixels in a few dozen bytes (a
+    pixel bomb small on disk)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
+            + chunk(b"IEND", b""))

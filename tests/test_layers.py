@@ -21,6 +21,7 @@ PACKAGE = ROOT / "otviz"
 #: (the first dotted part after ``otviz``: a subpackage or a top-level module).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "assets"),
+    ("boundary",),
     ("ot", "regions"),
     ("methods",),
     ("text",),

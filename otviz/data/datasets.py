@@ -35,12 +35,13 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 
 from PIL import Image
 
-from otviz.backbone import to_rgb
+from otviz.boundary.images import to_rgb
+from otviz.boundary.paths import NOT_FOUND, confine, inside
 from otviz.errors import UserInputError
 from otviz.world import Sample, World, WorldConfig
 
@@ -51,9 +52,6 @@ _CAPTION_HEADERS = {"caption", "text", "sentence"}
 
 class DatasetError(UserInputError, ValueError):
     """A dataset cannot be read."""
-
-
-NOT_FOUND = "not found or not allowed"
 
 
 class MissingFilesError(DatasetError, FileNotFoundError):
@@ -118,7 +116,8 @@ class CaptionFolder:
 
     def __post_init__(self) -> None:
         if not self.captions:
-            raise EmptyDatasetError(f"no image-caption pairs in {self.source}")
+            raise EmptyDatasetError(
+                f"no image-caption pairs in the {self.source.get('format', 'dataset')} file")
         if len(self.captions) != len(self.pair_image):
             raise ValueError("one image index per caption needed")
 
@@ -138,7 +137,7 @@ class CaptionFolder:
 
     def load_image(self, j: int) -> Image.Image:
         """Image ``j`` as an RGB PIL image (raises ``ImageInputError`` if unreadable)."""
-        return to_rgb(self.image_paths[j])
+        return to_rgb(self.image_paths[j], self.image_paths[j].name)
 
     def groups(self) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in self.image_paths]
@@ -170,26 +169,6 @@ class CaptionFolder:
 
 
 # --------------------------------------------------------------------- confinement
-def inside(root: str | os.PathLike, path: str | os.PathLike) -> bool:
-    """Whether ``path`` resolves (symlinks followed) to ``root`` or below it."""
-    try:
-        return Path(path).resolve().is_relative_to(Path(root).resolve())
-    except (OSError, RuntimeError, ValueError):  # a symlink loop, a NUL in the name
-        return False
-
-
-def confine(root: str | os.PathLike, base: Path, name: str) -> Path | None:
-    """``base / name`` when ``name`` is relative, has no ``..`` and resolves inside ``root``
-    (symlinks followed); ``None`` otherwise."""
-    posix, windows = PurePosixPath(name), PureWindowsPath(name)
-    if posix.is_absolute() or windows.is_absolute() or windows.drive:
-        return None
-    if ".." in posix.parts or ".." in windows.parts:
-        return None
-    path = base / posix
-    return path if inside(root, path) else None
-
-
 def _shown(path: Path, root: str | os.PathLike | None) -> str:
     """``path`` as messages show it: relative to ``root`` when confined."""
     if root is None:

@@ -44,7 +44,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,16 +57,19 @@ from torch import Tensor
 from otviz.backbone import Backbone
 from otviz.checkpoints.identity import backbone_fingerprint
 from otviz.data.datasets import ImageCaptionDataset
+from otviz.data.disk_lru import (
+    discard,
+    disk_bytes,
+    evict_least_recent,
+    owner_alive,
+    write_owner,
+)
 from otviz.errors import OtvizError
 from otviz.methods.base import PairBatch
 
 FORMAT = "otviz-feature-cache/1"
 META_FILE = "meta.json"
-OWNER_FILE = "owner.pid"
 BUILDING_SUFFIX = ".building"
-#: A build directory without its owner file is stale after this long (its owner wrote the
-#: file right after creating it, unless it died first).
-ORPHAN_AGE_S = 60.0
 STORAGE_DTYPES = ("float16", "float32")
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
 Progress = Callable[[int, int], None]
@@ -226,12 +228,12 @@ class FeatureCache:
             _mark_used(final)
             return cached
         if final.exists():  # invalid (half-written by something else, truncated, foreign)
-            _discard(final)
+            discard(final)
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:24]}.", suffix=BUILDING_SUFFIX,
                                     dir=self.root))
         try:
-            (tmp / OWNER_FILE).write_text(str(os.getpid()))
+            write_owner(tmp)
             captions = _build(tmp, backbone, dataset, batch_size, progress, dtype)
             _write_meta(tmp, key, record, backbone, captions)
             try:
@@ -259,22 +261,14 @@ class FeatureCache:
         ``max_bytes`` on disk (the most recently used entry always stays); returns the
         deleted entries."""
         entries = self.entries()
-        sizes = [_disk_bytes(d) for d in entries]
-        total, deleted = sum(sizes), []
-        for entry, size in zip(entries[:-1], sizes[:-1], strict=True):
-            if total <= max_bytes:
-                break
-            _discard(entry)
-            total -= size
-            deleted.append(entry)
-        return deleted
+        return evict_least_recent(entries, [disk_bytes(d) for d in entries], max_bytes)
 
     def remove_stale_builds(self) -> list[Path]:
         """Delete the temporary directories of builds whose process is gone (and of
         discards that a crash interrupted); returns them."""
         if not self.root.is_dir():
             return []
-        stale = [d for d in self.root.glob(f".*{BUILDING_SUFFIX}") if not _build_alive(d)]
+        stale = [d for d in self.root.glob(f".*{BUILDING_SUFFIX}") if not owner_alive(d)]
         stale += list(self.root.glob(".discard.*"))
         for d in stale:
             shutil.rmtree(d, ignore_errors=True)
@@ -407,34 +401,6 @@ def _mark_used(directory: Path) -> None:
         os.utime(directory / META_FILE)
     except OSError:  # a read-only cache still serves its entries
         pass
-
-
-def _disk_bytes(directory: Path) -> int:
-    return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
-
-
-def _build_alive(directory: Path) -> bool:
-    """Whether the process that is building in ``directory`` still runs."""
-    try:
-        pid = int((directory / OWNER_FILE).read_text())
-    except (OSError, ValueError):
-        try:
-            return time.time() - directory.stat().st_mtime < ORPHAN_AGE_S
-        except OSError:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
-def _discard(directory: Path) -> None:
-    trash = Path(tempfile.mkdtemp(prefix=".discard.", dir=directory.parent))
-    os.rename(directory, trash / "entry")
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _indices(idx: Tensor | Sequence[int] | np.ndarray, n: int) -> np.ndarray:

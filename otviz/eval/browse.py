@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 from torch import Tensor
 
+from otviz.boundary.images import header_size
 from otviz.data.datasets import CaptionFolder
 from otviz.data.feature_cache import FeatureCache
 from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries
@@ -290,18 +290,9 @@ def world_browse(
                         explainers=explainers)
 
 
-def first_captions(
-    folder: CaptionFolder, root: Path, max_images: int = MAX_IMAGES
-) -> CaptionFolder:
-    """The first caption of each of the first ``max_images`` images of ``folder``, refusing
-    (:class:`InputError`) an image that lies outside ``root`` (an upload may only show its
-    own files)."""
-    inside = Path(root).resolve()
-    outside = [p for p in folder.image_paths[:max_images]
-               if inside not in Path(p).resolve().parents]
-    if outside:
-        raise InputError(f"the captions file names {len(outside)} image(s) outside the upload, "
-                         f"e.g. {Path(outside[0]).name!r}")
+def first_captions(folder: CaptionFolder, max_images: int = MAX_IMAGES) -> CaptionFolder:
+    """The first caption of each of the first ``max_images`` images of ``folder`` (load it
+    confined to its upload: ``load_image_captions(root, root=root)``)."""
     first: dict[int, int] = {}
     for i, j in enumerate(folder.pair_image):
         if j < max_images:
@@ -318,17 +309,15 @@ def folder_browse(
 ) -> BrowseTable:
     """The :class:`BrowseTable` of an image-caption folder (one caption per image, e.g. from
     :func:`first_captions`), encoded through the feature cache in ``cache_dir``, with the
-    ``explainers``' columns after the methods'."""
+    ``explainers``' columns after the methods'; every image's header is checked against the
+    pixel limit before anything is decoded."""
+    sizes = [header_size(p, p.name) for p in folder.image_paths]
     data = EvalSet(ParsedCaptions(folder), suite.backbone, FeatureCache(cache_dir))
     data.features(suite.backbone.space)
 
     def load(j: int) -> np.ndarray:
         return np.asarray(folder.load_image(j))
 
-    sizes = []
-    for p in folder.image_paths:
-        with Image.open(p) as im:
-            sizes.append(im.size)
     return browse_table(suite, data, folder_queries(data), torch.tensor(sizes), load,
                         threshold=threshold, explainers=explainers)
 

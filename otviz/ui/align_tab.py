@@ -24,6 +24,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from otviz.boundary.text import check_phrase
+from otviz.errors import UserInputError
 from otviz.explain import REGION_KINDS, Encoded, Explainer, InputError, MethodRun
 from otviz.methods import METHODS
 from otviz.methods.masses import max_over_uniform
@@ -143,9 +145,7 @@ def default_phrase(choices: list[tuple[str, str]]) -> str:
 def resolve_phrase(encoded: Encoded, phrase: str | None) -> list[int]:
     """Word indices of ``phrase``: a picker value ``"span:start:end"`` or words typed by the
     user, matched (case-insensitively) as a contiguous run of caption words."""
-    phrase = (phrase or "").strip()
-    if not phrase:
-        raise InputError("pick a word or phrase of the caption")
+    phrase = check_phrase(phrase)
     n = len(encoded.words)
     span = _SPAN.match(phrase)
     if span:
@@ -800,8 +800,9 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
             token_key,
         )
 
-    # served outside the queue (one HTTP request, no queue round trips: ~60 ms less per
-    # change), so they only read what an Align click computed and never encode or solve
+    # reads of what an Align click computed (they never encode or solve); the prefetch is
+    # served outside the queue (one HTTP request), the reads a person waits on go through it:
+    # Gradio's page shows nothing for an error of a request served outside the queue
     def on_prefetch(img, text, checkpoint, reg, scale, temp, expl=False):
         try:
             explainer, suite = tools(checkpoint)
@@ -815,6 +816,8 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
             drawn = DRAWER.draw(encoded.image, [
                 phrase_maps(runs, encoded, p, explained).layout(encoded, scale) for p in todo
             ]) if todo else []
+        except UserInputError:  # nothing aligned to prefetch (yet): the page asks the server
+            return gr.skip()
         except Exception:  # the server draws every pick the page cannot swap in
             log.exception("prefetching the phrase grids failed")
             return gr.skip()
@@ -879,18 +882,15 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
     link.prefetch_after(regions.input(*link.click, **hidden))
     link.prefetch_after(came_t.release(*link.click, **hidden))
     link.prefetch_after(explain_on.input(*link.click, **hidden))
-    cached = {"queue": False}  # reads of an Align click's results (on_phrase, on_plan)
     # a pick: swapped in the page from the prefetched grids (SWAP_JS), else drawn (or read
     # from the grid cache) by the server; the server call for a swapped pick is a no-op
     on_edit(phrase, None, [phrase, shared_scale, prefetched, shown_token], swapped,
             js=SWAP_JS).then(user_errors(on_phrase), [*phrase_inputs, swapped], grid,
-                             api_name="align_phrase", queue=False, show_progress="hidden")
+                             api_name="align_phrase", show_progress="hidden")
     link.prefetch_after(shared_scale.input(user_errors(on_phrase), phrase_inputs, grid,
-                                           **hidden, **cached))
-    on_edit(method, user_errors(on_plan), plan_inputs, plan_outputs, api_name="align_plan",
-            **cached)
-    on_edit(token, user_errors(on_token), plan_inputs, token_map, api_name="align_token",
-            **cached)
+                                           **hidden))
+    on_edit(method, user_errors(on_plan), plan_inputs, plan_outputs, api_name="align_plan")
+    on_edit(token, user_errors(on_token), plan_inputs, token_map, api_name="align_token")
     lam.release(user_errors(on_lambda), [*base, lam, regions, came_t], scores,
                 api_name="align_scores")
     prepare.click(

@@ -11,7 +11,6 @@ only wires them to components.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import gradio as gr
@@ -21,6 +20,7 @@ import torch
 from matplotlib.figure import Figure
 
 from otviz.backbone import Backbone
+from otviz.boundary.text import parse_word_list
 from otviz.eval.grounding_metrics import mean_offdiag_cosine
 from otviz.explain import InputError
 from otviz.methods.conceptot import ConceptOT
@@ -56,10 +56,6 @@ the anchors carrying the most transported mass on this image-caption pair, the k
 active, i.e. where mass can flow through it."""
 
 WORLD_WORDS: list[str] = [*SIZES, *COLOURS, *SHAPES, "left", "right", "above", "below"]
-MAX_WORDS = 100
-MAX_WORD_CHARS = 40
-_SEPARATORS = re.compile(r"[,;\n]+")
-_HAS_ALNUM = re.compile(r"[A-Za-z0-9]")
 
 
 def default_words(checkpoint: str) -> str:
@@ -67,25 +63,6 @@ def default_words(checkpoint: str) -> str:
     embedded model, 30 common visual concepts for a real CLIP (ConceptOT Fig. 5)."""
     words = WORLD_WORDS if checkpoint.startswith(EMBEDDED) else COMMON_CONCEPTS
     return ", ".join(words)
-
-
-def parse_word_list(text: str | None) -> list[str]:
-    """Words (or short phrases) separated by commas, semicolons or new lines; duplicates
-    dropped, order kept. Raises :class:`InputError` for an empty list, too many entries, or
-    an entry that is too long or has no letter or digit."""
-    entries = [w.strip() for w in _SEPARATORS.split(text or "")]
-    words = list(dict.fromkeys(w for w in entries if w))
-    if not words:
-        raise InputError("the word list is empty: type words separated by commas")
-    if len(words) > MAX_WORDS:
-        raise InputError(f"at most {MAX_WORDS} words, got {len(words)}")
-    bad = [w for w in words if not _HAS_ALNUM.search(w)]
-    if bad:
-        raise InputError(f"these entries are not words (no letter or digit): {bad}")
-    long = [w for w in words if len(w) > MAX_WORD_CHARS]
-    if long:
-        raise InputError(f"entries over {MAX_WORD_CHARS} characters: {long}")
-    return words
 
 
 def conceptot_entry(ctx: AppContext, checkpoint: str) -> SuiteMethod:

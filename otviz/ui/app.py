@@ -14,7 +14,7 @@ from otviz.ui.browse_tab import TAB_TITLE as BROWSE_TITLE
 from otviz.ui.browse_tab import AlignTarget, BrowseSources, build_browse_tab
 from otviz.ui.context import AppContext, SharedInputs, on_space, remote_models
 from otviz.ui.examples import load_examples
-from otviz.ui.inputs import checked_uploads, guard_callbacks, on_upload
+from otviz.ui.inputs import CheckedImage, guard_callbacks, on_upload
 from otviz.ui.phrase_grids import DRAWER
 from otviz.ui.phrases_tab import build_phrases_tab
 from otviz.ui.probe_tab import build_probe_tab
@@ -62,8 +62,8 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
     """The image, caption and checkpoint picker every view reads, with the examples."""
     choices = ctx.checkpoint_choices()
     with gr.Row():
-        image = checked_uploads(gr.Image(label="Image", type="numpy", image_mode="RGB",
-                                         height=260, scale=1, elem_id="shared-image"))
+        image = CheckedImage(label="Image", type="numpy", image_mode="RGB", height=260,
+                             scale=1, elem_id="shared-image")
         with gr.Column(scale=2):
             caption = gr.Textbox(
                 label="Caption", placeholder="a small red circle to the left of a blue star",

@@ -11,8 +11,6 @@ table from :mod:`otviz.viz.browse`; uploads go through the Train view's validate
 
 from __future__ import annotations
 
-import tempfile
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,9 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
+from otviz.boundary.paths import NOT_FOUND
 from otviz.data.datasets import DatasetError, load_image_captions
+from otviz.data.upload_store import UploadStore
 from otviz.eval.browse import (
     ALL_ROWS,
     HIT_FILTERS,
@@ -45,7 +45,6 @@ from otviz.ui.align_tab import AlignLink
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.events import on_edit
 from otviz.ui.inputs import user_errors
-from otviz.ui.train_jobs import unpack_uploads
 from otviz.viz.browse import browse_frame, browse_page_image
 
 TAB_TITLE = "Browse"
@@ -74,13 +73,18 @@ read the kept results."""
 @dataclass
 class BrowseSources:
     """Where the view's tables come from: computed tables kept in memory, the on-disk
-    feature cache and the folder that uploads are unpacked into."""
+    feature cache and the folder that uploads are unpacked into (an
+    :class:`~otviz.data.upload_store.UploadStore` capped at ``uploads_cap_bytes``)."""
 
     cache: BrowseCache = field(default_factory=BrowseCache)
     features_dir: Path = Path(".cache/otviz-features")
-    uploads_dir: Path = field(
-        default_factory=lambda: Path(tempfile.mkdtemp(prefix="otviz-browse-"))
-    )
+    uploads_dir: Path = Path(".cache/otviz-uploads")
+    uploads_cap_bytes: int = 2 * 2**30
+    roots: dict[tuple, Path] = field(default_factory=dict)  # table key -> its unpacked upload
+
+    @property
+    def uploads(self) -> UploadStore:
+        return UploadStore(self.uploads_dir, self.uploads_cap_bytes)
 
 
 @dataclass
@@ -122,20 +126,29 @@ def load_table(
                                  explainers=explainers),
         )
     paths = _uploaded_paths(files)
+    key = (checkpoint, source, tuple(paths), explainers)
 
     def compute() -> BrowseTable:
-        root = unpack_uploads(paths, sources.uploads_dir / uuid.uuid4().hex)
-        try:
-            folder = load_image_captions(root)
-        except (DatasetError, OSError) as e:
-            raise InputError(f"cannot read the uploaded folder: {e}") from None
-        return folder_browse(suite, first_captions(folder, root), sources.features_dir,
-                             explainers=explainers)
+        with sources.uploads.unpacked(paths) as root:
+            try:
+                folder = load_image_captions(root, root=root)
+            except DatasetError as e:
+                raise InputError(f"cannot read the uploaded folder: {e}") from None
+            except OSError:
+                raise InputError(f"cannot read the uploaded folder: a file is {NOT_FOUND}"
+                                 ) from None
+            table = folder_browse(suite, first_captions(folder), sources.features_dir,
+                                  explainers=explainers)
+        sources.roots[key] = root
+        return table
 
     if not paths:
         raise InputError("no files uploaded: upload a .zip of the folder, or the images and "
                          "their captions file")
-    return sources.cache.get((checkpoint, source, tuple(paths), explainers), compute)
+    table = sources.cache.get(key, compute)
+    if key in sources.roots:
+        sources.uploads.touch(sources.roots[key])
+    return table
 
 
 @dataclass
@@ -190,6 +203,7 @@ def build_browse_tab(
 ) -> None:
     """Add the Browse view to the enclosing ``gr.Blocks`` (inside its tab)."""
     sources = sources or BrowseSources()
+    sources.uploads.remove_stale()  # the unpacked uploads of servers that are gone
     with gr.Row():
         source = gr.Radio(list(SOURCES), value=WORLD_SOURCE, label="Images", scale=1)
         split = gr.Dropdown(list(WORLD_SPLITS), value="test", label="World split", scale=1)

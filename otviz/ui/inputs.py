@@ -1,38 +1,62 @@
-"""What the views do with what people give them: bad input becomes a message in the page
-(never a traceback), and large uploads are scaled down before anything encodes or draws
-them."""
+"""What the views do with what people give them: every upload decoded once through the
+input boundary (:mod:`otviz.boundary`), bad input a message in the page (never a traceback,
+never a server path), large uploads scaled down before anything encodes or draws them; a
+user error is one log line with its id, an unexpected one keeps its traceback."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import functools
 import html
 import inspect
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gradio as gr
+import gradio.component_meta
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
-from otviz.backbone import UNREADABLE_IMAGE, ImageInput, ImageInputError, to_rgb
+from otviz.boundary.images import (
+    MAX_IMAGE_PIXELS,
+    UNREADABLE_IMAGE,
+    ImageInput,
+    ImageInputError,
+    decode_image,
+    header_size,
+    to_rgb,
+    too_large,
+)
+from otviz.boundary.paths import scrub_server_paths
 from otviz.errors import UserInputError
-from otviz.explain import Encoded, Explainer, InputError
+from otviz.explain import Encoded, Explainer
 
 log = logging.getLogger("otviz.ui")
 
 #: Uploads are scaled down to this longer side (every backbone resizes to <= 224 px, and
-#: the figures are drawn at panel size), ...
+#: the figures are drawn at panel size); beyond
+#: :data:`~otviz.boundary.images.MAX_IMAGE_PIXELS` they are refused.
 MAX_IMAGE_SIDE = 1024
-#: ... and refused beyond this many pixels (a 50 MP image is already 150 MB as RGB).
-MAX_IMAGE_PIXELS = 50_000_000
 
 
-def page_error(message: str, **kwargs: Any) -> gr.Error:
+def page_error(message: str) -> gr.Error:
     """A ``gr.Error`` showing ``message`` as text: Gradio renders error messages as HTML,
-    so user text in them (a caption, a file name) is escaped."""
-    return gr.Error(html.escape(message, quote=False), **kwargs)
+    so user text in them (a caption, a file name) is escaped, and any server folder in it is
+    cut (:func:`~otviz.boundary.paths.scrub_server_paths`). Gradio prints no traceback for
+    it: the callers log what they need."""
+    return gr.Error(html.escape(scrub_server_paths(message), quote=False),
+                    print_exception=False)
+
+
+def user_error(where: str, message: str) -> gr.Error:
+    """The page's message for a user error, logged as one line with a short id."""
+    error_id = uuid.uuid4().hex[:8]
+    log.info("user error %s in %s: %s", error_id, where, scrub_server_paths(message))
+    return page_error(message)
 
 
 def unexpected_error(where: str, error: BaseException) -> gr.Error:
@@ -43,9 +67,7 @@ def unexpected_error(where: str, error: BaseException) -> gr.Error:
     return page_error(
         f"Something unexpected went wrong in this view (error id {error_id}, "
         f"{type(error).__name__}; the server log has the details). Try another image or "
-        "caption, or report the id.",
-        print_exception=False,
-    )
+        "caption, or report the id.")
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -59,9 +81,12 @@ def user_errors(fn: Callable) -> Callable:
 
     def translate(error: Exception) -> gr.Error:
         if isinstance(error, gr.Error):
+            if error.print_exception:  # raised by Gradio or a view: one line here instead
+                log.info("user error in %s: %s", where, error.message)
+                error.print_exception = False
             return error
         if isinstance(error, UserInputError):
-            return page_error(str(error))
+            return user_error(where, str(error))
         return unexpected_error(where, error)
 
     if inspect.isgeneratorfunction(fn):
@@ -96,8 +121,8 @@ def guard_callbacks(blocks: gr.Blocks) -> None:
 
 
 def image_size(image: Any) -> tuple[int, int] | None:
-    """``(width, height)`` of an upload without decoding it where possible (arrays, PIL
-    images, and file headers); ``None`` for no image."""
+    """``(width, height)`` of an upload without decoding it (arrays, PIL images, and file
+    headers through :func:`~otviz.boundary.images.header_size`); ``None`` for no image."""
     if image is None:
         return None
     if isinstance(image, np.ndarray):
@@ -106,23 +131,22 @@ def image_size(image: Any) -> tuple[int, int] | None:
         return int(image.shape[1]), int(image.shape[0])
     if isinstance(image, Image.Image):
         return image.size
+    if isinstance(image, (str, bytes, bytearray)) or hasattr(image, "__fspath__"):
+        return header_size(image)
     return to_rgb(image).size
 
 
 def fit_image(image: ImageInput | None) -> tuple[ImageInput | None, str | None]:
     """The upload scaled down so that its longer side is at most :data:`MAX_IMAGE_SIDE`
     (aspect ratio kept, Lanczos filter), with a note saying so; unchanged (and no note)
-    when it already fits. Raises :class:`InputError` beyond :data:`MAX_IMAGE_PIXELS` and
-    :class:`ImageInputError` for what is not an image."""
+    when it already fits. Raises :class:`ImageInputError` beyond :data:`MAX_IMAGE_PIXELS`
+    and for what is not an image."""
     size = image_size(image)
     if size is None:
         return None, None
     width, height = size
     if width * height > MAX_IMAGE_PIXELS:
-        raise InputError(
-            f"the image is too large ({width}x{height} = {width * height / 1e6:.0f} MP; at most "
-            f"{MAX_IMAGE_PIXELS / 1e6:.0f} MP): scale it down and upload it again"
-        )
+        raise too_large("the image", width, height)
     if max(width, height) <= MAX_IMAGE_SIDE:
         return image, None
     scale = MAX_IMAGE_SIDE / max(width, height)
@@ -132,49 +156,55 @@ def fit_image(image: ImageInput | None) -> tuple[ImageInput | None, str | None]:
     return np.asarray(resized), note
 
 
-def check_image_file(path: str, name: str | None = None) -> tuple[int, int]:
-    """``(width, height)`` of an uploaded file; raises :class:`InputError` for a file over
-    :data:`MAX_IMAGE_PIXELS` (from its header, before anything decodes it), and for one
-    that is not an image or does not decode (truncated, corrupt) alike."""
-    shown = name or str(path).rsplit("/", 1)[-1]
-    limit = f"at most {MAX_IMAGE_PIXELS / 1e6:.0f} MP): scale it down and upload it again"
+def decode_upload(payload: Any) -> np.ndarray | None:
+    """An image component's upload (a file, or a ``data:`` URL) as uint8 RGB ``[H, W, 3]``,
+    decoded once by :func:`~otviz.boundary.images.decode_image` (pixel limit from the
+    header first, 16-bit scaled); a bad upload is a page message naming it."""
+    if payload is None:
+        return None
+    name = getattr(payload, "orig_name", None) or "the upload"
+    url = str(getattr(payload, "url", "") or "")
     try:
-        with Image.open(path) as image:
-            width, height = image.size
-            if width * height <= MAX_IMAGE_PIXELS:
-                image.load()  # a truncated or corrupt file fails here, like a non-image
-    except Image.DecompressionBombError:  # Pillow's own limit, far beyond ours
-        raise InputError(f"{shown} is too large ({limit}") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        raise InputError(f"{shown} is {UNREADABLE_IMAGE}") from None
-    if width * height > MAX_IMAGE_PIXELS:
-        raise InputError(
-            f"{shown} is too large ({width}x{height} = {width * height / 1e6:.0f} MP; {limit}")
-    return width, height
+        if url.startswith("data:"):
+            try:
+                source: Any = base64.b64decode(url.split(",", 1)[-1], validate=False)
+            except (binascii.Error, ValueError):
+                raise ImageInputError(f"{name} is {UNREADABLE_IMAGE}") from None
+        else:
+            source = getattr(payload, "path", None)
+            if not source:
+                raise ImageInputError(f"{name} is {UNREADABLE_IMAGE}")
+        return np.asarray(decode_image(source, name))
+    except UserInputError as e:
+        raise user_error("image upload", str(e)) from None
 
 
-def checked_uploads(image: gr.Image) -> gr.Image:
-    """``image`` with its uploads checked (:func:`check_image_file`) before Gradio decodes
-    them, so that a file that is not an image, or a huge one, is a message in the page
-    rather than a failed request. (An instance hook: a ``gr.Image`` subclass would make
-    Gradio write a type stub next to this module.)"""
-    decode = image.preprocess
+@contextlib.contextmanager
+def _no_type_stub() -> Iterator[None]:
+    """Gradio writes a ``.pyi`` stub next to the module of every component class it sees
+    defined; the app's one component subclass needs none."""
+    write = gradio.component_meta.create_or_modify_pyi
+    gradio.component_meta.create_or_modify_pyi = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        gradio.component_meta.create_or_modify_pyi = write
 
-    def preprocess(payload: Any) -> Any:
-        path = getattr(payload, "path", None)
-        name = getattr(payload, "orig_name", None)
-        try:
-            if path and not str(getattr(payload, "url", "") or "").startswith("data:"):
-                check_image_file(path, name)
-            return decode(payload)
-        except InputError as e:
-            raise page_error(str(e)) from None
-        except Exception:  # Gradio's own decoding of a file that passed the check
-            log.warning("upload %r failed to decode", name, exc_info=True)
-            raise page_error(f"{name or 'the upload'} is {UNREADABLE_IMAGE}") from None
 
-    image.preprocess = preprocess  # type: ignore[method-assign]
-    return image
+with _no_type_stub():
+
+    class CheckedImage(gr.Image):
+        """The app's image input: every upload goes through :func:`decode_upload` instead
+        of Gradio's own decoding, on every path (a fresh page, after an example was picked,
+        API calls). A class, not an instance hook: Gradio rebuilds a component from its
+        class when an event updates it (picking an example does), and the copy must check
+        too. A template of ``gr.Image`` (Gradio's mark for a subclass that the page shows
+        with its parent's frontend)."""
+
+        is_template = True
+
+        def preprocess(self, payload: Any) -> np.ndarray | None:
+            return decode_upload(payload)
 
 
 def truncation_note(encoded: Encoded) -> str | None:

@@ -22,8 +22,9 @@ import torch
 from matplotlib.figure import Figure
 
 from otviz.backbone import ImageInput, TokenFeatures
+from otviz.boundary.text import check_caption
 from otviz.eval.probe import probe_accuracy
-from otviz.explain import MAX_CAPTION_CHARS, Encoded, Explainer, InputError, region_masks
+from otviz.explain import Encoded, Explainer, InputError, region_masks
 from otviz.methods import PairBatch
 from otviz.suite import DEFAULT_LAMBDA, METHOD_LABELS, MethodSuite
 from otviz.text.edits import EDIT_CATEGORIES, CaptionEdit, caption_edits
@@ -136,8 +137,7 @@ def encode_captions(
         raise InputError("no captions to score")
     first = explainer.encode(image, captions[0])
     for caption in captions:
-        if len(caption) > MAX_CAPTION_CHARS:
-            raise InputError(f"a caption is over {MAX_CAPTION_CHARS} characters")
+        check_caption(caption, "a caption")
     features = explainer.backbone.encode([first.image] * len(captions), list(captions))
     for k, caption in enumerate(captions):
         if not features.words[k] or not bool(features.token_mask[k].any()):

@@ -18,15 +18,15 @@ import tempfile
 import threading
 import time
 import uuid
-import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from otviz.data.datasets import NOT_FOUND, DatasetError, inside, load_image_captions
+from otviz.boundary.paths import NOT_FOUND, inside, unpack_uploads
+from otviz.data.datasets import DatasetError, load_image_captions
 from otviz.data.feature_cache import FeatureCache
 from otviz.errors import UserInputError
 from otviz.explain import InputError
@@ -45,8 +45,6 @@ WORLD, FOLDER, UPLOAD = "world", "local folder", "upload"
 SPACE_MAX_STEPS, LOCAL_MAX_STEPS = 200, 5000
 #: Training pairs at most (world samples or a folder's captions), Space / elsewhere.
 SPACE_MAX_PAIRS, LOCAL_MAX_PAIRS = 5000, 200_000
-#: Uploaded (or unzipped) bytes at most.
-MAX_UPLOAD_BYTES = 500 * 2**20
 MAX_EPOCHS = 100
 RUNS_ROOT = Path("runs") / "app"
 #: The only server folder the "local folder" data source may read (unset: no such source).
@@ -152,42 +150,6 @@ def check_request(request: TrainRequest) -> None:
 
 
 # --------------------------------------------------------------------- data
-def unpack_uploads(files: Sequence[str], target: Path) -> Path:
-    """Uploaded files into one folder ``target``: a single ``.zip`` is extracted (its one
-    top folder, if it has just one, becomes the root), otherwise the files are copied flat
-    by name. Refuses members outside the folder and more than :data:`MAX_UPLOAD_BYTES`."""
-    paths = [Path(getattr(f, "name", f)) for f in files or []]
-    if not paths:
-        raise InputError("no files uploaded: upload a .zip of the folder, or the images and "
-                         "their captions file")
-    target.mkdir(parents=True, exist_ok=True)
-    if len(paths) == 1 and paths[0].suffix.lower() == ".zip":
-        return _unzip(paths[0], target)
-    if sum(p.stat().st_size for p in paths) > MAX_UPLOAD_BYTES:
-        raise InputError(f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB")
-    for p in paths:
-        shutil.copyfile(p, target / p.name)
-    return target
-
-
-def _unzip(archive: Path, target: Path) -> Path:
-    try:
-        with zipfile.ZipFile(archive) as z:
-            members = [m for m in z.infolist() if not m.is_dir()]
-            if sum(m.file_size for m in members) > MAX_UPLOAD_BYTES:
-                raise InputError(f"the archive unpacks to over {MAX_UPLOAD_BYTES // 2**20} MB")
-            root = target.resolve()
-            for m in members:
-                dest = (target / m.filename).resolve()
-                if root not in dest.parents:
-                    raise InputError(f"the archive member {m.filename!r} points outside it")
-            z.extractall(target, members)
-    except zipfile.BadZipFile as e:
-        raise InputError(f"{archive.name} is not a readable .zip file: {e}") from None
-    tops = [p for p in target.iterdir() if not p.name.startswith(("__MACOSX", "."))]
-    return tops[0] if len(tops) == 1 and tops[0].is_dir() else target
-
-
 def data_folder(typed: str) -> Path:
     """The folder (or annotation file) ``typed`` in the form, under :func:`data_root`:
     relative to it, or absolute inside it; no ``..``. Anything else, and what does not

@@ -23,10 +23,10 @@ import numpy as np
 import pandas as pd
 import torch
 from matplotlib.figure import Figure
-from PIL import Image
 from torch import Tensor
 
-from otviz.backbone import Backbone, ImageInputError, to_rgb
+from otviz.backbone import Backbone, to_rgb
+from otviz.boundary.images import decode_image
 from otviz.eval.classification_tables import ZERO_SHOT_RULES
 from otviz.eval.zero_shot_run import ZeroShotRun, check_rate, run_zero_shot
 from otviz.explain import InputError
@@ -59,7 +59,6 @@ SOURCES: tuple[str, ...] = (WORLD, UPLOAD)
 LAYOUTS: tuple[str, ...] = ("balanced", "long-tailed (imbalance 10)")
 MAX_IMAGES = 128
 MAX_CLASSES = 100
-MAX_PIXELS = 40_000_000
 
 HOW_TO_READ = """**How to read this view.** Each image is classified into one of the
 class names, each turned into a prompt ("a photo of a {}"). *Softmax* is CLIP's rule:
@@ -118,24 +117,15 @@ def world_batch(
 
 
 def load_images(files: Sequence | None) -> list[np.ndarray]:
-    """Uploaded files (paths, or objects with a ``.name`` path) as RGB arrays."""
+    """Uploaded files (paths, or objects with a ``.name`` path) as RGB arrays, each decoded
+    through the input boundary (:func:`~otviz.boundary.images.decode_image`: pixel limit
+    from the header, a message naming the file)."""
     paths = [getattr(f, "name", f) for f in (files or [])]
     if not paths:
         raise InputError("no images: upload some, or use a world batch")
     if len(paths) > MAX_IMAGES:
         raise InputError(f"at most {MAX_IMAGES} images at once, got {len(paths)}")
-    images = []
-    for path in paths:
-        name = str(path).rsplit("/", 1)[-1]
-        try:
-            with Image.open(path) as header:
-                width, height = header.size
-            if width * height > MAX_PIXELS:
-                raise InputError(f"{name} is too large ({width}x{height} pixels)")
-            images.append(np.asarray(to_rgb(path)))
-        except (ImageInputError, OSError) as e:
-            raise InputError(f"{name} is not an image this app can read") from e
-    return images
+    return [np.asarray(decode_image(path)) for path in paths]
 
 
 def parse_classes(text: str | None) -> list[str]:

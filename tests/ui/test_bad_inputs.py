@@ -1,19 +1,38 @@
 """Bad input against the served app (one server for the session, driven through
-gradio_client on loopback, so Gradio's own decoding and the queue are in the path):
-malformed images, odd captions, phrases and checkpoints, hostile training data and an
-oversized upload each end in a result or a readable message, never a bare "Error", never
-an unexpected-error message, never unescaped HTML; and no file outside the uploads and
-the app's own files is opened (a Python audit hook watches every ``open`` of the server,
-which runs in this process)."""
+gradio_client on loopback, so Gradio's own decoding and the queue are in the path).
+
+The registry test reads every event of the served app from its Blocks config, groups the
+events that run the same callback on the same inputs, and drives each group with the
+hostile catalogue in every slot a person fills: images (:data:`IMAGES`: malformed, truncated,
+text named .png, empty, pixel bombs a few bytes long, 16-bit), text (:data:`TEXTS`: empty,
+over-long, control characters, HTML/script, another script, a phrase not in the caption) in
+every textbox and every dropdown that takes typed values, and folders (:data:`FOLDERS`:
+captions naming /etc/shadow or ``../``, zip slips, symlinks, lying zip headers, bombs and
+broken images inside) in every file input. A new view is covered by construction; an input
+of a kind the catalogue does not know fails the test. Every call must end in a result or a
+readable message: never a bare "Error", never an unexpected-error message, never unescaped
+HTML, never a server path; no file outside the uploads and the app's own files is opened (a
+Python audit hook watches the server, which runs in this process), and a refused upload
+leaves no unpacked folder. The counts go to ``$OTVIZ_BAD_INPUTS_REPORT`` (JSON) when set
+(``benchmarks/bad_inputs.py`` writes ``benchmarks/bad_inputs.md`` from it).
+"""
 
 from __future__ import annotations
 
+import inspect
 import io
+import json
+import os
 import struct
 import sys
+import tempfile
 import threading
+import time
 import zipfile
-import zlib
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -24,8 +43,10 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
+from otviz.boundary.images import UNREADABLE_IMAGE
 from otviz.ui.app import MAX_UPLOAD
 from otviz.ui.examples import load_examples
+from tests.helpers import png_header
 
 UNEXPECTED = "Something unexpected"
 RAW_HTML = ("<h1", "<a ", "<img", "<script")
@@ -94,31 +115,37 @@ def view_args(view: str, image, caption: str, checkpoint: str) -> tuple:
     }[view]
 
 
+def readable(message: str) -> list[str]:
+    """What is wrong with a page message (empty: nothing)."""
+    problems = []
+    if not message.strip() or message.strip() == "Error":
+        problems.append("bare error")
+    if UNEXPECTED in message:
+        problems.append("unexpected error")
+    if any(tag in message.lower() for tag in RAW_HTML):
+        problems.append("raw HTML")
+    if any(root in message for root in SERVER_ROOTS):
+        problems.append("server path")
+    return problems
+
+
 def outcome(client: Client, api_name: str, *args) -> str | None:
     """None for a result, else the page's message, checked to be readable."""
     try:
         client.predict(*args, api_name=api_name)
     except AppError as e:
         message = str(e)
-        assert message.strip() and message.strip() != "Error", api_name
-        assert UNEXPECTED not in message, message
-        assert not any(tag in message.lower() for tag in RAW_HTML), message
+        assert not readable(message), (api_name, message)
         return message
     return None
 
 
-# ----------------------------------------------------------------------- images
-def _png_header(width: int, height: int) -> bytes:
-    """A valid 1-bit PNG that claims ``width x height`` pixels with almost no data."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (struct.pack(">I", len(data)) + kind + data
-                + struct.pack(">I", zlib.crc32(kind + data)))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
-            + chunk(b"IEND", b""))
+#: Event groups driven at once (the server runs two events of a kind at a time).
+PARALLEL = 4
+SERVER_ROOTS = tuple({tempfile.gettempdir(), os.getcwd(), str(Path.home()), sys.prefix})
 
 
+# ----------------------------------------------------------------------- the catalogue
 def _save(image: Image.Image, path: Path, **kwargs) -> Path:
     image.save(path, **kwargs)
     return path
@@ -136,49 +163,378 @@ def _truncated(path: Path) -> Path:
     return path
 
 
-def _exif_rotated(path: Path) -> Path:
-    exif = Image.Exif()
-    exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to display
-    return _save(_rgb(), path, exif=exif.tobytes())
+def _write(data: bytes) -> Callable[[Path], Path]:
+    def make(path: Path) -> Path:
+        path.write_bytes(data)
+        return path
+    return make
 
 
-def _palette(path: Path) -> Path:
-    return _save(_rgb().convert("P", palette=Image.Palette.ADAPTIVE), path, transparency=0)
+def _sixteen_bit(path: Path) -> Path:
+    ramp = (np.arange(64 * 48, dtype=np.uint32) * 21).astype(np.uint16).reshape(48, 64)
+    return _save(Image.fromarray(ramp), path)
 
 
-MALFORMED = {  # name -> (make file, expected message or None for a result)
-    "truncated.png": (_truncated, "is not an image this app can read"),
-    "zero.png": (lambda p: (p.write_bytes(b""), p)[1], "is not an image this app can read"),
-    "notes.png": (lambda p: (p.write_text("just text"), p)[1], "is not an image this app"),
-    "bomb.png": (lambda p: (p.write_bytes(_png_header(30_000, 30_000)), p)[1], "too large"),
-    "one.png": (lambda p: _save(Image.new("RGB", (1, 1), "red"), p), None),
-    "deep.png": (lambda p: _save(Image.fromarray(
-        np.arange(64 * 48, dtype=np.uint16).reshape(48, 64) * 20), p), None),
+#: name -> (make the file, what the message must say; None: a result or any readable message)
+IMAGES: dict[str, tuple[Callable[[Path], Path], str | None]] = {
+    "truncated.png": (_truncated, f"truncated.png is {UNREADABLE_IMAGE}"),
+    "empty.png": (_write(b""), f"empty.png is {UNREADABLE_IMAGE}"),
+    "notes.png": (_write(b"just text, named .png"), f"notes.png is {UNREADABLE_IMAGE}"),
+    "bomb900mp.png": (_write(png_header(30_000, 30_000)), "bomb900mp.png is too large"),
+    "bomb144mp.png": (_write(png_header(12_000, 12_000)), "bomb144mp.png is too large"),
+    "deep16.png": (_sixteen_bit, None),
     "cmyk.jpg": (lambda p: _save(_rgb().convert("CMYK"), p), None),
-    "palette.png": (_palette, None),
-    "rotated.jpg": (_exif_rotated, None),
+}
+
+#: name -> text put in one text slot (the others keep valid values)
+TEXTS: dict[str, str] = {
+    "empty": " \t\n ",
+    "over-long": "a red circle " * 400,
+    "control": "a red\x00 circle\x07 \x1b[31mnext to\x08 a star\r",
+    "html": '<h1>big</h1> <a href="http://x">red</a> <img src=x onerror=alert(1)> '
+            "<script>alert(1)</script> circle",
+    "arabic": "دائرة حمراء بجانب نجمة زرقاء",
+    "not in caption": "zebra",
 }
 
 
-@pytest.mark.parametrize("name", list(MALFORMED))
-def test_malformed_images_are_a_result_or_a_message(client, checkpoint, tmp_path, name):
-    make, expected = MALFORMED[name]
-    path = make(tmp_path / name)
-    message = outcome(client, "/words",
-                      *view_args("words", handle_file(str(path)), "a red circle", checkpoint))
-    if expected is None:
-        assert message is None, message
-    else:
-        assert message is not None and name in message and expected in message
+def _zip(path: Path, members: dict[str, bytes], symlinks: dict[str, str] | None = None
+         ) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+        for name, target in (symlinks or {}).items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (0o120777 << 16)  # a symlink entry
+            z.writestr(info, target)
+    return path
 
 
-@pytest.mark.parametrize("view", ["align", "words", "phrases", "probe", "anchor_maps"])
-def test_a_truncated_image_is_the_same_message_in_every_view(client, checkpoint, tmp_path,
-                                                              view):
-    image = handle_file(str(_truncated(tmp_path / "cut.png")))
-    message = outcome(client, f"/{view}", *view_args(view, image, "a red circle", checkpoint))
-    assert message == "cut.png is not an image this app can read: upload a PNG, JPEG, WebP, " \
-                      "BMP, ..."
+def _png(image: Image.Image | None = None) -> bytes:
+    buffer = io.BytesIO()
+    (image or _rgb()).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _lying_zip(path: Path) -> Path:
+    """A zip whose headers claim 10 bytes for a 2000-byte captions file."""
+    data = _zip(path, {"captions.csv": b"ok.png,a red circle\n" * 100}).read_bytes()
+    path.write_bytes(data.replace(struct.pack("<I", 2000), struct.pack("<I", 10)))
+    return path
+
+
+def _folder(rows: str, files: dict[str, bytes]) -> Callable[[Path], list[Path]]:
+    """A flat upload: a captions.csv with ``rows`` and the named files."""
+    def make(d: Path) -> list[Path]:
+        (d / "captions.csv").write_text(rows)
+        out = [d / "captions.csv"]
+        for name, data in files.items():
+            (d / name).write_bytes(data)
+            out.append(d / name)
+        return out
+    return make
+
+
+OK_ROWS = "path,caption\nok.png,a red circle to the left of a blue square\n"
+#: name -> make the uploaded files in a fresh folder
+FOLDERS: dict[str, Callable[[Path], list[Path]]] = {
+    "captions name /etc/shadow": _folder(OK_ROWS + "/etc/shadow,a secret\n", {"ok.png": _png()}),
+    "captions name ../": _folder(OK_ROWS + "../../../etc/passwd,a secret\n",
+                                 {"ok.png": _png()}),
+    "empty caption": _folder("ok.png,\n", {"ok.png": _png()}),
+    "zip slip": lambda d: [_zip(d / "slip.zip", {"../../escape.csv": b"x.png,a caption\n"})],
+    "zip symlink": lambda d: [_zip(d / "link.zip", {"captions.csv": OK_ROWS.encode(),
+                                                    "ok.png": _png()},
+                                   {"shadow.png": "/etc/shadow"})],
+    "lying zip header": lambda d: [_lying_zip(d / "lying.zip")],
+    "bomb inside": _folder("bomb.png,a red circle\n", {"bomb.png": png_header(12_000, 12_000)}),
+    "truncated inside": _folder("ok.png,a red circle\n", {"ok.png": _png()[:100]}),
+    "text named .png": _folder("ok.png,a red circle\n", {"ok.png": b"not an image"}),
+    "empty file": _folder("ok.png,a red circle\n", {"ok.png": b""}),
+    "16-bit inside": lambda d: _folder("deep.png,a red circle\n", {})(d)
+    + [_sixteen_bit(d / "deep.png")],
+}
+
+
+# ----------------------------------------------------------------------- the registry
+IMAGE_INPUTS = {"image"}
+FILE_INPUTS = {"file"}
+#: Inputs no person types into: values the page sets (choices, numbers, state, markup).
+SET_BY_THE_PAGE = {"dropdown", "radio", "checkbox", "checkboxgroup", "slider", "number",
+                   "state", "html", "dataset"}
+
+
+def slot_kind(component: dict) -> str | None:
+    """Which catalogue drives an input: "image", "folder", "text" or None (a value the page
+    sets); an input of an unknown kind fails the registry test."""
+    kind = component["type"]
+    if kind in IMAGE_INPUTS:
+        return "image"
+    if kind in FILE_INPUTS:
+        return "folder"
+    if kind == "textbox" or (kind == "dropdown" and component["props"].get("allow_custom_value")):
+        return "text"
+    if kind in SET_BY_THE_PAGE:
+        return None
+    raise AssertionError(f"an event reads a {kind!r} input the hostile catalogue does not cover")
+
+
+@dataclass
+class EventGroup:
+    """Events that run one callback (by name) on the same inputs: one wiring with several
+    triggers, or sibling lambdas of a view."""
+
+    ids: list[int]
+    callback: str
+    inputs: list[dict]
+    queued: bool
+    needs_event_data: bool
+
+    @property
+    def slots(self) -> list[tuple[int, str]]:
+        return [(k, kind) for k, c in enumerate(self.inputs) if (kind := slot_kind(c))]
+
+
+def event_groups(blocks) -> list[EventGroup]:
+    """Every event of the served app that reads a person's input, grouped by callback and
+    inputs, from the Blocks config."""
+    config = blocks.config
+    components = {c["id"]: c for c in config["components"]}
+    groups: dict[tuple, EventGroup] = {}
+    for dep in config["dependencies"]:
+        fn = blocks.fns[dep["id"]].fn
+        if fn is None:
+            continue
+        inputs = [components[i] for i in dep["inputs"]]
+        if not any(slot_kind(c) for c in inputs):
+            continue
+        callback = inspect.unwrap(fn)
+        key = (callback.__qualname__, tuple(dep["inputs"]))
+        selects = any(t[1] == "select" for t in dep["targets"])
+        group = groups.setdefault(key, EventGroup([], callback.__qualname__, inputs,
+                                                  dep["queue"] is not False, selects))
+        group.ids.append(dep["id"])
+    return list(groups.values())
+
+
+@dataclass
+class Tally:
+    """Outcomes of the catalogue over the events."""
+
+    calls: int = 0
+    results: int = 0
+    folder_results: int = 0  # uploads accepted (Browse keeps their unpacked folders)
+    messages: int = 0
+    problems: Counter = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    cases: set = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, where: str, case: str, message: str | None,
+               expected: str | None = None) -> None:
+        with self.lock:
+            self._record(where, case, message, expected)
+
+    def _record(self, where: str, case: str, message: str | None,
+                expected: str | None) -> None:
+        self.calls += 1
+        self.cases.add(case)
+        if message is None:
+            self.results += 1
+            self.folder_results += case.startswith("folder")
+            if expected is not None:
+                self.failures.append(f"{where} / {case}: a result, expected {expected!r}")
+            return
+        self.messages += 1
+        problems = readable(message)
+        if expected is not None and expected not in message:
+            problems.append("wrong message")
+        for p in problems:
+            self.problems[p] += 1
+            self.failures.append(f"{where} / {case}: {p}: {message[:200]!r}")
+
+
+#: Valid values other than a component's default: the Train form reads uploads (an empty
+#: upload is refused before any run starts; the Train view's own tests train).
+BASELINE_BY_LABEL = {"Training data": "upload"}
+
+
+def baseline(component: dict, image: str, caption: str):
+    """A valid value of an input: the example's image and caption, else its default."""
+    kind, props = component["type"], component["props"]
+    if props.get("label") in BASELINE_BY_LABEL:
+        return BASELINE_BY_LABEL[props["label"]]
+    if kind in IMAGE_INPUTS:
+        return handle_file(image)
+    if props.get("elem_id") == "shared-caption":
+        return caption
+    value = props.get("value")
+    if kind in FILE_INPUTS:
+        return []
+    if kind == "checkboxgroup":
+        return value or []
+    return value
+
+
+def upload_choice(component: dict) -> str | None:
+    """The choice of a radio that makes its view read uploads ("upload", "uploaded ...")."""
+    for choice in component["props"].get("choices") or []:
+        value = choice[1] if isinstance(choice, (list, tuple)) else choice
+        if "upload" in str(value):
+            return value
+    return None
+
+
+def call(client: Client, fn_index: int, args: list) -> str | None:
+    try:
+        client.predict(*args, fn_index=fn_index)
+    except AppError as e:
+        return str(e)
+    return None
+
+
+def _uploaded(url: str, value):
+    """``value`` with every local file (``handle_file``) uploaded, as the page sends it."""
+    if isinstance(value, list):
+        return [_uploaded(url, v) for v in value]
+    if isinstance(value, dict) and value.get("meta", {}).get("_type") == "gradio.FileData":
+        path = Path(value["path"])
+        with open(path, "rb") as f:
+            response = httpx.post(f"{url}gradio_api/upload",
+                                  files={"files": (path.name, f)}, timeout=60)
+        response.raise_for_status()
+        return {"path": response.json()[0], "orig_name": path.name,
+                "meta": {"_type": "gradio.FileData"}}
+    return value
+
+
+def call_selected(url: str, fn_index: int, args: list) -> str | None:
+    """A ``select`` event as the page sends it (with the clicked cell), through the queue:
+    gradio_client sends no event data."""
+    session = os.urandom(8).hex()
+    data = [_uploaded(url, a) for a in args]
+    join = httpx.post(f"{url}gradio_api/queue/join", timeout=60, json={
+        "data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": None,
+        "event_data": {"index": [0, 0], "value": "", "selected": True}})
+    join.raise_for_status()
+    with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session},
+                      timeout=120) as stream:
+        for line in stream.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            message = json.loads(line[5:])
+            if message.get("msg") == "process_completed":
+                output = message.get("output") or {}
+                return None if message.get("success") else str(output.get("error") or "")
+    return ""
+
+
+def drive(url: str, group: EventGroup, tally: Tally, tmp: Path, image: str,
+          caption: str) -> None:
+    """Every catalogue case in every slot of one event group (other slots valid), through
+    a client of its own (a client's calls are not thread-safe)."""
+    tmp.mkdir()
+    client = Client(url, verbose=False, download_files=False)
+    fn_index = group.ids[0]
+    client.endpoints[fn_index].is_valid = True  # private events too: the page calls them
+    values = [baseline(c, image, caption) for c in group.inputs]
+    keep = [k for k, c in enumerate(group.inputs) if c["type"] != "state"]  # the client's
+
+    def run(args: list) -> str | None:
+        if group.needs_event_data:
+            return call_selected(url, fn_index, args)
+        return call(client, fn_index, [args[k] for k in keep])
+
+    for k, kind in group.slots:
+        where = f"{group.callback}[{k}:{group.inputs[k]['type']}]"
+        if kind == "image":
+            for name, (make, expected) in IMAGES.items():
+                path = make(tmp / name)
+                args = list(values)
+                args[k] = handle_file(str(path))
+                tally.record(where, f"image {name}", run(args), expected)
+        elif kind == "text":
+            for name, text in TEXTS.items():
+                args = list(values)
+                args[k] = text
+                tally.record(where, f"text {name}", run(args))
+        else:
+            for name, make in FOLDERS.items():
+                folder = tmp / name.replace(" ", "_").replace("/", "_")
+                folder.mkdir()
+                args = list(values)
+                args[k] = [handle_file(str(p)) for p in make(folder)]
+                for j, c in enumerate(group.inputs):
+                    if c["type"] == "radio" and upload_choice(c):
+                        args[j] = upload_choice(c)
+                tally.record(where, f"folder {name}", run(args))
+
+
+def test_every_event_survives_the_hostile_catalogue(live_app, example, tmp_path):
+    """The registry test (see the module docstring)."""
+    groups = event_groups(live_app.blocks)
+    kinds = {kind for g in groups for _, kind in g.slots}
+    assert kinds == {"image", "text", "folder"}  # the app reads all three
+    tally, start = Tally(), time.perf_counter()
+    uploads_before = live_app.browse.uploads.entries()
+    runs_before = set(live_app.jobs.runs_root.glob("*"))
+    with _OPENED.watch() as opened, ThreadPoolExecutor(PARALLEL) as pool:
+        done = [pool.submit(drive, live_app.url, g, tally, tmp_path / str(g.ids[0]),
+                            *example) for g in groups]
+        for future in done:
+            future.result()
+    allowed = (str(tmp_path), tempfile.gettempdir(), os.getcwd(), sys.prefix, sys.base_prefix,
+               sys.exec_prefix, "/usr/", "/proc/",
+               "/dev/", "/sys/", str(Path.home() / ".cache"))
+    outside = sorted({p for p in opened.paths if p.startswith("/")
+                      and not p.startswith(allowed)})
+    read_secrets = [p for p in opened.paths if p.startswith(("/etc/shadow", "/etc/passwd"))]
+    left = [e for e in live_app.browse.uploads.entries() if e not in uploads_before]
+    left_runs = [r for r in set(live_app.jobs.runs_root.glob("*")) - runs_before
+                 if (r / "data").exists()]
+    leaks = len(read_secrets) + len(outside) + tally.problems["server path"]
+    summary = {
+        "cases": {"images": len(IMAGES), "texts": len(TEXTS), "folders": len(FOLDERS)},
+        "events": sum(len(g.ids) for g in groups),
+        "event_groups": len(groups),
+        "events_outside_the_queue": sum(len(g.ids) for g in groups if not g.queued),
+        "calls": tally.calls,
+        "clean_results": tally.results,
+        "readable_messages": tally.messages - sum(tally.problems.values()),
+        "bare_errors": tally.problems["bare error"],
+        "unexpected_errors": tally.problems["unexpected error"],
+        "raw_html": tally.problems["raw HTML"],
+        "wrong_messages": tally.problems["wrong message"] + sum(
+            1 for f in tally.failures if "a result, expected" in f),
+        "leaks": leaks,
+        "files_read_outside": outside[:10],
+        "unpacked_uploads_left": len(left),
+        "uploads_accepted": tally.folder_results,
+        "seconds": round(time.perf_counter() - start, 1),
+        "groups": [{"callback": g.callback, "events": len(g.ids), "queued": g.queued,
+                    "slots": [f"{kind}:{g.inputs[k]['type']}" for k, kind in g.slots]}
+                   for g in groups],
+    }
+    report = os.environ.get("OTVIZ_BAD_INPUTS_REPORT")
+    if report:
+        Path(report).write_text(json.dumps(summary, indent=1))
+    assert not tally.failures, "\n".join(tally.failures[:30])
+    assert read_secrets == [] and outside == [], outside
+    # accepted uploads stay (Browse keeps them for its pages), refused ones leave nothing
+    assert len(left) <= tally.folder_results and left_runs == []
+
+
+def test_an_image_input_copied_by_gradio_still_checks(live_app, tmp_path):
+    """Gradio rebuilds a component from its class when an event updates it (picking an
+    example does): the rebuilt image input decodes through the boundary too."""
+    image = next(b for b in live_app.blocks.blocks.values()
+                 if getattr(b, "elem_id", None) == "shared-image")
+    copy = type(image)(**{**image.constructor_args, "render": False})
+    from gradio.data_classes import ImageData
+
+    path = _truncated(tmp_path / "cut.png")
+    with pytest.raises(Exception, match="cut.png is not an image"):
+        copy.preprocess(ImageData(path=str(path), orig_name="cut.png"))
 
 
 def test_an_upload_over_the_limit_is_refused(live_app):
@@ -198,17 +554,6 @@ CAPTIONS = {
     "html": ('<h1>big</h1> <a href="http://x">red</a> <img src=x onerror=alert(1)> circle',
              None),
 }
-
-
-@pytest.mark.parametrize("name", list(CAPTIONS))
-def test_odd_captions_are_a_result_or_a_message(client, checkpoint, example, name):
-    caption, expected = CAPTIONS[name]
-    message = outcome(client, "/align",
-                      *view_args("align", handle_file(example[0]), caption, checkpoint))
-    if expected is None:
-        assert message is None or "caption" in message, message
-    else:
-        assert message is not None and expected in message
 
 
 @pytest.mark.parametrize("view", ["align", "words", "phrases", "probe", "anchor_maps"])
@@ -234,14 +579,6 @@ def test_phrase_and_plan_reads_before_an_align_click_say_so(client, checkpoint, 
                       ("/align_plan", (image, caption, checkpoint, "conceptot", 0, "grid"))):
         message = outcome(client, api, *args)
         assert message is not None and "click Align" in message, api
-
-
-# ----------------------------------------------------------------------- phrases, checkpoints
-@pytest.mark.parametrize("phrase", ["", "   ", "x" * 5000, "a\x00b", "🔴"])
-def test_odd_phrases_are_a_result_or_a_message(client, checkpoint, aligned, phrase):
-    message = outcome(client, "/align_phrase", handle_file(aligned[0]), aligned[1], checkpoint,
-                      "grid", True, phrase)
-    assert message is None or "click Align" not in message  # the phrase itself was read
 
 
 @pytest.mark.parametrize(

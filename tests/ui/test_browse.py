@@ -225,13 +225,21 @@ def test_an_uploaded_folder_browses_its_noun_phrases(ctx, checkpoint, sources, c
 
 
 def test_an_upload_may_only_name_its_own_files(ctx, checkpoint, sources, tmp_path):
+    """A file outside the upload and a missing one get the same answer (the Train view's),
+    and a refused upload leaves no unpacked folder."""
     outside = tmp_path / "secret.png"
     shutil.copy(load_examples()[0].image_path, outside)
-    archive = tmp_path / "evil.zip"
-    with zipfile.ZipFile(archive, "w") as z:
-        z.writestr("captions.csv", f'path,caption\n{outside},"a red circle"\n')
-    with pytest.raises(InputError, match="outside the upload"):
-        load_table(ctx, sources, checkpoint, UPLOAD_SOURCE, files=[str(archive)])
+    messages, kept = [], sources.uploads.entries()
+    for name in (outside, tmp_path / "secret.png.missing", "../secret.png",
+                 "../secret.png.missing"):
+        archive = tmp_path / "evil.zip"
+        with zipfile.ZipFile(archive, "w") as z:
+            z.writestr("captions.csv", f'path,caption\n{name},"a red circle"\n')
+        with pytest.raises(InputError, match="not found or not allowed") as refused:
+            load_table(ctx, sources, checkpoint, UPLOAD_SOURCE, files=[str(archive)])
+        messages.append(str(refused.value).replace(".missing", ""))
+    assert messages[0] == messages[1] and messages[2] == messages[3]
+    assert sources.uploads.entries() == kept
     with pytest.raises(InputError, match="no files uploaded"):
         load_table(ctx, sources, checkpoint, UPLOAD_SOURCE, files=[])
     for n in (0, MAX := B.MAX_IMAGES + 1, None):

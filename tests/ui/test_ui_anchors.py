@@ -13,17 +13,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from otviz.boundary.text import MAX_WORDS, parse_word_list
 from otviz.eval.grounding_metrics import mean_offdiag_cosine
 from otviz.explain import InputError
 from otviz.ui.anchors_tab import (
-    MAX_WORDS,
     WORLD_WORDS,
     anchor_bank_view,
     anchor_maps_view,
     build_anchors_tab,
     conceptot_entry,
     default_words,
-    parse_word_list,
     untrained_words,
 )
 from otviz.ui.context import (
@@ -75,6 +74,8 @@ def test_default_words_and_word_list_parsing():
     assert default_words("ViT-B-16 / openai · training-free").split(", ") == COMMON_CONCEPTS
     assert parse_word_list(" red,blue ;red\n\n to the left of ") == ["red", "blue",
                                                                     "to the left of"]
+    # letters of any script are letters: Arabic, Cyrillic, CJK
+    assert parse_word_list("أحمر, синий; 円") == ["أحمر", "синий", "円"]
     for bad, message in [
         ("", "empty"),
         (" , ;\n", "empty"),

@@ -12,14 +12,12 @@ import pytest
 from gradio.data_classes import ImageData
 from PIL import Image
 
-from otviz.backbone import ImageInputError
+from otviz.boundary.images import MAX_IMAGE_PIXELS, ImageInputError, header_size
 from otviz.explain import InputError
 from otviz.ui.context import AppContext
 from otviz.ui.inputs import (
-    MAX_IMAGE_PIXELS,
     MAX_IMAGE_SIDE,
-    check_image_file,
-    checked_uploads,
+    CheckedImage,
     fit_image,
     on_upload,
     truncation_note,
@@ -67,12 +65,12 @@ def test_files_are_checked_from_their_header(tmp_path):
     Image.fromarray(gradient(20, 30)).save(good)
     text.write_text("not an image")
     Image.new("1", (9000, 9000)).save(huge)  # 81 MP, a few kB on disk
-    assert check_image_file(str(good)) == (30, 20)
+    assert header_size(str(good)) == (30, 20)
     with pytest.raises(InputError, match="notes.jpg is not an image this app can read"):
-        check_image_file(str(text))
+        header_size(str(text))
     with pytest.raises(InputError, match="huge.png is too large \\(9000x9000"):
-        check_image_file(str(huge))
-    component = checked_uploads(gr.Image(type="numpy", image_mode="RGB", render=False))
+        header_size(str(huge))
+    component = CheckedImage(type="numpy", image_mode="RGB", render=False)
     with pytest.raises(gr.Error, match="not an image"):
         component.preprocess(ImageData(path=str(text), orig_name="notes.jpg"))
     np.testing.assert_array_equal(
@@ -130,3 +128,29 @@ def test_cut_caption_words_are_named():
         f"the caption is longer than the model reads: only its first {cut[0]} words are used "
         f'({len(cut)} cut, from "w{cut[0]}" on)'
     )
+
+
+def test_the_image_input_scales_sixteen_bit_uploads(tmp_path):
+    """Gradio's own decoding clips a 16-bit greyscale PNG to near-white; the app's image
+    input decodes through the boundary, which scales it."""
+    ramp = (np.arange(40 * 30, dtype=np.uint32) * 50).astype(np.uint16).reshape(30, 40)
+    path = tmp_path / "deep.png"
+    Image.fromarray(ramp).save(path)
+    shown = CheckedImage(type="numpy", render=False).preprocess(
+        ImageData(path=str(path), orig_name="deep.png"))
+    expected = np.round(ramp.astype(np.float64) * 255 / 65535).astype(np.uint8)
+    np.testing.assert_array_equal(shown, np.stack([expected] * 3, -1))
+
+
+def test_a_user_error_is_one_log_line_with_its_id(caplog):
+    def fails():
+        raise InputError("the caption is empty")
+
+    caplog.set_level("INFO", logger="otviz.ui")
+    with pytest.raises(gr.Error) as caught:
+        user_errors(fails)()
+    assert caught.value.print_exception is False  # Gradio prints no traceback either
+    records = [r for r in caplog.records if r.name == "otviz.ui"]
+    assert len(records) == 1 and records[0].exc_info is None
+    assert re.fullmatch(r"user error [0-9a-f]{8} in .*fails: the caption is empty",
+                        records[0].getMessage())

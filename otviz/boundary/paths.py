@@ -1,0 +1,118 @@
+"""Paths people name (rows of an uploaded captions file, members of an uploaded zip, a
+folder typed under the server's data root) confined to the folder they may read, and
+uploads unpacked within a size cap.
+
+:func:`confine` is the one confinement function: a path written absolute, with ``..``, or
+that resolves (symlinks followed) outside its root is refused, and callers report a refused
+path exactly like a missing one (:data:`NOT_FOUND`), so an answer never tells whether a
+file outside exists. Messages show paths as the person wrote them or relative to the upload;
+:func:`scrub_server_paths` is the last guard that no server folder reaches a page.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+from otviz.errors import InputError
+
+#: How a refused path and a missing one are both answered.
+NOT_FOUND = "not found or not allowed"
+#: Uploaded (or unzipped) bytes at most.
+MAX_UPLOAD_BYTES = 500 * 2**20
+_CHUNK = 2**20
+
+
+def inside(root: str | os.PathLike, path: str | os.PathLike) -> bool:
+    """Whether ``path`` resolves (symlinks followed) to ``root`` or below it."""
+    try:
+        return Path(path).resolve().is_relative_to(Path(root).resolve())
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a NUL in the name
+        return False
+
+
+def confine(root: str | os.PathLike, base: Path, name: str) -> Path | None:
+    """``base / name`` when ``name`` is relative, has no ``..`` and resolves inside ``root``
+    (symlinks followed); ``None`` otherwise (the caller answers :data:`NOT_FOUND`)."""
+    posix, windows = PurePosixPath(name), PureWindowsPath(name)
+    if not name or "\0" in name:
+        return None
+    if posix.is_absolute() or windows.is_absolute() or windows.drive:
+        return None
+    if ".." in posix.parts or ".." in windows.parts:
+        return None
+    path = base / posix
+    return path if inside(root, path) else None
+
+
+def unpack_uploads(files: Sequence[str | os.PathLike], target: Path) -> Path:
+    """Uploaded files into one folder ``target``: a single ``.zip`` is extracted (its one
+    top folder, if it has just one, becomes the root), otherwise the files are copied flat
+    by name. Refuses members that :func:`confine` refuses and more than
+    :data:`MAX_UPLOAD_BYTES`, counted while unpacking (a zip's headers may lie)."""
+    paths = [Path(f if isinstance(f, (str, os.PathLike)) else f.name) for f in files or []]
+    if not paths:
+        raise InputError("no files uploaded: upload a .zip of the folder, or the images and "
+                         "their captions file")
+    target.mkdir(parents=True, exist_ok=True)
+    if len(paths) == 1 and paths[0].suffix.lower() == ".zip":
+        return _unzip(paths[0], target)
+    if sum(p.stat().st_size for p in paths) > MAX_UPLOAD_BYTES:
+        raise InputError(f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB")
+    for p in paths:
+        shutil.copyfile(p, target / p.name)
+    return target
+
+
+def _unzip(archive: Path, target: Path) -> Path:
+    over = f"the archive unpacks to over {MAX_UPLOAD_BYTES // 2**20} MB"
+    try:
+        with zipfile.ZipFile(archive) as z:
+            members = [m for m in z.infolist() if not m.is_dir()]
+            if sum(m.file_size for m in members) > MAX_UPLOAD_BYTES:
+                raise InputError(over)
+            destinations = []
+            for m in members:
+                dest = confine(target, target, m.filename)
+                if dest is None:
+                    raise InputError(f"the archive member {m.filename!r} points outside it")
+                destinations.append(dest)
+            written = 0
+            for m, dest in zip(members, destinations, strict=True):
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with z.open(m) as src, open(dest, "wb") as out:
+                    while chunk := src.read(_CHUNK):
+                        written += len(chunk)
+                        if written > MAX_UPLOAD_BYTES:
+                            raise InputError(over)
+                        out.write(chunk)
+    except InputError:
+        raise
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError,
+            OSError, ValueError):
+        raise InputError(f"{archive.name} is not a readable .zip file") from None
+    tops = [p for p in target.iterdir() if not p.name.startswith(("__MACOSX", "."))]
+    return tops[0] if len(tops) == 1 and tops[0].is_dir() else target
+
+
+def _server_roots() -> list[str]:
+    roots = {tempfile.gettempdir(), os.getcwd(), str(Path.home()), sys.prefix,
+             str(Path(__file__).resolve().parents[2])}
+    return sorted((r.rstrip("/") for r in roots if len(r.rstrip("/")) > 1), key=len,
+                  reverse=True)
+
+
+def scrub_server_paths(message: str) -> str:
+    """``message`` with every path under a server folder (the temp dir, the working
+    directory, the home folder, the Python prefix, the install) cut to its last part."""
+    for root in _server_roots():
+        pattern = re.escape(root) + r"(?:/[^\s'\",;:)\]]*)?"
+        message = re.sub(pattern, lambda m: Path(m.group()).name or "…", message)
+    return message

@@ -1,0 +1,74 @@
+"""Directories on disk with an owner and a last use: the housekeeping that the feature cache
+and the store of unpacked uploads share.
+
+An entry records the process that is writing or using it (:data:`OWNER_FILE`), so a later
+server can tell leftovers of a process that is gone from entries in use
+(:func:`owner_alive`); entries are discarded by an atomic rename first (:func:`discard`), and
+:func:`evict_least_recent` deletes the least recently used ones beyond a size cap.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+OWNER_FILE = "owner.pid"
+#: A directory without its owner file is stale after this long (its owner wrote the file
+#: right after creating it, unless it died first).
+ORPHAN_AGE_S = 60.0
+
+
+def write_owner(directory: Path) -> None:
+    """Record this process as the owner of ``directory``."""
+    (directory / OWNER_FILE).write_text(str(os.getpid()))
+
+
+def owner_alive(directory: Path) -> bool:
+    """Whether the process that owns ``directory`` still runs (a directory without an owner
+    file counts as alive for :data:`ORPHAN_AGE_S` after its last change)."""
+    try:
+        pid = int((directory / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        try:
+            return time.time() - directory.stat().st_mtime < ORPHAN_AGE_S
+        except OSError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def discard(directory: Path) -> None:
+    """Delete ``directory``: renamed out of the way first (atomic), then removed."""
+    trash = Path(tempfile.mkdtemp(prefix=".discard.", dir=directory.parent))
+    os.rename(directory, trash / "entry")
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def disk_bytes(directory: Path, recursive: bool = False) -> int:
+    """Bytes of the files in ``directory`` (and below it when ``recursive``)."""
+    files = directory.rglob("*") if recursive else directory.iterdir()
+    return sum(f.stat().st_size for f in files if f.is_file() and not f.is_symlink())
+
+
+def evict_least_recent(entries: Sequence[Path], sizes: Sequence[int], max_bytes: int
+                       ) -> list[Path]:
+    """Discard ``entries`` (least recently used first, with their ``sizes``) until the rest
+    take at most ``max_bytes``; the most recently used entry always stays. Returns the
+    discarded entries."""
+    total, deleted = sum(sizes), []
+    for entry, size in zip(entries[:-1], sizes[:-1], strict=True):
+        if total <= max_bytes:
+            break
+        discard(entry)
+        total -= size
+        deleted.append(entry)
+    return deleted

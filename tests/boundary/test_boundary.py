@@ -1,0 +1,135 @@
+"""The input boundary: images decoded once with the pixel limit from the header and high bit
+depths scaled (checked against the closed form), text checks (letters of any script), path
+confinement and unpacking (lying zip headers), and server paths cut from messages."""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from otviz.boundary.images import (
+    MAX_IMAGE_PIXELS,
+    ImageInputError,
+    decode_image,
+    header_size,
+    to_rgb,
+)
+from otviz.boundary.paths import (
+    MAX_UPLOAD_BYTES,
+    confine,
+    scrub_server_paths,
+    unpack_uploads,
+)
+from otviz.boundary.text import check_caption, check_phrase, parse_word_list
+from otviz.errors import InputError
+from tests.helpers import png_header
+
+
+def test_sixteen_bit_images_are_scaled_not_clipped(tmp_path):
+    ramp = (np.arange(64 * 48, dtype=np.uint32) * 21).astype(np.uint16).reshape(48, 64)
+    path = tmp_path / "deep.png"
+    Image.fromarray(ramp).save(path)
+    rgb = np.asarray(decode_image(path))
+    expected = np.round(ramp.astype(np.float64) * 255 / 65535).astype(np.uint8)
+    assert rgb.shape == (48, 64, 3)
+    for c in range(3):
+        np.testing.assert_array_equal(rgb[..., c], expected)
+    assert (rgb < 250).mean() > 0.9  # a 16-bit ramp, not a near-white clip
+    np.testing.assert_array_equal(np.asarray(to_rgb(ramp)), rgb)  # arrays alike
+
+
+def test_the_pixel_limit_is_read_from_the_header(tmp_path):
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(png_header(30_000, 30_000))  # 900 MP: Pillow's own check refuses it
+    mid = tmp_path / "mid.png"
+    mid.write_bytes(png_header(10_000, 10_000))  # 100 MP: under Pillow's check, over ours
+    assert bomb.stat().st_size < 200
+    for call in (header_size, decode_image, to_rgb):
+        with pytest.raises(ImageInputError, match=r"bomb.png is too large \(at most 50 MP"):
+            call(bomb)
+        with pytest.raises(ImageInputError, match=r"mid.png is too large \(10000x10000"):
+            call(mid)
+    side = int(MAX_IMAGE_PIXELS ** 0.5)
+    assert header_size(png_header(side, side)) == (side, side)
+
+
+@pytest.mark.parametrize("content", [b"", b"just text", png_header(20, 20)[:30]])
+def test_unreadable_files_name_the_upload_only(tmp_path, content):
+    path = tmp_path / "upload.png"
+    path.write_bytes(content)
+    with pytest.raises(ImageInputError) as refused:
+        decode_image(path)
+    assert str(refused.value).startswith("upload.png is not an image this app can read")
+    assert str(tmp_path) not in str(refused.value)
+
+
+def test_a_truncated_png_is_refused(tmp_path):
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (80, 80, 3), np.uint8)).save(
+        buffer, "PNG")
+    with pytest.raises(ImageInputError, match="cut.png is not an image"):
+        decode_image(buffer.getvalue()[: len(buffer.getvalue()) // 2], "cut.png")
+
+
+def test_text_checks():
+    assert check_caption("  a red circle ") == "a red circle"
+    for bad, message in (("", "empty"), (" \t\n", "empty"), ("x" * 1001, "over 1000")):
+        with pytest.raises(InputError, match=message):
+            check_caption(bad)
+    with pytest.raises(InputError, match="pick a word"):
+        check_phrase("  ")
+    assert parse_word_list("أحمر، دائرة, красный; 赤") == ["أحمر، دائرة", "красный", "赤"]
+    with pytest.raises(InputError, match="not words"):
+        parse_word_list("red, !!!")
+
+
+def test_one_confinement(tmp_path):
+    root = tmp_path / "upload"
+    (root / "images").mkdir(parents=True)
+    (tmp_path / "secret.png").write_bytes(b"x")
+    os.symlink(tmp_path / "secret.png", root / "images" / "link.png")
+    assert confine(root, root, "images/a.png") == root / "images" / "a.png"
+    for name in ("/etc/shadow", "../secret.png", "images/../../secret.png",
+                 "C:\\\\windows", "images/link.png", "a\0b", ""):
+        assert confine(root, root, name) is None, name
+
+
+def _zip(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return path
+
+
+def test_unpacking_refuses_escapes_and_lying_headers(tmp_path):
+    with pytest.raises(InputError, match="points outside"):
+        unpack_uploads([_zip(tmp_path / "a.zip", {"../x.csv": b"x"})], tmp_path / "a")
+    with pytest.raises(InputError, match="points outside"):
+        unpack_uploads([_zip(tmp_path / "b.zip", {"/etc/passwd": b"x"})], tmp_path / "b")
+    # a header that claims 10 bytes for a 1000-byte member, and one that claims 1 TB
+    data = _zip(tmp_path / "c.zip", {"a.csv": b"y" * 1000}).read_bytes()
+    small = data.replace(struct.pack("<I", 1000), struct.pack("<I", 10))
+    (tmp_path / "small.zip").write_bytes(small)
+    with pytest.raises(InputError, match="small.zip is not a readable .zip file"):
+        unpack_uploads([tmp_path / "small.zip"], tmp_path / "c")
+    huge = data.replace(struct.pack("<I", 1000), struct.pack("<I", MAX_UPLOAD_BYTES + 1))
+    (tmp_path / "huge.zip").write_bytes(huge)
+    with pytest.raises(InputError, match="unpacks to over"):
+        unpack_uploads([tmp_path / "huge.zip"], tmp_path / "d")
+    root = unpack_uploads([_zip(tmp_path / "ok.zip", {"f/a.csv": b"z"})], tmp_path / "e")
+    assert (root / "a.csv").read_bytes() == b"z"
+
+
+def test_server_paths_are_cut_from_messages():
+    tmp = tempfile.gettempdir()
+    message = f"cannot read {tmp}/otviz-browse-x1/captions.csv: line 1; and {os.getcwd()}/a/b.png"
+    assert scrub_server_paths(message) == "cannot read captions.csv: line 1; and b.png"
+    assert scrub_server_paths("a red/blue circle") == "a red/blue circle"
