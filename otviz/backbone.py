@@ -40,7 +40,6 @@ from otviz.boundary.images import (  # noqa: F401 (the image boundary, re-export
     ImageInputError,
     to_rgb,
 )
-from otviz.errors import UserInputError
 from otviz.methods.base import PairBatch
 from otviz.text.tokenizers import word_tokenizer
 from otviz.text.tokens import TokenBatch, TokenizationError
