@@ -47,6 +47,7 @@ class PhraseExplainer(ABC):
     def check(self) -> None:
         """Raise :class:`ExplainerUnsupportedError` when this explainer cannot read the
         model's image tower (the default reads every tower)."""
+        return None
 
     @abstractmethod
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:

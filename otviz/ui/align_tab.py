@@ -277,7 +277,8 @@ class PhraseMaps:
 
 
 def phrase_maps(runs: dict[str, MethodRun], encoded: Encoded, phrase: str | None,
-                explained: Callable[[str], dict[str, np.ndarray | str]] | None = None) -> PhraseMaps:
+                explained: Callable[[str], dict[str, np.ndarray | str]] | None = None,
+                ) -> PhraseMaps:
     """What the grid of ``phrase`` shows: :func:`phrase_heatmaps` of its words, its words
     and, with ``explained`` (:func:`~otviz.ui.explainer_panels.explained_by`), the
     explainers' maps of its words."""
