@@ -221,8 +221,8 @@ def compose_heatmaps(
         shared_scale: one colour scale for all panels (one bar at the right) or one scale
             per panel (a small bar under each).
         zero_floor: start scales at 0 (masses) rather than at the smallest value.
-        notes: optional text per panel (or ``None``): a panel with a note shows it over the
-            dimmed image instead of its heatmap (a map that cannot be computed says why).
+        notes: optional text per panel (or ``None``): a panel with a note shows that text
+            instead of the image and its heatmap (a map that cannot be computed says why).
     """
     if len(heats) != len(titles):
         raise ValueError(f"{len(heats)} heatmaps but {len(titles)} titles")
@@ -244,9 +244,9 @@ def compose_heatmaps(
         x, y = (k % cols) * cell_w, (k // cols) * cell_h
         vmin, vmax = limits[k]
         note = None if notes is None else notes[k]
-        panel = grey if note is not None else _blend(grey, heat, vmin, vmax, cmap, HEAT_ALPHA)
-        canvas.paste(panel, (x, y + TITLE_PX))
-        if note is not None:
+        if note is None:
+            canvas.paste(_blend(grey, heat, vmin, vmax, cmap, HEAT_ALPHA), (x, y + TITLE_PX))
+        else:
             draw.multiline_text((x + pw // 2, y + TITLE_PX + ph // 2),
                                 _wrap_text(draw, drawable(note), pw - 8, font),
                                 fill=TEXT_COLOUR, font=font, anchor="mm", align="center")
@@ -266,7 +266,7 @@ def compose_heatmaps(
             draw.rectangle(
                 [x + x0, top + y0, x + x1 - 1, top + y1 - 1], outline=BOX_COLOUR, width=2
             )
-        if not shared_scale:
+        if not shared_scale and note is None:
             canvas.paste(_horizontal_bar(pw, vmin, vmax, cmap), (x, y + TITLE_PX + ph + 2))
     if shared_scale:
         bar = _vertical_bar(
