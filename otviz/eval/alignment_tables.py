@@ -43,7 +43,7 @@ from otviz.eval.probe import probe_accuracy
 from otviz.eval.retrieval import DIRECTIONS, two_stage_recall
 from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet
-from otviz.explainers import EXPLAINERS, explain_pairs
+from otviz.explainers import EXPLAINERS, explain_pairs, unavailable
 from otviz.methods.base import Alignment
 from otviz.suite import METHOD_LABELS, MethodSuite, SuiteMethod
 from otviz.world import NEGATIVE_CATEGORIES
@@ -324,12 +324,17 @@ def explainer_rows(
 ) -> list[dict]:
     """Grounding rows of the explainers ``names`` (:mod:`otviz.explainers`): each phrase's map
     from its image and its text alone (encoded by the backbone's text tower), scored like the
-    methods' heatmaps, with the explainer's wall time per phrase."""
+    methods' heatmaps, with the explainer's wall time per phrase. An explainer that cannot
+    read the backbone's tower gets a row of its "not available" note and no scores."""
     image = data.samples[0].image
     size = image.shape[1], image.shape[0]
     images = [data.samples[int(j)].image for j in q.image]
     rows = []
     for name in names:
+        note = unavailable(data.backbone, name)
+        if note is not None:
+            rows.append({"method": note, "name": name, "explainer": True})
+            continue
         run = explain_pairs(data.backbone, name, images, q.texts)
         rows.append({**_grounding_row(EXPLAINERS[name].label, name, run.maps, q, data.grid,
                                       size, threshold),

@@ -22,7 +22,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,7 @@ from otviz.eval.grounding_metrics import box_iou, phrase_token_select, pointing_
 from otviz.eval.world_set import EvalSet, ParsedCaptions, world_config_of
 from otviz.explain import InputError
 from otviz.explainers import EXPLAINERS, explain_pairs
+from otviz.explainers import unavailable as explainer_unavailable
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
 from otviz.text.tree import Tree
@@ -108,6 +109,8 @@ class BrowseTable:
         iou: ``[P, K]`` IoU of the heatmap box with the gold box, or ``None``.
         load_image: image index -> uint8 ``[H, W, 3]``.
         threshold: the box threshold.
+        unavailable: explainer name -> its "not available for <family> towers" note, for
+            the asked explainers that cannot read the backbone's tower (no column).
     """
 
     items: list[BrowseItem]
@@ -121,11 +124,14 @@ class BrowseTable:
     iou: Tensor | None
     load_image: Callable[[int], np.ndarray]
     threshold: float
+    unavailable: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.items)
 
     def method_index(self, name: str) -> int:
+        if name in self.unavailable:
+            raise InputError(self.unavailable[name])
         if name not in self.methods:
             raise InputError(f"unknown method {name!r}; choose one of {list(self.methods)}")
         return self.methods.index(name)
@@ -244,10 +250,14 @@ def browse_table(
     """Every method's heatmap of every query (batched through the set's cached features),
     then each of ``explainers``' (:mod:`otviz.explainers`: from the image and the phrase text),
     with its box and, where the queries have gold boxes (one image size for the set), hit
-    and IoU. ``image_sizes`` is ``[n_images, 2]`` ``(width, height)``."""
+    and IoU. ``image_sizes`` is ``[n_images, 2]`` ``(width, height)``. An explainer that
+    cannot read the backbone's tower gets no column, its note in ``unavailable``."""
     missing = [m for m in methods if m not in suite.methods]
     if missing:
         raise InputError(f"the checkpoint has no {', '.join(missing)}")
+    unavailable = {e: note for e in explainers
+                   if (note := explainer_unavailable(data.backbone, e)) is not None}
+    explainers = [e for e in explainers if e not in unavailable]
     images = [load_image(int(j)) for j in queries.image] if explainers else []
     phrases = [it.phrase for it in queries.items]
     heats = torch.stack([
@@ -267,7 +277,7 @@ def browse_table(
         hits = torch.stack([s[0] for s in scored], dim=1)
         iou = torch.stack([s[1] for s in scored], dim=1)
     return BrowseTable(queries.items, tuple(methods), data.grid, heats, boxes, sizes,
-                       queries.gold, hits, iou, load_image, threshold)
+                       queries.gold, hits, iou, load_image, threshold, unavailable)
 
 
 def world_browse(

@@ -19,6 +19,7 @@ from otviz.explainers.run import (
     explainer_names,
     explainers_needed,
     phrase_embeddings,
+    unavailable,
 )
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "get_explainer",
     "phrase_embeddings",
     "register_explainer",
+    "unavailable",
 ]

@@ -44,6 +44,11 @@ class PhraseExplainer(ABC):
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
+    def check(self) -> None:
+        """Raise :class:`ExplainerUnsupportedError` when this explainer cannot read the
+        model's image tower (the default reads every tower)."""
+        return None
+
     @abstractmethod
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
         """``[B, h, w]`` maps on the tower's own feature grid, for preprocessed ``pixels``

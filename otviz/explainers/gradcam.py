@@ -69,6 +69,9 @@ class GradCamExplainer(PhraseExplainer):
     label = "Grad-CAM"
     source = "Selvaraju et al. 2017, via the grad-cam library (pytorch-grad-cam)"
 
+    def check(self) -> None:
+        cam_target(self.model.visual)
+
     def layer_size(self, pixels: Tensor) -> tuple[int, int]:
         """``(h, w)`` of the target layer's map for ``pixels`` (one forward on one image)."""
         target = cam_target(self.model.visual)

@@ -39,6 +39,9 @@ class LeGradExplainer(PhraseExplainer):
         super().__init__(model)
         self.first_layer = first_layer
 
+    def check(self) -> None:
+        vit_tower(self.model, self.label)
+
     def layer_maps(self, pixels: Tensor, text: Tensor) -> Tensor:
         """``[L', B, N]`` the per-layer signals ``E^l`` over the patch tokens, for the layers
         ``first_layer .. L-1`` (before the sum and the min-max)."""

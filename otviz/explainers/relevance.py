@@ -27,6 +27,9 @@ class CheferExplainer(PhraseExplainer):
     label = "Chefer relevance"
     source = "Chefer, Gur & Wolf, ICCV 2021 (gradient-weighted attention rollout)"
 
+    def check(self) -> None:
+        vit_tower(self.model, self.label)
+
     def relevance(self, pixels: Tensor, text: Tensor) -> Tensor:
         """``[B, T, T]`` the relevance matrix ``R`` (module docstring)."""
         visual = vit_tower(self.model, self.label)

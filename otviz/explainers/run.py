@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from otviz.backbone import Backbone, ImageInput
-from otviz.explainers.base import EXPLAINERS, get_explainer
+from otviz.explainers.base import EXPLAINERS, ExplainerUnsupportedError, get_explainer
 
 CHUNK = 32
 
@@ -75,3 +75,15 @@ def explainer_names(spec: str) -> tuple[str, ...]:
     if unknown:
         raise ValueError(f"unknown explainers {unknown}; known: {', '.join(EXPLAINERS)}")
     return names
+
+
+def unavailable(backbone: Backbone, name: str) -> str | None:
+    """``"<label>: not available for <family> towers"`` when the explainer ``name`` cannot
+    read the backbone's image tower (:meth:`~otviz.explainers.base.PhraseExplainer.check`),
+    else ``None``."""
+    try:
+        get_explainer(name, backbone.model).check()
+    except ExplainerUnsupportedError:
+        return (f"{EXPLAINERS[name].label}: not available for "
+                f"{backbone.image_tower.family} towers")
+    return None

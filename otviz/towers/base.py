@@ -34,6 +34,11 @@ class ImageTower:
         self.visual = visual
         self._probe: tuple[tuple[int, int], int, int] | None = None
 
+    @property
+    def family(self) -> str:
+        """The tower family in words, for notes shown to people (``"ModifiedResNet"``)."""
+        return type(self.visual).__name__
+
     def encode(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         """``(patches [B, N, width], pooled [B, E])``: width-space patch tokens, row-major on
         :attr:`grid`, and the tower's own pooled, projected image embedding."""

@@ -28,6 +28,10 @@ class TimmTower(ImageTower):
     def image_size(self) -> tuple[int, int]:
         return tuple(self.visual.image_size)  # type: ignore[return-value]
 
+    @property
+    def family(self) -> str:
+        return f"timm {type(self.visual.trunk).__name__}"
+
     def encode(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         _, patches, pooled = self._grid_forward(pixels)
         return patches, pooled

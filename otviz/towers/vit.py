@@ -46,6 +46,12 @@ class VitTower(ImageTower):
     def embed_dim(self) -> int:
         return int(self.visual.output_dim)
 
+    @property
+    def family(self) -> str:
+        if self.visual.attn_pool is None:
+            return "open_clip ViT"
+        return "attention-pooled open_clip ViT (CoCa)"
+
     def encode(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         out = self.visual.forward_intermediates(pixels, indices=1, output_fmt="NLC")
         return self._norm(out["image_intermediates"][-1]), out["image_features"]

@@ -267,7 +267,7 @@ class PhraseMaps:
     heats: dict[str, np.ndarray]
     readouts: dict[str, str]
     text: str
-    explained: dict[str, np.ndarray] = field(default_factory=dict)
+    explained: dict[str, np.ndarray | str] = field(default_factory=dict)
 
     def layout(self, encoded: Encoded, shared_scale: bool) -> dict[str, Any]:
         """The grid's drawing over the pair's image (:func:`grid_layout`), the explainers'
@@ -277,7 +277,8 @@ class PhraseMaps:
 
 
 def phrase_maps(runs: dict[str, MethodRun], encoded: Encoded, phrase: str | None,
-                explained: Callable[[str], dict[str, np.ndarray]] | None = None) -> PhraseMaps:
+                explained: Callable[[str], dict[str, np.ndarray | str]] | None = None,
+                ) -> PhraseMaps:
     """What the grid of ``phrase`` shows: :func:`phrase_heatmaps` of its words, its words
     and, with ``explained`` (:func:`~otviz.ui.explainer_panels.explained_by`), the
     explainers' maps of its words."""
@@ -462,7 +463,7 @@ def _encode_and_align(
 
 def _phrase_grid(
     encoded: Encoded, runs: dict[str, MethodRun], phrase: str | None, shared_scale: bool,
-    explained: Callable[[str], dict[str, np.ndarray]] | None = None,
+    explained: Callable[[str], dict[str, np.ndarray | str]] | None = None,
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     maps = phrase_maps(runs, encoded, phrase, explained)
     return compose_heatmaps(encoded.image, **maps.layout(encoded, shared_scale)), maps.heats

@@ -168,20 +168,24 @@ def browse_view(
     hit_filter: str = ALL_ROWS, kinds: list[str] | None = None, order: str = SET_ORDER,
     page: float | None = 1, per_page: float | None = DEFAULT_PER_PAGE,
 ) -> BrowseView:
-    """The rows passing the filters, in ``order``, page ``page`` (clamped) drawn."""
+    """The rows passing the filters, in ``order``, page ``page`` (clamped) drawn; a ticked
+    explainer that cannot read the backbone's tower is left out, its note in the status."""
+    notes = [table.unavailable[m] for m in methods or [] if m in table.unavailable]
+    methods = [m for m in methods or [] if m not in table.unavailable]
     if not methods:
-        raise InputError("tick at least one method to show")
+        raise InputError(" · ".join([*notes, "tick at least one method to show"]))
     rows = select_rows(table, a, b, hit_filter, kinds or [], order)
     shown = page_of(rows, page, per_page)
     ids = shown.rows.tolist()
     n_images = len({it.image for it in table.items})
     if not ids:
         return BrowseView(None, browse_frame(table, [], methods),
-                          f"no phrase of the {len(table)} ({n_images} images) passes these "
-                          "filters", 1, [])
+                          " · ".join([f"no phrase of the {len(table)} ({n_images} images) "
+                                      "passes these filters", *notes]), 1, [])
     status = (f"rows {shown.first}–{shown.last} of {shown.n_rows} passing "
               f"(of {len(table)} phrases in {n_images} images) · page {shown.number} of "
               f"{shown.n_pages}")
+    status = " · ".join([status, *notes])
     return BrowseView(browse_page_image(table, ids, methods), browse_frame(table, ids, methods),
                       status, shown.number, ids)
 

@@ -13,32 +13,32 @@ import numpy as np
 
 from otviz.backbone import Backbone
 from otviz.explain import Encoded
-from otviz.explainers import EXPLAINERS, ExplainerUnsupportedError, explain_pairs
+from otviz.explainers import EXPLAINERS, explain_pairs, unavailable
 
 TOGGLE_LABEL = "Explainers too (Grad-CAM, LeGrad, MaskCLIP, Chefer: gradients / attention, no OT)"
 DEFAULT_ON = False
 CACHE_SIZE = 512
 
-_MAPS: OrderedDict[tuple, dict[str, np.ndarray]] = OrderedDict()
+_MAPS: OrderedDict[tuple, dict[str, np.ndarray | str]] = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def explainer_maps(backbone: Backbone, encoded: Encoded, phrase: str) -> dict[str, np.ndarray]:
+def explainer_maps(backbone: Backbone, encoded: Encoded, phrase: str
+                   ) -> dict[str, np.ndarray | str]:
     """Each explainer's ``[gh, gw]`` map of ``phrase`` (the phrase's words) on the pair's
-    image, for the explainers that read this backbone's tower (cached)."""
+    image, or, for an explainer that cannot read this backbone's tower, its "not available
+    for <family> towers" note (:func:`~otviz.explainers.unavailable`) (cached)."""
     key = (id(backbone.model), encoded.key, phrase)
     with _LOCK:
         hit = _MAPS.get(key)
         if hit is not None:
             _MAPS.move_to_end(key)
             return hit
-    maps = {}
+    maps: dict[str, np.ndarray | str] = {}
     for name in EXPLAINERS:
-        try:
-            run = explain_pairs(backbone, name, [encoded.image], [phrase])
-        except ExplainerUnsupportedError:
-            continue
-        maps[name] = run.maps[0].reshape(encoded.grid).numpy()
+        note = unavailable(backbone, name)
+        maps[name] = note if note is not None else explain_pairs(
+            backbone, name, [encoded.image], [phrase]).maps[0].reshape(encoded.grid).numpy()
     with _LOCK:
         _MAPS[key] = maps
         while len(_MAPS) > CACHE_SIZE:
@@ -46,14 +46,15 @@ def explainer_maps(backbone: Backbone, encoded: Encoded, phrase: str) -> dict[st
     return maps
 
 
-def explainer_panels(maps: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
-    """``(title, map)`` panels of :func:`explainer_maps`, for
+def explainer_panels(maps: dict[str, np.ndarray | str]) -> list[tuple[str, np.ndarray | str]]:
+    """``(title, map or note)`` panels of :func:`explainer_maps`, for
     :func:`otviz.viz.phrase_grid.grid_layout`'s ``extra``."""
-    return [(f"{EXPLAINERS[name].label} (explainer, own scale)", m) for name, m in maps.items()]
+    return [(EXPLAINERS[name].label + ("" if isinstance(m, str) else " (explainer, own scale)"),
+             m) for name, m in maps.items()]
 
 
 def explained_by(backbone: Backbone, encoded: Encoded, on: bool
-                 ) -> Callable[[str], dict[str, np.ndarray]] | None:
+                 ) -> Callable[[str], dict[str, np.ndarray | str]] | None:
     """``phrase -> explainer_maps(...)`` for the pair, or ``None`` when ``on`` is off (the
     grid then draws the methods alone, as without explainers)."""
     if not on:

@@ -145,6 +145,17 @@ def _clip_text(draw: ImageDraw.ImageDraw, text: str, width: int, font) -> str:
     return text + "…"
 
 
+def _wrap_text(draw: ImageDraw.ImageDraw, text: str, width: int, font) -> str:
+    """``text`` broken into lines of whole words that fit ``width`` pixels."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and draw.textlength(f"{lines[-1]} {word}", font=font) <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return "\n".join(lines)
+
+
 def _vertical_bar(height: int, vmin: float, vmax: float, cmap: str, label: str) -> Image.Image:
     """A vertical colour bar with five ticks and a rotated label."""
     font = _font(10)
@@ -197,6 +208,7 @@ def compose_heatmaps(
     columns: int = 4,
     panel_px: int = 168,
     colorbar_label: str = "transported mass",
+    notes: Sequence[str | None] | None = None,
 ) -> np.ndarray:
     """One panel per heatmap in a ``columns``-wide grid, as a uint8 ``[H, W, 3]`` raster.
 
@@ -209,6 +221,8 @@ def compose_heatmaps(
         shared_scale: one colour scale for all panels (one bar at the right) or one scale
             per panel (a small bar under each).
         zero_floor: start scales at 0 (masses) rather than at the smallest value.
+        notes: optional text per panel (or ``None``): a panel with a note shows that text
+            instead of the image and its heatmap (a map that cannot be computed says why).
     """
     if len(heats) != len(titles):
         raise ValueError(f"{len(heats)} heatmaps but {len(titles)} titles")
@@ -229,8 +243,13 @@ def compose_heatmaps(
     for k, (heat, title) in enumerate(zip(heats, titles, strict=True)):
         x, y = (k % cols) * cell_w, (k // cols) * cell_h
         vmin, vmax = limits[k]
-        panel = _blend(grey, heat, vmin, vmax, cmap, HEAT_ALPHA)
-        canvas.paste(panel, (x, y + TITLE_PX))
+        note = None if notes is None else notes[k]
+        if note is None:
+            canvas.paste(_blend(grey, heat, vmin, vmax, cmap, HEAT_ALPHA), (x, y + TITLE_PX))
+        else:
+            draw.multiline_text((x + pw // 2, y + TITLE_PX + ph // 2),
+                                _wrap_text(draw, drawable(note), pw - 8, font),
+                                fill=TEXT_COLOUR, font=font, anchor="mm", align="center")
         draw.text(
             (x + pw // 2, y + TITLE_PX // 2),
             _clip_text(draw, drawable(title), pw, font),
@@ -247,7 +266,7 @@ def compose_heatmaps(
             draw.rectangle(
                 [x + x0, top + y0, x + x1 - 1, top + y1 - 1], outline=BOX_COLOUR, width=2
             )
-        if not shared_scale:
+        if not shared_scale and note is None:
             canvas.paste(_horizontal_bar(pw, vmin, vmax, cmap), (x, y + TITLE_PX + ph + 2))
     if shared_scale:
         bar = _vertical_bar(

@@ -44,7 +44,7 @@ def grid_layout(
     phrase_text: str,
     shared_scale: bool,
     readouts: dict[str, str] | None = None,
-    extra: Sequence[tuple[str, np.ndarray]] = (),
+    extra: Sequence[tuple[str, np.ndarray | str]] = (),
 ) -> dict[str, Any]:
     """What :func:`~otviz.viz.panels.compose_heatmaps` draws of a phrase, bar the image: one
     panel per method (``[gh, gw]`` maps on the patch ``grid``) with its grounding box, as
@@ -52,7 +52,9 @@ def grid_layout(
     (method -> label of a map that is not a mass: QC-Align's Π/(μν), PowerCLIP's Fig. 6
     similarity) are stretched to the mass panels' peak on a shared scale and titled with the
     label and "own scale". The ``extra`` panels (title, ``[gh, gw]`` map: the explainers')
-    follow the methods', their positive part drawn and stretched like the readouts."""
+    follow the methods', their positive part drawn and stretched like the readouts; an
+    ``extra`` entry whose map is a string is a note drawn in its panel instead of a map (an
+    explainer that cannot read this tower says so)."""
     relative = readouts or {}
     shown = [displayable_mass(heats[n]) for n in ALIGN_METHODS]
     maps = [m for m, _ in shown]
@@ -61,7 +63,8 @@ def grid_layout(
     for k, name in enumerate(ALIGN_METHODS):
         if name in relative and shared_scale and float(maps[k].max()) > 0:
             maps[k] = maps[k] * (peak / float(maps[k].max()))
-    added = [np.clip(m, 0.0, None) for _, m in extra]
+    notes = [None] * len(maps) + [m if isinstance(m, str) else None for _, m in extra]
+    added = [np.zeros(grid) if isinstance(m, str) else np.clip(m, 0.0, None) for _, m in extra]
     if shared_scale:
         added = [m * (peak / float(m.max())) if float(m.max()) > 0 else m for m in added]
     maps += added
@@ -75,4 +78,5 @@ def grid_layout(
         "shared_scale": shared_scale,
         "panel_px": GRID_PANEL_PX,
         "colorbar_label": f'mass of "{phrase_text}"',
+        "notes": notes,
     }

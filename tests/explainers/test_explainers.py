@@ -160,11 +160,16 @@ def test_maskclip_is_the_closed_form_value_projection():
     assert torch.allclose(ours.reshape(2, -1), expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["legrad", "maskclip", "chefer"])
-def test_attention_explainers_refuse_non_vit_towers(name):
-    model, size = TOWERS["modified-resnet"]()
+@pytest.mark.parametrize(("name", "tower"), [("legrad", "modified-resnet"),
+                                             ("chefer", "modified-resnet"),
+                                             ("maskclip", "timm-convnext")])
+def test_attention_explainers_refuse_towers_they_cannot_read(name, tower):
+    model, size = TOWERS[tower]()
+    explainer = get_explainer(name, model)
     with pytest.raises(ExplainerUnsupportedError, match="ViT"):
-        get_explainer(name, model).explain(*_inputs(size))
+        explainer.check()
+    with pytest.raises(ExplainerUnsupportedError, match="ViT"):
+        explainer.explain(*_inputs(size))
 
 
 def test_maps_resample_to_the_requested_grid():
