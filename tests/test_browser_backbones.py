@@ -12,9 +12,11 @@ import torch
 from PIL import Image
 
 from otviz.backbone import Backbone
+from otviz.eval.browse import BrowseCache
 from otviz.suite import WORLD_FIT_CAPTIONS
 from otviz.towers.shrunken import register_shrunken
 from otviz.ui.align_tab import align_view
+from otviz.ui.browse_tab import BrowseSources
 from otviz.ui.context import AppContext, BackboneChoice
 from otviz.ui.examples import load_examples
 from tests.conftest import LiveApp, free_port
@@ -44,11 +46,12 @@ def resnet_app(tmp_path_factory):
     ctx = AppContext([BackboneChoice(label, lambda: Backbone.from_pretrained(name, str(weights)),
                                      WORLD_FIT_CAPTIONS, name, str(weights))])
     jobs = TrainingJobs(ctx, root / "runs", root / "features")
-    app = build_app(ctx, jobs)
+    browse = BrowseSources(BrowseCache(), root / "features", root / "uploads")
+    app = build_app(ctx, jobs, browse)
     port = free_port()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
                quiet=True, ssr_mode=False, **serve_options(app))
-    yield LiveApp(f"http://127.0.0.1:{port}/", ctx, jobs)
+    yield LiveApp(f"http://127.0.0.1:{port}/", ctx, jobs, browse, app)
     app.close()
 
 
