@@ -22,8 +22,9 @@ from otviz.checkpoints.store import load_meta
 
 COLUMNS = ("lever", "extra steps", "train wall (min)", "probe shape", "zero-shot shape",
            "zero-shot colour+shape", "pointing Dense UOT", "pointing ConceptOT",
-           "colour not unique (DUOT / CoOT / oracle)", "conflicting: shape on A (DUOT / CoOT)",
-           "true: shape on A (DUOT / CoOT)", "R@1 I->T / T->I")
+           "colour not unique (DUOT / CoOT / oracle)",
+           "conflicting: shape word on A / on B (DUOT; CoOT)", "true: shape on A (DUOT / CoOT)",
+           "R@1 I->T / T->I")
 
 
 def _pct(x: float) -> str:
@@ -39,9 +40,11 @@ def row(label: str, result: dict[str, Any]) -> list[str]:
     grounding = {r["name"]: r for r in result["grounding"]["rows"] if "name" in r}
     oracle = next(r for r in result["grounding"]["rows"] if r["method"].startswith("Colour"))
     binding = result["binding"]["methods"]
-    shape_on_a = {kind: " / ".join(_pct(binding[m][kind]["shape"]["on_a"])
-                                   for m in ("dense_uot", "conceptot"))
-                  for kind in ("conflicting", "true")}
+    shape_on_a = " / ".join(_pct(binding[m]["true"]["shape"]["on_a"])
+                            for m in ("dense_uot", "conceptot"))
+    conflicting = "; ".join(" / ".join(_pct(binding[m]["conflicting"]["shape"][where])
+                                       for where in ("on_a", "on_b"))
+                            for m in ("dense_uot", "conceptot"))
     shared = " / ".join(_pct(x) for x in (grounding["dense_uot"]["pointing_shared_colour"],
                                           grounding["conceptot"]["pointing_shared_colour"],
                                           oracle["pointing_shared_colour"]))
@@ -50,7 +53,7 @@ def row(label: str, result: dict[str, Any]) -> list[str]:
             _pct(result["zero_shot"]["world"]["shape"]),
             _pct(result["zero_shot"]["world"]["colour_shape"]),
             _pct(grounding["dense_uot"]["pointing"]), _pct(grounding["conceptot"]["pointing"]),
-            shared, shape_on_a["conflicting"], shape_on_a["true"],
+            shared, conflicting, shape_on_a,
             f"{_pct(ret['i2t_r1'])} / {_pct(ret['t2i_r1'])}"]
 
 
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     rows = []
     for item in args.pilots:
-        label, prefix = item.split("=", 1)
+        label, prefix = item.rsplit("=", 1)
         rows.append(row(label, json.loads(Path(prefix).with_suffix(".json").read_text())))
     text = markdown(rows)
     if args.out:
