@@ -314,7 +314,7 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
             texts = torch.cat(
                 [texts, draw_negatives(train, idx, config.hard_negatives, gen, weights)])
         with torch.autocast("cpu", torch.bfloat16, enabled=config.bf16):
-            loss = _batch_loss(model, images, texts, config, group, local_batch)
+            loss = batch_loss(model, images, texts, config, group, local_batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         group.sum_gradients(model)
@@ -374,7 +374,7 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
     return result
 
 
-def _batch_loss(model: nn.Module, images: Tensor, texts: Tensor, config: PretrainConfig,
+def batch_loss(model: nn.Module, images: Tensor, texts: Tensor, config: PretrainConfig,
                 group: _Group, local_batch: int) -> Tensor:
     """The step's loss over the whole (gathered) batch: the global contrastive loss, plus
     ``local_weight`` times FILIP's token-wise loss (:mod:`otviz.train.local_alignment`) over

@@ -21,7 +21,7 @@ from otviz.train.local_alignment import (
     filip_loss,
     token_max_similarities,
 )
-from otviz.train.pretrain import _batch_loss, _Group, contrastive_loss, pretrain
+from otviz.train.pretrain import _Group, batch_loss, contrastive_loss, pretrain
 from otviz.train.pretrain_config import PretrainConfig
 from tests.train.test_pretrain import SMOKE
 
@@ -119,8 +119,8 @@ def test_batch_loss_adds_the_weighted_local_term():
     ids = _captions(5, seed=10)  # 3 captions + 2 hard negatives
     config = PretrainConfig(local_weight=0.25)
     with torch.no_grad():
-        total = _batch_loss(model, images, ids, config, _Group(), 3)
-        plain = _batch_loss(model, images, ids, dataclasses.replace(config, local_weight=0.0),
+        total = batch_loss(model, images, ids, config, _Group(), 3)
+        plain = batch_loss(model, images, ids, dataclasses.replace(config, local_weight=0.0),
                             _Group(), 3)
         img, txt, patches, tokens = encode_with_tokens(model, images, ids)
         scale = model.logit_scale.exp()
@@ -128,7 +128,7 @@ def test_batch_loss_adds_the_weighted_local_term():
         local = filip_loss(patches, tokens[:3], content_mask(ids[:3]), scale)
         torch.testing.assert_close(total, plain + 0.25 * local)
         with torch.autocast("cpu", torch.bfloat16):
-            low = _batch_loss(model, images, ids, config, _Group(), 3)
+            low = batch_loss(model, images, ids, config, _Group(), 3)
     assert abs(float(low) - float(total)) < 0.05 * float(total)
 
 
