@@ -4,6 +4,9 @@ Symmetric contrastive loss over the batch: CLIP's two InfoNCE losses (OT-CLIP Eq
 which OT-CLIP Sec. 3.1 reads as inverse entropic OT with one marginal constraint each
 (Eq. 5-6); optionally with the world's hard-negative captions as extra image->text
 negatives; or another OT-CLIP loss kind of :mod:`otviz.train.otclip_losses` (Eq. 7-10).
+Optionally a local term next to it (``local_weight``): FILIP's token-wise late-interaction
+loss between patch and caption tokens (:mod:`otviz.train.local_alignment`). A run may start
+from a saved checkpoint's weights (``init_from``) and run under bfloat16 autocast (``bf16``).
 AdamW with linear warm-up and cosine decay, data-parallel over processes, held-out
 retrieval on the world's ``test`` split, and a checkpoint written atomically (safetensors +
 JSON with the recipe, the world version, the metrics and the training log).
@@ -51,9 +54,11 @@ from otviz.data.rendered import (
 from otviz.tiny_clip import (
     TINY_CLIP_NAME,
     create_tiny_clip,
+    load_tiny_clip,
     restrict_token_rows,
     save_tiny_clip,
 )
+from otviz.train.local_alignment import content_mask, encode_with_tokens, filip_loss
 from otviz.train.pretrain_config import PretrainConfig
 from otviz.train.pretrain_state import TrainingState
 from otviz.world import World, WorldConfig, ambiguous_caption_share, retrieval_ceiling
@@ -271,6 +276,8 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
     t_data = time.perf_counter() - t_start
 
     model = create_tiny_clip(cfg, seed=config.seed)  # the same weights in every process
+    if config.init_from:
+        _load_initial_weights(model, config.init_from, cfg)
     vocab = model.text.token_embedding.weight.shape[0]
     ids = train.ids if train.negative_ids is None else torch.cat(
         [train.ids.reshape(-1), train.negative_ids.reshape(-1)])
@@ -306,12 +313,8 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
         if config.hard_negatives:
             texts = torch.cat(
                 [texts, draw_negatives(train, idx, config.hard_negatives, gen, weights)])
-        image_emb, text_emb, scale = model(images, texts)
-        if group.size > 1:  # captions of every process first, then their negatives
-            image_emb = group.gather(image_emb)
-            text_emb = torch.cat([group.gather(part) for part in text_emb.split(
-                [local_batch, len(text_emb) - local_batch]) if len(part)])
-        loss = contrastive_loss(image_emb, text_emb, scale, config.loss)
+        with torch.autocast("cpu", torch.bfloat16, enabled=config.bf16):
+            loss = batch_loss(model, images, texts, config, group, local_batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         group.sum_gradients(model)
@@ -320,7 +323,7 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
         with torch.no_grad():
             model.logit_scale.clamp_(0, math.log(100))
         entry = {"step": step, "loss": loss.item(), "lr": schedule.get_last_lr()[0],
-                 "logit_scale": scale.item()}
+                 "logit_scale": model.logit_scale.exp().item()}
         evaluate = step == config.steps or (config.eval_every and step % config.eval_every == 0)
         if is_main and evaluate:
             image_all, text_all = embed_split(model, test, mean, std)
@@ -369,6 +372,40 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
         result["checkpoint_bytes"] = sum(f.stat().st_size for f in Path(path).iterdir())
     state.clear()
     return result
+
+
+def batch_loss(model: nn.Module, images: Tensor, texts: Tensor, config: PretrainConfig,
+                group: _Group, local_batch: int) -> Tensor:
+    """The step's loss over the whole (gathered) batch: the global contrastive loss, plus
+    ``local_weight`` times FILIP's token-wise loss (:mod:`otviz.train.local_alignment`) over
+    the batch's matched captions (its cost grows with the square of the batch, so the hard
+    negative captions stay global-only)."""
+
+    def gather_texts(x: Tensor) -> Tensor:  # captions of every process, then their negatives
+        return torch.cat([group.gather(part) for part in x.split(
+            [local_batch, len(x) - local_batch]) if len(part)])
+
+    if not config.local_weight:
+        image_emb, text_emb, scale = model(images, texts)
+        return contrastive_loss(group.gather(image_emb), gather_texts(text_emb), scale,
+                                config.loss)
+    image_emb, text_emb, patches, tokens = encode_with_tokens(model, images, texts)
+    scale = model.logit_scale.exp()
+    global_loss = contrastive_loss(group.gather(image_emb), gather_texts(text_emb), scale,
+                                   config.loss)
+    captions = slice(0, local_batch)  # the matched captions only: the B x B pairs
+    local_loss = filip_loss(group.gather(patches), group.gather(tokens[captions]),
+                            content_mask(group.gather(texts[captions])), scale)
+    return global_loss + config.local_weight * local_loss
+
+
+def _load_initial_weights(model: nn.Module, path: str, cfg: dict[str, Any]) -> None:
+    """Copy a tiny-CLIP checkpoint's weights into ``model`` (a run continued from it with a
+    new recipe); its architecture must be ``cfg``."""
+    source, meta = load_tiny_clip(path)
+    if meta["model_cfg"] != cfg:
+        raise ValueError(f"--init-from {path}: its model config differs from this recipe's")
+    model.load_state_dict(source.state_dict())
 
 
 def _check_loss(kind: str) -> None:

@@ -37,6 +37,9 @@ class PretrainConfig:
     init_temperature: float = 0.07  # initial temperature of the logits (learned after)
     loss: str = "infonce"  # or an OT-CLIP kind of otviz.train.otclip_losses
     hard_negatives: int = 2  # world hard-negative captions per image (InfoNCE only)
+    local_weight: float = 0.0  # weight of FILIP's token-wise local loss next to the global one
+    bf16: bool = False  # forward and loss under CPU bfloat16 autocast
+    init_from: str = ""  # start from this tiny-CLIP checkpoint's weights (same architecture)
     negative_weights: str = ""  # e.g. "replace_obj:3,swap_obj:2" (categories' odds; "": uniform)
     image_size: int = 80  # world and model image side (objects scale with it; 8-px patches)
     patch_size: int = 8
