@@ -11,7 +11,9 @@ resolution (the patch grid), not upsampled to the pixels.
 
 from __future__ import annotations
 
+import copy
 import threading
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -56,11 +58,21 @@ class _LayerGridCAM(GradCAM):
         return self.size
 
 
-#: grad-cam hooks the model's target layer for the length of a call: one call at a time.
+#: grad-cam hooks the target layer of the model it runs for the length of a call: one call at
+#: a time, on a private copy of the model (:func:`private_model`).
 _HOOKS = threading.Lock()
-#: Calls of the library per map before giving up when other forwards of the model (another
-#: thread's, seen by the hooks) keep interleaving with its own.
-ATTEMPTS = 3
+_PRIVATE: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
+
+
+def private_model(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` that only Grad-CAM runs (made once per model, under ``_HOOKS``):
+    the library's hooks then never see a forward of the shared model from another server
+    thread (an Align click, another explainer), which would add activations to its map. It
+    costs one more copy of the model's weights in memory."""
+    clone = _PRIVATE.get(model)
+    if clone is None:
+        clone = _PRIVATE[model] = copy.deepcopy(model).eval().requires_grad_(False)
+    return clone
 
 
 @register_explainer
@@ -72,37 +84,32 @@ class GradCamExplainer(PhraseExplainer):
     def check(self) -> None:
         cam_target(self.model.visual)
 
-    def layer_size(self, pixels: Tensor) -> tuple[int, int]:
-        """``(h, w)`` of the target layer's map for ``pixels`` (one forward on one image)."""
-        target = cam_target(self.model.visual)
+    @staticmethod
+    def layer_size(model: nn.Module, pixels: Tensor) -> tuple[int, int]:
+        """``(h, w)`` of ``model``'s target layer map for ``pixels`` (one forward on one
+        image)."""
+        target = cam_target(model.visual)
         seen: list[Tensor] = []
         handle = target.layer.register_forward_hook(lambda m, i, o: seen.append(o))
         try:
             with torch.no_grad():
-                self.model.encode_image(pixels[:1])
+                model.encode_image(pixels[:1])
         finally:
             handle.remove()
         out = seen[0] if target.reshape is None else target.reshape(seen[0])
         return int(out.shape[-2]), int(out.shape[-1])
 
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
-        target = cam_target(self.model.visual)
-        h, w = self.layer_size(pixels)
         with _HOOKS, torch.enable_grad():
-            cam = _LayerGridCAM(ImageEmbedding(self.model), [target.layer], target.reshape,
-                                (w, h))
+            model = private_model(self.model)
+            h, w = self.layer_size(model, pixels)
+            target = cam_target(model.visual)
+            cam = _LayerGridCAM(ImageEmbedding(model), [target.layer], target.reshape, (w, h))
             try:
                 # a leaf input that needs its gradient: the hooks fire on a frozen model too
-                leaf = pixels.detach().requires_grad_(True)
-                for _ in range(ATTEMPTS):
-                    maps = cam(leaf, [SimilarityTarget(t) for t in text])
-                    # one activation: no other forward of the shared model ran in between
-                    if len(cam.activations_and_grads.activations) == 1:
-                        break
-                else:
-                    raise RuntimeError("Grad-CAM: other forwards of the model kept running "
-                                       "through its hooks; try again")
+                maps = cam(pixels.detach().requires_grad_(True),
+                           [SimilarityTarget(t) for t in text])
             finally:
                 cam.activations_and_grads.release()
-                self.model.zero_grad(set_to_none=True)
+                model.zero_grad(set_to_none=True)
         return torch.from_numpy(maps).to(pixels.device)
