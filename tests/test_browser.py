@@ -214,6 +214,28 @@ def test_align_shows_the_heatmap_grid_and_the_plan(page, live_app, shots):
 DRAWN = "e => e.src || e.outerHTML.length"
 
 
+def test_the_explainer_toggle_adds_their_panels_to_the_grid(page, live_app, shots):
+    """Ticking "explainers" redraws the Align grid with one more panel per registered
+    explainer (the grid grows by rows of panels), drawn, not blank; unticking gives the
+    methods' grid back, the same size as before."""
+    open_tab(page, "Align")
+    page.get_by_role("button", name="Align", exact=True).click()
+    width, height = rendered_image(page, "#align-grid")
+    src = "document.querySelector('#align-grid img').src"
+    before = page.evaluate(src)
+    toggle = page.locator("#align-explainers input")
+    toggle.check()
+    page.wait_for_function(f"before => {src} !== before", arg=before)
+    wide, tall = rendered_image(page, "#align-grid")
+    assert wide == width and tall > height, (width, height, wide, tall)
+    assert_not_blank(page, "#align-grid img")
+    screenshot(page, "tab-align", shots / "align-explainers.png")
+    with_explainers = page.evaluate(src)
+    toggle.uncheck()
+    page.wait_for_function(f"before => {src} !== before", arg=with_explainers)
+    assert rendered_image(page, "#align-grid") == (width, height)
+
+
 @pytest.mark.parametrize(("dropdown", "output"), [("align-phrase", "#align-grid img"),
                                                   ("align-method", "#align-plan .js-plotly-plot")])
 def test_a_pick_in_a_dropdown_is_one_server_call(page, dropdown, output):
