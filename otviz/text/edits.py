@@ -101,10 +101,6 @@ class _Rewrite:
         return "".join(out)
 
 
-def _leaf_children(node: Tree) -> list[Tree]:
-    return [c for c in node.children if c.is_leaf]
-
-
 def base_noun_phrases(tree: Tree) -> list[Tree]:
     """Noun phrases made of words only (no nested phrase) that have a noun, in word order."""
     return [
