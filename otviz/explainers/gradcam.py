@@ -46,16 +46,13 @@ class SimilarityTarget:
 
 
 class _LayerGridCAM(GradCAM):
-    """The library's Grad-CAM, its map left at the target layer's resolution (``size``,
-    ``(w, h)``) instead of the input image's."""
-
-    def __init__(self, model: nn.Module, target_layers: list[nn.Module], reshape_transform,
-                 size: tuple[int, int]) -> None:
-        super().__init__(model, target_layers, reshape_transform)
-        self.size = size
+    """The library's Grad-CAM, its map left at the target layer's resolution instead of the
+    input image's: the size is read off the activation the call's forward recorded (after
+    the reshape), so no extra forward measures it."""
 
     def get_target_width_height(self, input_tensor: Tensor) -> tuple[int, int]:
-        return self.size
+        h, w = self.activations_and_grads.activations[-1].shape[-2:]
+        return int(w), int(h)
 
 
 #: grad-cam hooks the target layer of the model it runs for the length of a call: one call at
@@ -84,27 +81,11 @@ class GradCamExplainer(PhraseExplainer):
     def check(self) -> None:
         cam_target(self.model.visual)
 
-    @staticmethod
-    def layer_size(model: nn.Module, pixels: Tensor) -> tuple[int, int]:
-        """``(h, w)`` of ``model``'s target layer map for ``pixels`` (one forward on one
-        image)."""
-        target = cam_target(model.visual)
-        seen: list[Tensor] = []
-        handle = target.layer.register_forward_hook(lambda m, i, o: seen.append(o))
-        try:
-            with torch.no_grad():
-                model.encode_image(pixels[:1])
-        finally:
-            handle.remove()
-        out = seen[0] if target.reshape is None else target.reshape(seen[0])
-        return int(out.shape[-2]), int(out.shape[-1])
-
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
         with _HOOKS, torch.enable_grad():
             model = private_model(self.model)
-            h, w = self.layer_size(model, pixels)
             target = cam_target(model.visual)
-            cam = _LayerGridCAM(ImageEmbedding(model), [target.layer], target.reshape, (w, h))
+            cam = _LayerGridCAM(ImageEmbedding(model), [target.layer], target.reshape)
             try:
                 # a leaf input that needs its gradient: the hooks fire on a frozen model too
                 maps = cam(pixels.detach().requires_grad_(True),
