@@ -50,8 +50,6 @@ from otviz.towers import BackboneLoadError, image_tower, text_tower
 Space = Literal["width", "projected"]
 
 
-
-
 class CaptionTooLongError(TokenizationError):
     """A caption does not fit the model's context (raised only when truncation is refused)."""
 
