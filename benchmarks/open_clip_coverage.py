@@ -24,13 +24,18 @@ Nothing is downloaded and every model is randomly initialised. The columns
   Probe, Zero-shot on a few world images, Browse on a few world images): "n/n" when all
   answer without an error. The Train view is covered by the test suite
   (``tests/towers/test_non_vit_heads.py``), not here.
+* ``explainers``: every registered explainer (:mod:`otviz.explainers`) on one pair with
+  the shrunken instance, through :func:`otviz.explainers.explain_pairs` (the grounding
+  table's call): the names of those whose map is finite and on the patch grid, then, after
+  ``n/a:``, those that say they cannot read the tower; an error would be listed as one.
 * ``encode ms`` (second table): one image and one caption through ``Backbone.encode`` at
   the family representative's native resolution, full size, random init, 2 CPU threads,
   median of 3 after one warm-up.
 
 Usage: ``python benchmarks/open_clip_coverage.py [--models RN50 ViT-B-16 ...] [--no-views]
 [--no-timing] [--merge]``; writes ``benchmarks/open_clip_coverage.json`` and ``.md``
-(``--merge``: only the named models' rows are replaced in them).
+(``--merge``: the columns this run makes replace those of its models' rows in them; the
+other columns and rows are kept).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from PIL import Image
 
 from otviz.backbone import Backbone
 from otviz.explain import Explainer
+from otviz.explainers import EXPLAINERS, explain_pairs, unavailable
 from otviz.suite import SCORED_METHODS, MethodSuite
 from otviz.tiny_clip import register_tiny_clip
 from otviz.towers import image_tower, text_tower
@@ -90,6 +96,10 @@ COLUMNS = {
     "views": "the served app's view endpoints answered without an error, on the shrunken "
              "instance (Align, phrase change, Words, Anchors, anchor maps, Phrases & "
              "regions, Probe, Zero-shot, Browse)",
+    "explainers": "every registered explainer on one image-phrase pair with the shrunken "
+                  "instance, through the call the grounding table makes: the ones that read "
+                  "the tower give a finite map on the patch grid (listed), the others their "
+                  "'not available' note (after 'n/a:'); any error is listed as such",
 }
 
 
@@ -172,8 +182,28 @@ def methods_check(name: str, hf_dir: Path) -> dict[str, Any]:
             finite &= bool(torch.isfinite(a.heatmap(select)).all())
         ok.append(finite)
     return {"methods": f"{sum(ok)}/{len(ok)}", "shrunk_name": shrunk,
+            **explainers_check(bb),
             "shrunk": f"grid {bb.grid[0]}x{bb.grid[1]}, widths {bb.patch_dim}/{bb.token_dim}, "
                       f"embed {bb.embed_dim}"}
+
+
+def explainers_check(bb: Backbone) -> dict[str, Any]:
+    """Every explainer on one pair (see :data:`COLUMNS`): which ran, which are not
+    available for the tower, which failed."""
+    ran, not_available, failed = [], [], []
+    for name in EXPLAINERS:
+        if unavailable(bb, name) is not None:
+            not_available.append(name)
+            continue
+        try:
+            maps = explain_pairs(bb, name, [_image()], ["a blue square"]).maps
+            good = maps.shape == (1, bb.grid[0] * bb.grid[1]) and bool(torch.isfinite(maps).all())
+            (ran if good else failed).append(name if good else f"{name}: not finite / grid")
+        except Exception as e:  # the reason goes in the table
+            failed.append(f"{name}: {type(e).__name__}: {str(e)[:120]}")
+    text = ", ".join(ran) + (f"; n/a: {', '.join(not_available)}" if not_available else "")
+    return {"explainers": text + (f"; FAILED {'; '.join(failed)}" if failed else ""),
+            "explainers_ran": ran, "explainers_failed": failed}
 
 
 def _free_port() -> int:
@@ -314,7 +344,10 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
                 f"{len(SCORED_METHODS)}/{len(SCORED_METHODS)}")),
             "tags_all_views": tags_where(lambda r: str(r.get("views", "")).startswith(
                 f"{len(VIEWS)}/{len(VIEWS)}")),
-            "tags_everything": full}
+            "tags_everything": full,
+            "tags_explainer_errors": tags_where(lambda r: bool(r.get("explainers_failed"))),
+            "tags_per_explainer": {e: tags_where(lambda r, e=e: e in r.get("explainers_ran", []))
+                                   for e in EXPLAINERS}}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -329,6 +362,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"architectures) load, run all {len(SCORED_METHODS)} methods and render all "
         f"{len(VIEWS)} view endpoints; {s['tags_loading']} load, {s['tags_all_methods']} run "
         f"every method, {s['tags_all_views']} render every view.",
+        "",
+        "Explainers, tags whose tower each one reads (and gives a finite map on): "
+        + ", ".join(f"{EXPLAINERS[e].label} {n}" for e, n in s["tags_per_explainer"].items())
+        + f" of {s['tags']}; tags where an explainer failed: {s['tags_explainer_errors']}.",
         "",
         "## Columns",
         "",
@@ -347,8 +384,8 @@ def markdown(result: dict[str, Any]) -> str:
         "## Every pretrained tag",
         "",
         "| architecture | tags | image tower | text tower | tokenizer | loads | params M | "
-        "fp32 GB | methods | views |",
-        "|---|---|---|---|---|---|---:|---:|---|---|",
+        "fp32 GB | methods | views | explainers |",
+        "|---|---|---|---|---|---|---:|---:|---|---|---|",
     ]
     for name, r in result["models"].items():
         if not r["tags"]:
@@ -357,7 +394,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {name} | {', '.join(r['tags'])} | {r.get('image_family', '')} | "
             f"{r.get('text_family', '')} | {r.get('tokenizer', '')} | {r.get('loads', '')} | "
             f"{r.get('params_m', '')} | {r.get('fp32_gb', '')} | {r.get('methods', '')} | "
-            f"{r.get('views', '')} |".replace("\n", " "))
+            f"{r.get('views', '')} | {r.get('explainers', '')} |".replace("\n", " "))
     return "\n".join(lines) + "\n"
 
 
@@ -368,15 +405,16 @@ def main() -> None:
     parser.add_argument("--no-timing", action="store_true")
     parser.add_argument("--out", default=str(OUT), help="path without suffix")
     parser.add_argument("--merge", action="store_true",
-                        help="update these models' rows (and the timing, if run) in the "
-                             "existing output instead of replacing it")
+                        help="update the columns this run makes (and the timing, if run) in "
+                             "the existing output instead of replacing it")
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
     result = run(args.models, not args.no_views, not args.no_timing)
     if args.merge and out.with_suffix(".json").exists():
         old = json.loads(out.with_suffix(".json").read_text())
-        result["models"] = dict(sorted({**old["models"], **result["models"]}.items()))
+        merged = {m: {**old["models"].get(m, {}), **r} for m, r in result["models"].items()}
+        result["models"] = dict(sorted({**old["models"], **merged}.items()))
         result["encoding_cost"] = result["encoding_cost"] or old["encoding_cost"]
     result["summary"] = summary(result)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")

@@ -11,16 +11,13 @@ resolution (the patch grid), not upsampled to the pixels.
 
 from __future__ import annotations
 
-import copy
-import threading
-import weakref
-
 import torch
 import torch.nn.functional as F
 from pytorch_grad_cam import GradCAM
 from torch import Tensor, nn
 
 from otviz.explainers.base import PhraseExplainer, register_explainer
+from otviz.explainers.private import HOOKS, private_model
 from otviz.explainers.towers import cam_target
 
 
@@ -55,23 +52,6 @@ class _LayerGridCAM(GradCAM):
         return int(w), int(h)
 
 
-#: grad-cam hooks the target layer of the model it runs for the length of a call: one call at
-#: a time, on a private copy of the model (:func:`private_model`).
-_HOOKS = threading.Lock()
-_PRIVATE: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
-
-
-def private_model(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` that only Grad-CAM runs (made once per model, under ``_HOOKS``):
-    the library's hooks then never see a forward of the shared model from another server
-    thread (an Align click, another explainer), which would add activations to its map. It
-    costs one more copy of the model's weights in memory."""
-    clone = _PRIVATE.get(model)
-    if clone is None:
-        clone = _PRIVATE[model] = copy.deepcopy(model).eval().requires_grad_(False)
-    return clone
-
-
 @register_explainer
 class GradCamExplainer(PhraseExplainer):
     name = "gradcam"
@@ -82,7 +62,7 @@ class GradCamExplainer(PhraseExplainer):
         cam_target(self.model.visual)
 
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
-        with _HOOKS, torch.enable_grad():
+        with HOOKS, torch.enable_grad():
             model = private_model(self.model)
             target = cam_target(model.visual)
             cam = _LayerGridCAM(ImageEmbedding(model), [target.layer], target.reshape)

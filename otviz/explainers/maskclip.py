@@ -8,7 +8,12 @@ final LayerNorm and projection,
     f_i = proj( ln_post( W_o (W_v ln_1(x_i) + b_v) + b_o ) ),
 
 and the map is the cosine ``<f_i / |f_i|, t>`` with the phrase's unit text embedding ``t``
-(signed; a grounding box keeps the positive part). No gradient is taken.
+(signed; a grounding box keeps the positive part). No gradient is taken. On other transformer
+towers the same: the last block's attention branch with the attention map replaced by the
+identity (each token reads its own value), then the tower's per-position readout: the
+attention pooler's value path on CoCa, the trunk's final norm and head per position on timm
+ViTs such as SigLIP and EVA
+(:meth:`~otviz.explainers.attention.AttentionReader.value_patches`).
 
 On a ModifiedResNet tower (MaskCLIP's ResNet recipe, Sec. 3.2) ``f_i`` is the attention
 pool's value and output projections of each position of the last stage's map,
@@ -22,11 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from otviz.explainers.attention import attention_reader
 from otviz.explainers.base import PhraseExplainer, register_explainer
-from otviz.explainers.towers import block_forward, vit_tower
 from otviz.towers import image_tower
 from otviz.towers.resnet import ResNetTower
-from otviz.towers.vit import value_path
 
 
 @register_explainer
@@ -42,25 +46,20 @@ class MaskClipExplainer(PhraseExplainer):
 
     def check(self) -> None:
         if self._resnet() is None:
-            vit_tower(self.model, self.label)
+            attention_reader(self.model, self.label)
 
     @torch.no_grad()
-    def patch_embeddings(self, pixels: Tensor) -> Tensor:
-        """``[B, N, E]`` the value-path embeddings ``f_i`` of the patches (module docstring)."""
+    def patch_embeddings(self, pixels: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """``([B, N, E], grid)`` the value-path embeddings ``f_i`` of the patches (module
+        docstring) and the grid they lie on."""
         resnet = self._resnet()
         if resnet is not None:
-            return resnet.project(resnet.encode(pixels)[0])
-        visual = vit_tower(self.model, self.label)
-        *first, last = visual.transformer.resblocks
-        x = visual._embeds(pixels)
-        for block in first:
-            x, _ = block_forward(block, x)
-        f = visual.ln_post(last.ls_1(value_path(last.attn, last.ln_1(x)))) @ visual.proj
-        return f[:, -visual.grid_size[0] * visual.grid_size[1] :]
+            return resnet.project(resnet.encode(pixels)[0]), resnet.grid
+        reader = attention_reader(self.model, self.label)
+        return reader.value_patches(pixels), reader.grid
 
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
-        resnet = self._resnet()
-        grid = resnet.grid if resnet is not None else vit_tower(self.model, self.label).grid_size
-        f = F.normalize(self.patch_embeddings(pixels), dim=-1)
+        f, grid = self.patch_embeddings(pixels)
+        f = F.normalize(f, dim=-1)
         heat = (f * text.to(f)[:, None]).sum(-1)
         return heat.reshape(heat.shape[0], *grid)

@@ -7,8 +7,12 @@ With ``s`` the final image-phrase similarity and ``A^l`` layer ``l``'s attention
     Abar^l = mean_heads ReLU(ds/dA^l * A^l)            (Eq. 5, ``*`` elementwise)
     R      = prod_l (I + Abar^l),  R <- R + Abar^l R  in layer order   (Eq. 6, from R = I)
 
-and the map is the row of ``R`` of the pooled token (the class token; for a mean-pooled tower
-the mean of the patch rows) over the patch columns, min-max scaled.
+and the map is the row of ``R`` of the pooled output over the patch columns, min-max scaled
+(:meth:`~otviz.explainers.attention.AttentionReader.pooled_row`): the class token's row; for
+a mean-pooled tower the mean of the patch rows; for an attention pooler (CoCa, SigLIP) the
+rows mixed by the pooler's head-mean attention weights over the tokens, the one attention
+step the pooled output takes beyond the blocks (read as in attention rollout, without a
+gradient weight).
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from otviz.explainers.attention import attention_reader
 from otviz.explainers.base import PhraseExplainer, min_max, register_explainer
-from otviz.explainers.towers import pooled_embedding, vit_blocks, vit_tower
 
 
 @register_explainer
@@ -28,24 +32,25 @@ class CheferExplainer(PhraseExplainer):
     source = "Chefer, Gur & Wolf, ICCV 2021 (gradient-weighted attention rollout)"
 
     def check(self) -> None:
-        vit_tower(self.model, self.label)
+        attention_reader(self.model, self.label)
 
-    def relevance(self, pixels: Tensor, text: Tensor) -> Tensor:
-        """``[B, T, T]`` the relevance matrix ``R`` (module docstring)."""
-        visual = vit_tower(self.model, self.label)
+    def relevance(self, pixels: Tensor, text: Tensor) -> tuple[Tensor, Tensor]:
+        """``(R [B, T, T], tokens [B, T, D])``: the relevance matrix (module docstring) and
+        the last layer's tokens (what the pooling reads)."""
+        reader = attention_reader(self.model, self.label)
         with torch.enable_grad():
-            tokens, maps = vit_blocks(visual, pixels.detach().requires_grad_(True))
-            emb = F.normalize(pooled_embedding(visual, tokens[-1]), dim=-1)
-            grads = torch.autograd.grad((emb * text.to(emb)).sum(), maps)
+            trace = reader.trace(pixels.detach().requires_grad_(True))
+            emb = F.normalize(reader.readout(trace.tokens[-1]), dim=-1)
+            grads = torch.autograd.grad((emb * text.to(emb)).sum(), trace.maps)
+        maps = trace.maps
         b, _, t, _ = maps[0].shape
         r = torch.eye(t, dtype=maps[0].dtype, device=maps[0].device).expand(b, t, t)
         for a, g in zip(maps, grads, strict=True):
             r = r + (g * a.detach()).clamp_min(0).mean(1) @ r
-        return r
+        return r, trace.tokens[-1].detach()
 
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
-        visual = vit_tower(self.model, self.label)
-        h, w = visual.grid_size
-        r = self.relevance(pixels, text)[:, :, -h * w :]
-        row = r[:, 0] if visual.pool_type == "tok" else r[:, -h * w :].mean(1)
-        return min_max(row).reshape(-1, h, w)
+        reader = attention_reader(self.model, self.label)
+        h, w = reader.grid
+        r, tokens = self.relevance(pixels, text)
+        return min_max(reader.pooled_row(tokens, r)[:, -h * w :]).reshape(-1, h, w)

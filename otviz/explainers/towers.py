@@ -1,7 +1,6 @@
-"""What the explainers read of an image tower, per tower family: the Grad-CAM target layer
-and its reshape (:func:`cam_target`, one entry per family in :data:`CAM_TARGETS`), and, for
-open_clip's ViT, a forward pass that keeps every block's attention map (:func:`vit_blocks`)
-for the attention-reading explainers (LeGrad, MaskCLIP).
+"""What Grad-CAM reads of an image tower, per tower family: the target layer and its reshape
+(:func:`cam_target`, one entry per family in :data:`CAM_TARGETS`). (What the attention-reading
+explainers read is :mod:`otviz.explainers.attention`.)
 
 A family is found by the tower's module type, so a new one is one :func:`register_cam_target`
 entry, not a branch in every explainer.
@@ -12,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 from open_clip.modified_resnet import ModifiedResNet
 from open_clip.timm_model import TimmModel
-from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
+from open_clip.transformer import VisionTransformer
 from torch import Tensor, nn
 
 from otviz.explainers.base import ExplainerUnsupportedError
@@ -90,66 +88,3 @@ def _timm_target(visual: nn.Module) -> CamTarget:
         return CamTarget(trunk.blocks[-1].norm1, tokens_to_map(tuple(trunk.patch_embed.grid_size)))
     raise ExplainerUnsupportedError(
         f"Grad-CAM: timm trunk {type(trunk).__name__} has neither stages nor ViT blocks")
-
-
-# ----------------------------------------------------------------------- ViT with attention
-def vit_tower(model: nn.Module, explainer: str) -> VisionTransformer:
-    """``model.visual`` when it is an open_clip ViT whose blocks are standard
-    ``ResidualAttentionBlock`` s (``nn.MultiheadAttention``) pooled by class token or mean,
-    else :class:`ExplainerUnsupportedError` naming ``explainer``."""
-    visual = getattr(model, "visual", None)
-    if not isinstance(visual, VisionTransformer):
-        raise ExplainerUnsupportedError(
-            f"{explainer} reads ViT attention maps; this model's image tower is "
-            f"{type(visual).__name__}")
-    blocks = visual.transformer.resblocks
-    if visual.attn_pool is not None or not all(
-        isinstance(b, ResidualAttentionBlock) and isinstance(b.attn, nn.MultiheadAttention)
-        and not hasattr(b, "ln_1_kv") for b in blocks
-    ):
-        raise ExplainerUnsupportedError(
-            f"{explainer} supports ViTs of standard attention blocks pooled by class token or "
-            "mean (no attentional pooler)")
-    return visual
-
-
-def attention(block: ResidualAttentionBlock, x: Tensor) -> tuple[Tensor, Tensor]:
-    """``(out [B, T, D], A [B, heads, T, T])``: the block's attention branch on ``x`` (after
-    ``ln_1``), with its softmax map ``A = softmax(q k^T / sqrt(d_head))`` kept as a tensor of
-    the graph (``nn.MultiheadAttention`` computes the same without returning it)."""
-    mha: nn.MultiheadAttention = block.attn
-    b, t, d = x.shape
-    heads = mha.num_heads
-    qkv = nn.functional.linear(block.ln_1(x), mha.in_proj_weight, mha.in_proj_bias)
-    q, k, v = (z.reshape(b, t, heads, d // heads).transpose(1, 2) for z in qkv.chunk(3, dim=-1))
-    a = torch.softmax(q @ k.transpose(-1, -2) / (d // heads) ** 0.5, dim=-1)
-    out = (a @ v).transpose(1, 2).reshape(b, t, d)
-    return mha.out_proj(out), a
-
-
-def block_forward(block: ResidualAttentionBlock, x: Tensor) -> tuple[Tensor, Tensor]:
-    """``(x_next, A)``: one pre-norm block (``x + ls_1(attn(ln_1 x))``, then ``+ ls_2(mlp(ln_2
-    x))``) with its attention map (:func:`attention`)."""
-    out, a = attention(block, x)
-    x = x + block.ls_1(out)
-    return x + block.ls_2(block.mlp(block.ln_2(x))), a
-
-
-def vit_blocks(visual: VisionTransformer, pixels: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-    """``(tokens, maps)``: the input of the first block then each block's output
-    (``L + 1`` tensors ``[B, T, D]``) and each block's attention map (``L`` tensors
-    ``[B, heads, T, T]``) for preprocessed ``pixels``."""
-    x = visual._embeds(pixels)
-    tokens, maps = [x], []
-    for block in visual.transformer.resblocks:
-        x, a = block_forward(block, x)
-        tokens.append(x)
-        maps.append(a)
-    return tokens, maps
-
-
-def pooled_embedding(visual: VisionTransformer, tokens: Tensor) -> Tensor:
-    """``[B, E]`` the tower's pooled, projected embedding of block-output ``tokens``
-    (its own ``_pool``: class token or mean, with ``ln_post``; then ``proj``)."""
-    pooled, _ = visual._pool(tokens)
-    return pooled @ visual.proj if visual.proj is not None else pooled

@@ -54,9 +54,10 @@ class VitTower(ImageTower):
 
     def encode(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         out = self.visual.forward_intermediates(pixels, indices=1, output_fmt="NLC")
-        return self._norm(out["image_intermediates"][-1]), out["image_features"]
+        return self.norm(out["image_intermediates"][-1]), out["image_features"]
 
-    def _norm(self, x: Tensor) -> Tensor:
+    def norm(self, x: Tensor) -> Tensor:
+        """Block-output tokens ``[B, T, D]`` -> the width space of :meth:`encode`'s patches."""
         v = self.visual
         if v.attn_pool is not None and v.attn_pool_contrastive is None:
             return v.attn_pool.ln_k(x)  # CoCa: ln_post acts after the pool, at its width

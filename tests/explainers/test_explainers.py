@@ -15,12 +15,13 @@ from pytorch_grad_cam import GradCAM
 from pytorch_grad_cam.utils.image import scale_cam_image
 
 from otviz.explainers import EXPLAINERS, ExplainerUnsupportedError, explainer_names, get_explainer
+from otviz.explainers.attention import OpenClipVitReader, vit_blocks
 from otviz.explainers.base import PhraseExplainer, min_max, register_explainer
 from otviz.explainers.gradcam import GradCamExplainer, ImageEmbedding, SimilarityTarget
 from otviz.explainers.legrad import LeGradExplainer
 from otviz.explainers.maskclip import MaskClipExplainer
 from otviz.explainers.relevance import CheferExplainer
-from otviz.explainers.towers import cam_target, pooled_embedding, vit_blocks
+from otviz.explainers.towers import cam_target
 
 TEXT = CLIPTextCfg(context_length=8, vocab_size=64, width=32, heads=2, layers=1)
 
@@ -92,7 +93,7 @@ def test_vit_blocks_reproduce_the_towers_forward():
     pixels, _ = _inputs(32)
     tokens, maps = vit_blocks(model.visual, pixels)
     assert len(tokens) == 4 and len(maps) == 3
-    assert torch.allclose(pooled_embedding(model.visual, tokens[-1]),
+    assert torch.allclose(OpenClipVitReader(model, "test").readout(tokens[-1]),
                           model.encode_image(pixels), atol=1e-5)
     assert torch.allclose(maps[0].sum(-1), torch.ones(2, 2, 17), atol=1e-6)  # row-stochastic
 
@@ -210,7 +211,7 @@ def test_chefer_relevance_is_the_product_of_gradient_weighted_attention(pool):
     pixels, text = _inputs(32)
     leaf = pixels.clone().requires_grad_(True)
     tokens, maps = vit_blocks(model.visual, leaf)
-    s = (F.normalize(pooled_embedding(model.visual, tokens[-1]), dim=-1) * text).sum()
+    s = (F.normalize(OpenClipVitReader(model, "test").readout(tokens[-1]), dim=-1) * text).sum()
     grads = torch.autograd.grad(s, maps)
     eye = torch.eye(17)
     bars = [(g * a).clamp_min(0).mean(1).detach() for a, g in zip(maps, grads, strict=True)]
@@ -218,14 +219,14 @@ def test_chefer_relevance_is_the_product_of_gradient_weighted_attention(pool):
     row = r[:, 0, 1:] if pool == "tok" else r[:, 1:, 1:].mean(1)
     ours = CheferExplainer(model).explain(pixels, text)
     assert torch.allclose(ours.reshape(2, -1), min_max(row), atol=1e-5)
-    assert torch.allclose(CheferExplainer(model).relevance(pixels, text), r, atol=1e-5)
+    assert torch.allclose(CheferExplainer(model).relevance(pixels, text)[0], r, atol=1e-5)
 
 
 def test_gradcam_never_sees_a_forward_of_the_shared_model():
     """The library's hooks sit on Grad-CAM's private copy of the model: a forward of the
     shared model in the middle of a call (another server thread's Align click, here run from
     a pre-hook on the copy's forward) leaves the map unchanged."""
-    from otviz.explainers.gradcam import private_model
+    from otviz.explainers.private import private_model
 
     model, size = TOWERS["vit"]()
     pixels, text = _inputs(size)

@@ -34,9 +34,9 @@ FAMILIES: dict[str, tuple[str, set[str]]] = {
     "vit": ("ViT-B-32", {"gradcam", "legrad", "maskclip", "chefer"}),
     "resnet": ("RN50", {"gradcam", "maskclip"}),
     "timm-convnext": ("convnext_base", {"gradcam"}),
-    "timm-siglip": ("ViT-B-16-SigLIP", {"gradcam"}),
-    "coca": ("coca_ViT-B-32", {"gradcam"}),
-    "timm-eva02": ("EVA02-B-16", {"gradcam"}),
+    "timm-siglip": ("ViT-B-16-SigLIP", {"gradcam", "legrad", "maskclip", "chefer"}),
+    "coca": ("coca_ViT-B-32", {"gradcam", "legrad", "maskclip", "chefer"}),
+    "timm-eva02": ("EVA02-B-16", {"gradcam", "legrad", "maskclip", "chefer"}),
 }
 CAPTION = "a small red circle to the left of a blue square"
 PHRASE = "a blue square"

@@ -97,7 +97,7 @@ def test_projection_is_the_towers_pool_on_a_uniform_input(family):
         if isinstance(tower, ResNetTower):  # MaskCLIP drops the pool's position embedding
             tower.visual.attnpool.positional_embedding.zero_()
         if isinstance(tower, VitTower):
-            width_row = tower._norm(row)
+            width_row = tower.norm(row)
             expected = _uniform_pooled(tower, row, 4)
         else:
             width_row = row

@@ -1,0 +1,212 @@
+"""The attention readers of the transformer tower families (otviz.explainers.attention), on
+shrunken random-init stand-ins in float64: the traced forward is the tower's own (its
+readout of the last tokens is the model's image embedding), the traced maps are the
+attention the forward uses (finite differences of the similarity through a perturbed map
+equal the gradient the explainers read), the pooler's attention reproduces the pooler, and
+MaskCLIP's value path has its closed form. The shared model is never hooked or switched."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from otviz.explainers.attention import attention_reader, latent_pool_attention
+from otviz.explainers.base import min_max
+from otviz.explainers.legrad import LeGradExplainer
+from otviz.explainers.maskclip import MaskClipExplainer
+from otviz.explainers.private import private_model
+from otviz.towers.timm_tower import TimmTower
+from tests.towers.conftest import shrunk_backbone
+
+#: family -> open_clip architecture whose shrunken stand-in is read.
+FAMILIES = {
+    "vit-cls": "ViT-B-32",
+    "vit-avg": "ViT-L-14-CLIPA",
+    "coca": "coca_ViT-B-32",
+    "timm-siglip-map": "ViT-B-16-SigLIP",
+    "timm-eva02": "EVA02-B-16",
+    "timm-vitamin": "ViTamin-S",
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def model(request, tmp_path_factory):
+    torch.set_num_threads(1)
+    backbone = shrunk_backbone(FAMILIES[request.param], tmp_path_factory.mktemp("hf"), seed=1)
+    return backbone.model.double().eval()
+
+
+def _inputs(model, b: int = 2, seed: int = 0):
+    size = _size(model)
+    with torch.no_grad():
+        dim = model.encode_image(torch.zeros(1, 3, *size, dtype=torch.float64)).shape[-1]
+    g = torch.Generator().manual_seed(seed)
+    pixels = torch.randn(b, 3, *size, generator=g, dtype=torch.float64)
+    text = F.normalize(torch.randn(b, dim, generator=g, dtype=torch.float64), dim=-1)
+    return pixels, text
+
+
+def _size(model) -> tuple[int, int]:
+    size = model.visual.image_size
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+def _hook_count(module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())
+
+
+def test_the_trace_is_the_towers_own_forward(model):
+    reader = attention_reader(model, "test")
+    pixels, _ = _inputs(model)
+    with torch.no_grad():
+        trace = reader.trace(pixels)
+        embedding = F.normalize(model.encode_image(pixels), dim=-1)  # CoCa's is unit already
+        assert torch.allclose(F.normalize(reader.readout(trace.tokens[-1]), dim=-1), embedding,
+                              atol=1e-10)
+    assert len(trace.tokens) == len(trace.maps) + 1 >= 3
+    t = trace.tokens[-1].shape[1]
+    assert t >= reader.grid[0] * reader.grid[1]
+    for a in trace.maps:
+        assert a.shape[0] == 2 and a.shape[-2:] == (t, t)
+        assert torch.allclose(a.sum(-1), torch.ones_like(a[..., 0]), atol=1e-12)
+
+
+def test_the_shared_model_is_never_hooked_or_switched(model):
+    fused = [getattr(m, "fused_attn", None) for m in model.modules()]
+    pixels, text = _inputs(model)
+    LeGradExplainer(model).explain(pixels, text)
+    MaskClipExplainer(model).explain(pixels, text)
+    assert _hook_count(model) == 0
+    assert [getattr(m, "fused_attn", None) for m in model.modules()] == fused
+    if hasattr(model.visual, "trunk"):  # the hooked copy is left as it was found, too
+        clone = private_model(model)
+        assert _hook_count(clone) == 0
+        assert [getattr(m, "fused_attn", None) for m in clone.modules()] == fused
+
+
+def _similarity_with(model, reader, pixels, text, layer: int, delta) -> torch.Tensor:
+    """``s^layer`` with ``delta`` added to the attention map of block ``layer``, through the
+    tower's own modules: a hook on timm's ``attn_drop`` for timm trunks, open_clip's blocks
+    re-run with the map written out for its ViT."""
+    if hasattr(model.visual, "trunk"):
+        trunk = model.visual.trunk
+        attn = trunk.blocks[layer].attn
+        handle = attn.attn_drop.register_forward_hook(lambda _m, _a, out: out + delta)
+        outs = []
+        keep = trunk.blocks[layer].register_forward_hook(lambda _m, _a, out: outs.append(out))
+        attn.fused_attn, fused = False, attn.fused_attn
+        try:
+            trunk.forward_features(pixels)
+        finally:
+            attn.fused_attn = fused
+            handle.remove()
+            keep.remove()
+        z = outs[0]
+    else:
+        from otviz.explainers.attention import attention
+
+        visual = model.visual
+        z = visual._embeds(pixels)
+        for k, block in enumerate(visual.transformer.resblocks[: layer + 1]):
+            _, a = attention(block, z)
+            a = a + delta if k == layer else a
+            mha, (b, t, d) = block.attn, z.shape
+            v = F.linear(block.ln_1(z), mha.in_proj_weight, mha.in_proj_bias)[..., 2 * d :]
+            v = v.reshape(b, t, mha.num_heads, -1).transpose(1, 2)
+            z = z + block.ls_1(mha.out_proj((a @ v).transpose(1, 2).reshape(b, t, d)))
+            z = z + block.ls_2(block.mlp(block.ln_2(z)))
+    emb = F.normalize(reader.layer_readout(z), dim=-1)
+    return (emb * text).sum(-1)
+
+
+def test_legrad_reads_the_gradient_of_the_maps_the_forward_uses(model):
+    """LeGrad's per-layer signal against central finite differences of ``s^l`` through a
+    perturbation of the tower's own attention (40 sampled entries per layer, float64), and
+    its map = min-max of the sum of the signals over the patches."""
+    reader = attention_reader(model, "test")
+    pixels, text = _inputs(model)
+    with torch.enable_grad():
+        trace = reader.trace(pixels.clone().requires_grad_(True))
+        grads = []
+        for layer in range(len(trace.maps)):
+            emb = F.normalize(reader.layer_readout(trace.tokens[layer + 1]), dim=-1)
+            grads.append(torch.autograd.grad((emb * text).sum(), trace.maps[layer],
+                                             retain_graph=True)[0])
+    rng = np.random.default_rng(0)
+    eps = 1e-6
+    with torch.no_grad():
+        for layer, grad in enumerate(grads):
+            for _ in range(40):
+                idx = tuple(int(rng.integers(n)) for n in grad.shape[1:])
+                delta = torch.zeros_like(grad)
+                delta[(slice(None), *idx)] = eps
+                up = _similarity_with(model, reader, pixels, text, layer, delta)
+                down = _similarity_with(model, reader, pixels, text, layer, -delta)
+                assert torch.allclose((up - down) / (2 * eps), grad[(slice(None), *idx)],
+                                      atol=1e-7, rtol=1e-5), (layer, idx)
+    n = reader.grid[0] * reader.grid[1]
+    signal = sum(g.clamp_min(0).mean(dim=(1, 2))[:, -n:] for g in grads)
+    ours = LeGradExplainer(model).explain(pixels, text)
+    assert torch.allclose(ours.reshape(2, -1), min_max(signal), atol=1e-9)
+
+
+def test_the_latent_pool_attention_reproduces_the_pooler(tmp_path):
+    """SigLIP's ``map`` pooling: the attention Chefer's pooled row mixes by, recomputed, gives
+    the pooler's own output when applied to its values."""
+    model = shrunk_backbone("ViT-B-16-SigLIP", tmp_path, seed=2).model.double().eval()
+    pool = model.visual.trunk.attn_pool
+    x = torch.randn(2, 16, pool.kv.in_features, dtype=torch.float64)
+    with torch.no_grad():
+        a = latent_pool_attention(pool, x)
+        b, t, c = x.shape
+        v = pool.kv(x).reshape(b, t, 2, pool.num_heads, pool.head_dim).permute(2, 0, 3, 1, 4)[1]
+        out = pool.proj((a @ v).transpose(1, 2).reshape(b, pool.latent_len, c))
+        if pool.mlp is not None:
+            out = out + pool.mlp(pool.norm(out))
+        out = out[:, 0] if pool.pool == "token" else out.mean(1)
+        assert torch.allclose(out, pool(x), atol=1e-10)
+    assert torch.allclose(a.sum(-1), torch.ones_like(a[..., 0]), atol=1e-12)
+
+
+def test_maskclip_on_siglip_is_the_closed_form_value_path(tmp_path):
+    """``f_i = head(norm(ls1(proj(W_v norm1(x_i) + b_v))))`` per patch for timm's ViT blocks:
+    the last block's value and output projections written out from its weights."""
+    model = shrunk_backbone("ViT-B-16-SigLIP", tmp_path, seed=3).model.double().eval()
+    reader = attention_reader(model, "test")
+    pixels, text = _inputs(model)
+    trunk = model.visual.trunk
+    last = trunk.blocks[-1]
+    with torch.no_grad():
+        x = reader.trace(pixels).tokens[-2]  # what enters the last block
+        d = x.shape[-1]
+        w_v, b_v = last.attn.qkv.weight[2 * d :], last.attn.qkv.bias[2 * d :]
+        branch = last.ls1(last.attn.proj(last.attn.norm(last.norm1(x) @ w_v.T + b_v)))
+        f = TimmTower(model.visual).project(trunk.norm(branch))
+        expected = torch.einsum("bne,be->bn", F.normalize(f, dim=-1), text)
+    ours = MaskClipExplainer(model).explain(pixels, text)
+    assert torch.allclose(ours.reshape(2, -1), expected, atol=1e-10)
+
+
+def test_maskclip_on_coca_goes_through_the_poolers_value_path(tmp_path):
+    """CoCa: the last block's value path, then the attention pooler's own value and output
+    projections (its one-key answer), ``ln_post`` and ``proj``."""
+    model = shrunk_backbone("coca_ViT-B-32", tmp_path, seed=4).model.double().eval()
+    reader = attention_reader(model, "test")
+    pixels, text = _inputs(model)
+    visual = model.visual
+    last, pool = visual.transformer.resblocks[-1], visual.attn_pool
+    with torch.no_grad():
+        x = reader.trace(pixels).tokens[-2]
+        d = x.shape[-1]
+        w_v, b_v = last.attn.in_proj_weight[2 * d :], last.attn.in_proj_bias[2 * d :]
+        branch = last.ls_1(last.attn.out_proj(last.ln_1(x) @ w_v.T + b_v))[:, 1:]
+        e = pool.attn.embed_dim
+        pw = pool.attn.in_proj_weight[2 * e :] if pool.attn._qkv_same_embed_dim \
+            else pool.attn.v_proj_weight
+        pooled = pool.attn.out_proj(pool.ln_k(branch) @ pw.T + pool.attn.in_proj_bias[2 * e :])
+        f = visual.ln_post(pooled) @ visual.proj
+        expected = torch.einsum("bne,be->bn", F.normalize(f, dim=-1), text)
+    ours = MaskClipExplainer(model).explain(pixels, text)
+    assert torch.allclose(ours.reshape(2, -1), expected, atol=1e-10)
