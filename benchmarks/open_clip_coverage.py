@@ -30,7 +30,9 @@ Nothing is downloaded and every model is randomly initialised. The columns
   ``n/a:``, those that say they cannot read the tower; an error would be listed as one.
 * ``encode ms`` (second table): one image and one caption through ``Backbone.encode`` at
   the family representative's native resolution, full size, random init, 2 CPU threads,
-  median of 3 after one warm-up.
+  median of 3 after one warm-up; beside it each explainer's map of one image-phrase pair on
+  the same model (its phrase encoding included), median of 3 after one warm-up, "n/a" where
+  it cannot read the tower.
 
 Usage: ``python benchmarks/open_clip_coverage.py [--models RN50 ViT-B-16 ...] [--no-views]
 [--no-timing] [--merge]``; writes ``benchmarks/open_clip_coverage.json`` and ``.md``
@@ -282,7 +284,24 @@ def encode_cost(name: str, hf_dir: Path) -> dict[str, Any]:
     size = bb.image_tower.image_size
     return {"model": name, **describe(bb.model, open_clip.get_model_config(name)),
             "image_px": f"{size[0]}x{size[1]}", "grid": f"{bb.grid[0]}x{bb.grid[1]}",
-            "encode_ms": round(statistics.median(times), 1)}
+            "encode_ms": round(statistics.median(times), 1),
+            "explainer_ms": {e: explainer_cost(bb, e) for e in EXPLAINERS}}
+
+
+def explainer_cost(bb: Backbone, name: str) -> float | None:
+    """Median ms of the explainer ``name``'s map of one image-phrase pair (its text encoding
+    included, as the grounding table pays it), 3 runs after a warm-up; ``None`` where it
+    cannot read the tower."""
+    if unavailable(bb, name) is not None:
+        return None
+    pair = [_image()], ["a blue square"]
+    explain_pairs(bb, name, *pair)  # warm-up (Grad-CAM's and timm traces' private copy)
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        explain_pairs(bb, name, *pair)
+        times.append(1000 * (time.perf_counter() - start))
+    return round(statistics.median(times), 1)
 
 
 def run(models: list[str], views: bool, timing: bool) -> dict[str, Any]:
@@ -350,6 +369,11 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
                                    for e in EXPLAINERS}}
 
 
+def _ms(value: float | str | None) -> str:
+    """A table cell of an explainer's ms: "n/a" where it cannot read the tower."""
+    return "n/a" if value is None else str(value)
+
+
 def markdown(result: dict[str, Any]) -> str:
     s = result["summary"]
     lines = [
@@ -371,15 +395,19 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         *[f"* **{k}**: {v}" for k, v in result["columns"].items()],
         "",
-        "## Encoding cost per family",
+        "## Encoding and explainer cost per family",
         "",
         "One image and one caption through `Backbone.encode`, full size, random init, native "
-        "resolution, 2 CPU threads, median of 3 (ms).",
+        "resolution, 2 CPU threads, median of 3 (ms); each explainer's map of one "
+        "image-phrase pair on the same model (its phrase encoding included), median of 3.",
         "",
-        "| model | image tower | text tower | tokenizer | image | grid | encode ms |",
-        "|---|---|---|---|---|---|---:|",
+        "| model | image tower | text tower | tokenizer | image | grid | encode ms | "
+        + " | ".join(f"{EXPLAINERS[e].label} ms" for e in EXPLAINERS) + " |",
+        "|---|---|---|---|---|---|---:|" + "---:|" * len(EXPLAINERS),
         *[f"| {c['model']} | {c['image_family']} | {c['text_family']} | {c['tokenizer']} | "
-          f"{c['image_px']} | {c['grid']} | {c['encode_ms']} |" for c in result["encoding_cost"]],
+          f"{c['image_px']} | {c['grid']} | {c['encode_ms']} | "
+          + " | ".join(_ms(c.get("explainer_ms", {}).get(e, "")) for e in EXPLAINERS) + " |"
+          for c in result["encoding_cost"]],
         "",
         "## Every pretrained tag",
         "",
