@@ -44,7 +44,7 @@ from otviz.suite import method_choices
 from otviz.ui.align_tab import AlignLink
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.events import on_edit
-from otviz.ui.inputs import user_errors
+from otviz.ui.inputs import CheckedFile, user_errors
 from otviz.viz.browse import browse_frame, browse_page_image
 
 TAB_TITLE = "Browse"
@@ -213,7 +213,7 @@ def build_browse_tab(
         split = gr.Dropdown(list(WORLD_SPLITS), value="test", label="World split", scale=1)
         n_images = gr.Number(DEFAULT_IMAGES, label=f"World images (1-{MAX_IMAGES})",
                              precision=0, minimum=1, maximum=MAX_IMAGES, scale=1)
-        files = gr.File(label="Image-caption folder (.zip, or images + captions.csv)",
+        files = CheckedFile(label="Image-caption folder (.zip, or images + captions.csv)",
                         file_count="multiple", scale=2)
         load = gr.Button("Load", variant="primary", scale=1)
     with gr.Row():

@@ -182,7 +182,7 @@ def decode_upload(payload: Any) -> np.ndarray | None:
 @contextlib.contextmanager
 def _no_type_stub() -> Iterator[None]:
     """Gradio writes a ``.pyi`` stub next to the module of every component class it sees
-    defined; the app's one component subclass needs none."""
+    defined; the app's component subclasses need none."""
     write = gradio.component_meta.create_or_modify_pyi
     gradio.component_meta.create_or_modify_pyi = lambda *args, **kwargs: None
     try:
@@ -205,6 +205,21 @@ with _no_type_stub():
 
         def preprocess(self, payload: Any) -> np.ndarray | None:
             return decode_upload(payload)
+
+    class CheckedFile(gr.File):
+        """The app's file input: Gradio's own refusal of an upload in its preprocessing
+        (a file type the input does not take), which runs before any callback, becomes a
+        user error like the app's own (one log line with its id, the message escaped)
+        instead of a traceback in the server log. A template of ``gr.File``, as
+        :class:`CheckedImage` is of ``gr.Image``."""
+
+        is_template = True
+
+        def preprocess(self, payload: Any) -> Any:
+            try:
+                return super().preprocess(payload)
+            except gr.Error as e:
+                raise user_error("file upload", e.message) from None
 
 
 def truncation_note(encoded: Encoded) -> str | None:

@@ -23,7 +23,7 @@ from otviz.suite import METHOD_LABELS, method_choices
 from otviz.train.loop import ENCODING
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
-from otviz.ui.inputs import user_errors
+from otviz.ui.inputs import CheckedFile, user_errors
 from otviz.ui.train_jobs import (
     FOLDER,
     WORLD,
@@ -233,7 +233,7 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
                                 "or its COCO / Karpathy JSON or CSV",
                                 placeholder="coco (annotations/captions_train.json)",
                                 visible=FOLDER in data_sources())
-            uploads = gr.File(file_count="multiple", label="Upload: a .zip of the folder, or "
+            uploads = CheckedFile(file_count="multiple", label="Upload: a .zip of the folder, or "
                               "the images and their captions file (CSV path,caption)")
             split = gr.Textbox(defaults.split, label="Split (COCO / Karpathy)")
             methods = gr.CheckboxGroup(method_choices(), value=defaults.methods,

@@ -33,7 +33,7 @@ from otviz.explain import InputError
 from otviz.text.words import article
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
-from otviz.ui.inputs import user_errors
+from otviz.ui.inputs import CheckedFile, user_errors
 from otviz.viz.zeroshot import accuracy_bars_figure, message_figure, selective_curve_figure
 from otviz.world import ClassificationView, long_tailed_counts
 from otviz.world.classification import TASKS
@@ -343,7 +343,7 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
                 n_images = gr.Slider(2, MAX_IMAGES, value=32, step=1,
                                      label="Number of world images")
                 layout = gr.Radio(list(LAYOUTS), value=LAYOUTS[0], label="World batch layout")
-            files = gr.File(file_count="multiple", file_types=["image"],
+            files = CheckedFile(file_count="multiple", file_types=["image"],
                             label="Uploaded images")
         with gr.Column(scale=1):
             classes = gr.Textbox("\n".join(world_classes("shape")), lines=6,

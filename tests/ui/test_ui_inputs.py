@@ -9,7 +9,7 @@ import re
 import gradio as gr
 import numpy as np
 import pytest
-from gradio.data_classes import ImageData
+from gradio.data_classes import FileData, ImageData, ListFiles
 from PIL import Image
 
 from otviz.boundary.images import MAX_IMAGE_PIXELS, ImageInputError, header_size
@@ -17,6 +17,7 @@ from otviz.explain import InputError
 from otviz.ui.context import AppContext
 from otviz.ui.inputs import (
     MAX_IMAGE_SIDE,
+    CheckedFile,
     CheckedImage,
     fit_image,
     on_upload,
@@ -154,3 +155,26 @@ def test_a_user_error_is_one_log_line_with_its_id(caplog):
     assert len(records) == 1 and records[0].exc_info is None
     assert re.fullmatch(r"user error [0-9a-f]{8} in .*fails: the caption is empty",
                         records[0].getMessage())
+
+
+def test_gradios_own_refusal_of_a_file_is_a_one_line_user_error(tmp_path, caplog):
+    """A file type the input does not take is refused by Gradio's preprocessing, before any
+    callback: the app's file input makes it a user error (no traceback printed, one log
+    line with its id, the message escaped); files it takes pass as Gradio passes them."""
+    text = tmp_path / "notes.txt"
+    text.write_text("not an image")
+    picture = tmp_path / "ok.png"
+    Image.fromarray(gradient(8, 8)).save(picture)
+    component = CheckedFile(file_count="multiple", file_types=["image"], render=False)
+    caplog.set_level("INFO", logger="otviz.ui")
+    with pytest.raises(gr.Error) as caught:
+        component.preprocess(ListFiles(root=[FileData(path=str(text), orig_name="notes.txt")]))
+    assert caught.value.print_exception is False
+    assert "Invalid file type" in caught.value.message
+    assert "['image']" in caught.value.message
+    lines = [r for r in caplog.records if "Invalid file type" in r.getMessage()]
+    assert len(lines) == 1 and re.search(r"user error [0-9a-f]{8} in file upload",
+                                         lines[0].getMessage())
+    assert lines[0].exc_info is None
+    taken = component.preprocess(ListFiles(root=[FileData(path=str(picture))]))
+    assert [str(f) for f in taken] == [str(picture)]
