@@ -129,9 +129,23 @@ def serve_options(app: gr.Blocks, max_file_size: str | int | None = None) -> dic
     return {"max_file_size": max_file_size or upload_limit(), "css": APP_CSS}
 
 
+#: The served app's log lines: time, level, logger, message.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def server_logging() -> None:
+    """The served app's log on stderr: otviz's own lines from INFO up (a user error's one
+    line with its id, a training run's progress), other libraries' from WARNING up. A
+    logging set-up the host already made (a handler on the root logger) is kept."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+    logging.getLogger("otviz").setLevel(logging.INFO)
+
+
 def launch(max_file_size: str | int | None = None, **kwargs) -> None:
-    """Build and serve the app with a bounded queue and bounded uploads; on a Space the
-    benepar parser is fetched at start-up."""
+    """Build and serve the app with a bounded queue and bounded uploads and its log
+    (:func:`server_logging`); on a Space the benepar parser is fetched at start-up."""
+    server_logging()
     if on_space() and not try_download_benepar():
         log.info("benepar unavailable: trees come from the built-in parser")
     app = build_app()

@@ -178,3 +178,25 @@ def test_gradios_own_refusal_of_a_file_is_a_one_line_user_error(tmp_path, caplog
     assert lines[0].exc_info is None
     taken = component.preprocess(ListFiles(root=[FileData(path=str(picture))]))
     assert [str(f) for f in taken] == [str(picture)]
+
+
+def test_the_served_app_logs_otviz_info_lines_and_keeps_a_hosts_setup(monkeypatch, capsys):
+    """``otviz app`` shows a user error's one line (INFO) on stderr, not other libraries'
+    INFO; a root handler the host set up is kept, not doubled."""
+    import logging
+
+    from otviz.ui.app import server_logging
+
+    root, otviz_log = logging.getLogger(), logging.getLogger("otviz")
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", logging.WARNING)
+    monkeypatch.setattr(otviz_log, "level", logging.NOTSET)
+    server_logging()
+    assert len(root.handlers) == 1
+    logging.getLogger("otviz.ui.inputs").info("user error 1a2b3c4d in test: shown")
+    logging.getLogger("somelib").info("not shown")
+    err = capsys.readouterr().err
+    assert "otviz.ui.inputs: user error 1a2b3c4d in test: shown" in err
+    assert "not shown" not in err
+    server_logging()
+    assert len(root.handlers) == 1
