@@ -273,7 +273,6 @@ class TimmVitReader(AttentionReader):
                 f"{self.explainer}: timm pooling {pool!r} has no rule here "
                 f"(known: {', '.join(self.POOLS)})")
         self.pool = pool
-        self.tower = TimmTower(model.visual)
 
     @property
     def grid(self) -> tuple[int, int]:

@@ -214,7 +214,7 @@ def build_browse_tab(
         n_images = gr.Number(DEFAULT_IMAGES, label=f"World images (1-{MAX_IMAGES})",
                              precision=0, minimum=1, maximum=MAX_IMAGES, scale=1)
         files = CheckedFile(label="Image-caption folder (.zip, or images + captions.csv)",
-                        file_count="multiple", scale=2)
+                            file_count="multiple", scale=2)
         load = gr.Button("Load", variant="primary", scale=1)
     with gr.Row():
         choices = method_choices() + explainer_choices()  # the explainers: docs/explainers.md

@@ -233,8 +233,8 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
                                 "or its COCO / Karpathy JSON or CSV",
                                 placeholder="coco (annotations/captions_train.json)",
                                 visible=FOLDER in data_sources())
-            uploads = CheckedFile(file_count="multiple", label="Upload: a .zip of the folder, or "
-                              "the images and their captions file (CSV path,caption)")
+            uploads = CheckedFile(file_count="multiple", label="Upload: a .zip of the folder, "
+                                  "or the images and their captions file (CSV path,caption)")
             split = gr.Textbox(defaults.split, label="Split (COCO / Karpathy)")
             methods = gr.CheckboxGroup(method_choices(), value=defaults.methods,
                                        label="Methods (trained one after the other)")

@@ -344,7 +344,7 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
                                      label="Number of world images")
                 layout = gr.Radio(list(LAYOUTS), value=LAYOUTS[0], label="World batch layout")
             files = CheckedFile(file_count="multiple", file_types=["image"],
-                            label="Uploaded images")
+                                label="Uploaded images")
         with gr.Column(scale=1):
             classes = gr.Textbox("\n".join(world_classes("shape")), lines=6,
                                  label="Class names (one per line or comma-separated)")

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from otviz.explainers.attention import attention_reader, latent_pool_attention
+from otviz.explainers.attention import attention, attention_reader, latent_pool_attention
 from otviz.explainers.base import min_max
 from otviz.explainers.legrad import LeGradExplainer
 from otviz.explainers.maskclip import MaskClipExplainer
@@ -105,8 +105,6 @@ def _similarity_with(model, reader, pixels, text, layer: int, delta) -> torch.Te
             keep.remove()
         z = outs[0]
     else:
-        from otviz.explainers.attention import attention
-
         visual = model.visual
         z = visual._embeds(pixels)
         for k, block in enumerate(visual.transformer.resblocks[: layer + 1]):
