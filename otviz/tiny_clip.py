@@ -31,6 +31,7 @@ from open_clip import factory as open_clip_factory
 from torch import Tensor, nn
 
 from otviz import assets
+from otviz.conv_stem import STEMS, install_stem, stem_channels
 from otviz.checkpoints.store import (
     CheckpointError,
     load_checkpoint,
@@ -45,6 +46,10 @@ DEFAULT_CHECKPOINT = assets.path("tiny-clip")
 _EMBED_KEY = "text.token_embedding.weight"
 _ROWS_KEY = "text.token_embedding.rows"
 _IDS_KEY = "text.token_embedding.row_ids"
+STEM_KEY = "otviz_vision_stem"
+"""The config key of the image tower's stem (otviz's own; open_clip never sees it)."""
+_STEMS: dict[str, str] = {}
+"""The stem of every registered tiny-CLIP name."""
 
 
 def tiny_clip_config(
@@ -62,6 +67,7 @@ def tiny_clip_config(
     vision_pos_embed: str = "learnable",
     vision_mlp_ratio: float = 4.0,
     init_temperature: float = 0.07,
+    vision_stem: str = "patch",
 ) -> dict[str, Any]:
     """The open_clip model config (``custom_text``: text tower at ``model.text``).
 
@@ -71,12 +77,21 @@ def tiny_clip_config(
     OpenAI CLIP does. ``vision_pos_embed="sin_cos_2d"`` fixes the patch position embeddings to
     2-D sine-cosine codes instead of learning them. ``init_temperature`` is the initial
     softmax temperature of the contrastive logits (CLIP: 0.07; the scale is learned).
+    ``vision_stem="conv"`` embeds the patches with :class:`otviz.conv_stem.ConvStem` instead
+    of one linear map per patch (kept in the config as :data:`STEM_KEY`, which open_clip's
+    own config does not know; absent for the linear embedding).
     """
     if vision_width % vision_heads or text_width % text_heads:
         raise ValueError("widths must be divisible by their number of heads")
     if vision_pool not in ("avg", "tok"):
         raise ValueError(f"vision_pool must be 'avg' or 'tok', got {vision_pool!r}")
+    if vision_stem not in STEMS:
+        raise ValueError(f"vision_stem must be one of {', '.join(STEMS)}, got {vision_stem!r}")
+    if vision_stem != "patch":
+        stem_channels(vision_width, patch_size)  # checks the patch size
+    stem = {STEM_KEY: vision_stem} if vision_stem != "patch" else {}
     return {
+        **stem,
         "embed_dim": embed_dim,
         "custom_text": True,
         "init_logit_scale": math.log(1.0 / init_temperature),
@@ -111,8 +126,11 @@ def register_tiny_clip(cfg: dict[str, Any] | None = None, name: str | None = Non
     if name is None:
         name = TINY_CLIP_NAME if cfg == tiny_clip_config() else _config_name(cfg)
     # open_clip's registry is a dict filled from JSON files; add_model_config only takes
-    # files, so the config dict goes straight in (later rescans keep it).
-    open_clip_factory._MODEL_CONFIGS[name] = copy.deepcopy(cfg)
+    # files, so the config dict goes straight in (later rescans keep it). otviz's own keys
+    # (the stem) stay out of it: open_clip would refuse them.
+    open_clip_factory._MODEL_CONFIGS[name] = {
+        k: copy.deepcopy(v) for k, v in cfg.items() if k != STEM_KEY}
+    _STEMS[name] = cfg.get(STEM_KEY, "patch")
     return name
 
 
@@ -121,7 +139,9 @@ def create_tiny_clip(cfg: dict[str, Any] | None = None, seed: int | None = None)
     name = register_tiny_clip(cfg)
     if seed is not None:
         torch.manual_seed(seed)
-    return open_clip.create_model(name, pretrained=None)
+    model = open_clip.create_model(name, pretrained=None)
+    install_stem(model.visual, _STEMS[name])
+    return model
 
 
 class _DropNotice(logging.Filter):

@@ -8,7 +8,13 @@ model's size (checked in the tests).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -61,6 +67,65 @@ def render_split(
         for c in range(0, len(indices), _CHUNK)
     ]
     return _concat(chunks)
+
+
+def render_split_parallel(
+    split: str, n: int, seed: int, context_length: int, config: WorldConfig | None = None,
+    workers: int = 1,
+) -> RenderedSplit:
+    """:func:`render_split` of all ``n`` samples over ``workers`` processes (each renders
+    one shard), put back in sample order: the same tensors as one process renders."""
+    workers = max(1, min(workers, n))
+    if workers == 1:
+        return render_split(split, n, seed, context_length, config)
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        shards = list(pool.map(render_split, *zip(*[
+            (split, n, seed, context_length, config, None, (k, workers))
+            for k in range(workers)])))
+    return _interleave(shards, n)
+
+
+def render_split_cached(
+    cache: str | os.PathLike, split: str, n: int, seed: int, context_length: int,
+    config: WorldConfig | None = None, workers: int = 1,
+) -> RenderedSplit:
+    """:func:`render_split_parallel`, kept in the folder ``cache`` under a key of every
+    argument that changes the samples (several runs on the same data render it once)."""
+    config = config or WorldConfig(negatives=False)
+    key = hashlib.sha256(repr(
+        (split, n, seed, context_length, dataclasses.asdict(config))).encode()).hexdigest()[:16]
+    path = Path(cache) / f"{split}-{n}-{key}.pt"
+    if path.is_file():
+        return RenderedSplit(**torch.load(path, weights_only=False))
+    data = render_split_parallel(split, n, seed, context_length, config, workers)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save(dataclasses.asdict(data), tmp)
+    os.replace(tmp, path)
+    return data
+
+
+def _interleave(shards: list[RenderedSplit], n: int) -> RenderedSplit:
+    """Shard ``k`` of ``m`` holds the samples ``k, k + m, ...``: merge them back in order."""
+    m = len(shards)
+
+    def merge(parts: list[Tensor]) -> Tensor:
+        out = parts[0].new_empty((n, *parts[0].shape[1:]))
+        for k, part in enumerate(parts):
+            out[k::m] = part
+        return out
+
+    captions = [""] * n
+    for k, shard in enumerate(shards):
+        captions[k::m] = shard.captions
+    negatives = shards[0].negative_ids is not None
+    return RenderedSplit(
+        merge([s.images for s in shards]),
+        merge([s.ids for s in shards]),
+        captions,
+        merge([s.negative_ids for s in shards]) if negatives else None,  # type: ignore[misc]
+        merge([s.negative_valid for s in shards]) if negatives else None,  # type: ignore[misc]
+    )
 
 
 def split_from_samples(
@@ -137,8 +202,8 @@ def negative_weights(spec: str) -> Tensor | None:
 def normalise(images: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
     """uint8 ``[B, H, W, 3]`` -> float ``[B, 3, H, W]`` scaled to [0, 1] and standardised."""
     x = images.permute(0, 3, 1, 2).float().div_(255.0)
-    m = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
+    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     return (x - m) / s
 
 
@@ -152,8 +217,9 @@ def random_shift(images: Tensor, max_shift: int, generator: torch.Generator) -> 
     B, H, W, _ = images.shape
     x = images.permute(0, 3, 1, 2).float()
     padded = torch.nn.functional.pad(x, (max_shift,) * 4, mode="replicate")
-    offsets = torch.randint(0, 2 * max_shift + 1, (B, 2), generator=generator)
-    out = torch.stack(
-        [padded[b, :, dy : dy + H, dx : dx + W] for b, (dy, dx) in enumerate(offsets.tolist())]
-    )
-    return out.round().to(torch.uint8).permute(0, 2, 3, 1)
+    offsets = torch.randint(0, 2 * max_shift + 1, (B, 2), generator=generator).to(x.device)
+    rows = offsets[:, :1] + torch.arange(H, device=x.device)  # [B, H]
+    cols = offsets[:, 1:] + torch.arange(W, device=x.device)  # [B, W]
+    batch = torch.arange(B, device=x.device)[:, None, None]
+    out = padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]]  # [B, H, W, 3]
+    return out.round().to(torch.uint8)

@@ -49,6 +49,7 @@ from otviz.data.rendered import (
     normalise,
     random_shift,
     render_split,
+    render_split_cached,
     split_from_samples,
 )
 from otviz.tiny_clip import (
@@ -93,14 +94,16 @@ def contrastive_loss(image_emb: Tensor, text_emb: Tensor, logit_scale: Tensor, k
 def embed_split(
     model: nn.Module, data: RenderedSplit, mean, std, batch_size: int = 250
 ) -> tuple[Tensor, Tensor]:
-    """L2-normalised global embeddings ``(images [n, E], texts [n, E])`` of a rendered split."""
+    """L2-normalised global embeddings ``(images [n, E], texts [n, E])`` of a rendered split
+    (on the model's device)."""
     was_training = model.training
     model.eval()
+    device = model.logit_scale.device
     imgs, txts = [], []
     for s in range(0, len(data), batch_size):
-        imgs.append(model.encode_image(normalise(data.images[s : s + batch_size], mean, std),
-                                       normalize=True))
-        txts.append(model.encode_text(data.ids[s : s + batch_size], normalize=True))
+        images = data.images[s : s + batch_size].to(device)
+        imgs.append(model.encode_image(normalise(images, mean, std), normalize=True))
+        txts.append(model.encode_text(data.ids[s : s + batch_size].to(device), normalize=True))
     model.train(was_training)
     return torch.cat(imgs), torch.cat(txts)
 
@@ -136,6 +139,11 @@ def pretrain(config: PretrainConfig, progress: Progress | None = None) -> dict[s
         )
     if config.processes < 1 or config.batch_size % config.processes:
         raise ValueError("batch_size must be a positive multiple of processes")
+    device = torch.device(config.device)  # refuses a malformed name
+    if device.type != "cpu" and config.processes > 1:
+        raise ValueError(f"--device {config.device} runs in one process: pass --processes 1")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {config.device}: no CUDA device is available here")
     if config.processes > 1:
         return _spawn(config, progress)
     threads = torch.get_num_threads()
@@ -256,15 +264,25 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def training_split(config: PretrainConfig, group: _Group | None = None) -> RenderedSplit:
+    """This process's share of the rendered training set (all of it in one process, from
+    ``config.data_cache`` when set, rendered there first if missing)."""
+    group = group or _Group()
+    train_cfg = dataclasses.replace(config.world_config(), negatives=config.hard_negatives > 0)
+    if config.data_cache and group.size == 1:
+        return render_split_cached(config.data_cache, "train", config.n_train, config.seed,
+                                   config.context_length, train_cfg, config.render_workers)
+    return render_split("train", config.n_train, config.seed, config.context_length, train_cfg,
+                        shard=(group.rank, group.size))
+
+
 def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) -> dict[str, Any]:
     t_start, cpu_start = time.perf_counter(), time.process_time()
     is_main = group.rank == 0
     torch.manual_seed(config.seed)
     world_cfg = config.world_config()
     cfg = config.model_config()
-    train_cfg = dataclasses.replace(world_cfg, negatives=config.hard_negatives > 0)
-    train = render_split("train", config.n_train, config.seed, config.context_length, train_cfg,
-                         shard=(group.rank, group.size))
+    train = training_split(config, group)
     if is_main:
         test_world = World(world_cfg, split="test", seed=config.seed)
         test_samples = [test_world.sample(i) for i in range(config.n_test)]
@@ -282,7 +300,9 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
     ids = train.ids if train.negative_ids is None else torch.cat(
         [train.ids.reshape(-1), train.negative_ids.reshape(-1)])
     restrict_token_rows(model, group.union(ids, vocab))
-    model.train()
+    device = torch.device(config.device)
+    model.to(device).train()
+    train_images, train_ids = train.images.to(device), train.ids.to(device)
     pp = model.visual.preprocess_cfg
     mean, std = tuple(pp["mean"]), tuple(pp["std"])
     optimizer = _optimizer(model, config)
@@ -308,12 +328,14 @@ def _pretrain(config: PretrainConfig, progress: Progress | None, group: _Group) 
             order, cursor = torch.randperm(len(train), generator=gen), 0
         idx = order[cursor : cursor + local_batch]
         cursor += local_batch
-        images = normalise(random_shift(train.images[idx], config.max_shift, gen), mean, std)
-        texts = train.ids[idx]
+        on_device = idx.to(device)
+        images = normalise(random_shift(train_images[on_device], config.max_shift, gen), mean,
+                           std)
+        texts = train_ids[on_device]
         if config.hard_negatives:
-            texts = torch.cat(
-                [texts, draw_negatives(train, idx, config.hard_negatives, gen, weights)])
-        with torch.autocast("cpu", torch.bfloat16, enabled=config.bf16):
+            negatives = draw_negatives(train, idx, config.hard_negatives, gen, weights)
+            texts = torch.cat([texts, negatives.to(device)])
+        with torch.autocast(device.type, torch.bfloat16, enabled=config.bf16):
             loss = batch_loss(model, images, texts, config, group, local_batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -447,6 +469,7 @@ def _optimizer(model: nn.Module, config: PretrainConfig) -> torch.optim.Optimize
         lr=config.lr,
         betas=(0.9, 0.98),
         eps=1e-6,
+        fused=True,  # one kernel for all parameters (CPU and CUDA), not a loop over tensors
     )
 
 

@@ -34,6 +34,7 @@ class PretrainConfig:
     vision_pool: str = "tok"  # "avg": image embedding = mean of patch tokens; "tok": CLS
     vision_pos_embed: str = "sin_cos_2d"  # fixed 2-D patch positions, or "learnable"
     vision_mlp_ratio: float = 4.0
+    vision_stem: str = "patch"  # "patch": one linear map per patch; "conv": a convolutional stem
     init_temperature: float = 0.07  # initial temperature of the logits (learned after)
     loss: str = "infonce"  # or an OT-CLIP kind of otviz.train.otclip_losses
     hard_negatives: int = 2  # world hard-negative captions per image (InfoNCE only)
@@ -46,6 +47,9 @@ class PretrainConfig:
     max_shift: int = 2  # augmentation: random translation in pixels (0: none)
     threads: int = 1  # torch threads per process
     processes: int = 2  # data-parallel processes (gloo), each with batch_size / processes
+    device: str = "cpu"  # "cpu" or a CUDA device ("cuda", "cuda:1"; one process only)
+    data_cache: str = ""  # folder keeping the rendered training set for later runs (1 process)
+    render_workers: int = 1  # processes rendering the training set (with --data-cache)
     eval_every: int = 500  # held-out retrieval every this many steps (0: only at the end)
     out: str = "checkpoints/tiny-clip"  # checkpoint directory ("" : do not save)
     save_every: int = 100  # resumable training state every this many steps (0: never)
@@ -66,6 +70,7 @@ class PretrainConfig:
             vision_pool=self.vision_pool,
             vision_pos_embed=self.vision_pos_embed,
             vision_mlp_ratio=self.vision_mlp_ratio,
+            vision_stem=self.vision_stem,
             init_temperature=self.init_temperature,
         )
 

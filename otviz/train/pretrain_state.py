@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from otviz.train.pretrain_config import PretrainConfig
 
-_OPERATIONAL = ("out", "save_every", "resume", "threads", "eval_every")
+_OPERATIONAL = ("out", "save_every", "resume", "threads", "eval_every", "device", "data_cache",
+                "render_workers")
 """Fields that may differ between a run and the one resuming it."""
 
 
@@ -80,7 +81,8 @@ class TrainingState:
                 "pass --no-resume to start afresh"
             )
         step = int(info["step"])
-        payload = torch.load(self._file(self.group.rank, step), weights_only=False)
+        payload = torch.load(self._file(self.group.rank, step), weights_only=False,
+                             map_location="cpu")  # a run may move between CPU and GPU
         return SavedState(step, payload)
 
     def save(
