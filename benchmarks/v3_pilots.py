@@ -57,10 +57,22 @@ def arm_flags(group: str, arm: str) -> list[str]:
 
 
 def command(group: str, arm: str, work: Path, device: str, cache: Path) -> list[str]:
-    """The arm's ``otviz pretrain`` run (through the module, which is the same command)."""
-    return [sys.executable, "-m", "otviz.train.pretrain", *arm_flags(group, arm),
-            "--processes", "1", "--threads", "1", "--device", device,
+    """The arm's ``otviz pretrain`` flags."""
+    return [*arm_flags(group, arm), "--processes", "1", "--threads", "1", "--device", device,
             "--data-cache", str(cache), "--out", str(work / arm)]
+
+
+def pretrain_from_flags(flags: list[str]) -> None:
+    """``otviz pretrain FLAGS`` without the rest of the command line's imports (a GPU
+    machine may lack the app's packages)."""
+    from otviz.cli.args import add_dataclass_flags, dataclass_from_args
+    from otviz.train.pretrain import pretrain
+    from otviz.train.pretrain_config import PretrainConfig
+
+    parser = argparse.ArgumentParser(prog="otviz pretrain")
+    add_dataclass_flags(parser, PretrainConfig)
+    for key, value in pretrain(dataclass_from_args(PretrainConfig, parser.parse_args(flags))).items():
+        print(f"{key}: {value}")
 
 
 def render_caches(groups: list[str], cache: Path, workers: int) -> None:
@@ -91,6 +103,10 @@ def quality(arm_dir: Path, out: Path) -> subprocess.Popen:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--pretrain"]:
+        pretrain_from_flags(argv[1:])
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", default="runs/v3")
     parser.add_argument("--device", default="cpu")
@@ -112,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         for arm in ARMS[group]:
             if only and arm not in only:
                 continue
-            cmd = command(group, arm, work, args.device, cache)
-            (work / f"{arm}.cmd").write_text(" ".join(cmd) + "\n")
-            procs[arm] = subprocess.Popen(cmd, stdout=open(work / f"{arm}.log", "w"),
+            flags = command(group, arm, work, args.device, cache)
+            (work / f"{arm}.cmd").write_text("otviz pretrain " + " ".join(flags) + "\n")
+            procs[arm] = subprocess.Popen([sys.executable, __file__, "--pretrain", *flags], stdout=open(work / f"{arm}.log", "w"),
                                           stderr=subprocess.STDOUT)
     evals: dict[str, subprocess.Popen] = {}
     while procs or evals:

@@ -15,13 +15,13 @@ from otviz.world import WorldConfig
 class PretrainConfig:
     """Every knob of tiny-CLIP pre-training (defaults reproduce the shipped checkpoint)."""
 
-    steps: int = 3000  # optimiser steps (epochs = steps * batch_size / n_train)
+    steps: int = 6000  # optimiser steps (epochs = steps * batch_size / n_train)
     batch_size: int = 256
     lr: float = 3e-3
     warmup_steps: int = 100
     weight_decay: float = 0.05
     seed: int = 0  # seeds torch and the world (train and test splits)
-    n_train: int = 100000  # world training samples, rendered once
+    n_train: int = 200000  # world training samples, rendered once
     n_test: int = 1000  # held-out world test pairs for retrieval
     embed_dim: int = 96
     vision_width: int = 96
@@ -31,14 +31,14 @@ class PretrainConfig:
     text_layers: int = 3
     text_heads: int = 3
     context_length: int = 32
-    vision_pool: str = "tok"  # "avg": image embedding = mean of patch tokens; "tok": CLS
+    vision_pool: str = "avg"  # "avg": image embedding = mean of patch tokens; "tok": CLS
     vision_pos_embed: str = "sin_cos_2d"  # fixed 2-D patch positions, or "learnable"
     vision_mlp_ratio: float = 4.0
-    vision_stem: str = "patch"  # "patch": one linear map per patch; "conv": a convolutional stem
+    vision_stem: str = "conv"  # "patch": one linear map per patch; "conv": a convolutional stem
     init_temperature: float = 0.07  # initial temperature of the logits (learned after)
     loss: str = "infonce"  # or an OT-CLIP kind of otviz.train.otclip_losses
     hard_negatives: int = 2  # world hard-negative captions per image (InfoNCE only)
-    local_weight: float = 0.0  # weight of FILIP's token-wise local loss next to the global one
+    local_weight: float = 1.0  # weight of FILIP's token-wise local loss next to the global one
     bf16: bool = False  # forward and loss under CPU bfloat16 autocast
     init_from: str = ""  # start from this tiny-CLIP checkpoint's weights (same architecture)
     negative_weights: str = ""  # e.g. "replace_obj:3,swap_obj:2" (categories' odds; "": uniform)
