@@ -34,7 +34,9 @@ CROP = 32
 MARGIN = 2
 
 
-def object_crops(split: str, n_scenes: int, seed: int, config: WorldConfig) -> tuple[Tensor, Tensor]:
+def object_crops(
+    split: str, n_scenes: int, seed: int, config: WorldConfig
+) -> tuple[Tensor, Tensor]:
     """``(crops [n, 3, CROP, CROP] in [0, 1], shape labels [n])`` of every object."""
     crops, labels = [], []
     for sample in World(config, split=split, seed=seed).samples(0, n_scenes):

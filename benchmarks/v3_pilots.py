@@ -71,7 +71,8 @@ def pretrain_from_flags(flags: list[str]) -> None:
 
     parser = argparse.ArgumentParser(prog="otviz pretrain")
     add_dataclass_flags(parser, PretrainConfig)
-    for key, value in pretrain(dataclass_from_args(PretrainConfig, parser.parse_args(flags))).items():
+    metrics = pretrain(dataclass_from_args(PretrainConfig, parser.parse_args(flags)))
+    for key, value in metrics.items():
         print(f"{key}: {value}")
 
 
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             flags = command(group, arm, work, args.device, cache)
             (work / f"{arm}.cmd").write_text("otviz pretrain " + " ".join(flags) + "\n")
-            procs[arm] = subprocess.Popen([sys.executable, __file__, "--pretrain", *flags], stdout=open(work / f"{arm}.log", "w"),
+            procs[arm] = subprocess.Popen([sys.executable, __file__, "--pretrain", *flags],
+                                          stdout=open(work / f"{arm}.log", "w"),
                                           stderr=subprocess.STDOUT)
     evals: dict[str, subprocess.Popen] = {}
     while procs or evals:

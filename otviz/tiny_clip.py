@@ -31,13 +31,13 @@ from open_clip import factory as open_clip_factory
 from torch import Tensor, nn
 
 from otviz import assets
-from otviz.conv_stem import STEMS, install_stem, stem_channels
 from otviz.checkpoints.store import (
     CheckpointError,
     load_checkpoint,
     load_state_dict_strict,
     save_checkpoint,
 )
+from otviz.conv_stem import STEMS, install_stem, stem_channels
 
 TINY_CLIP_NAME = "otviz-tiny"
 CHECKPOINT_KIND = "otviz-tiny-clip"

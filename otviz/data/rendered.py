@@ -79,10 +79,10 @@ def render_split_parallel(
     if workers == 1:
         return render_split(split, n, seed, context_length, config)
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        shards = list(pool.map(render_split, *zip(*[
-            (split, n, seed, context_length, config, None, (k, workers))
-            for k in range(workers)])))
-    return _interleave(shards, n)
+        shards = [pool.submit(render_split, split, n, seed, context_length, config,
+                              shard=(k, workers)) for k in range(workers)]
+        parts = [shard.result() for shard in shards]
+    return _interleave(parts, n)
 
 
 def render_split_cached(

@@ -42,6 +42,8 @@ class TrainConfig:
     split: str = "train"  # split of a Karpathy / COCO folder (the world always trains on train)
     n_train: int = 5000  # world samples (ignored for folders)
     world_seed: int = 0
+    n_val: int = 0  # world validation pairs (its "val" split) for early stopping (0: none)
+    patience: int = 0  # validations without improvement before stopping early (0: never)
     backbone: str = ""  # tiny-CLIP checkpoint dir ("" : the shipped checkpoints/tiny-clip)
     open_clip_model: str = ""  # an open_clip name instead (e.g. ViT-B-16): real CLIP mode
     pretrained: str = ""  # open_clip pretrained tag or weight file ("" : random init)

@@ -7,6 +7,10 @@ positives and negatives in one batched method call and minimises Eq. 10 (or the 
 own local loss, :mod:`otviz.train.losses`) with AdamW, gradient clipping and a warm-up +
 cosine schedule. Only the method's parameters (and an optional global head) train.
 
+Early stopping (``n_val > 0``): after every epoch the objective's loss on the world's
+``val`` split (:class:`Validation`); the published head is the one of the best validation
+loss, and ``patience`` epochs without improvement end the run early.
+
 Long runs: ``progress(step, total, metrics)`` after every step, ``stop`` (an Event or a
 callable) checked after every step, a resume checkpoint every epoch (or every
 ``checkpoint_every`` steps), on stop and at the end; a later run with the same ``out``
@@ -87,6 +91,8 @@ class TrainResult:
         head_checkpoint: the method-head checkpoint (finished runs).
         state_checkpoint: the resume state.
         seconds_per_step: mean wall time of the steps of this call.
+        validation: ``(step, validation loss)`` of every validation (``n_val > 0``); the
+            head is the step of the lowest.
     """
 
     method: str
@@ -101,6 +107,7 @@ class TrainResult:
     head_checkpoint: str | None = None
     state_checkpoint: str | None = None
     seconds_per_step: float | None = None
+    validation: list[tuple[int, float]] = field(default_factory=list)
 
     def losses(self) -> list[float]:
         return [h["loss"] for h in self.history]
@@ -129,6 +136,58 @@ def _nothing_to_train(config: TrainConfig) -> str | None:
             "head with an OT-CLIP loss (--global-loss)."
         )
     return None
+
+
+class Validation:
+    """Early stopping on held-out pairs: the mean training objective over ``data`` in
+    batches of the training batch size (no gradient, every pair its batch's positive), the
+    best loss seen, and how many validations since it improved."""
+
+    def __init__(self, data: PairSource, batch_size: int) -> None:
+        if data.n_pairs < batch_size:
+            raise ValueError(f"--n-val {data.n_pairs} cannot fill one batch of {batch_size}")
+        self.data = data
+        self.best = math.inf
+        self.best_step = 0
+        self.since_best = 0
+        self.curve: list[tuple[int, float]] = []
+
+    @torch.no_grad()
+    def loss(self, objective: TrainObjective, config: TrainConfig, device: torch.device) -> float:
+        """Mean of ``g + lambda * local + beta * reg`` over the validation batches (regions,
+        for methods that read them, from a fixed seed)."""
+        size, total, batches = config.batch_size, 0.0, 0
+        rows = torch.arange(size, device=device)
+        for start in range(0, self.data.n_pairs - size + 1, size):
+            idx = torch.arange(start, start + size)
+            batch = self.data.pair_batch(idx, device)
+            if objective.method.uses_regions:
+                batch.regions = _regions(config, batch.grid, batch.size, 0).to(device)
+            excluded = positive_mask(self.data.image_ids[idx], self.data.text_ids[idx])
+            _, terms = objective(batch, excluded.to(device), rows)
+            total += float(terms.global_loss + local_weight(config) * terms.local_part
+                           + config.beta * terms.regulariser)
+            batches += 1
+        return total / batches
+
+    def record(self, step: int, loss: float) -> bool:
+        """Note the loss at ``step``; True when it is the best so far."""
+        self.curve.append((step, loss))
+        if loss < self.best:
+            self.best, self.best_step, self.since_best = loss, step, 0
+            return True
+        self.since_best += 1
+        return False
+
+    def state(self) -> dict[str, object]:
+        return {"best": self.best, "best_step": self.best_step, "since_best": self.since_best,
+                "curve": self.curve}
+
+    def restore(self, state: dict[str, object]) -> None:
+        self.best = float(state["best"])  # type: ignore[arg-type]
+        self.best_step = int(state["best_step"])  # type: ignore[call-overload]
+        self.since_best = int(state["since_best"])  # type: ignore[call-overload]
+        self.curve = [(int(s), float(v)) for s, v in state["curve"]]  # type: ignore[union-attr]
 
 
 def _validate(config: TrainConfig, info: D.DistInfo) -> None:
@@ -166,6 +225,7 @@ def train_method(
     progress: Progress | None = None,
     stop: Stop = None,
     source: PairSource | None = None,
+    validation_source: PairSource | None = None,
 ) -> TrainResult:
     """Train ``config.method`` on frozen-backbone features (see the module docstring).
 
@@ -179,6 +239,8 @@ def train_method(
             saves its state and returns with status ``"stopped"``.
         source: the training pairs; default :func:`otviz.train.pairs.build_source` (the
             configured backbone and data through the feature cache).
+        validation_source: the validation pairs when ``config.n_val > 0``; default the
+            world's ``val`` split through the feature cache.
 
     Returns:
         A :class:`TrainResult` (status ``"skipped"`` with the reason when nothing trains).
@@ -192,7 +254,7 @@ def train_method(
     torch.set_num_threads(max(1, config.threads))
     info = D.setup(config.device)
     try:
-        return _train(config, info, progress, stop, source)
+        return _train(config, info, progress, stop, source, validation_source)
     finally:
         D.teardown(info)
         torch.set_num_threads(threads)
@@ -241,6 +303,7 @@ class _Run:
             self.optimizer, self.total, config.warmup_frac
         )
         self.step, self.history, self.times = 0, [], []
+        self.validation: Validation | None = None
         self.notes: list[str] = []
         self._perm: tuple[int, Tensor] | None = None
 
@@ -268,6 +331,8 @@ class _Run:
         _check_resume(self.config, self.state_dir)
         saved = load_train_state(self.state_dir, self.objective, self.optimizer, self.scheduler)
         self.step, self.history = int(saved["step"]), list(saved["history"])
+        if self.validation is not None and "validation" in saved:
+            self.validation.restore(saved["validation"])
         self.note(f"resumed from {self.state_dir} at step {self.step}")
 
     def indices(self) -> Tensor:
@@ -314,15 +379,33 @@ class _Run:
         self.step += 1
         return record
 
+    def validate(self, final: bool = False) -> bool:
+        """At an epoch's end (and at the ``final`` step) with validation on: measure,
+        publish the head when it is the best so far; returns True when patience has run
+        out (stop early)."""
+        val = self.validation
+        if val is None or (self.step % self.spe and not final):
+            return False
+        if val.curve and val.curve[-1][0] == self.step:  # measured at this step already
+            return False
+        loss = val.loss(self.objective, self.config, self.info.device)
+        if val.record(self.step, loss):
+            self.save_head()
+        log.info("step %d validation loss %.4f (best %.4f at step %d)", self.step, loss,
+                 val.best, val.best_step)
+        return 0 < self.config.patience <= val.since_best
+
     def checkpoint_due(self) -> bool:
         every = self.config.checkpoint_every if self.config.checkpoint_every > 0 else self.spe
         return self.step % every == 0
 
     def save_state(self) -> None:
         if self.info.is_main:
+            progress = {"step": self.step, "history": self.history}
+            if self.validation is not None:
+                progress["validation"] = self.validation.state()
             save_train_state(self.state_dir, self.objective, self.optimizer, self.scheduler,
-                             {"step": self.step, "history": self.history},
-                             self.config.to_dict())
+                             progress, self.config.to_dict())
         D.barrier(self.info)
 
     def save_head(self) -> None:
@@ -330,6 +413,9 @@ class _Run:
         metrics = {"final_loss": last.get("loss"), "final_local": last.get("local"),
                    "steps": self.step, "epochs": self.step / self.spe,
                    "curve": {k: [h[k] for h in self.history] for k in CURVE_KEYS}}
+        if self.validation is not None:
+            metrics["validation"] = {"loss": self.validation.curve[-1][1],
+                                     "curve": self.validation.curve}
         if self.info.is_main:
             save_method_checkpoint(self.head_dir, self.objective.method, self.data.identity,
                                    self.config.to_dict(), metrics, self.objective.head)
@@ -349,6 +435,7 @@ class _Run:
             head_checkpoint=str(self.head_dir) if status == "finished" else None,
             state_checkpoint=str(self.state_dir),
             seconds_per_step=sum(self.times) / len(self.times) if self.times else None,
+            validation=list(self.validation.curve) if self.validation is not None else [],
         )
 
 
@@ -358,9 +445,13 @@ def _train(
     progress: Progress | None,
     stop: Stop,
     source: PairSource | None,
+    validation_source: PairSource | None = None,
 ) -> TrainResult:
     _validate(config, info)
     run = _Run(config, info, _load_source(config, info, source, progress))
+    if config.n_val > 0:
+        run.validation = Validation(validation_source or build_source(config, validation=True),
+                                    config.batch_size)
     if run.optimizer is None:
         msg = f"{config.method} has no trainable parameters in this configuration; skipped"
         return TrainResult(config.method, "skipped", msg)
@@ -375,6 +466,12 @@ def _train(
         if info.is_main and config.log_every > 0 and run.step % config.log_every == 0:
             log.info("step %d/%d loss %.4f local %.4f lr %.2e", run.step, run.total,
                      record["loss"], record["local"], record["lr"])
+        if run.validate(final=run.step == run.total):
+            run.save_state()
+            val = run.validation
+            return run.result("finished", f"stopped early at step {run.step}: no better "
+                              f"validation loss in {config.patience} epochs; the head is "
+                              f"step {val.best_step}'s")  # type: ignore[union-attr]
         if run.step == run.total:
             break
         stop_now = D.any_all(_stop_requested(stop), info)
@@ -383,8 +480,11 @@ def _train(
         if stop_now:
             return run.result("stopped", f"stopped at step {run.step}/{run.total}; resumable")
     run.save_state()
-    run.save_head()
-    return run.result("finished", f"trained {config.method} for {run.step} steps")
+    if run.validation is None:
+        run.save_head()
+        return run.result("finished", f"trained {config.method} for {run.step} steps")
+    return run.result("finished", f"trained {config.method} for {run.step} steps; the head is "
+                      f"step {run.validation.best_step}'s (best validation loss)")
 
 
 if __name__ == "__main__":  # python -m / torchrun -m otviz.train.loop: the ``otviz train`` command

@@ -198,7 +198,8 @@ class CachedPairs:
 
 
 def build_source(
-    config: TrainConfig, progress: Callable[[int, int], None] | None = None
+    config: TrainConfig, progress: Callable[[int, int], None] | None = None,
+    validation: bool = False,
 ) -> CachedPairs:
     """The frozen backbone's cached features of the configured data.
 
@@ -206,7 +207,8 @@ def build_source(
     open_clip model ``config.open_clip_model`` with ``config.pretrained``. Data: the world's
     train split (``n_train`` samples, ``world_seed``) or an image-caption folder. Trees
     (gold ones for the world, parsed captions for folders) only for a method that reads them
-    (``uses_trees``: PowerCLIP).
+    (``uses_trees``: PowerCLIP). ``validation``: the world's ``val`` split instead
+    (``n_val`` samples; scenes drawn apart from every training sample).
     """
     from otviz.backbone import Backbone
     from otviz.checkpoints.identity import backbone_fingerprint
@@ -219,8 +221,12 @@ def build_source(
         backbone = Backbone.from_checkpoint(config.backbone)
     else:
         backbone = Backbone.from_checkpoint()
-    if config.data == "world":
-        dataset: Any = WorldDataset(config.n_train, split="train", seed=config.world_seed)
+    if validation:
+        if config.data != "world":
+            raise ValueError("--n-val draws validation pairs from the world: use --data world")
+        dataset: Any = WorldDataset(config.n_val, split="val", seed=config.world_seed)
+    elif config.data == "world":
+        dataset = WorldDataset(config.n_train, split="train", seed=config.world_seed)
     else:
         dataset = load_image_captions(config.data, split=config.split)
     features = FeatureCache(config.cache_dir).get_or_build(backbone, dataset, progress=progress)

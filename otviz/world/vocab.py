@@ -41,7 +41,7 @@ NEGATIVE_CATEGORIES: tuple[str, ...] = (
     "replace_obj", "replace_att", "replace_rel", "swap_obj", "swap_att", "add_obj",
 )
 
-SPLITS: tuple[str, ...] = ("train", "test", "compositional")
+SPLITS: tuple[str, ...] = ("train", "test", "compositional", "val")
 
 
 def _held_out_pairs() -> tuple[tuple[str, str], ...]:
