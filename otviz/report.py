@@ -28,6 +28,7 @@ from otviz.eval.otclip_table import LOSS_LABELS
 from otviz.eval.runner import build_suite, load_backbone, read_tables
 from otviz.eval.table import Table
 from otviz.eval.world_set import EvalSet
+from otviz.knobs import Count, NonNegativeInt
 from otviz.methods.base import LOCAL_CONTRASTIVE, POWERSET_TRIPLET, QCT, local_objective
 from otviz.ot.zeroshot import LONG_TAILED_RULES
 from otviz.suite import (
@@ -56,10 +57,10 @@ class ReportConfig:
     eval_dir: str = "runs/eval"  # folder of tables.json (+ otclip_losses.json, ablation.json)
     heads: str = str(assets.path("heads"))  # trained heads ("training-free": no curves)
     backbone: str = ""  # tiny-CLIP checkpoint ("" : the shipped one)
-    n_examples: int = 4  # grounding grid rows
-    seed: int = 0  # world seed of the examples
-    cache_dir: str = ".cache/otviz-features"
-    out: str = "runs/report"
+    n_examples: Count = 4  # grounding grid rows
+    seed: NonNegativeInt = 0  # world seed of the examples
+    cache_dir: str = ".cache/otviz-features"  # frozen-backbone feature cache
+    out: str = "runs/report"  # folder of the PNG figures
 
 
 def _labels(table: Table) -> list[str]:

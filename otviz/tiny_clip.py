@@ -37,6 +37,7 @@ from otviz.checkpoints.store import (
     load_state_dict_strict,
     save_checkpoint,
 )
+from otviz.knobs import VISION_POOLS
 
 TINY_CLIP_NAME = "otviz-tiny"
 CHECKPOINT_KIND = "otviz-tiny-clip"
@@ -74,8 +75,8 @@ def tiny_clip_config(
     """
     if vision_width % vision_heads or text_width % text_heads:
         raise ValueError("widths must be divisible by their number of heads")
-    if vision_pool not in ("avg", "tok"):
-        raise ValueError(f"vision_pool must be 'avg' or 'tok', got {vision_pool!r}")
+    if vision_pool not in VISION_POOLS:
+        raise ValueError(f"vision_pool must be one of {VISION_POOLS}, got {vision_pool!r}")
     return {
         "embed_dim": embed_dim,
         "custom_text": True,

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import os
 
+from otviz.cli.args import parser as command_parser
+
 
 def build_parser(prog: str = "otviz app") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Serve the otviz app.")
+    parser = command_parser(prog, "Serve the otviz app.")
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                         help="interface to listen on; 0.0.0.0 serves other machines "
                         "(default: $GRADIO_SERVER_NAME or 127.0.0.1)")

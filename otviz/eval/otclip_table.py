@@ -19,6 +19,7 @@ from otviz.backbone import Backbone
 from otviz.eval.classification_metrics import accuracy
 from otviz.eval.classification_tables import classification_sets, temperature
 from otviz.eval.table import Column, Table
+from otviz.knobs import Count, NonNegative, NonNegativeInt
 from otviz.ot.zeroshot import zero_shot_predict
 from otviz.train.otclip_losses import KINDS
 from otviz.train.pretrain import pretrain
@@ -35,18 +36,18 @@ class OTCLIPTableConfig:
     """The shared reduced pre-training budget and the scoring of the comparison."""
 
     otclip_kinds: str = ",".join(KINDS)  # comma list of OT-CLIP loss kinds
-    otclip_steps: int = 400
-    otclip_batch_size: int = 128
-    otclip_lr: float = 2e-3
-    otclip_n_train: int = 16000  # world training samples
-    otclip_n_test: int = 500  # held-out retrieval pairs
-    otclip_width: int = 64  # embed dim and both tower widths
-    otclip_layers: int = 2  # layers of both towers
-    otclip_heads: int = 2
-    otclip_n_classify: int = 300  # images per zero-shot task
-    otclip_threads: int = 2
-    otclip_processes: int = 1
-    otclip_seed: int = 0
+    otclip_steps: Count = 400  # pre-training steps of each tiny CLIP
+    otclip_batch_size: Count = 128  # pre-training batch
+    otclip_lr: NonNegative = 2e-3  # pre-training learning rate
+    otclip_n_train: Count = 16000  # world training samples
+    otclip_n_test: Count = 500  # held-out retrieval pairs
+    otclip_width: Count = 64  # embed dim and both tower widths
+    otclip_layers: Count = 2  # layers of both towers
+    otclip_heads: Count = 2  # attention heads of both towers
+    otclip_n_classify: Count = 300  # images per zero-shot task
+    otclip_threads: Count = 2  # torch threads per process
+    otclip_processes: Count = 1  # data-parallel pre-training processes
+    otclip_seed: NonNegativeInt = 0  # seed of the pre-training and the world
     otclip_runs: str = "runs/otclip"  # the pre-trained models go to <runs>/<loss>
 
     def losses(self) -> list[str]:

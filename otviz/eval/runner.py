@@ -27,6 +27,7 @@ from otviz.eval import seeds as S
 from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet
 from otviz.explainers import explainer_names
+from otviz.knobs import Count, NonNegative, NonNegativeInt
 from otviz.suite import ALIGN_METHODS, WORLD_FIT_CAPTIONS, MethodSuite
 
 StageProgress = Callable[[str, int, int], None]
@@ -46,21 +47,21 @@ class EvalConfig:
     methods: str = ""  # comma list of comparison methods ("" : all eight)
     explainers: str = ""  # comma list of explainers in the grounding table ("all", "" : none)
     tables: str = "all"  # comma list of TABLES, or "all"
-    n_test: int = 1000  # world test images (retrieval, probe, grounding)
-    n_compositional: int = 500  # compositional-split images (held-out probe column)
-    seed: int = 0  # world seed of the test and compositional splits
+    n_test: Count = 1000  # world test images (retrieval, probe, grounding)
+    n_compositional: NonNegativeInt = 500  # compositional-split images (held-out probe column)
+    seed: NonNegativeInt = 0  # world seed of the test and compositional splits
     seeds: str = ""  # comma list: repeat over these seeds (test draw; heads "{seed}") and
     # report mean and 95 % interval (otviz.eval.seeds); "" : the one seed above
     claims: str = ""  # with seeds: "table:metric:A>B;..." claims to judge (plus every "best")
-    candidates: int = 16  # global top-k candidates per query (two-stage retrieval)
+    candidates: Count = 16  # global top-k candidates per query (two-stage retrieval)
     also_candidates: str = "128"  # comma list of further top-k columns (ConceptOT: 128)
-    n_classify: int = 400  # images per zero-shot / selective task
-    lt_n_max: int = 100  # images of the largest class of a long-tailed test set
-    imbalance: float = 10.0
-    selective_rate: float = 0.5
-    chunk: int = 512  # pairs per batched method call
-    threads: int = 2  # torch CPU threads
-    cache_dir: str = ".cache/otviz-features"
+    n_classify: Count = 400  # images per zero-shot / selective task
+    lt_n_max: Count = 100  # images of the largest class of a long-tailed test set
+    imbalance: NonNegative = 10.0  # long-tailed test sets: largest / smallest class size
+    selective_rate: NonNegative = 0.5  # selective classification: share of images answered
+    chunk: Count = 512  # pairs per batched method call
+    threads: Count = 2  # torch CPU threads
+    cache_dir: str = ".cache/otviz-features"  # frozen-backbone feature cache
     out: str = "runs/eval"  # writes tables.json and tables.md here ("" : print only)
 
     def table_names(self) -> list[str]:

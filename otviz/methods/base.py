@@ -16,9 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-#: ConceptOT's local weight lambda_l (Table 7): the combined score s_g + lambda_l s_l of
-#: training, reranking and the views.
-DEFAULT_LAMBDA = 0.5
+from otviz.knobs import METHOD_NAMES
 
 
 class TransportPlan(Protocol):
@@ -356,6 +354,9 @@ def register(cls: type[AlignmentMethod]) -> type[AlignmentMethod]:
     """Class decorator adding a method to :data:`METHODS` under ``cls.name``."""
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name")
+    if cls.name not in METHOD_NAMES:
+        raise ValueError(f"method {cls.name!r} is not in otviz.knobs.METHOD_NAMES; add it there "
+                         "(the command line lists the methods without importing torch)")
     METHODS[cls.name] = cls
     return cls
 

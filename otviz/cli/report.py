@@ -1,0 +1,22 @@
+"""``otviz report``: paper-style PNG figures of an evaluation; every field of
+:class:`~otviz.report.ReportConfig` is a flag."""
+
+from __future__ import annotations
+
+import argparse
+
+from otviz.cli.args import add_dataclass_flags, dataclass_from_args, parser
+from otviz.report import ReportConfig, render_report
+
+
+def build_parser(prog: str = "otviz report") -> argparse.ArgumentParser:
+    p = parser(prog, "Paper-style PNG figures of an evaluation (the tables otviz eval wrote).")
+    add_dataclass_flags(p, ReportConfig)
+    return p
+
+
+def main(argv: list[str], prog: str = "otviz report") -> int:
+    args = build_parser(prog).parse_args(argv)
+    for path in render_report(dataclass_from_args(ReportConfig, args)):
+        print(f"wrote {path}")
+    return 0
