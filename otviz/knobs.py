@@ -8,8 +8,9 @@ while parsing, before anything runs or is written, and lists the choices in ``--
 
 The registries themselves (:data:`otviz.methods.METHODS`, the OT-CLIP losses of
 :mod:`otviz.train.otclip_losses`, the low-rank variants of :mod:`otviz.ot.lowrank`) live in
-modules that import torch; each takes its names from here and refuses an entry missing
-here, so the command line lists them without loading a model.
+modules that import torch; they take their names from here (the methods' registry is
+checked against :data:`METHOD_NAMES` by a test), so the command line lists them without
+loading a model.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ class AtLeast:
     low: int | float
 
 
-#: Every alignment method of :data:`otviz.methods.METHODS`, in display order
-#: (:attr:`otviz.methods.base.AlignmentMethod.order`); ``register`` refuses a name not here.
+#: Every alignment method of the package's registry :data:`otviz.methods.METHODS`, in display
+#: order (:attr:`otviz.methods.base.AlignmentMethod.order`); tests/cli/test_flags.py checks
+#: that the two agree (a method registered from a user's own code is not listed here).
 METHOD_NAMES = ("global_only", "global_patch", "filip", "text_attn", "balanced_ot", "dense_uot",
                 "conceptot", "qc_align", "powerclip")
 #: OT-CLIP's global losses (:data:`otviz.train.otclip_losses.KINDS`).
