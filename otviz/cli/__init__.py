@@ -17,7 +17,6 @@ import sys
 from typing import NamedTuple
 
 from otviz.cli.args import parser as command_parser
-from otviz.cli.logs import command_logging
 
 
 class Command(NamedTuple):
@@ -68,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     prog = f"otviz {name}"
     if name != "app":  # the app sets up its own log (otviz.ui.app.server_logging)
+        from otviz.cli.logs import command_logging
+
         command_logging()
     module = importlib.import_module(f"{__name__}.{COMMANDS[name].module}")
     from otviz.errors import OtvizError
