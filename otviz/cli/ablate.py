@@ -7,22 +7,24 @@ import argparse
 import shlex
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from otviz.cli.args import add_dataclass_flags, at_least, dataclass_from_args, parser
 from otviz.cli.progress import StageBars, with_bars
-from otviz.eval.ablation import ABLATION_HEADLINE, VARIANTS, ablation_table
-from otviz.eval.runner import load_backbone, over_seeds, write_tables
-from otviz.eval.table import Table
-from otviz.eval.world_set import EvalSet
+from otviz.eval.config import ABLATION_VARIANTS
 from otviz.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from otviz.eval.table import Table
 
 
 def build_parser(prog: str = "otviz ablate") -> argparse.ArgumentParser:
     p = parser(prog, "ConceptOT ablation over lambda_l, r, L, K_h (ConceptOT Table 4): one "
                "head per variant, trained with the shared recipe (the training flags).")
     ablation = p.add_argument_group("ablation")
-    ablation.add_argument("--variants", default=",".join(VARIANTS),
-                          help=f"comma list of {', '.join(VARIANTS)} (λ may be typed lambda)")
+    ablation.add_argument("--variants", default=",".join(ABLATION_VARIANTS),
+                          help=f"comma list of {', '.join(ABLATION_VARIANTS)} (λ may be typed "
+                          "lambda)")
     ablation.add_argument("--n-test", type=at_least(int, 1), default=500,
                           help="world test images")
     ablation.add_argument("--test-seed", type=at_least(int, 0), default=0,
@@ -52,6 +54,10 @@ def main(argv: list[str], prog: str = "otviz ablate") -> int:
     p = build_parser(prog)
     args = p.parse_args(argv)
     seeds = _seeds(args.seeds, p)
+    from otviz.eval.ablation import ABLATION_HEADLINE, ablation_table
+    from otviz.eval.runner import load_backbone, over_seeds, write_tables
+    from otviz.eval.world_set import EvalSet
+
     base = dataclass_from_args(TrainConfig, args)
     backbone = load_backbone(base.backbone)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]

@@ -1,5 +1,5 @@
 """``otviz eval``: the comparison's tables (JSON + Markdown); every field of
-:class:`~otviz.eval.runner.EvalConfig` is a flag, and ``--otclip-losses`` gives OT-CLIP's
+:class:`~otviz.eval.config.EvalConfig` is a flag, and ``--otclip-losses`` gives OT-CLIP's
 Table 1 in miniature instead (the ``--otclip-*`` flags)."""
 
 from __future__ import annotations
@@ -11,14 +11,7 @@ from pathlib import Path
 
 from otviz.cli.args import add_dataclass_flags, dataclass_from_args, parser
 from otviz.cli.progress import with_bars
-from otviz.eval.otclip_table import OTCLIPTableConfig, otclip_loss_table
-from otviz.eval.runner import (
-    TRAINING_FREE,
-    EvalConfig,
-    record_eval_metrics,
-    run_eval,
-    write_tables,
-)
+from otviz.eval.config import TRAINING_FREE, EvalConfig, OTCLIPTableConfig
 
 
 def build_parser(prog: str = "otviz eval") -> argparse.ArgumentParser:
@@ -39,7 +32,11 @@ def build_parser(prog: str = "otviz eval") -> argparse.ArgumentParser:
 def main(argv: list[str], prog: str = "otviz eval") -> int:
     args = build_parser(prog).parse_args(argv)
     command = shlex.join([*shlex.split(prog), *argv])
+    from otviz.eval.runner import record_eval_metrics, run_eval, write_tables
+
     if args.otclip_losses:
+        from otviz.eval.otclip_table import otclip_loss_table
+
         otc = dataclass_from_args(OTCLIPTableConfig, args)
         table, logs = with_bars(args.quiet, lambda bars: otclip_loss_table(otc, bars))
         print(table.markdown())

@@ -1,12 +1,12 @@
 """``otviz report``: paper-style PNG figures of an evaluation; every field of
-:class:`~otviz.report.ReportConfig` is a flag."""
+:class:`~otviz.eval.config.ReportConfig` is a flag."""
 
 from __future__ import annotations
 
 import argparse
 
 from otviz.cli.args import add_dataclass_flags, dataclass_from_args, parser
-from otviz.report import ReportConfig, render_report
+from otviz.eval.config import ReportConfig
 
 
 def build_parser(prog: str = "otviz report") -> argparse.ArgumentParser:
@@ -17,6 +17,8 @@ def build_parser(prog: str = "otviz report") -> argparse.ArgumentParser:
 
 def main(argv: list[str], prog: str = "otviz report") -> int:
     args = build_parser(prog).parse_args(argv)
+    from otviz.report import render_report
+
     for path in render_report(dataclass_from_args(ReportConfig, args)):
         print(f"wrote {path}")
     return 0

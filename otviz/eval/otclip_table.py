@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from otviz.backbone import Backbone
 from otviz.eval.classification_metrics import accuracy
 from otviz.eval.classification_tables import classification_sets, temperature
+from otviz.eval.config import OTCLIPTableConfig
 from otviz.eval.table import Column, Table
-from otviz.knobs import Count, NonNegative, NonNegativeInt
 from otviz.ot.zeroshot import zero_shot_predict
-from otviz.train.otclip_losses import KINDS
 from otviz.train.pretrain import pretrain
 from otviz.train.pretrain_config import PretrainConfig
 
@@ -31,45 +29,20 @@ LOSS_LABELS = {"infonce": "InfoNCE", "entropic_ot": "Entropic OT", "dbot": "DBOT
                "ufg_ot": "U-FG OT"}
 
 
-@dataclass
-class OTCLIPTableConfig:
-    """The shared reduced pre-training budget and the scoring of the comparison."""
-
-    otclip_kinds: str = ",".join(KINDS)  # comma list of OT-CLIP loss kinds
-    otclip_steps: Count = 400  # pre-training steps of each tiny CLIP
-    otclip_batch_size: Count = 128  # pre-training batch
-    otclip_lr: NonNegative = 2e-3  # pre-training learning rate
-    otclip_n_train: Count = 16000  # world training samples
-    otclip_n_test: Count = 500  # held-out retrieval pairs
-    otclip_width: Count = 64  # embed dim and both tower widths
-    otclip_layers: Count = 2  # layers of both towers
-    otclip_heads: Count = 2  # attention heads of both towers
-    otclip_n_classify: Count = 300  # images per zero-shot task
-    otclip_threads: Count = 2  # torch threads per process
-    otclip_processes: Count = 1  # data-parallel pre-training processes
-    otclip_seed: NonNegativeInt = 0  # seed of the pre-training and the world
-    otclip_runs: str = "runs/otclip"  # the pre-trained models go to <runs>/<loss>
-
-    def losses(self) -> list[str]:
-        names = [k.strip() for k in self.otclip_kinds.split(",") if k.strip()]
-        unknown = sorted(set(names) - set(KINDS))
-        if unknown:
-            raise ValueError(f"unknown OT-CLIP losses {unknown}; known: {', '.join(KINDS)}")
-        return names
-
-    def pretrain_config(self, loss: str) -> PretrainConfig:
-        w = self.otclip_width
-        return PretrainConfig(
-            steps=self.otclip_steps, batch_size=self.otclip_batch_size, lr=self.otclip_lr,
-            warmup_steps=max(1, self.otclip_steps // 10), seed=self.otclip_seed,
-            n_train=self.otclip_n_train, n_test=self.otclip_n_test, embed_dim=w,
-            vision_width=w, vision_layers=self.otclip_layers, vision_heads=self.otclip_heads,
-            text_width=w, text_layers=self.otclip_layers, text_heads=self.otclip_heads,
-            vision_pos_embed="sin_cos_2d", loss=loss, hard_negatives=0,
-            threads=self.otclip_threads,
-            processes=self.otclip_processes, eval_every=0,
-            out=str(Path(self.otclip_runs) / loss),
-        )
+def pretrain_config(config: OTCLIPTableConfig, loss: str) -> PretrainConfig:
+    """The pre-training run of ``loss`` at the table's shared budget."""
+    w = config.otclip_width
+    return PretrainConfig(
+        steps=config.otclip_steps, batch_size=config.otclip_batch_size, lr=config.otclip_lr,
+        warmup_steps=max(1, config.otclip_steps // 10), seed=config.otclip_seed,
+        n_train=config.otclip_n_train, n_test=config.otclip_n_test, embed_dim=w,
+        vision_width=w, vision_layers=config.otclip_layers, vision_heads=config.otclip_heads,
+        text_width=w, text_layers=config.otclip_layers, text_heads=config.otclip_heads,
+        vision_pos_embed="sin_cos_2d", loss=loss, hard_negatives=0,
+        threads=config.otclip_threads,
+        processes=config.otclip_processes, eval_every=0,
+        out=str(Path(config.otclip_runs) / loss),
+    )
 
 
 def zero_shot_accuracies(backbone: Backbone, n_images: int, seed: int = 0) -> dict[str, float]:
@@ -101,7 +74,7 @@ def otclip_loss_table(
                   f"({c.otclip_steps} steps x {c.otclip_batch_size} pairs each)", columns)
     logs: dict[str, list[dict[str, float]]] = {}
     for done, loss in enumerate(losses):
-        pre = config.pretrain_config(loss)
+        pre = pretrain_config(config, loss)
         t0 = time.perf_counter()
         metrics = pretrain(pre, None if progress is None else (
             lambda step, total, entry, loss=loss: progress(f"pretrain {loss}", step, total)))

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from otviz.cli import COMMANDS
 from otviz.knobs import METHOD_NAMES
 from otviz.ui.examples import load_examples
 from tests.helpers import ROOT
 
-HEAVY = ("torch", "open_clip", "gradio", "otviz.eval")
+HEAVY = ("torch", "open_clip", "gradio")
 
 
 def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -30,14 +31,15 @@ def run_otviz(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return run_python(f"import sys; from otviz.cli import main; sys.exit(main({argv!r}))", cwd)
 
 
-@pytest.mark.parametrize("command", [[], ["app"], ["world"], ["pretrain"], ["train"],
-                                     ["explain"], ["bench"]], ids=lambda c: c[0] if c else "otviz")
+@pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)],
+                         ids=lambda c: c[0] if c else "otviz")
 def test_help_imports_no_heavy_package(command: list[str], tmp_path: Path) -> None:
+    heavy = (*HEAVY, "otviz.eval") if not command else HEAVY  # a command may read its config
     done = run_python(
         "import sys\nfrom otviz.cli import main\n"
         f"try:\n    main({[*command, '--help']!r})\nexcept SystemExit as stop:\n"
         "    assert stop.code == 0, stop.code\n"
-        f"print('loaded:', sorted(m for m in {HEAVY!r} if m in sys.modules))", tmp_path)
+        f"print('loaded:', sorted(m for m in {heavy!r} if m in sys.modules))", tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "loaded: []"
     assert "usage: otviz" in done.stdout
@@ -71,6 +73,12 @@ WRONG_CALLS = {
     "unknown loss": (["pretrain", "--loss", "l2"], "otviz pretrain",
                      "argument --loss: invalid choice: 'l2' (choose from 'infonce', "
                      "'entropic_ot', 'dbot', 'unbalanced_ot', 'fgw_ot', 'ufg_ot')"),
+    "zero test images": (["eval", "--n-test", "0"], "otviz eval",
+                         "argument --n-test: must be at least 1, got 0"),
+    "seeds not numbers": (["ablate", "--seeds", "1,x"], "otviz ablate",
+                          "argument --seeds: expected a comma list of integers, got '1,x'"),
+    "negative examples": (["report", "--n-examples", "-1"], "otviz report",
+                          "argument --n-examples: must be at least 1, got -1"),
     "missing file": (["explain", "missing.png", "a red square"], "otviz explain",
                      "no such file: missing.png"),
     "folder as image": (["explain", ".", "a red square"], "otviz explain", "not a file: ."),
