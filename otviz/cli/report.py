@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from otviz.cli.args import add_dataclass_flags, dataclass_from_args, parser
 from otviz.eval.config import ReportConfig
@@ -16,7 +17,10 @@ def build_parser(prog: str = "otviz report") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str], prog: str = "otviz report") -> int:
-    args = build_parser(prog).parse_args(argv)
+    p = build_parser(prog)
+    args = p.parse_args(argv)
+    if not Path(args.eval_dir).is_dir():  # refused before any figure is drawn
+        p.error(f"no such folder: {args.eval_dir} (the --out of otviz eval)")
     from otviz.report import render_report
 
     for path in render_report(dataclass_from_args(ReportConfig, args)):

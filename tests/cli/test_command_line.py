@@ -79,6 +79,8 @@ WRONG_CALLS = {
                           "argument --seeds: expected a comma list of integers, got '1,x'"),
     "negative examples": (["report", "--n-examples", "-1"], "otviz report",
                           "argument --n-examples: must be at least 1, got -1"),
+    "no evaluation": (["report", "--eval-dir", "nowhere"], "otviz report",
+                      "no such folder: nowhere (the --out of otviz eval)"),
     "missing file": (["explain", "missing.png", "a red square"], "otviz explain",
                      "no such file: missing.png"),
     "folder as image": (["explain", ".", "a red square"], "otviz explain", "not a file: ."),
