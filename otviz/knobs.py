@@ -1,8 +1,9 @@
 """What a configuration field may hold, declared in its annotation, and the names of the
 registries that such fields pick from; importable without torch.
 
-A field annotated ``Count`` (``Annotated[int, AtLeast(1)]``) or ``MethodName``
-(``Annotated[str, OneOf(METHOD_NAMES)]``) carries its rule with it, so
+A field annotated ``Count`` (``Annotated[int, AtLeast(1)]``), ``MethodName``
+(``Annotated[str, OneOf(METHOD_NAMES)]``) or ``OTCLIPLosses`` (a comma list,
+``ListOf``) carries its rule with it, so
 :func:`otviz.cli.args.add_dataclass_flags` refuses ``--n-train 0`` or ``--method nosuch``
 while parsing, before anything runs or is written, and lists the choices in ``--help``.
 
@@ -24,6 +25,14 @@ class OneOf:
     """The field holds one of ``names``."""
 
     names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ListOf:
+    """The field holds a comma list of ``names`` (or one of the words ``also``, e.g. "all")."""
+
+    names: tuple[str, ...]
+    also: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,5 +69,6 @@ MethodName = Annotated[str, OneOf(METHOD_NAMES)]
 OTCLIPLoss = Annotated[str, OneOf(OTCLIP_LOSSES)]
 LowRankVariant = Annotated[str, OneOf(LOWRANK_VARIANTS)]
 TripletNegatives = Annotated[str, OneOf(TRIPLET_NEGATIVES)]
+OTCLIPLosses = Annotated[str, ListOf(OTCLIP_LOSSES)]
 VisionPool = Annotated[str, OneOf(VISION_POOLS)]
 PosEmbed = Annotated[str, OneOf(POS_EMBEDS)]

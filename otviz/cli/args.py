@@ -21,7 +21,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from otviz.knobs import AtLeast, OneOf
+from otviz.knobs import AtLeast, ListOf, OneOf
 
 T = TypeVar("T")
 
@@ -31,11 +31,12 @@ METAVARS: dict[type, str] = {int: "N", float: "X"}
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """A flag's help ends with its default (an empty string shown as ``""``), unless the
-    help already names it or the flag is a switch that is off by default."""
+    help already names it, there is none, or the flag is a switch that is off by default."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "default" in text or (action.nargs == 0 and action.default is False):
+        if "default" in text or action.default is None or (action.nargs == 0
+                                                            and action.default is False):
             return text
         if action.default == "" and action.option_strings:
             return f'{text} (default: "")'
@@ -70,6 +71,23 @@ def at_least(kind: type, low: int | float) -> Callable[[str], Any]:
         return value
 
     read.__name__ = kind.__name__
+    return read
+
+
+def comma_list(rule: ListOf) -> Callable[[str], str]:
+    """An argparse ``type`` checking each item of a comma list against ``rule`` (the text
+    is kept as typed: the config field holds the list as a string)."""
+
+    def read(text: str) -> str:
+        if text.strip() in rule.also:
+            return text
+        unknown = [n for n in (t.strip() for t in text.split(",")) if n and n not in rule.names]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(map(repr, unknown))}; choose from {', '.join(rule.names)}")
+        return text
+
+    read.__name__ = "comma list"
     return read
 
 
@@ -121,13 +139,13 @@ def field_docs(cls: type) -> dict[str, FieldDoc]:
     return docs
 
 
-def _rule(tp: Any) -> tuple[Any, AtLeast | OneOf | None]:
+def _rule(tp: Any) -> tuple[Any, AtLeast | OneOf | ListOf | None]:
     """``(base type, rule)`` of an annotation: ``Annotated[int, AtLeast(1)]`` ->
     ``(int, AtLeast(1))``, ``X | None`` -> ``(X, None)``."""
     rule = None
     if typing.get_origin(tp) is typing.Annotated:
         tp, *extras = typing.get_args(tp)
-        rule = next((e for e in extras if isinstance(e, (AtLeast, OneOf))), None)
+        rule = next((e for e in extras if isinstance(e, (AtLeast, OneOf, ListOf))), None)
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
         tp = args[0]
@@ -163,6 +181,10 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type,
         elif isinstance(rule, OneOf):
             kw["choices"] = (*rule.names, *(also or {}).get(f.name, ()))
             kw["metavar"] = None  # argparse shows the choices
+        elif isinstance(rule, ListOf):
+            kw["type"] = comma_list(rule)
+            kw["metavar"] = "A,B,..."
+            kw["help"] += f" (from: {', '.join((*rule.names, *rule.also))})"
         target.add_argument(flag, **kw)
 
 

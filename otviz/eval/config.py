@@ -8,15 +8,16 @@ the ablation (``otviz ablate``); the code that runs them is in :mod:`otviz.eval.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from otviz import assets
-from otviz.knobs import OTCLIP_LOSSES, Count, NonNegative, NonNegativeInt
+from otviz.knobs import OTCLIP_LOSSES, Count, ListOf, NonNegative, NonNegativeInt, OTCLIPLosses
 
 ALIGNMENT_TABLES = ("retrieval", "probe", "grounding", "anchors", "cost")
 CLASSIFICATION_TABLES = ("zero_shot", "long_tailed", "selective")
 TABLES = ALIGNMENT_TABLES + CLASSIFICATION_TABLES
 TRAINING_FREE = "training-free"
+Tables = Annotated[str, ListOf(TABLES, ("all",))]
 
 
 @dataclass
@@ -27,7 +28,7 @@ class EvalConfig:
     heads: str = str(assets.path("heads"))  # dir of <method>/ heads, or "training-free"
     methods: str = ""  # comma list of comparison methods ("" : all eight)
     explainers: str = ""  # comma list of explainers in the grounding table ("all", "" : none)
-    tables: str = "all"  # comma list of TABLES, or "all"
+    tables: Tables = "all"  # the tables to compute: a comma list, or "all"
     n_test: Count = 1000  # world test images (retrieval, probe, grounding)
     n_compositional: NonNegativeInt = 500  # compositional-split images (held-out probe column)
     seed: NonNegativeInt = 0  # world seed of the test and compositional splits
@@ -84,7 +85,7 @@ class EvalConfig:
 class OTCLIPTableConfig:
     """The shared reduced pre-training budget and the scoring of the comparison."""
 
-    otclip_kinds: str = ",".join(OTCLIP_LOSSES)  # comma list of OT-CLIP loss kinds
+    otclip_kinds: OTCLIPLosses = ",".join(OTCLIP_LOSSES)  # the OT-CLIP losses (a comma list)
     otclip_steps: Count = 400  # pre-training steps of each tiny CLIP
     otclip_batch_size: Count = 128  # pre-training batch
     otclip_lr: NonNegative = 2e-3  # pre-training learning rate

@@ -75,6 +75,9 @@ WRONG_CALLS = {
                      "'entropic_ot', 'dbot', 'unbalanced_ot', 'fgw_ot', 'ufg_ot')"),
     "zero test images": (["eval", "--n-test", "0"], "otviz eval",
                          "argument --n-test: must be at least 1, got 0"),
+    "unknown table": (["eval", "--tables", "probe,nope"], "otviz eval",
+                      "argument --tables: unknown 'nope'; choose from retrieval, probe, "
+                      "grounding, anchors, cost, zero_shot, long_tailed, selective"),
     "seeds not numbers": (["ablate", "--seeds", "1,x"], "otviz ablate",
                           "argument --seeds: expected a comma list of integers, got '1,x'"),
     "negative examples": (["report", "--n-examples", "-1"], "otviz report",

@@ -75,3 +75,15 @@ def test_field_docs_read_comments_their_continuations_and_rules() -> None:
     assert "--n N how many, at 100 % most (default: 3)" in text
     assert '--name NAME a name (default: "")' in text
     assert "sizes:" in text and "naming:" in text
+
+
+def test_a_comma_list_is_checked_item_by_item_and_kept_as_typed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    p = command_parser("eval")
+    assert p.parse_args(["--otclip-kinds", "dbot, infonce"]).otclip_kinds == "dbot, infonce"
+    assert p.parse_args(["--tables", "all"]).tables == "all"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--otclip-kinds", "dbot,l2"])
+    assert capsys.readouterr().err == (
+        "otviz eval: error: argument --otclip-kinds: unknown 'l2'; choose from "
+        f"{', '.join(OTCLIP_LOSSES)} (see otviz eval --help)\n")
