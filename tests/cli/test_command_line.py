@@ -100,6 +100,8 @@ WRONG_CALLS = {
                    "argument --n: must be at least 1, got 0"),
     "negative bench size": (["bench", "--ns", "-1"], "otviz bench",
                             "argument --ns: must be at least 1, got -1"),
+    "port zero": (["app", "--port", "0"], "otviz app",
+                  "argument --port: must be at least 1, got 0"),
     "unknown app flag": (["app", "--no-such-flag"], "otviz app",
                          "unrecognized arguments: --no-such-flag"),
 }
