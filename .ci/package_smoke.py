@@ -67,14 +67,17 @@ def check_installed_package() -> tuple[Path, str]:
     return assets.path("examples") / example["file"], example["caption"]
 
 
-def smoke_explain(otviz: str, image: Path, caption: str) -> None:
+def smoke_explain(otviz: str) -> None:
+    """The documented ``otviz explain --example 0`` (a shipped example, no checkout)."""
     out = Path("explain.png")
-    subprocess.run([otviz, "explain", str(image), caption, "--out", str(out)], check=True)
+    done = subprocess.run([otviz, "explain", "--example", "0", "--out", str(out)], check=True,
+                          capture_output=True, text=True)
+    check("INFO" not in done.stderr, f"otviz explain logs no INFO lines ({done.stderr!r})")
     from PIL import Image
 
     with Image.open(out) as figure:
         check(figure.width > 200 and figure.height > 100,
-              f"otviz explain wrote a {figure.width}x{figure.height} figure")
+              f"otviz explain --example 0 wrote a {figure.width}x{figure.height} figure")
 
 
 def wait_for_server(url: str, server: subprocess.Popen, timeout: float) -> None:
@@ -153,7 +156,7 @@ def main() -> int:
     check_dist(args.dist)
     otviz = otviz_command()
     image, caption = check_installed_package()
-    smoke_explain(otviz, image, caption)
+    smoke_explain(otviz)
     smoke_app(otviz, image, caption, args.port, args.timeout)
     print("package smoke test passed")
     return 0

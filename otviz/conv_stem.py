@@ -17,8 +17,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-STEMS = ("patch", "conv")
-"""``"patch"``: open_clip's linear patch embedding; ``"conv"``: :class:`ConvStem`."""
+from otviz.knobs import VISION_STEMS
 
 
 def stem_channels(width: int, patch_size: int) -> tuple[int, ...]:
@@ -54,9 +53,10 @@ class ConvStem(nn.Module):
 
 
 def install_stem(visual: nn.Module, stem: str) -> None:
-    """Give an open_clip ``VisionTransformer`` the stem ``stem`` (one of :data:`STEMS`)."""
-    if stem not in STEMS:
-        raise ValueError(f"unknown vision stem {stem!r}; known: {', '.join(STEMS)}")
+    """Give an open_clip ``VisionTransformer`` the stem ``stem`` (``"patch"``: open_clip's
+    linear patch embedding, kept; ``"conv"``: :class:`ConvStem`)."""
+    if stem not in VISION_STEMS:
+        raise ValueError(f"unknown vision stem {stem!r}; known: {', '.join(VISION_STEMS)}")
     if stem == "conv":
         patch = visual.patch_size
         patch = patch[0] if isinstance(patch, tuple) else patch

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from otviz import assets
 from otviz.checkpoints.heads import head_meta
 from otviz.eval.alignment_tables import align_pairs, phrase_queries
 from otviz.eval.classification_tables import ZERO_SHOT_RULES
+from otviz.eval.config import ReportConfig
 from otviz.eval.grounding_metrics import mean_offdiag_cosine
 from otviz.eval.otclip_table import LOSS_LABELS
 from otviz.eval.runner import build_suite, load_backbone, read_tables
@@ -47,19 +46,6 @@ LOSS_PANELS = {LOCAL_CONTRASTIVE: "Eq. 9-10 local contrastive", QCT: "QC-Align: 
 #: The world's vocabulary as single words (anchor-word affinity).
 WORLD_WORDS: list[str] = [*SIZES, *COLOURS, *SHAPES, "left", "right", "above", "below", "and",
                           "there"]
-
-
-@dataclass
-class ReportConfig:
-    """Where the tables and heads are, where the figures go (every field is a flag)."""
-
-    eval_dir: str = "runs/eval"  # folder of tables.json (+ otclip_losses.json, ablation.json)
-    heads: str = str(assets.path("heads"))  # trained heads ("training-free": no curves)
-    backbone: str = ""  # tiny-CLIP checkpoint ("" : the shipped one)
-    n_examples: int = 4  # grounding grid rows
-    seed: int = 0  # world seed of the examples
-    cache_dir: str = ".cache/otviz-features"
-    out: str = "runs/report"
 
 
 def _labels(table: Table) -> list[str]:

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from otviz.backbone import Backbone, Space
+from otviz.knobs import DEFAULT_LAMBDA
 from otviz.methods import METHODS, AlignmentMethod, MethodConfig, PairBatch
-from otviz.methods.base import DEFAULT_LAMBDA, registered_methods
+from otviz.methods.base import registered_methods
 from otviz.world.vocab import COLOURS, SHAPES, SIZES
 
 

@@ -37,7 +37,8 @@ from otviz.checkpoints.store import (
     load_state_dict_strict,
     save_checkpoint,
 )
-from otviz.conv_stem import STEMS, install_stem, stem_channels
+from otviz.conv_stem import install_stem, stem_channels
+from otviz.knobs import VISION_POOLS, VISION_STEMS
 
 TINY_CLIP_NAME = "otviz-tiny"
 CHECKPOINT_KIND = "otviz-tiny-clip"
@@ -83,10 +84,10 @@ def tiny_clip_config(
     """
     if vision_width % vision_heads or text_width % text_heads:
         raise ValueError("widths must be divisible by their number of heads")
-    if vision_pool not in ("avg", "tok"):
-        raise ValueError(f"vision_pool must be 'avg' or 'tok', got {vision_pool!r}")
-    if vision_stem not in STEMS:
-        raise ValueError(f"vision_stem must be one of {', '.join(STEMS)}, got {vision_stem!r}")
+    if vision_pool not in VISION_POOLS:
+        raise ValueError(f"vision_pool must be one of {VISION_POOLS}, got {vision_pool!r}")
+    if vision_stem not in VISION_STEMS:
+        raise ValueError(f"vision_stem must be one of {VISION_STEMS}, got {vision_stem!r}")
     if vision_stem != "patch":
         stem_channels(vision_width, patch_size)  # checks the patch size
     stem = {STEM_KEY: vision_stem} if vision_stem != "patch" else {}

@@ -6,13 +6,16 @@ from __future__ import annotations
 import argparse
 import os
 
+from otviz.cli.args import at_least
+from otviz.cli.args import parser as command_parser
+
 
 def build_parser(prog: str = "otviz app") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Serve the otviz app.")
+    parser = command_parser(prog, "Serve the otviz app.")
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                         help="interface to listen on; 0.0.0.0 serves other machines "
                         "(default: $GRADIO_SERVER_NAME or 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None,
+    parser.add_argument("--port", type=at_least(int, 1), default=None, metavar="N",
                         help="port (default: $GRADIO_SERVER_PORT or the first free one from "
                         "7860)")
     parser.add_argument("--share", action="store_true",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import shlex
 import signal
@@ -16,34 +15,34 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from otviz.checkpoints.heads import head_meta
-from otviz.cli.args import add_dataclass_flags, dataclass_from_args
+from otviz.cli.args import add_dataclass_flags, dataclass_from_args, parser
+from otviz.cli.logs import command_logging
 from otviz.train.config import TrainConfig, paper_recipe
-from otviz.train.loop import ENCODING, TrainResult, train_method
+
+if TYPE_CHECKING:
+    from otviz.train.loop import TrainResult
 
 #: ``--method all``: the methods of the comparison, trained one after another.
 ALL = "all"
 
 
 def build_parser(prog: str = "otviz train") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Train a method head on a frozen backbone (--method all: "
-        "every method of the comparison, one after another, each into OUT/<method>)."
-    )
-    add_dataclass_flags(parser, TrainConfig)
-    parser.add_argument("--paper-recipe", action="store_true",
-                        help="ConceptOT Table 6's recipe instead of the fast default: lr 1e-4, "
-                        "batch 64, 3 epochs (transport methods) or 8 of ~100K pairs "
-                        "(otviz.train.config.paper_recipe; overrides those flags)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--publish", default="", metavar="DIR",
-                        help="copy each finished head to DIR/<method> (e.g. checkpoints/heads)")
-    parser.add_argument("--manifest", default="", metavar="FILE",
-                        help="with --publish: record command, wall time and metrics in FILE "
-                        "(default: manifest.json next to DIR)")
-    return parser
+    p = parser(prog, "Train a method head on a frozen backbone (--method all: every method of "
+               "the comparison, one after another, each into OUT/<method>).")
+    add_dataclass_flags(p, TrainConfig, also={"method": (ALL,)})
+    p.add_argument("--paper-recipe", action="store_true",
+                   help="ConceptOT Table 6's recipe instead of the fast default: lr 1e-4, "
+                   "batch 64, 3 epochs (transport methods) or 8 of ~100K pairs "
+                   "(otviz.train.config.paper_recipe; overrides those flags)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--publish", default="", metavar="DIR",
+                   help="copy each finished head to DIR/<method> (e.g. checkpoints/heads)")
+    p.add_argument("--manifest", default="", metavar="FILE",
+                   help="with --publish: record command, wall time and metrics in FILE "
+                   "(default: manifest.json next to DIR)")
+    return p
 
 
 def run_configs(config: TrainConfig) -> list[TrainConfig]:
@@ -63,6 +62,7 @@ def _is_main_process() -> bool:
 
 def _publish(result: TrainResult, config: TrainConfig, args: argparse.Namespace,
              command: str, wall: float) -> None:
+    from otviz.checkpoints.heads import head_meta
     from otviz.checkpoints.manifest import publish_head
 
     manifest = args.manifest or str(Path(args.publish).resolve().parent / "manifest.json")
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None, prog: str = "otviz train") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(prog).parse_args(argv)
     command = shlex.join([*shlex.split(prog), *argv])
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    command_logging()
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None, prog: str = "otviz train") -> int:
 def _train_with_bar(config: TrainConfig, stop: threading.Event, tqdm: Any,
                     quiet: bool) -> TrainResult:
     """:func:`train_method` with a progress bar (feature encoding, then steps)."""
+    from otviz.train.loop import ENCODING, train_method
+
     bar: Any = None
     bar_phase = ""
 

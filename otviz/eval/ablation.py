@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from otviz.eval import alignment_tables as A
+from otviz.eval.config import ABLATION_VARIANTS
 from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet
 from otviz.suite import MethodSuite, load_head
@@ -23,17 +23,6 @@ from otviz.train.config import TrainConfig
 from otviz.train.loop import HEAD_DIR, train_method
 
 StageProgress = Callable[[str, int, int], None]
-#: Table 4's rows: name -> the TrainConfig fields it changes.
-VARIANTS: dict[str, dict[str, Any]] = {
-    "default": {},
-    "r=16": {"rank": 16},
-    "r=48": {"rank": 48},
-    "L=3": {"n_iters": 3},
-    "λ_l=0.25": {"lambda_local": 0.25},
-    "λ_l=1.0": {"lambda_local": 1.0},
-    "K_h=2": {"hard_negatives": 2},
-    "K_h=8": {"hard_negatives": 8},
-}
 ABLATION_COLUMNS = [
     Column("variant", "Variant", "text"), Column("rank", "r", "int"),
     Column("n_iters", "L", "int"), Column("lambda_local", "λ_l", "num", setting=True),
@@ -47,7 +36,7 @@ ABLATION_HEADLINE = (("ablation", "avg_r1"), ("ablation", "overall"), ("ablation
 
 
 def canonical_variant(name: str) -> str:
-    """A variant name as :data:`VARIANTS` spells it ("lambda_l=0.25" -> "λ_l=0.25")."""
+    """A variant name as :data:`ABLATION_VARIANTS` spells it ("lambda_l=0.25" -> "λ_l=0.25")."""
     return name.strip().replace("lambda_l", "λ_l")
 
 
@@ -59,7 +48,7 @@ def variant_dir(name: str) -> str:
 def ablation_table(
     base: TrainConfig,
     data: EvalSet,
-    variants: Sequence[str] = tuple(VARIANTS),
+    variants: Sequence[str] = tuple(ABLATION_VARIANTS),
     candidates: int = 16,
     progress: StageProgress | None = None,
 ) -> Table:
@@ -67,16 +56,16 @@ def ablation_table(
     ``base.out/<variant>``) and score it on ``data``: two-stage Avg R@1 (as Table 4), probe
     overall and pointing game."""
     variants = [canonical_variant(v) for v in variants]
-    unknown = sorted(set(variants) - set(VARIANTS))
+    unknown = sorted(set(variants) - set(ABLATION_VARIANTS))
     if unknown:
-        raise ValueError(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+        raise ValueError(f"unknown variants {unknown}; known: {', '.join(ABLATION_VARIANTS)}")
     budget = f"{base.max_steps} steps" if base.max_steps > 0 else f"{base.epochs} epochs"
     table = Table("ablation", f"ConceptOT ablation ({budget} on {base.n_train} pairs each; "
                   f"{data.n_images} world test images)", ABLATION_COLUMNS)
     for done, name in enumerate(variants):
         config = dataclasses.replace(base, method="conceptot",
                                      out=str(Path(base.out) / variant_dir(name)),
-                                     **VARIANTS[name])
+                                     **ABLATION_VARIANTS[name])
         result = train_method(config, None if progress is None else (
             lambda step, total, m, name=name: progress(f"train {name}", step, total)))
         minutes = sum(h["seconds"] for h in result.history) / 60  # resumed steps included

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from otviz.backbone import Backbone
 from otviz.eval.classification_metrics import accuracy
 from otviz.eval.classification_tables import classification_sets, temperature
+from otviz.eval.config import OTCLIPTableConfig
 from otviz.eval.table import Column, Table
 from otviz.ot.zeroshot import zero_shot_predict
-from otviz.train.otclip_losses import KINDS
 from otviz.train.pretrain import pretrain
 from otviz.train.pretrain_config import PretrainConfig
 
@@ -30,45 +29,20 @@ LOSS_LABELS = {"infonce": "InfoNCE", "entropic_ot": "Entropic OT", "dbot": "DBOT
                "ufg_ot": "U-FG OT"}
 
 
-@dataclass
-class OTCLIPTableConfig:
-    """The shared reduced pre-training budget and the scoring of the comparison."""
-
-    otclip_kinds: str = ",".join(KINDS)  # comma list of OT-CLIP loss kinds
-    otclip_steps: int = 400
-    otclip_batch_size: int = 128
-    otclip_lr: float = 2e-3
-    otclip_n_train: int = 16000  # world training samples
-    otclip_n_test: int = 500  # held-out retrieval pairs
-    otclip_width: int = 64  # embed dim and both tower widths
-    otclip_layers: int = 2  # layers of both towers
-    otclip_heads: int = 2
-    otclip_n_classify: int = 300  # images per zero-shot task
-    otclip_threads: int = 2
-    otclip_processes: int = 1
-    otclip_seed: int = 0
-    otclip_runs: str = "runs/otclip"  # the pre-trained models go to <runs>/<loss>
-
-    def losses(self) -> list[str]:
-        names = [k.strip() for k in self.otclip_kinds.split(",") if k.strip()]
-        unknown = sorted(set(names) - set(KINDS))
-        if unknown:
-            raise ValueError(f"unknown OT-CLIP losses {unknown}; known: {', '.join(KINDS)}")
-        return names
-
-    def pretrain_config(self, loss: str) -> PretrainConfig:
-        w = self.otclip_width
-        return PretrainConfig(
-            steps=self.otclip_steps, batch_size=self.otclip_batch_size, lr=self.otclip_lr,
-            warmup_steps=max(1, self.otclip_steps // 10), seed=self.otclip_seed,
-            n_train=self.otclip_n_train, n_test=self.otclip_n_test, embed_dim=w,
-            vision_width=w, vision_layers=self.otclip_layers, vision_heads=self.otclip_heads,
-            text_width=w, text_layers=self.otclip_layers, text_heads=self.otclip_heads,
-            vision_pos_embed="sin_cos_2d", loss=loss, hard_negatives=0,
-            threads=self.otclip_threads,
-            processes=self.otclip_processes, eval_every=0,
-            out=str(Path(self.otclip_runs) / loss),
-        )
+def pretrain_config(config: OTCLIPTableConfig, loss: str) -> PretrainConfig:
+    """The pre-training run of ``loss`` at the table's shared budget."""
+    w = config.otclip_width
+    return PretrainConfig(
+        steps=config.otclip_steps, batch_size=config.otclip_batch_size, lr=config.otclip_lr,
+        warmup_steps=max(1, config.otclip_steps // 10), seed=config.otclip_seed,
+        n_train=config.otclip_n_train, n_test=config.otclip_n_test, embed_dim=w,
+        vision_width=w, vision_layers=config.otclip_layers, vision_heads=config.otclip_heads,
+        text_width=w, text_layers=config.otclip_layers, text_heads=config.otclip_heads,
+        vision_pos_embed="sin_cos_2d", loss=loss, hard_negatives=0,
+        threads=config.otclip_threads,
+        processes=config.otclip_processes, eval_every=0,
+        out=str(Path(config.otclip_runs) / loss),
+    )
 
 
 def zero_shot_accuracies(backbone: Backbone, n_images: int, seed: int = 0) -> dict[str, float]:
@@ -100,7 +74,7 @@ def otclip_loss_table(
                   f"({c.otclip_steps} steps x {c.otclip_batch_size} pairs each)", columns)
     logs: dict[str, list[dict[str, float]]] = {}
     for done, loss in enumerate(losses):
-        pre = config.pretrain_config(loss)
+        pre = pretrain_config(config, loss)
         t0 = time.perf_counter()
         metrics = pretrain(pre, None if progress is None else (
             lambda step, total, entry, loss=loss: progress(f"pretrain {loss}", step, total)))

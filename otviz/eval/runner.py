@@ -13,87 +13,24 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from otviz import assets
 from otviz.backbone import Backbone
 from otviz.eval import alignment_tables as A
 from otviz.eval import classification_tables as C
 from otviz.eval import seeds as S
+from otviz.eval.config import ALIGNMENT_TABLES, TRAINING_FREE, EvalConfig
 from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet
 from otviz.explainers import explainer_names
 from otviz.suite import ALIGN_METHODS, WORLD_FIT_CAPTIONS, MethodSuite
 
 StageProgress = Callable[[str, int, int], None]
-ALIGNMENT_TABLES = ("retrieval", "probe", "grounding", "anchors", "cost")
-CLASSIFICATION_TABLES = ("zero_shot", "long_tailed", "selective")
-TABLES = ALIGNMENT_TABLES + CLASSIFICATION_TABLES
-TRAINING_FREE = "training-free"
 JSON_FILE, MARKDOWN_FILE = "tables.json", "tables.md"
-
-
-@dataclass
-class EvalConfig:
-    """What ``otviz eval`` measures, on what (every field is a command-line flag)."""
-
-    backbone: str = ""  # tiny-CLIP checkpoint dir ("" : the shipped checkpoints/tiny-clip)
-    heads: str = str(assets.path("heads"))  # dir of <method>/ heads, or "training-free"
-    methods: str = ""  # comma list of comparison methods ("" : all eight)
-    explainers: str = ""  # comma list of explainers in the grounding table ("all", "" : none)
-    tables: str = "all"  # comma list of TABLES, or "all"
-    n_test: int = 1000  # world test images (retrieval, probe, grounding)
-    n_compositional: int = 500  # compositional-split images (held-out probe column)
-    seed: int = 0  # world seed of the test and compositional splits
-    seeds: str = ""  # comma list: repeat over these seeds (test draw; heads "{seed}") and
-    # report mean and 95 % interval (otviz.eval.seeds); "" : the one seed above
-    claims: str = ""  # with seeds: "table:metric:A>B;..." claims to judge (plus every "best")
-    candidates: int = 16  # global top-k candidates per query (two-stage retrieval)
-    also_candidates: str = "128"  # comma list of further top-k columns (ConceptOT: 128)
-    n_classify: int = 400  # images per zero-shot / selective task
-    lt_n_max: int = 100  # images of the largest class of a long-tailed test set
-    imbalance: float = 10.0
-    selective_rate: float = 0.5
-    chunk: int = 512  # pairs per batched method call
-    threads: int = 2  # torch CPU threads
-    cache_dir: str = ".cache/otviz-features"
-    out: str = "runs/eval"  # writes tables.json and tables.md here ("" : print only)
-
-    def table_names(self) -> list[str]:
-        names = list(TABLES) if self.tables == "all" else [
-            t.strip() for t in self.tables.split(",") if t.strip()]
-        unknown = sorted(set(names) - set(TABLES))
-        if unknown:
-            raise ValueError(f"unknown tables {unknown}; known: {', '.join(TABLES)}")
-        return names
-
-    def seed_list(self) -> list[int]:
-        return [int(s) for s in self.seeds.split(",") if s.strip()]
-
-    def claim_list(self) -> list[tuple[str, str, str, str]]:
-        """``claims`` as ``(table, metric, A, B)``."""
-        out = []
-        for claim in filter(None, (c.strip() for c in self.claims.split(";"))):
-            key, metric, pair = claim.split(":")
-            a, b = pair.split(">")
-            out.append((key.strip(), metric.strip(), a.strip(), b.strip()))
-        return out
-
-    def also_k(self) -> list[int]:
-        return [int(k) for k in self.also_candidates.split(",") if k.strip()]
-
-    def method_names(self) -> tuple[str, ...]:
-        if not self.methods:
-            return tuple(ALIGN_METHODS)
-        names = tuple(m.strip() for m in self.methods.split(",") if m.strip())
-        unknown = sorted(set(names) - set(ALIGN_METHODS))
-        if unknown:
-            raise ValueError(f"unknown methods {unknown}; known: {', '.join(ALIGN_METHODS)}")
-        return names
 
 
 def load_backbone(path: str = "") -> Backbone:

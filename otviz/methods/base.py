@@ -16,10 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-#: ConceptOT's local weight lambda_l (Table 7): the combined score s_g + lambda_l s_l of
-#: training, reranking and the views.
-DEFAULT_LAMBDA = 0.5
-
 
 class TransportPlan(Protocol):
     """A (possibly factored) batch of plans ``[B, N, M]``."""

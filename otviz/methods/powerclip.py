@@ -48,13 +48,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from otviz.knobs import TRIPLET_NEGATIVES
 from otviz.methods.base import POWERSET_TRIPLET, Alignment, DensePlan, PairBatch, register
 from otviz.methods.projected import ProjectedMethod, build_alignment
 from otviz.ot.powerset import exact_t2r, powerset_similarity
 from otviz.regions import cell_layout, grid_cells, random_boxes
 
 PROPOSALS = ("grid", "boxes")
-TRIPLET_NEGATIVES = ("hardest", "all")
 
 def region_embeddings(patches: Tensor, regions: Tensor) -> tuple[Tensor, Tensor]:
     """Per-region embeddings ``phi(I | R_m) = r_m / ||r_m||``, ``r_m = sum_n R_mn v_n`` (Eq. 2).

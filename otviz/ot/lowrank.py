@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from otviz.knobs import LOWRANK_VARIANTS
 from otviz.ot._checks import (
     SolverInputError,
     check_batched,
@@ -74,7 +75,7 @@ from otviz.ot._result import (
 from otviz.ot.sinkhorn import NEG, _effective_mask, _masked_log
 from otviz.ot.unbalanced import _damping_exponent
 
-VARIANTS = ("faithful", "positive")
+VARIANTS = LOWRANK_VARIANTS
 
 
 @dataclass

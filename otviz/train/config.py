@@ -12,9 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from otviz.methods.base import DEFAULT_LAMBDA, MethodConfig, method_class
+from otviz.knobs import (
+    DEFAULT_LAMBDA,
+    Count,
+    LowRankVariant,
+    MethodName,
+    NonNegative,
+    NonNegativeInt,
+    OTCLIPLoss,
+    TripletNegatives,
+)
+
+if TYPE_CHECKING:
+    from otviz.methods.base import MethodConfig
 
 #: ConceptOT App. E, Table 6: ~100K COCO pairs, batch 64, 3 epochs for the transport methods
 #: and 8 for the simpler scorers, lr 1e-4 with 5 % warm-up then cosine; reranking top-128.
@@ -36,66 +48,72 @@ class TrainConfig:
     QCT loss for ``qc_align``, the powerset triplet loss for ``powerclip``).
     """
 
-    method: str = "conceptot"
+    method: MethodName = "conceptot"  # the alignment method whose head is trained
     # ---------------------------------------------------------------- data and backbone
-    data: str = "world"  # "world", or an image-caption folder / CSV / COCO or Karpathy JSON
+    data: str = "world"  # "world" (the synthetic world), or an image-caption folder, a
+    # path,caption .csv, a COCO captions .json or a Karpathy dataset_*.json
     split: str = "train"  # split of a Karpathy / COCO folder (the world always trains on train)
-    n_train: int = 5000  # world samples (ignored for folders)
-    world_seed: int = 0
-    n_val: int = 0  # world validation pairs (its "val" split) for early stopping (0: none)
-    patience: int = 0  # validations without improvement before stopping early (0: never)
+    n_train: Count = 5000  # world samples (ignored for folders)
+    world_seed: NonNegativeInt = 0  # seed of the world's training draw
+    n_val: NonNegativeInt = 0  # world validation pairs (its "val" split) for early stopping
+    # (0: none); the published head is the best validation epoch's
+    patience: NonNegativeInt = 0  # validations (epochs) without improvement before stopping
+    # early (0: never)
     backbone: str = ""  # tiny-CLIP checkpoint dir ("" : the shipped checkpoints/tiny-clip)
     open_clip_model: str = ""  # an open_clip name instead (e.g. ViT-B-16): real CLIP mode
     pretrained: str = ""  # open_clip pretrained tag or weight file ("" : random init)
     cache_dir: str = ".cache/otviz-features"  # frozen-backbone feature cache
     # ---------------------------------------------------------------- optimisation (Table 6)
-    epochs: int = 3  # ConceptOT: 3 for transport methods, 8 for the simpler scorers
-    max_steps: int = 0  # > 0: stop after this many steps instead (epochs then unbounded)
-    batch_size: int = 64  # global batch (split over the processes under torchrun)
-    lr: float = 1e-4
-    weight_decay: float = 1e-2
-    warmup_frac: float = 0.05  # linear warm-up over this share of the steps, then cosine
-    grad_clip: float = 1.0  # max global gradient norm (0: no clipping)
-    seed: int = 0  # method initialisation, data order, region masks
+    epochs: Count = 3  # ConceptOT: 3 for transport methods, 8 for the simpler scorers
+    max_steps: NonNegativeInt = 0  # > 0: stop after this many steps instead (epochs unbounded)
+    batch_size: Count = 64  # global batch (split over the processes under torchrun)
+    lr: NonNegative = 1e-4  # AdamW learning rate (peak, after the warm-up)
+    weight_decay: NonNegative = 1e-2  # AdamW weight decay
+    warmup_frac: NonNegative = 0.05  # linear warm-up over this share of the steps, then cosine
+    grad_clip: NonNegative = 1.0  # max global gradient norm (0: no clipping)
+    seed: NonNegativeInt = 0  # method initialisation, data order, region masks
     # ---------------------------------------------------------------- transport (Table 7)
-    eps: float = 0.07
-    tau_v: float = 0.2
-    tau_t: float = 0.2
-    n_iters: int = 5  # Sinkhorn iterations L
-    rank: int = 32  # concept anchors r
-    concept_dim: int = 256  # d_c
-    kpp_reg: float = 1e-2
-    lowrank_variant: str = "faithful"
+    eps: NonNegative = 0.07  # Sinkhorn entropy epsilon of the transport methods
+    tau_v: NonNegative = 0.2  # unbalanced relaxation tau_v on the patch side
+    tau_t: NonNegative = 0.2  # unbalanced relaxation tau_t on the word side
+    n_iters: Count = 5  # Sinkhorn iterations L
+    rank: Count = 32  # concept anchors r
+    concept_dim: Count = 256  # d_c
+    kpp_reg: NonNegative = 1e-2  # regulariser of the k-means++ anchor initialisation
+    lowrank_variant: LowRankVariant = "faithful"  # low-rank solver (otviz.ot.lowrank)
     # ---------------------------------------------------------------- local loss (Eq. 9-10)
-    lambda_local: float = DEFAULT_LAMBDA  # lambda_l (also QC-Align's lambda)
-    tau_local: float = 0.07  # tau_l
-    hard_negatives: int = 4  # K_h per direction
-    beta: float = 1e-3  # anchor diversity weight
+    lambda_local: NonNegative = DEFAULT_LAMBDA  # lambda_l (also QC-Align's lambda)
+    tau_local: NonNegative = 0.07  # tau_l
+    hard_negatives: NonNegativeInt = 4  # K_h per direction
+    beta: NonNegative = 1e-3  # anchor diversity weight
     # ---------------------------------------------------------------- QC-Align
-    qc_eps: float = 0.5  # QC-Align's Sinkhorn entropy (replaces eps for qc_align)
-    came_temperature: float = 1.0  # CAME's softmax temperature (1: the paper's plain softmax)
+    qc_eps: NonNegative = 0.5  # QC-Align's Sinkhorn entropy (replaces eps for qc_align)
+    came_temperature: NonNegative = 1.0  # CAME's softmax temperature (1: the paper's softmax)
     # ---------------------------------------------------------------- PowerCLIP
-    lambda_powerset: float = 0.2
-    powerset_tau: float = 1e-3
-    powerset_alpha: float = 0.75
-    powerset_gamma: float = 0.2  # triplet margin (the paper gives no value)
-    powerset_negatives: str = "all"  # "all" (mean hinge, VSE++) or "hardest" (Eq. 9)
-    n_regions: int = 10  # random boxes per image (PowerCLIP-R, Sec. 3.2)
+    lambda_powerset: NonNegative = 0.2  # weight of PowerCLIP's powerset triplet loss
+    powerset_tau: NonNegative = 1e-3  # temperature of the powerset similarity
+    powerset_alpha: NonNegative = 0.75  # PowerCLIP's alpha
+    powerset_gamma: NonNegative = 0.2  # triplet margin (the paper gives no value)
+    powerset_negatives: TripletNegatives = "all"  # "all" (mean hinge, VSE++) or "hardest"
+    # (Eq. 9)
+    n_regions: Count = 10  # random boxes per image (PowerCLIP-R, Sec. 3.2)
     # ---------------------------------------------------------------- global term
     train_global_head: bool = False  # a trainable linear head on the pooled embeddings
-    global_loss: str = "infonce"  # OT-CLIP kind of otviz.train.otclip_losses.KINDS
+    global_loss: OTCLIPLoss = "infonce"  # OT-CLIP loss kind (otviz.train.otclip_losses)
     # ---------------------------------------------------------------- run control
     out: str = "runs/method-head"  # run directory: head/ (the method) and state/ (resume)
     resume: bool = True  # continue from out/state when it exists
-    checkpoint_every: int = 0  # steps between resume checkpoints (0: at each epoch's end)
-    log_every: int = 10  # steps between log lines
-    threads: int = 2  # torch CPU threads per process
+    checkpoint_every: NonNegativeInt = 0  # steps between resume checkpoints (0: each epoch's end)
+    log_every: Count = 10  # steps between log lines
+    threads: Count = 2  # torch CPU threads per process
     device: str = "auto"  # "auto" (the local GPU under torchrun if any), "cpu", "cuda"
 
     def method_config(self) -> MethodConfig:
         """The :class:`MethodConfig` of the trained method: the shared solver fields, then
         the method's own (:meth:`otviz.methods.base.AlignmentMethod.train_settings`, e.g.
         QC-Align's ``eps``, the PowerCLIP settings in ``extra``)."""
+        from otviz.methods.base import MethodConfig, method_class
+
         shared = MethodConfig(
             concept_dim=self.concept_dim,
             eps=self.eps,
@@ -135,6 +153,8 @@ def paper_recipe(config: TrainConfig) -> TrainConfig:
     (100K pairs / 64)`` (3 epochs, 4,686 steps, for the transport methods, 8 epochs,
     12,496 steps, for the others), whatever ``n_train`` is (the world's pairs are cycled).
     The fast default (``otviz train`` without it) trains 3 epochs of ``n_train`` pairs."""
+    from otviz.methods.base import method_class
+
     epochs = method_class(config.method).paper_epochs
     batch = 64
     return dataclasses.replace(

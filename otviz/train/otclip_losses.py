@@ -40,10 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from otviz.knobs import OTCLIP_LOSSES
 from otviz.ot.dbot import dbot_log
 from otviz.ot.fgw import Structure, fgw_sinkhorn, structure_matrix
 
-KINDS = ("infonce", "entropic_ot", "dbot", "unbalanced_ot", "fgw_ot", "ufg_ot")
+KINDS = OTCLIP_LOSSES
 
 
 @dataclass

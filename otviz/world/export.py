@@ -68,7 +68,10 @@ def export_samples(
     a ``captions.json`` list of ``{file, caption, phrases, boxes, spans, tree, negatives,
     split, seed, index, scale}``, boxes in the PNG's pixels. Samples are picked greedily
     from index 0 on: each next one shows a caption form or trait not yet covered
-    (relation, conjunction, distractor, ...), then any; so the set is deterministic."""
+    (relation, conjunction, distractor, ...), then any; so the set is deterministic.
+    ``n < 1`` or ``scale < 1`` raise ``ValueError`` before anything is written."""
+    if n < 1 or scale < 1:
+        raise ValueError(f"export_samples needs n >= 1 and scale >= 1, got n={n}, scale={scale}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     world = World(split=split, seed=seed)

@@ -92,7 +92,9 @@ def test_eval_training_free_subset(tmp_path: Path, trained: dict[str, Path]) -> 
     tables = read_tables(tmp_path / "tables.json")
     assert [r["name"] for r in tables["probe"].rows] == ["global_only", "filip", "conceptot"]
     assert "compositional" not in tables["probe"].rows[0]
-    assert main(["eval", "--tables", "nope", "--out", ""]) == 2  # a clean error
+    with pytest.raises(SystemExit) as refused:  # a usage error, before anything runs
+        main(["eval", "--tables", "nope", "--out", ""])
+    assert refused.value.code == 2
 
 
 def test_ablate_trains_each_variant(trained: dict[str, Path]) -> None:

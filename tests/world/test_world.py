@@ -367,6 +367,13 @@ def test_export_and_grid(tmp_path):
     assert grid.shape == (2 * 82 + 2, 4 * 82 + 2, 3)
 
 
+@pytest.mark.parametrize("n, scale", [(0, 3), (-3, 3), (2, 0)])
+def test_export_refuses_empty_sets_before_writing(tmp_path, n, scale):
+    with pytest.raises(ValueError, match="needs n >= 1 and scale >= 1"):
+        export_samples(tmp_path / "out", n, scale=scale)
+    assert not (tmp_path / "out").exists()
+
+
 def test_world_speed_benchmark_runs(tmp_path):
     """The throughput benchmark runs end to end (a tiny, untimed run) and writes the wall
     and CPU rates of its three settings; it pins itself to the CPU it is given."""

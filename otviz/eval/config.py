@@ -1,0 +1,134 @@
+"""What the commands that evaluate are told, importable without torch (their flags are
+built from these fields): :class:`EvalConfig` (``otviz eval``), :class:`OTCLIPTableConfig`
+(``otviz eval --otclip-losses``), :class:`ReportConfig` (``otviz report``) and the rows of
+the ablation (``otviz ablate``); the code that runs them is in :mod:`otviz.eval.runner`,
+:mod:`otviz.eval.otclip_table`, :mod:`otviz.report` and :mod:`otviz.eval.ablation`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from otviz import assets
+from otviz.knobs import OTCLIP_LOSSES, Count, ListOf, NonNegative, NonNegativeInt, OTCLIPLosses
+
+ALIGNMENT_TABLES = ("retrieval", "probe", "grounding", "anchors", "cost")
+CLASSIFICATION_TABLES = ("zero_shot", "long_tailed", "selective")
+TABLES = ALIGNMENT_TABLES + CLASSIFICATION_TABLES
+TRAINING_FREE = "training-free"
+Tables = Annotated[str, ListOf(TABLES, ("all",))]
+
+
+@dataclass
+class EvalConfig:
+    """What ``otviz eval`` measures, on what (every field is a command-line flag)."""
+
+    backbone: str = ""  # tiny-CLIP checkpoint dir ("" : the shipped checkpoints/tiny-clip)
+    heads: str = str(assets.path("heads"))  # dir of <method>/ heads, or "training-free"
+    methods: str = ""  # comma list of comparison methods ("" : all eight)
+    explainers: str = ""  # comma list of explainers in the grounding table ("all", "" : none)
+    tables: Tables = "all"  # the tables to compute: a comma list, or "all"
+    n_test: Count = 1000  # world test images (retrieval, probe, grounding)
+    n_compositional: NonNegativeInt = 500  # compositional-split images (held-out probe column)
+    seed: NonNegativeInt = 0  # world seed of the test and compositional splits
+    seeds: str = ""  # comma list: repeat over these seeds (test draw; heads "{seed}") and
+    # report mean and 95 % interval (otviz.eval.seeds); "" : the one seed above
+    claims: str = ""  # with seeds: "table:metric:A>B;..." claims to judge (plus every "best")
+    candidates: Count = 16  # global top-k candidates per query (two-stage retrieval)
+    also_candidates: str = "128"  # comma list of further top-k columns (ConceptOT: 128)
+    n_classify: Count = 400  # images per zero-shot / selective task
+    lt_n_max: Count = 100  # images of the largest class of a long-tailed test set
+    imbalance: NonNegative = 10.0  # long-tailed test sets: largest / smallest class size
+    selective_rate: NonNegative = 0.5  # selective classification: share of images answered
+    chunk: Count = 512  # pairs per batched method call
+    threads: Count = 2  # torch CPU threads
+    cache_dir: str = ".cache/otviz-features"  # frozen-backbone feature cache
+    out: str = "runs/eval"  # writes tables.json and tables.md here ("" : print only)
+
+    def table_names(self) -> list[str]:
+        names = list(TABLES) if self.tables == "all" else [
+            t.strip() for t in self.tables.split(",") if t.strip()]
+        unknown = sorted(set(names) - set(TABLES))
+        if unknown:
+            raise ValueError(f"unknown tables {unknown}; known: {', '.join(TABLES)}")
+        return names
+
+    def seed_list(self) -> list[int]:
+        return [int(s) for s in self.seeds.split(",") if s.strip()]
+
+    def claim_list(self) -> list[tuple[str, str, str, str]]:
+        """``claims`` as ``(table, metric, A, B)``."""
+        out = []
+        for claim in filter(None, (c.strip() for c in self.claims.split(";"))):
+            key, metric, pair = claim.split(":")
+            a, b = pair.split(">")
+            out.append((key.strip(), metric.strip(), a.strip(), b.strip()))
+        return out
+
+    def also_k(self) -> list[int]:
+        return [int(k) for k in self.also_candidates.split(",") if k.strip()]
+
+    def method_names(self) -> tuple[str, ...]:
+        from otviz.suite import ALIGN_METHODS
+
+        if not self.methods:
+            return tuple(ALIGN_METHODS)
+        names = tuple(m.strip() for m in self.methods.split(",") if m.strip())
+        unknown = sorted(set(names) - set(ALIGN_METHODS))
+        if unknown:
+            raise ValueError(f"unknown methods {unknown}; known: {', '.join(ALIGN_METHODS)}")
+        return names
+
+
+@dataclass
+class OTCLIPTableConfig:
+    """The shared reduced pre-training budget and the scoring of the comparison."""
+
+    otclip_kinds: OTCLIPLosses = ",".join(OTCLIP_LOSSES)  # the OT-CLIP losses (a comma list)
+    otclip_steps: Count = 400  # pre-training steps of each tiny CLIP
+    otclip_batch_size: Count = 128  # pre-training batch
+    otclip_lr: NonNegative = 2e-3  # pre-training learning rate
+    otclip_n_train: Count = 16000  # world training samples
+    otclip_n_test: Count = 500  # held-out retrieval pairs
+    otclip_width: Count = 64  # embed dim and both tower widths
+    otclip_layers: Count = 2  # layers of both towers
+    otclip_heads: Count = 2  # attention heads of both towers
+    otclip_n_classify: Count = 300  # images per zero-shot task
+    otclip_threads: Count = 2  # torch threads per process
+    otclip_processes: Count = 1  # data-parallel pre-training processes
+    otclip_seed: NonNegativeInt = 0  # seed of the pre-training and the world
+    otclip_runs: str = "runs/otclip"  # the pre-trained models go to <runs>/<loss>
+
+    def losses(self) -> list[str]:
+        names = [k.strip() for k in self.otclip_kinds.split(",") if k.strip()]
+        unknown = sorted(set(names) - set(OTCLIP_LOSSES))
+        if unknown:
+            raise ValueError(f"unknown OT-CLIP losses {unknown}; known: {', '.join(OTCLIP_LOSSES)}")
+        return names
+
+
+@dataclass
+class ReportConfig:
+    """Where the tables and heads are, where the figures go (every field is a flag)."""
+
+    eval_dir: str = "runs/eval"  # folder of tables.json (+ otclip_losses.json, ablation.json)
+    heads: str = str(assets.path("heads"))  # trained heads ("training-free": no curves)
+    backbone: str = ""  # tiny-CLIP checkpoint ("" : the shipped one)
+    n_examples: Count = 4  # grounding grid rows
+    seed: NonNegativeInt = 0  # world seed of the examples
+    cache_dir: str = ".cache/otviz-features"  # frozen-backbone feature cache
+    out: str = "runs/report"  # folder of the PNG figures
+
+
+#: Table 4's rows: name -> the TrainConfig fields it changes.
+ABLATION_VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "r=16": {"rank": 16},
+    "r=48": {"rank": 48},
+    "L=3": {"n_iters": 3},
+    "λ_l=0.25": {"lambda_local": 0.25},
+    "λ_l=1.0": {"lambda_local": 1.0},
+    "K_h=2": {"hard_negatives": 2},
+    "K_h=8": {"hard_negatives": 8},
+}

@@ -1,0 +1,77 @@
+"""What a configuration field may hold, declared in its annotation, and the names of the
+registries that such fields pick from; importable without torch.
+
+A field annotated ``Count`` (``Annotated[int, AtLeast(1)]``), ``MethodName``
+(``Annotated[str, OneOf(METHOD_NAMES)]``) or ``OTCLIPLosses`` (a comma list,
+``ListOf``) carries its rule with it, so
+:func:`otviz.cli.args.add_dataclass_flags` refuses ``--n-train 0`` or ``--method nosuch``
+while parsing, before anything runs or is written, and lists the choices in ``--help``.
+
+The registries themselves (:data:`otviz.methods.METHODS`, the OT-CLIP losses of
+:mod:`otviz.train.otclip_losses`, the low-rank variants of :mod:`otviz.ot.lowrank`) live in
+modules that import torch; they take their names from here (the methods' registry is
+checked against :data:`METHOD_NAMES` by a test), so the command line lists them without
+loading a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """The field holds one of ``names``."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ListOf:
+    """The field holds a comma list of ``names`` (or one of the words ``also``, e.g. "all")."""
+
+    names: tuple[str, ...]
+    also: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AtLeast:
+    """The field holds a number ``>= low``."""
+
+    low: int | float
+
+
+#: Every alignment method of the package's registry :data:`otviz.methods.METHODS`, in display
+#: order (:attr:`otviz.methods.base.AlignmentMethod.order`); tests/cli/test_flags.py checks
+#: that the two agree (a method registered from a user's own code is not listed here).
+METHOD_NAMES = ("global_only", "global_patch", "filip", "text_attn", "balanced_ot", "dense_uot",
+                "conceptot", "qc_align", "powerclip")
+#: OT-CLIP's global losses (:data:`otviz.train.otclip_losses.KINDS`).
+OTCLIP_LOSSES = ("infonce", "entropic_ot", "dbot", "unbalanced_ot", "fgw_ot", "ufg_ot")
+#: The low-rank solver's variants (:data:`otviz.ot.lowrank.VARIANTS`).
+LOWRANK_VARIANTS = ("faithful", "positive")
+#: PowerCLIP's triplet negatives (:data:`otviz.methods.powerclip.TRIPLET_NEGATIVES`).
+TRIPLET_NEGATIVES = ("hardest", "all")
+#: The tiny CLIP's image pooling (:func:`otviz.tiny_clip.tiny_clip_config`).
+VISION_POOLS = ("tok", "avg")
+#: The tiny CLIP's patch embedding (:mod:`otviz.conv_stem`).
+VISION_STEMS = ("patch", "conv")
+#: The tiny CLIP's patch position embeddings.
+POS_EMBEDS = ("sin_cos_2d", "learnable")
+
+#: ConceptOT's local weight lambda_l (Table 7): the combined score s_g + lambda_l s_l of
+#: training, reranking and the views (the default of ``--lambda-local``).
+DEFAULT_LAMBDA = 0.5
+
+Count = Annotated[int, AtLeast(1)]
+NonNegativeInt = Annotated[int, AtLeast(0)]
+NonNegative = Annotated[float, AtLeast(0)]
+MethodName = Annotated[str, OneOf(METHOD_NAMES)]
+OTCLIPLoss = Annotated[str, OneOf(OTCLIP_LOSSES)]
+LowRankVariant = Annotated[str, OneOf(LOWRANK_VARIANTS)]
+TripletNegatives = Annotated[str, OneOf(TRIPLET_NEGATIVES)]
+OTCLIPLosses = Annotated[str, ListOf(OTCLIP_LOSSES)]
+VisionPool = Annotated[str, OneOf(VISION_POOLS)]
+PosEmbed = Annotated[str, OneOf(POS_EMBEDS)]
+VisionStem = Annotated[str, OneOf(VISION_STEMS)]
