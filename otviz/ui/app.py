@@ -150,4 +150,7 @@ def launch(max_file_size: str | int | None = None, **kwargs) -> None:
         log.info("benepar unavailable: trees come from the built-in parser")
     app = build_app()
     DRAWER.start()  # the phrase grids' drawing worker, ready before the first visitor
-    app.launch(**{**serve_options(app, max_file_size), **kwargs})
+    try:
+        app.launch(**{**serve_options(app, max_file_size), **kwargs})
+    finally:
+        DRAWER.stop()

@@ -24,6 +24,7 @@ import hashlib
 import io
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections import OrderedDict
@@ -97,8 +98,11 @@ def draw_grids(image: np.ndarray, layouts: list[dict]) -> list[bytes]:
 
 def _worker_start(parent: int) -> None:
     """The worker's set-up: the lowest CPU priority, and an exit as soon as its parent (the
-    server) is gone, however that ended (a killed server leaves no drawing process)."""
+    server) is gone, however that ended (a killed server leaves no drawing process). Ctrl-C
+    in the terminal reaches the whole process group: the server shuts the worker down
+    (:meth:`IdleDrawer.stop`), so the worker itself ignores it."""
     os.nice(19)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -126,6 +130,13 @@ class IdleDrawer:
                     initializer=_worker_start, initargs=(os.getpid(),))
                 self._pool.submit(int)  # spawns the worker now
             return self._pool
+
+    def stop(self) -> None:
+        """Shut the worker down (the server is stopping): no process or semaphore is left."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def draw(self, image: np.ndarray, layouts: list[dict]) -> list[bytes]:
         pool = self.start()
