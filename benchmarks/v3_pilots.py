@@ -27,26 +27,32 @@ import sys
 import time
 from pathlib import Path
 
-PILOT = ["--steps", "1500", "--batch-size", "128", "--eval-every", "500", "--save-every", "0"]
+PILOT = ["--steps", "1500", "--batch-size", "128", "--n-train", "100000", "--eval-every", "500",
+         "--save-every", "0"]
 LONG = ["--steps", "6000", "--batch-size", "256", "--n-train", "200000", "--eval-every", "1000",
         "--save-every", "500"]
-CONV = ["--vision-stem", "conv"]
-LOCAL = ["--local-weight", "1"]
-AVG = ["--vision-pool", "avg"]
+
+
+def levers(stem: str = "patch", pool: str = "tok", local: str = "0", patch: str = "8") -> list[str]:
+    """Every lever spelled out (v2's values by default), so that an arm's command means the
+    same whatever ``otviz pretrain``'s defaults are."""
+    return ["--vision-stem", stem, "--vision-pool", pool, "--local-weight", local,
+            "--patch-size", patch]
+
 
 ARMS: dict[str, dict[str, list[str]]] = {
     "pilots": {
-        "a-control": [],
-        "b-conv": CONV,
-        "c-conv-local": CONV + LOCAL,
-        "d-conv-4px": CONV + ["--patch-size", "4"],
-        "e-conv-avg": CONV + AVG,
-        "f-conv-avg-local": CONV + AVG + LOCAL,
+        "a-control": levers(),
+        "b-conv": levers(stem="conv"),
+        "c-conv-local": levers(stem="conv", local="1"),
+        "d-conv-4px": levers(stem="conv", patch="4"),
+        "e-conv-avg": levers(stem="conv", pool="avg"),
+        "f-conv-avg-local": levers(stem="conv", pool="avg", local="1"),
     },
     "long": {
-        "L-conv": CONV,
-        "L-conv-local": CONV + LOCAL,
-        "L-conv-avg-local": CONV + AVG + LOCAL,
+        "L-conv": levers(stem="conv"),
+        "L-conv-local": levers(stem="conv", local="1"),
+        "L-conv-avg-local": levers(stem="conv", pool="avg", local="1"),
     },
 }
 """Each group's arms: the flags that differ from the group's common ones."""
