@@ -1,0 +1,86 @@
+"""Gradio's upload cache, owned by the app: where Gradio keeps what people upload (and the
+files it serves back), under the app's data folder, cleaned at start and on a schedule.
+
+* **Where.** :func:`own_upload_cache` points Gradio's cache (``GRADIO_TEMP_DIR``, which
+  Gradio reads when a component is built, when the server starts and on every request) at
+  one folder per server process under :data:`UPLOAD_CACHE`, next to the feature cache and
+  the unpacked uploads. A folder the host chose (``GRADIO_TEMP_DIR`` set before the app
+  starts) is kept as it is.
+* **At start.** The folders of servers that are gone are removed (each records its owner
+  process, as the store of unpacked uploads does: :mod:`otviz.data.disk_lru`).
+* **On a schedule.** Gradio's own mechanism, ``gr.Blocks(delete_cache=DELETE_CACHE)``:
+  every hour, the files this server cached that are older than :data:`DELETE_CACHE`'s age
+  go; all of them go when the server stops.
+* **Refused uploads** are removed at once by the input that refused them
+  (:func:`discard_upload`): an image that is not one, too large or too thin, a file of a
+  type the input does not take, an uploaded .zip the view cannot read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from gradio.utils import get_upload_folder
+
+from otviz.boundary.paths import inside
+from otviz.data.disk_lru import discard, owner_alive, write_owner
+from otviz.errors import UserInputError
+
+#: Gradio's upload cache of the served app, one folder per server process below it.
+UPLOAD_CACHE = Path(".cache/otviz-gradio")
+#: ``gr.Blocks(delete_cache=(frequency, age))``: every hour, the cached files older than
+#: six hours are deleted (an upload stays long enough for a session's page turns).
+DELETE_CACHE = (3600, 6 * 3600)
+_GRADIO_TEMP_DIR = "GRADIO_TEMP_DIR"
+
+
+def own_upload_cache(parent: Path = UPLOAD_CACHE) -> Path:
+    """Point Gradio's upload cache at this process's folder under ``parent`` (unless the
+    host set ``GRADIO_TEMP_DIR``), after removing the folders of processes that are gone.
+    Call it before the app's components are built. Returns the cache folder."""
+    host = os.environ.get(_GRADIO_TEMP_DIR)
+    if host:
+        return Path(host)
+    parent.mkdir(parents=True, exist_ok=True)
+    for entry in parent.iterdir():
+        if entry.is_dir() and not entry.name.startswith(".") and not owner_alive(entry):
+            discard(entry)
+    folder = (parent / str(os.getpid())).resolve()
+    folder.mkdir(exist_ok=True)
+    write_owner(folder)
+    os.environ[_GRADIO_TEMP_DIR] = str(folder)
+    return folder
+
+
+def discard_upload(path: str | os.PathLike) -> bool:
+    """Remove an uploaded file from Gradio's cache (and its folder, left empty), only when
+    it lies inside the cache: a path anywhere else is never touched. Returns whether it
+    was removed."""
+    cache = Path(get_upload_folder()).resolve()
+    if not inside(cache, path):
+        return False
+    file = Path(path).resolve()
+    if not file.is_file():
+        return False
+    file.unlink(missing_ok=True)
+    if file.parent != cache:  # Gradio keeps each upload in a folder of its own
+        with contextlib.suppress(OSError):
+            file.parent.rmdir()
+    return True
+
+
+@contextlib.contextmanager
+def discarded_if_refused(uploads: Sequence[str | os.PathLike]) -> Iterator[None]:
+    """Remove ``uploads`` from Gradio's cache when the block refuses them with a user
+    error, where the refusal is certainly about them: a single uploaded file (a .zip, one
+    image). Several files uploaded side by side stay (the person may remove the bad one
+    and send the rest again); Gradio's schedule removes them."""
+    try:
+        yield
+    except UserInputError:
+        if len(uploads) == 1:
+            discard_upload(uploads[0])
+        raise
