@@ -37,7 +37,7 @@ from otviz.boundary.images import (
 from otviz.boundary.paths import scrub_server_paths
 from otviz.errors import UserInputError
 from otviz.explain import Encoded, Explainer
-from otviz.ui.upload_cache import discard_upload, discarded_if_refused
+from otviz.ui.upload_cache import discard_upload, discarded_if_refused, why_gone
 
 log = logging.getLogger("otviz.ui")
 
@@ -183,10 +183,11 @@ def fit_image(image: ImageInput | None) -> tuple[ImageInput | None, str | None]:
     return np.asarray(resized), note
 
 
-def gone(names: list[str]) -> str:
-    """What an event is told of uploads no longer on the server (refused before, or removed
-    by the upload cache's schedule: :mod:`otviz.ui.upload_cache`)."""
-    return f"{', '.join(names)}: no longer on the server (refused or expired): upload it again"
+def gone(path: str, name: str) -> str:
+    """What an event is told of an upload no longer on the server: why it was refused
+    (:func:`~otviz.ui.upload_cache.why_gone`), else that it expired (the upload cache's
+    schedule removed it: :mod:`otviz.ui.upload_cache`)."""
+    return why_gone(path) or f"{name} is no longer on the server (expired): upload it again"
 
 
 def decode_upload(payload: Any) -> np.ndarray | None:
@@ -209,9 +210,12 @@ def decode_upload(payload: Any) -> np.ndarray | None:
         if not path:
             raise ImageInputError(f"{name} is {UNREADABLE_IMAGE}")
         if not Path(path).is_file():
-            raise ImageInputError(gone([name]))
-        with discarded_if_refused([path]):
-            return np.asarray(decode_image(path, name))
+            raise ImageInputError(gone(path, name))
+        try:
+            with discarded_if_refused([path]):
+                return np.asarray(decode_image(path, name))
+        except ImageInputError as e:  # the same reason as an event that removed it meanwhile
+            raise ImageInputError(why_gone(path) or str(e)) from None
     except UserInputError as e:
         raise user_error("image upload", str(e)) from None
 
@@ -260,15 +264,16 @@ with _no_type_stub():
             refused = [f for f in files if self.file_types
                        and not client_utils.is_valid_file(f.path, self.file_types)]
             if refused:
-                for f in refused:
-                    discard_upload(f.path)
                 names = ", ".join(f.orig_name or Path(f.path).name for f in refused)
-                raise user_error("file upload", f"Invalid file type: {names}; upload files "
-                                 f"of these types: {self.file_types}")
-            missing = [f.orig_name or Path(f.path).name for f in files
-                       if not Path(f.path).is_file()]
-            if missing:
-                raise user_error("file upload", gone(missing))
+                message = (f"Invalid file type: {names}; upload files of these types: "
+                           f"{self.file_types}")
+                for f in refused:
+                    discard_upload(f.path, message)
+                raise user_error("file upload", message)
+            for f in files:
+                if not Path(f.path).is_file():
+                    raise user_error("file upload",
+                                     gone(f.path, f.orig_name or Path(f.path).name))
             paths = [NamedString(f.path) for f in files]
             return paths[0] if self.file_count == "single" else paths
 

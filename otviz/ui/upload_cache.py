@@ -13,13 +13,16 @@ files it serves back), under the app's data folder, cleaned at start and on a sc
   go; all of them go when the server stops.
 * **Refused uploads** are removed at once by the input that refused them
   (:func:`discard_upload`): an image that is not one, too large or too thin, a file of a
-  type the input does not take, an uploaded .zip the view cannot read.
+  type the input does not take, an uploaded .zip the view cannot read. Later events that
+  name a removed upload are told why it was refused (:func:`why_gone`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -35,6 +38,11 @@ UPLOAD_CACHE = Path(".cache/otviz-gradio")
 #: six hours are deleted (an upload stays long enough for a session's page turns).
 DELETE_CACHE = (3600, 6 * 3600)
 _GRADIO_TEMP_DIR = "GRADIO_TEMP_DIR"
+#: Why the latest refused uploads were refused, by their path in the cache (at most
+#: :data:`_REMEMBERED`, the oldest forgotten first).
+_REFUSED: OrderedDict[str, str] = OrderedDict()
+_REMEMBERED = 4096
+_REFUSED_LOCK = threading.Lock()
 
 
 def own_upload_cache(parent: Path = UPLOAD_CACHE) -> Path:
@@ -55,21 +63,40 @@ def own_upload_cache(parent: Path = UPLOAD_CACHE) -> Path:
     return folder
 
 
-def discard_upload(path: str | os.PathLike) -> bool:
+def discard_upload(path: str | os.PathLike, reason: str | None = None) -> bool:
     """Remove an uploaded file from Gradio's cache (and its folder, left empty), only when
-    it lies inside the cache: a path anywhere else is never touched. Returns whether it
-    was removed."""
+    it lies inside the cache: a path anywhere else is never touched. ``reason`` (why it was
+    refused) is kept for the events that name the upload later (:func:`why_gone`). Returns
+    whether it was removed."""
     cache = Path(get_upload_folder()).resolve()
     if not inside(cache, path):
         return False
     file = Path(path).resolve()
     if not file.is_file():
         return False
+    if reason is not None:
+        _remember(str(path), reason)  # before the file goes: a concurrent event reads it
     file.unlink(missing_ok=True)
     if file.parent != cache:  # Gradio keeps each upload in a folder of its own
         with contextlib.suppress(OSError):
             file.parent.rmdir()
     return True
+
+
+def why_gone(path: str | os.PathLike) -> str | None:
+    """Why the upload at ``path`` was refused and removed (``None``: not by this server,
+    or long ago). The page sends a refused upload again with every event that reads its
+    input (an Align click after the upload's own check): each is told the same reason."""
+    with _REFUSED_LOCK:
+        return _REFUSED.get(str(path))
+
+
+def _remember(path: str, reason: str) -> None:
+    with _REFUSED_LOCK:
+        _REFUSED[path] = reason
+        _REFUSED.move_to_end(path)
+        while len(_REFUSED) > _REMEMBERED:
+            _REFUSED.popitem(last=False)
 
 
 @contextlib.contextmanager
@@ -80,7 +107,7 @@ def discarded_if_refused(uploads: Sequence[str | os.PathLike]) -> Iterator[None]
     and send the rest again); Gradio's schedule removes them."""
     try:
         yield
-    except UserInputError:
+    except UserInputError as e:
         if len(uploads) == 1:
-            discard_upload(uploads[0])
+            discard_upload(uploads[0], str(e))
         raise

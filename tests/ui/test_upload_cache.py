@@ -1,7 +1,8 @@
 """Gradio's upload cache has an owner: the served app's folder under its data folder (a
 host's choice kept), the folders of servers that are gone removed at start, Gradio's own
 schedule set on the Blocks, a refused upload removed from the cache at once (a file the
-cache does not hold never touched); Gradio's own refusals of an input are one log line."""
+cache does not hold never touched) and named again told the same reason; Gradio's own
+refusals of an input are one log line; typed text is shown as typed."""
 
 from __future__ import annotations
 
@@ -145,6 +146,16 @@ def test_a_refused_upload_leaves_nothing_in_the_cache(live_app, example, checkpo
         assert refused and expected in message, (api, message)
         assert not Path(path).exists() and not Path(path).parent.exists(), api
         assert _cache_files() <= before, api
+        again = _call(live_app.url, api, args)  # as the page sends it with the next event
+        assert again == (True, message), api
+
+
+def test_an_expired_upload_is_told_so(live_app, example, checkpoint):
+    path = _upload(live_app.url, "old.png", _png(80, 80))
+    Path(path).unlink()  # as Gradio's schedule removes it
+    refused, message = _call(live_app.url, "words", [_file(path, "old.png"), example[1],
+                                                     checkpoint])
+    assert refused and message == "old.png is no longer on the server (expired): upload it again"
 
 
 def test_gradios_own_choice_checks_log_one_line(client, example, checkpoint, caplog, capfd):
