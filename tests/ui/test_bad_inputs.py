@@ -599,7 +599,8 @@ def test_phrase_and_plan_reads_before_an_align_click_say_so(client, checkpoint, 
     solve: a pair nobody aligned is a message, not work."""
     image, caption = handle_file(example[0]), example[1] + " never aligned"
     for api, args in (("/align_phrase", (image, caption, checkpoint, "grid", True, "red")),
-                      ("/align_plan", (image, caption, checkpoint, "conceptot", 0, "grid"))):
+                      ("/align_plan", (image, caption, checkpoint, "conceptot", None,
+                                       "grid"))):
         message = outcome(client, api, *args)
         assert message is not None and "click Align" in message, api
 
