@@ -15,9 +15,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import gradio as gr
 import httpx
 import numpy as np
 import pytest
+from gradio.data_classes import FileData, ListFiles
 from gradio.utils import get_upload_folder
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
@@ -25,6 +27,7 @@ from PIL import Image
 
 from otviz.ui import upload_cache
 from otviz.ui.app import build_app
+from otviz.ui.inputs import CheckedFile
 from otviz.ui.upload_cache import DELETE_CACHE, discard_upload, own_upload_cache
 from tests.helpers import png_header
 
@@ -71,6 +74,23 @@ def test_only_files_inside_the_cache_are_discarded(tmp_path, monkeypatch):
     assert elsewhere.exists() and cache.is_dir()
     assert discard_upload(upload) and not upload.exists() and not (cache / "ab").exists()
     assert upload_cache.UPLOAD_CACHE == Path(".cache/otviz-gradio")
+
+
+def test_the_file_input_leaves_no_stray_file_in_the_cache(tmp_path, monkeypatch):
+    """``gr.File`` makes an empty temporary file in the cache for every file it passes on
+    and never removes it; the app's file input passes the paths alone."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
+    upload = tmp_path / "a.png"
+    upload.write_bytes(_png(4, 4))
+    payload = ListFiles(root=[FileData(path=str(upload), orig_name="a.png")])
+    assert gr.File(file_count="multiple", render=False).preprocess(payload) == [str(upload)]
+    assert len(list(cache.iterdir())) == 1  # Gradio's stray file
+    for f in cache.iterdir():
+        f.unlink()
+    taken = CheckedFile(file_count="multiple", render=False).preprocess(payload)
+    assert taken == [str(upload)] and list(cache.iterdir()) == []
 
 
 # ----------------------------------------------------------------------- the served app
