@@ -9,14 +9,14 @@ text named .png, empty, pixel bombs a few bytes long, 16-bit, thin strips up to 
 script, a phrase not in the caption) in every textbox and every dropdown that takes typed
 values, and folders (:data:`FOLDERS`: captions naming /etc/shadow or ``../``, zip slips,
 symlinks, lying zip headers, bombs, thin strips and broken images inside, captions of
-950 KB, of 1,900 characters or of no letter) in every file input. A new view is covered by
-construction; an input of a kind the catalogue does not know fails the test. Every call
-must end in a result or a readable message: never a bare "Error", never an unexpected-error
-message, never unescaped HTML, never a server path; no file outside the uploads and the
-app's own files is opened (a Python audit hook watches the server, which runs in this
-process), and a refused upload leaves no unpacked folder. The counts go to
-``$OTVIZ_BAD_INPUTS_REPORT`` (JSON) when set (``benchmarks/bad_inputs.py`` writes
-``benchmarks/bad_inputs.md`` from it).
+950 KB, of 1,900 characters or of no letter, a thin strip or a 1x1 dot alone) in every file
+input. A new view is covered by construction; an input of a kind the catalogue does not
+know fails the test. Every call must end in a result or a readable message: never a bare
+"Error", never an unexpected-error message, never unescaped HTML, never a server path; no
+file outside the uploads and the app's own files is opened (a Python audit hook watches
+the server, which runs in this process), and a refused upload leaves no unpacked folder.
+The counts go to ``$OTVIZ_BAD_INPUTS_REPORT`` (JSON) when set
+(``benchmarks/bad_inputs.py`` writes ``benchmarks/bad_inputs.md`` from it).
 """
 
 from __future__ import annotations
@@ -269,6 +269,9 @@ FOLDERS: dict[str, Callable[[Path], list[Path]]] = {
     "1,900-character caption": _folder(f"ok.png,{'a red circle ' * 146}xy\n",
                                        {"ok.png": _png()}),
     "caption of no letter": _folder("ok.png,!!! ...\n", {"ok.png": _png()}),
+    # images alone (Zero-shot reads them; Browse and Train find no captions)
+    "a 16384x2 strip alone": lambda d: [_save(_rgb((16_384, 2)), d / "strip.png")],
+    "a 1x1 dot alone": lambda d: [_save(_rgb((1, 1)), d / "dot.png")],
 }
 
 
