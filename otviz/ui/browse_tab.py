@@ -45,7 +45,7 @@ from otviz.ui.align_tab import AlignLink
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.events import on_edit
 from otviz.ui.inputs import CheckedFile, fit_image, user_errors
-from otviz.ui.upload_cache import discarded_if_refused
+from otviz.ui.upload_cache import discarded_if_refused, lone_archive
 from otviz.viz.browse import browse_frame, browse_page_image
 
 TAB_TITLE = "Browse"
@@ -136,7 +136,7 @@ def load_table(
     key = (checkpoint, source, tuple(paths), explainers)
 
     def compute() -> BrowseTable:
-        with discarded_if_refused(paths), sources.uploads.unpacked(paths) as root:
+        with discarded_if_refused(lone_archive(paths)), sources.uploads.unpacked(paths) as root:
             try:
                 folder = load_image_captions(root, root=root)
             except DatasetError as e:

@@ -37,7 +37,7 @@ from otviz.train.loop import ENCODING, TrainResult, train_method
 from otviz.ui.context import SEPARATOR, AppContext, HeadSet, on_space
 from otviz.ui.head_registry import load_head_sets, record_head_set
 from otviz.ui.probe_tab import run_batch_probe
-from otviz.ui.upload_cache import discarded_if_refused
+from otviz.ui.upload_cache import discarded_if_refused, lone_archive
 
 log = logging.getLogger("otviz.ui.train_jobs")
 
@@ -197,7 +197,7 @@ def resolve_data(request: TrainRequest, upload_dir: Path) -> tuple[str, int]:
         path = data_folder(request.folder or "")
         dataset = _checked_folder(path, request.split, data_root())
     else:
-        with discarded_if_refused(request.uploads):  # a refused .zip leaves the server
+        with discarded_if_refused(lone_archive(request.uploads)):  # a refused .zip goes
             path = unpack_uploads(request.uploads, upload_dir)
             dataset = _checked_folder(path, request.split, upload_dir)
     if len(dataset) > cap:

@@ -99,12 +99,21 @@ def _remember(path: str, reason: str) -> None:
             _REFUSED.popitem(last=False)
 
 
+def lone_archive(uploads: Sequence[str | os.PathLike]) -> list[str | os.PathLike]:
+    """``uploads`` when they are a single .zip, whose folder a refusal is about; none
+    otherwise (a captions file uploaded alone may be refused for the images missing
+    beside it, and the person may send it again with them)."""
+    if len(uploads) == 1 and Path(uploads[0]).suffix.lower() == ".zip":
+        return list(uploads)
+    return []
+
+
 @contextlib.contextmanager
 def discarded_if_refused(uploads: Sequence[str | os.PathLike]) -> Iterator[None]:
     """Remove ``uploads`` from Gradio's cache when the block refuses them with a user
-    error, where the refusal is certainly about them: a single uploaded file (a .zip, one
-    image). Several files uploaded side by side stay (the person may remove the bad one
-    and send the rest again); Gradio's schedule removes them."""
+    error; only one upload at a time, whose refusal is certainly about it (an image, a
+    .zip: :func:`lone_archive`). Several files uploaded side by side stay (the person may
+    remove the bad one and send the rest again); Gradio's schedule removes them."""
     try:
         yield
     except UserInputError as e:

@@ -28,7 +28,12 @@ from PIL import Image
 from otviz.ui import upload_cache
 from otviz.ui.app import build_app
 from otviz.ui.inputs import CheckedFile
-from otviz.ui.upload_cache import DELETE_CACHE, discard_upload, own_upload_cache
+from otviz.ui.upload_cache import (
+    DELETE_CACHE,
+    discard_upload,
+    lone_archive,
+    own_upload_cache,
+)
 from tests.helpers import png_header
 
 
@@ -74,6 +79,14 @@ def test_only_files_inside_the_cache_are_discarded(tmp_path, monkeypatch):
     assert elsewhere.exists() and cache.is_dir()
     assert discard_upload(upload) and not upload.exists() and not (cache / "ab").exists()
     assert upload_cache.UPLOAD_CACHE == Path(".cache/otviz-gradio")
+
+
+def test_a_folder_refusal_removes_a_lone_archive_only():
+    """A refused folder is removed when it came as one .zip; a captions file alone (its
+    images may follow) and files side by side stay for the person to send again."""
+    assert lone_archive(["up/Folder.ZIP"]) == ["up/Folder.ZIP"]
+    for uploads in (["up/captions.csv"], ["up/a.zip", "up/b.png"], []):
+        assert lone_archive(uploads) == []
 
 
 def test_the_file_input_leaves_no_stray_file_in_the_cache(tmp_path, monkeypatch):
