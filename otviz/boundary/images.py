@@ -127,20 +127,17 @@ def to_rgb(image: ImageInput, name: str | None = None) -> Image.Image:
     float in [0, 1]), a file path or encoded bytes (through :func:`decode_image`). Applies
     the EXIF orientation, composites transparency (RGBA, LA, palette with a transparent
     index) on white, scales 16- and 32-bit and float images to 8 bits. Raises
-    :class:`ImageInputError` for an image :func:`check_size` refuses and for anything else.
+    :class:`ImageInputError` for a file or bytes that :func:`decode_image` refuses and for
+    anything else. An array or a PIL image is already in memory: the library takes any
+    shape, and the app checks the ones people give it (``otviz.ui.inputs.fit_image``).
     """
     if isinstance(image, (str, os.PathLike, bytes, bytearray)):
         return decode_image(image, name)
-    shown = name or "the image"
     if isinstance(image, np.ndarray):
-        if image.ndim >= 2 and image.size:
-            check_size(shown, image.shape[1], image.shape[0])
         return array_to_rgb(image)
     if not isinstance(image, Image.Image):
         raise ImageInputError(f"not an image: {type(image).__name__}")
-    if image.width >= 1 and image.height >= 1:
-        check_size(shown, image.width, image.height)
-    return _rgb(image, shown)
+    return _rgb(image, name or "the image")
 
 
 def _rgb(image: Image.Image, shown: str) -> Image.Image:
