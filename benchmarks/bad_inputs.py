@@ -59,6 +59,9 @@ def markdown(counts: dict, api: dict, browser: dict) -> str:
         f"| leaks (server paths in messages, files read outside) | {counts['leaks']} |",
         f"| unpacked upload folders left / uploads accepted | "
         f"{counts['unpacked_uploads_left']} / {counts['uploads_accepted']} |",
+        f"| files added to Gradio's cache (uploads accepted or sent side by side, results "
+        f"served; its schedule removes them) | "
+        f"{counts['gradio_cache_files_added']} |",
         f"| seconds | {counts['seconds']} |",
         f"| API tests (gradio_client) passed / failed | {api['passed']} / {api['failed']} |",
         f"| browser tests passed / failed / skipped | {browser['passed']} / {browser['failed']} "

@@ -2,7 +2,9 @@
 upright 8-bit RGB image, or an :class:`ImageInputError` whose message names the upload.
 
 Files and bytes are decoded once, and only after their header's width and height pass
-:data:`MAX_IMAGE_PIXELS` (a PNG a few hundred bytes long may declare 900 megapixels).
+:func:`check_size`: at most :data:`MAX_IMAGE_PIXELS` (a PNG a few hundred bytes long may
+declare 900 megapixels) and sides at most :data:`MAX_ASPECT_RATIO` times apart (a 20000x1
+strip has nothing a patch grid can read, and no view can draw or show it back).
 High bit depths are scaled to 8 bits by the range their mode can hold (16-bit by 65535,
 float by [0, 1]), never clipped, so a 16-bit greyscale scan keeps its contrast.
 """
@@ -23,6 +25,8 @@ ImageInput = Image.Image | np.ndarray | str | os.PathLike | bytes
 
 #: An image is refused beyond this many pixels (a 50 MP image is already 150 MB as RGB).
 MAX_IMAGE_PIXELS = 50_000_000
+#: An image whose longer side is more than this many times its shorter side is refused.
+MAX_ASPECT_RATIO = 20
 #: What every unreadable upload (not an image, truncated, corrupt) is told, after its name.
 UNREADABLE_IMAGE = "not an image this app can read: upload a PNG, JPEG, WebP, BMP, ..."
 _DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError)
@@ -45,6 +49,18 @@ def too_large(shown: str, width: int | None = None, height: int | None = None
     return ImageInputError(
         f"{shown} is too large ({size}at most {MAX_IMAGE_PIXELS / 1e6:.0f} MP): scale it "
         "down and upload it again")
+
+
+def check_size(shown: str, width: int, height: int) -> None:
+    """Refuse an image of ``width`` x ``height`` pixels over :data:`MAX_IMAGE_PIXELS`, or
+    whose longer side is more than :data:`MAX_ASPECT_RATIO` times its shorter side (the
+    message names the bound and the image's size)."""
+    if width * height > MAX_IMAGE_PIXELS:
+        raise too_large(shown, width, height)
+    if max(width, height) > MAX_ASPECT_RATIO * max(1, min(width, height)):
+        raise ImageInputError(
+            f"{shown} is too thin ({width}x{height} pixels; the longer side may be at most "
+            f"{MAX_ASPECT_RATIO} times the shorter): crop it and upload it again")
 
 
 def _source_name(source: str | os.PathLike | bytes | bytearray, name: str | None) -> str:
@@ -72,26 +88,27 @@ def _opened(source: str | os.PathLike | bytes | bytearray, shown: str) -> Image.
 def header_size(source: str | os.PathLike | bytes | bytearray,
                 name: str | None = None) -> tuple[int, int]:
     """``(width, height)`` of an image file or encoded bytes from its header alone (no pixel
-    is decoded); :class:`ImageInputError` for what is not an image or is over
-    :data:`MAX_IMAGE_PIXELS`."""
+    is decoded); :class:`ImageInputError` for what is not an image or fails
+    :func:`check_size`."""
     shown = _source_name(source, name)
     with _opened(source, shown) as image:
         width, height = image.size
-    if width * height > MAX_IMAGE_PIXELS:
-        raise too_large(shown, width, height)
+    check_size(shown, width, height)
     return width, height
 
 
 def decode_image(source: str | os.PathLike | bytes | bytearray,
                  name: str | None = None) -> Image.Image:
     """An image file or encoded bytes as an upright 8-bit RGB image, decoded once after its
-    header passed :data:`MAX_IMAGE_PIXELS`. ``name`` is how messages call it (default: the
+    header passed :func:`check_size`. ``name`` is how messages call it (default: the
     file's name, never its folder)."""
     shown = _source_name(source, name)
     image = _opened(source, shown)
-    if image.width * image.height > MAX_IMAGE_PIXELS:
+    try:
+        check_size(shown, image.width, image.height)
+    except ImageInputError:
         image.close()
-        raise too_large(shown, image.width, image.height)
+        raise
     try:
         image.load()  # a truncated or corrupt file fails here, like a non-image
         return _rgb(image, shown)
@@ -110,7 +127,9 @@ def to_rgb(image: ImageInput, name: str | None = None) -> Image.Image:
     float in [0, 1]), a file path or encoded bytes (through :func:`decode_image`). Applies
     the EXIF orientation, composites transparency (RGBA, LA, palette with a transparent
     index) on white, scales 16- and 32-bit and float images to 8 bits. Raises
-    :class:`ImageInputError` for anything else.
+    :class:`ImageInputError` for a file or bytes that :func:`decode_image` refuses and for
+    anything else. An array or a PIL image is already in memory: the library takes any
+    shape, and the app checks the ones people give it (``otviz.ui.inputs.fit_image``).
     """
     if isinstance(image, (str, os.PathLike, bytes, bytearray)):
         return decode_image(image, name)

@@ -110,9 +110,12 @@ def _server_roots() -> list[str]:
 
 
 def scrub_server_paths(message: str) -> str:
-    """``message`` with every path under a server folder (the temp dir, the working
-    directory, the home folder, the Python prefix, the install) cut to its last part."""
+    """``message`` with every path below a server folder (the temp dir, the working
+    directory, the home folder, the Python prefix, the install) cut to its last part. Only
+    paths below one are cut, starting where a path starts: a folder's own name alone
+    (``/root`` typed by a person) and a longer name that merely begins like one
+    (``/rooted``) are the person's text and stay as written."""
     for root in _server_roots():
-        pattern = re.escape(root) + r"(?:/[^\s'\",;:)\]]*)?"
+        pattern = r"(?<![\w./~-])" + re.escape(root) + r"/[^\s'\",;:)\]]+"
         message = re.sub(pattern, lambda m: Path(m.group()).name or "…", message)
     return message

@@ -20,13 +20,17 @@ def has_letter_or_digit(text: str) -> bool:
 
 
 def check_caption(caption: str | None, what: str = "the caption") -> str:
-    """``caption`` stripped; :class:`InputError` when it is empty or over
-    :data:`MAX_CAPTION_CHARS` characters."""
+    """``caption`` stripped; :class:`InputError` when it is empty, over
+    :data:`MAX_CAPTION_CHARS` characters or has no letter or digit (of any script). The one
+    caption rule: text boxes and the captions of uploaded files (CSV, COCO, Karpathy) alike;
+    ``what`` says where the caption is in the message."""
     text = (caption or "").strip()
     if not text:
         raise InputError(f"{what} is empty: type what the image shows")
     if len(text) > MAX_CAPTION_CHARS:
-        raise InputError(f"{what} is over {MAX_CAPTION_CHARS} characters")
+        raise InputError(f"{what} is over {MAX_CAPTION_CHARS} characters ({len(text)})")
+    if not has_letter_or_digit(text):
+        raise InputError(f"{what} has no letter or digit: type what the image shows")
     return text
 
 

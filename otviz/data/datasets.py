@@ -42,12 +42,15 @@ from PIL import Image
 
 from otviz.boundary.images import to_rgb
 from otviz.boundary.paths import NOT_FOUND, confine, inside
-from otviz.errors import UserInputError
+from otviz.boundary.text import MAX_CAPTION_CHARS, check_caption
+from otviz.errors import InputError, UserInputError
 from otviz.world import Sample, World, WorldConfig
 
 _SHOWN = 5  # missing paths listed in an error message
 _PATH_HEADERS = {"path", "image", "file", "filename", "filepath", "image_path"}
 _CAPTION_HEADERS = {"caption", "text", "sentence"}
+#: What the csv module says of a field over :func:`csv.field_size_limit`.
+_FIELD_LIMIT = "field larger than field limit"
 
 
 class DatasetError(UserInputError, ValueError):
@@ -288,12 +291,7 @@ def load_caption_csv(
     file share one image."""
     path = Path(csv_file)
     shown = _annotation(path, root)
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            rows = [(n, r) for n, r in enumerate(csv.reader(f, strict=True), start=1) if r]
-    except (csv.Error, UnicodeDecodeError) as e:
-        raise MalformedDatasetError(f"{shown}: not a readable UTF-8 CSV ({type(e).__name__})"
-                                    ) from e
+    rows = _csv_rows(path, shown)
     if rows and _is_header(rows[0][1]):
         rows = rows[1:]
     index: dict[Path | str, int] = {}
@@ -442,9 +440,39 @@ def _fields(entry: Any, keys: tuple[str, ...], shown: str, where: str) -> tuple[
 
 
 def _caption(value: Any, shown: str, where: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise MalformedDatasetError(f"{shown}: {where}: caption is empty or not text")
-    return value.strip()
+    """A caption of an annotation file, checked by the text boxes' rule
+    (:func:`~otviz.boundary.text.check_caption`: not empty, at most
+    :data:`~otviz.boundary.text.MAX_CAPTION_CHARS` characters, a letter or digit)."""
+    if not isinstance(value, str):
+        raise MalformedDatasetError(f"{shown}, {where}: the caption is not text")
+    try:
+        return check_caption(value, f"{shown}, {where}: the caption")
+    except InputError as e:
+        raise MalformedDatasetError(str(e)) from None
+
+
+def _csv_rows(path: Path, shown: str) -> list[tuple[int, list[str]]]:
+    """The non-empty rows of a UTF-8 CSV with their line numbers. A field over the csv
+    module's limit (:func:`csv.field_size_limit`, far above any caption) is answered as the
+    over-long caption it is, with its line."""
+    rows: list[tuple[int, list[str]]] = []
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f, strict=True)
+            for row in reader:
+                if row:
+                    rows.append((reader.line_num, row))
+    except UnicodeDecodeError as e:
+        raise MalformedDatasetError(f"{shown}: not a readable UTF-8 CSV ({type(e).__name__})"
+                                    ) from e
+    except csv.Error as e:
+        if _FIELD_LIMIT in str(e):
+            raise MalformedDatasetError(
+                f"{shown}, line {reader.line_num}: the caption is over {MAX_CAPTION_CHARS} "
+                f"characters (over {csv.field_size_limit()})") from None
+        raise MalformedDatasetError(f"{shown}, line {reader.line_num}: not a readable CSV "
+                                    f"row ({e})") from e
+    return rows
 
 
 def _is_header(row: list[str]) -> bool:

@@ -9,6 +9,7 @@ server can tell leftovers of a process that is gone from entries in use
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -47,16 +48,32 @@ def owner_alive(directory: Path) -> bool:
 
 
 def discard(directory: Path) -> None:
-    """Delete ``directory``: renamed out of the way first (atomic), then removed."""
+    """Delete ``directory``: renamed out of the way first (atomic), then removed (a
+    directory another request removed meanwhile is left as it is)."""
     trash = Path(tempfile.mkdtemp(prefix=".discard.", dir=directory.parent))
-    os.rename(directory, trash / "entry")
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(directory, trash / "entry")
     shutil.rmtree(trash, ignore_errors=True)
 
 
 def disk_bytes(directory: Path, recursive: bool = False) -> int:
-    """Bytes of the files in ``directory`` (and below it when ``recursive``)."""
-    files = directory.rglob("*") if recursive else directory.iterdir()
-    return sum(f.stat().st_size for f in files if f.is_file() and not f.is_symlink())
+    """Bytes of the files in ``directory`` (and below it when ``recursive``); files another
+    request removes meanwhile (a refused upload's entry) count nothing."""
+    total = 0
+    with contextlib.suppress(FileNotFoundError):
+        for f in directory.rglob("*") if recursive else directory.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                if f.is_file() and not f.is_symlink():
+                    total += f.stat().st_size
+    return total
+
+
+def last_change_ns(directory: Path) -> int:
+    """``directory``'s last change in ns (0 for one removed meanwhile), the order of use."""
+    try:
+        return directory.stat().st_mtime_ns
+    except FileNotFoundError:
+        return 0
 
 
 def evict_least_recent(entries: Sequence[Path], sizes: Sequence[int], max_bytes: int

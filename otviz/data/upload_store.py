@@ -21,6 +21,7 @@ from otviz.boundary.paths import unpack_uploads
 from otviz.data.disk_lru import (
     disk_bytes,
     evict_least_recent,
+    last_change_ns,
     owner_alive,
     write_owner,
 )
@@ -42,7 +43,7 @@ class UploadStore:
         if not self.root.is_dir():
             return []
         found = [d for d in self.root.iterdir() if d.is_dir() and not d.name.startswith(".")]
-        return sorted(found, key=lambda d: d.stat().st_mtime_ns)
+        return sorted(found, key=last_change_ns)
 
     @contextlib.contextmanager
     def unpacked(self, files: Sequence[str | os.PathLike]) -> Iterator[Path]:

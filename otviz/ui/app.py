@@ -20,6 +20,7 @@ from otviz.ui.phrases_tab import build_phrases_tab
 from otviz.ui.probe_tab import build_probe_tab
 from otviz.ui.train_jobs import TrainingJobs
 from otviz.ui.train_tab import build_train_tab
+from otviz.ui.upload_cache import DELETE_CACHE, own_upload_cache
 from otviz.ui.words_tab import build_words_tab
 from otviz.ui.zeroshot_tab import build_zeroshot_tab
 
@@ -92,9 +93,11 @@ def build_app(
 ) -> gr.Blocks:
     """The app's Blocks: every view on one shared image, caption and checkpoint, then
     Browse (whose rows open in Align) and Train; on the embedded tiny CLIP (plus the real
-    CLIPs :func:`remote_models` allows) unless another context is given."""
+    CLIPs :func:`remote_models` allows) unless another context is given. Gradio deletes the
+    files it cached for the app on :data:`~otviz.ui.upload_cache.DELETE_CACHE`'s schedule
+    and when the server stops."""
     ctx = ctx or AppContext.default(remote_models())
-    with gr.Blocks(title="otviz") as app:
+    with gr.Blocks(title="otviz", delete_cache=DELETE_CACHE) as app:
         gr.Markdown(INTRO)
         shared = build_shared_inputs(ctx)
         links = {}
@@ -144,8 +147,11 @@ def server_logging() -> None:
 
 def launch(max_file_size: str | int | None = None, **kwargs) -> None:
     """Build and serve the app with a bounded queue and bounded uploads and its log
-    (:func:`server_logging`); on a Space the benepar parser is fetched at start-up."""
+    (:func:`server_logging`), Gradio's upload cache under the app's data folder
+    (:func:`~otviz.ui.upload_cache.own_upload_cache`); on a Space the benepar parser is
+    fetched at start-up."""
     server_logging()
+    own_upload_cache()  # before any component is built: they read it when built
     if on_space() and not try_download_benepar():
         log.info("benepar unavailable: trees come from the built-in parser")
     app = build_app()

@@ -44,7 +44,8 @@ from otviz.suite import method_choices
 from otviz.ui.align_tab import AlignLink
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.events import on_edit
-from otviz.ui.inputs import CheckedFile, user_errors
+from otviz.ui.inputs import CheckedFile, fit_image, user_errors
+from otviz.ui.upload_cache import discarded_if_refused, lone_archive
 from otviz.viz.browse import browse_frame, browse_page_image
 
 TAB_TITLE = "Browse"
@@ -80,7 +81,9 @@ class BrowseSources:
     features_dir: Path = Path(".cache/otviz-features")
     uploads_dir: Path = Path(".cache/otviz-uploads")
     uploads_cap_bytes: int = 2 * 2**30
+    max_images: int = MAX_IMAGES  # images of an upload read (the first ones)
     roots: dict[tuple, Path] = field(default_factory=dict)  # table key -> its unpacked upload
+    notes: dict[tuple, str] = field(default_factory=dict)  # table key -> what it left out
 
     @property
     def uploads(self) -> UploadStore:
@@ -104,10 +107,14 @@ def load_table(
     ctx: AppContext, sources: BrowseSources, checkpoint: str, source: str,
     n_images: float | None = DEFAULT_IMAGES, split: str = "test", files: Any = None,
     explainers: tuple[str, ...] = (),
+    notes: list[str] | None = None,
 ) -> BrowseTable:
     """The checkpoint's table of the source (computed on first use, then kept): the first
-    ``n_images`` of a world split, or the uploaded folder (a .zip or its files); with the
-    ``explainers``' columns (:func:`otviz.explainers.explainers_needed`)."""
+    ``n_images`` of a world split, or the first ``sources.max_images`` images of the
+    uploaded folder (a .zip or its files, each image with its first caption); with the
+    ``explainers``' columns (:func:`otviz.explainers.explainers_needed`). What the table
+    leaves out of an upload (:func:`skipped_note`) is appended to ``notes`` when given. A
+    refused upload is removed from the server at once."""
     if source not in SOURCES:
         raise InputError(f"unknown source {source!r}; choose one of {list(SOURCES)}")
     suite = ctx.suite(checkpoint)
@@ -129,7 +136,7 @@ def load_table(
     key = (checkpoint, source, tuple(paths), explainers)
 
     def compute() -> BrowseTable:
-        with sources.uploads.unpacked(paths) as root:
+        with discarded_if_refused(lone_archive(paths)), sources.uploads.unpacked(paths) as root:
             try:
                 folder = load_image_captions(root, root=root)
             except DatasetError as e:
@@ -137,9 +144,12 @@ def load_table(
             except OSError:
                 raise InputError(f"cannot read the uploaded folder: a file is {NOT_FOUND}"
                                  ) from None
-            table = folder_browse(suite, first_captions(folder), sources.features_dir,
-                                  explainers=explainers)
+            table = folder_browse(suite, first_captions(folder, sources.max_images),
+                                  sources.features_dir, explainers=explainers)
         sources.roots[key] = root
+        note = skipped_note(folder.n_images, sources.max_images)
+        if note:
+            sources.notes[key] = note
         return table
 
     if not paths:
@@ -148,7 +158,18 @@ def load_table(
     table = sources.cache.get(key, compute)
     if key in sources.roots:
         sources.uploads.touch(sources.roots[key])
+    if notes is not None and key in sources.notes:
+        notes.append(sources.notes[key])
     return table
+
+
+def skipped_note(n_images: int, max_images: int) -> str | None:
+    """What Browse says of an upload of ``n_images`` captioned images when it reads only
+    the first ``max_images`` (``None`` when it reads them all)."""
+    if n_images <= max_images:
+        return None
+    return (f"{n_images - max_images:,} of the upload's {n_images:,} images skipped: Browse "
+            f"reads the first {max_images:,}")
 
 
 @dataclass
@@ -167,10 +188,13 @@ def browse_view(
     table: BrowseTable, methods: list[str] | None, a: str = DEFAULT_A, b: str = DEFAULT_B,
     hit_filter: str = ALL_ROWS, kinds: list[str] | None = None, order: str = SET_ORDER,
     page: float | None = 1, per_page: float | None = DEFAULT_PER_PAGE,
+    source_notes: list[str] | None = None,
 ) -> BrowseView:
     """The rows passing the filters, in ``order``, page ``page`` (clamped) drawn; a ticked
-    explainer that cannot read the backbone's tower is left out, its note in the status."""
-    notes = [table.unavailable[m] for m in methods or [] if m in table.unavailable]
+    explainer that cannot read the backbone's tower is left out, its note in the status
+    after the ``source_notes`` (what the table left out of its source)."""
+    notes = [*(source_notes or []),
+             *(table.unavailable[m] for m in methods or [] if m in table.unavailable)]
     methods = [m for m in methods or [] if m not in table.unavailable]
     if not methods:
         raise InputError(" · ".join([*notes, "tick at least one method to show"]))
@@ -191,14 +215,17 @@ def browse_view(
 
 
 def open_row(table: BrowseTable, rows: list[int], index: int) -> tuple[np.ndarray, str, str]:
-    """``(image, caption, phrase picker value "span:start:end")`` of table row ``index``."""
+    """``(image, caption, phrase picker value "span:start:end")`` of table row ``index``;
+    the image scaled down as an upload is (:func:`~otviz.ui.inputs.fit_image`), so the
+    page's image input can show it back."""
     if not 0 <= int(index) < len(rows):
         raise InputError("that row is not on this page")
     q = rows[int(index)]
     if not 0 <= q < len(table):
         raise InputError("that row is not in the table: load it again")
     item = table.items[q]
-    return table.load_image(item.image), item.caption, f"span:{item.start}:{item.end}"
+    image = fit_image(table.load_image(item.image))[0]
+    return image, item.caption, f"span:{item.start}:{item.end}"
 
 
 def build_browse_tab(
@@ -242,9 +269,10 @@ def build_browse_tab(
     gr.Markdown(HOW_TO_READ)
 
     def show(checkpoint, src, n, spl, fls, meth, ma, mb, hf, kd, od, pg, pp):
+        notes: list[str] = []
         table = load_table(ctx, sources, checkpoint, src, n, spl, fls,
-                           explainers_needed([*(meth or []), ma, mb]))
-        v = browse_view(table, meth, ma, mb, hf, kd, od, pg, pp)
+                           explainers_needed([*(meth or []), ma, mb]), notes)
+        v = browse_view(table, meth, ma, mb, hf, kd, od, pg, pp, notes)
         return v.image, v.frame, v.status, v.page, v.rows
 
     def first_page(*args):

@@ -14,26 +14,30 @@ import inspect
 import logging
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import gradio.component_meta
 import numpy as np
+from gradio.data_classes import ListFiles
+from gradio.utils import NamedString
+from gradio_client import utils as client_utils
 from PIL import Image
 
 from otviz.boundary.images import (
-    MAX_IMAGE_PIXELS,
     UNREADABLE_IMAGE,
     ImageInput,
     ImageInputError,
+    check_size,
     decode_image,
     header_size,
     to_rgb,
-    too_large,
 )
 from otviz.boundary.paths import scrub_server_paths
 from otviz.errors import UserInputError
 from otviz.explain import Encoded, Explainer
+from otviz.ui.upload_cache import discard_upload, discarded_if_refused, why_gone
 
 log = logging.getLogger("otviz.ui")
 
@@ -114,10 +118,33 @@ def user_errors(fn: Callable) -> Callable:
 
 def guard_callbacks(blocks: gr.Blocks) -> None:
     """Every callback registered on ``blocks`` through :func:`user_errors` (those already
-    wrapped stay as they are), so that no event of the page can end in a bare "Error"."""
+    wrapped stay as they are), so that no event of the page can end in a bare "Error"; and
+    Gradio's own refusals of an input before any callback (:func:`quiet_refusals`) one log
+    line each."""
     for block_fn in blocks.fns.values():
         if block_fn.fn is not None:
             block_fn.fn = user_errors(block_fn.fn)
+    quiet_refusals(blocks)
+
+
+def quiet_refusals(blocks: gr.Blocks) -> None:
+    """Gradio's own checks of an event's inputs, which run before any callback (a value
+    not among a dropdown's, a radio's or a checkbox group's choices, sent through the API)
+    refuse with a ``gr.Error`` that Gradio logs with its traceback: ``blocks`` logs one
+    line with an id instead, as for the app's user errors. On the Blocks itself, the
+    object that preprocesses every event's inputs (components are copied per session)."""
+    preprocess = blocks.preprocess_data
+
+    @functools.wraps(preprocess)
+    async def preprocess_data(*args, **kwargs):
+        try:
+            return await preprocess(*args, **kwargs)
+        except gr.Error as e:
+            if e.print_exception:
+                raise user_error("input check", e.message) from None
+            raise
+
+    blocks.preprocess_data = preprocess_data  # type: ignore[method-assign]
 
 
 def image_size(image: Any) -> tuple[int, int] | None:
@@ -139,14 +166,14 @@ def image_size(image: Any) -> tuple[int, int] | None:
 def fit_image(image: ImageInput | None) -> tuple[ImageInput | None, str | None]:
     """The upload scaled down so that its longer side is at most :data:`MAX_IMAGE_SIDE`
     (aspect ratio kept, Lanczos filter), with a note saying so; unchanged (and no note)
-    when it already fits. Raises :class:`ImageInputError` beyond :data:`MAX_IMAGE_PIXELS`
-    and for what is not an image."""
+    when it already fits. Raises :class:`ImageInputError` for an image
+    :func:`~otviz.boundary.images.check_size` refuses (too many pixels, too thin) and for
+    what is not an image."""
     size = image_size(image)
     if size is None:
         return None, None
     width, height = size
-    if width * height > MAX_IMAGE_PIXELS:
-        raise too_large("the image", width, height)
+    check_size("the image", width, height)
     if max(width, height) <= MAX_IMAGE_SIDE:
         return image, None
     scale = MAX_IMAGE_SIDE / max(width, height)
@@ -156,10 +183,18 @@ def fit_image(image: ImageInput | None) -> tuple[ImageInput | None, str | None]:
     return np.asarray(resized), note
 
 
+def gone(path: str, name: str) -> str:
+    """What an event is told of an upload no longer on the server: why it was refused
+    (:func:`~otviz.ui.upload_cache.why_gone`), else that it expired (the upload cache's
+    schedule removed it: :mod:`otviz.ui.upload_cache`)."""
+    return why_gone(path) or f"{name} is no longer on the server (expired): upload it again"
+
+
 def decode_upload(payload: Any) -> np.ndarray | None:
     """An image component's upload (a file, or a ``data:`` URL) as uint8 RGB ``[H, W, 3]``,
-    decoded once by :func:`~otviz.boundary.images.decode_image` (pixel limit from the
-    header first, 16-bit scaled); a bad upload is a page message naming it."""
+    decoded once by :func:`~otviz.boundary.images.decode_image` (pixel limit and aspect
+    ratio from the header first, 16-bit scaled); a bad upload is a page message naming it,
+    and its file leaves Gradio's cache at once."""
     if payload is None:
         return None
     name = getattr(payload, "orig_name", None) or "the upload"
@@ -167,14 +202,20 @@ def decode_upload(payload: Any) -> np.ndarray | None:
     try:
         if url.startswith("data:"):
             try:
-                source: Any = base64.b64decode(url.split(",", 1)[-1], validate=False)
+                data = base64.b64decode(url.split(",", 1)[-1], validate=False)
             except (binascii.Error, ValueError):
                 raise ImageInputError(f"{name} is {UNREADABLE_IMAGE}") from None
-        else:
-            source = getattr(payload, "path", None)
-            if not source:
-                raise ImageInputError(f"{name} is {UNREADABLE_IMAGE}")
-        return np.asarray(decode_image(source, name))
+            return np.asarray(decode_image(data, name))
+        path = getattr(payload, "path", None)
+        if not path:
+            raise ImageInputError(f"{name} is {UNREADABLE_IMAGE}")
+        if not Path(path).is_file():
+            raise ImageInputError(gone(path, name))
+        try:
+            with discarded_if_refused([path]):
+                return np.asarray(decode_image(path, name))
+        except ImageInputError as e:  # the same reason as an event that removed it meanwhile
+            raise ImageInputError(why_gone(path) or str(e)) from None
     except UserInputError as e:
         raise user_error("image upload", str(e)) from None
 
@@ -207,19 +248,34 @@ with _no_type_stub():
             return decode_upload(payload)
 
     class CheckedFile(gr.File):
-        """The app's file input: Gradio's own refusal of an upload in its preprocessing
-        (a file type the input does not take), which runs before any callback, becomes a
-        user error like the app's own (one log line with its id, the message escaped)
-        instead of a traceback in the server log. A template of ``gr.File``, as
+        """The app's file input (paths to the uploaded files): a file of a type the input
+        does not take is refused before any callback as a user error like the app's own
+        (one log line with its id, the message escaped), and leaves Gradio's cache at once;
+        no stray empty file is left in the cache for each upload (``gr.File`` makes one per
+        file it passes on and never removes it). A template of ``gr.File``, as
         :class:`CheckedImage` is of ``gr.Image``."""
 
         is_template = True
 
         def preprocess(self, payload: Any) -> Any:
-            try:
-                return super().preprocess(payload)
-            except gr.Error as e:
-                raise user_error("file upload", e.message) from None
+            if payload is None:
+                return None
+            files = list(payload) if isinstance(payload, ListFiles) else [payload]
+            refused = [f for f in files if self.file_types
+                       and not client_utils.is_valid_file(f.path, self.file_types)]
+            if refused:
+                names = ", ".join(f.orig_name or Path(f.path).name for f in refused)
+                message = (f"Invalid file type: {names}; upload files of these types: "
+                           f"{self.file_types}")
+                for f in refused:
+                    discard_upload(f.path, message)
+                raise user_error("file upload", message)
+            for f in files:
+                if not Path(f.path).is_file():
+                    raise user_error("file upload",
+                                     gone(f.path, f.orig_name or Path(f.path).name))
+            paths = [NamedString(f.path) for f in files]
+            return paths[0] if self.file_count == "single" else paths
 
 
 def truncation_note(encoded: Encoded) -> str | None:

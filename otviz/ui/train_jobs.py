@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
+from otviz.boundary.images import ImageInputError, header_size
 from otviz.boundary.paths import NOT_FOUND, inside, unpack_uploads
-from otviz.data.datasets import DatasetError, load_image_captions
+from otviz.data.datasets import CaptionFolder, DatasetError, load_image_captions
 from otviz.data.feature_cache import FeatureCache
 from otviz.errors import UserInputError
 from otviz.explain import InputError
@@ -36,6 +37,7 @@ from otviz.train.loop import ENCODING, TrainResult, train_method
 from otviz.ui.context import SEPARATOR, AppContext, HeadSet, on_space
 from otviz.ui.head_registry import load_head_sets, record_head_set
 from otviz.ui.probe_tab import run_batch_probe
+from otviz.ui.upload_cache import discarded_if_refused, lone_archive
 
 log = logging.getLogger("otviz.ui.train_jobs")
 
@@ -167,6 +169,22 @@ def data_folder(typed: str) -> Path:
     return path
 
 
+def _checked_folder(path: Path, split: str, root: Path | None) -> CaptionFolder:
+    """The image-caption folder at ``path``, read confined to ``root``: its captions pass
+    the text boxes' rule (the loaders check them) and every image's header the images'
+    (:func:`~otviz.boundary.images.header_size`: pixels, aspect ratio), so that a bad
+    folder is refused before training starts."""
+    try:
+        dataset = load_image_captions(path, split=split, root=root)
+        for image in dataset.image_paths:
+            header_size(image, image.name)
+    except (DatasetError, ImageInputError) as e:
+        raise InputError(f"cannot train on this data: {e}") from None
+    except OSError:
+        raise InputError(f"cannot train on this data: a file is {NOT_FOUND}") from None
+    return dataset
+
+
 def resolve_data(request: TrainRequest, upload_dir: Path) -> tuple[str, int]:
     """``(TrainConfig.data, number of training pairs)`` of the request, the folder read and
     checked (every image present) now, so that a bad folder fails before training. Only
@@ -177,16 +195,11 @@ def resolve_data(request: TrainRequest, upload_dir: Path) -> tuple[str, int]:
         return WORLD, int(request.n_train)
     if request.data == FOLDER:
         path = data_folder(request.folder or "")
-        root = data_root()
+        dataset = _checked_folder(path, request.split, data_root())
     else:
-        path = unpack_uploads(request.uploads, upload_dir)
-        root = upload_dir
-    try:
-        dataset = load_image_captions(path, split=request.split, root=root)
-    except DatasetError as e:
-        raise InputError(f"cannot train on this data: {e}") from None
-    except OSError:
-        raise InputError(f"cannot train on this data: a file is {NOT_FOUND}") from None
+        with discarded_if_refused(lone_archive(request.uploads)):  # a refused .zip goes
+            path = unpack_uploads(request.uploads, upload_dir)
+            dataset = _checked_folder(path, request.split, upload_dir)
     if len(dataset) > cap:
         raise InputError(f"the data has {len(dataset)} pairs; at most {cap} here")
     if len(dataset) < request.batch_size:

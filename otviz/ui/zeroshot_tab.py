@@ -33,7 +33,8 @@ from otviz.explain import InputError
 from otviz.text.words import article
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
-from otviz.ui.inputs import CheckedFile, user_errors
+from otviz.ui.inputs import CheckedFile, fit_image, user_errors
+from otviz.ui.upload_cache import discarded_if_refused
 from otviz.viz.zeroshot import accuracy_bars_figure, message_figure, selective_curve_figure
 from otviz.world import ClassificationView, long_tailed_counts
 from otviz.world.classification import TASKS
@@ -119,13 +120,19 @@ def world_batch(
 def load_images(files: Sequence | None) -> list[np.ndarray]:
     """Uploaded files (paths, or objects with a ``.name`` path) as RGB arrays, each decoded
     through the input boundary (:func:`~otviz.boundary.images.decode_image`: pixel limit
-    from the header, a message naming the file)."""
+    and aspect ratio from the header, a message naming the file) and scaled down to the
+    app's longest side (:func:`~otviz.ui.inputs.fit_image`), so the gallery shows each one
+    back within what its encoder takes."""
     paths = [getattr(f, "name", f) for f in (files or [])]
     if not paths:
         raise InputError("no images: upload some, or use a world batch")
     if len(paths) > MAX_IMAGES:
         raise InputError(f"at most {MAX_IMAGES} images at once, got {len(paths)}")
-    return [np.asarray(decode_image(path)) for path in paths]
+    images = []
+    for path in paths:
+        with discarded_if_refused([path]):  # a refused image leaves the server at once
+            images.append(np.asarray(fit_image(np.asarray(decode_image(path)))[0]))
+    return images
 
 
 def parse_classes(text: str | None) -> list[str]:

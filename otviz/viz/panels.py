@@ -32,6 +32,9 @@ BACKDROP = 0.55
 TITLE_PX = 20
 GAP_PX = 6
 BAR_PX = 12  # colour bar thickness
+#: The shortest shared colour bar: a row of panels of a wide, thin image is lower than the
+#: bar's five ticks need, and the figure grows to hold the bar instead.
+MIN_BAR_PX = 80
 
 
 @lru_cache(maxsize=8)
@@ -263,16 +266,19 @@ def compose_heatmaps(
                 round(v) for v in (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
             )
             top = y + TITLE_PX
-            draw.rectangle(
-                [x + x0, top + y0, x + x1 - 1, top + y1 - 1], outline=BOX_COLOUR, width=2
+            draw.rectangle(  # a box thinner than a pixel on a thin panel is a line
+                [x + x0, top + y0, x + max(x0, x1 - 1), top + max(y0, y1 - 1)],
+                outline=BOX_COLOUR, width=2,
             )
         if not shared_scale and note is None:
             canvas.paste(_horizontal_bar(pw, vmin, vmax, cmap), (x, y + TITLE_PX + ph + 2))
     if shared_scale:
         bar = _vertical_bar(
-            rows * cell_h - TITLE_PX - GAP_PX - 10, *limits[0], cmap, colorbar_label
+            max(MIN_BAR_PX, rows * cell_h - TITLE_PX - GAP_PX - 10), *limits[0], cmap,
+            colorbar_label,
         )
-        full = Image.new("RGB", (canvas.width + bar.width, canvas.height), BACKGROUND)
+        height = max(canvas.height, TITLE_PX - 5 + bar.height)
+        full = Image.new("RGB", (canvas.width + bar.width, height), BACKGROUND)
         full.paste(canvas, (0, 0))
         full.paste(bar, (canvas.width, TITLE_PX - 5))
         canvas = full

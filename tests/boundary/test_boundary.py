@@ -1,10 +1,12 @@
-"""The input boundary: images decoded once with the pixel limit from the header and high bit
-depths scaled (checked against the closed form), text checks (letters of any script), path
-confinement and unpacking (lying zip headers), and server paths cut from messages."""
+"""The input boundary: images decoded once with the pixel limit and the aspect-ratio bound
+from the header and high bit depths scaled (checked against the closed form), text checks
+(letters of any script) for text boxes and captions in files alike, path confinement and
+unpacking (lying zip headers), and server paths (only those) cut from messages."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import struct
 import tempfile
@@ -16,6 +18,7 @@ import pytest
 from PIL import Image
 
 from otviz.boundary.images import (
+    MAX_ASPECT_RATIO,
     MAX_IMAGE_PIXELS,
     ImageInputError,
     decode_image,
@@ -28,7 +31,8 @@ from otviz.boundary.paths import (
     scrub_server_paths,
     unpack_uploads,
 )
-from otviz.boundary.text import check_caption, check_phrase, parse_word_list
+from otviz.boundary.text import MAX_CAPTION_CHARS, check_caption, check_phrase, parse_word_list
+from otviz.data.datasets import MalformedDatasetError, load_image_captions
 from otviz.errors import InputError
 from tests.helpers import png_header
 
@@ -61,6 +65,33 @@ def test_the_pixel_limit_is_read_from_the_header(tmp_path):
     assert header_size(png_header(side, side)) == (side, side)
 
 
+@pytest.mark.parametrize("width, height", [(20000, 1), (1, 20000), (16384, 2), (2, 16384),
+                                           (MAX_ASPECT_RATIO + 1, 1), (4200, 200)])
+def test_thin_images_are_refused_with_the_bound_and_their_size(width, height):
+    """Every path from a file or bytes (header, decode, to_rgb) refuses a side more than
+    MAX_ASPECT_RATIO (20) times the other, saying the bound and the image's size; the app's
+    arrays pass the same check (``tests/ui/test_extreme_images.py``)."""
+    expected = (f"thin.png is too thin ({width}x{height} pixels; the longer side may be at "
+                "most 20 times the shorter): crop it and upload it again")
+    assert MAX_ASPECT_RATIO == 20
+    header = png_header(width, height)
+    for call in (header_size, decode_image, to_rgb):
+        with pytest.raises(ImageInputError) as refused:
+            call(header, "thin.png")
+        assert str(refused.value) == expected
+
+
+@pytest.mark.parametrize("width, height", [(1, 1), (20, 1), (1, 20), (2000, 100), (3, 2)])
+def test_small_and_elongated_images_within_the_bound_pass(width, height):
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG")
+    assert header_size(buffer.getvalue()) == (width, height)
+    np.testing.assert_array_equal(np.asarray(decode_image(buffer.getvalue())), pixels)
+    np.testing.assert_array_equal(np.asarray(to_rgb(pixels)), pixels)
+
+
 @pytest.mark.parametrize("content", [b"", b"just text", png_header(20, 20)[:30]])
 def test_unreadable_files_name_the_upload_only(tmp_path, content):
     path = tmp_path / "upload.png"
@@ -81,9 +112,16 @@ def test_a_truncated_png_is_refused(tmp_path):
 
 def test_text_checks():
     assert check_caption("  a red circle ") == "a red circle"
-    for bad, message in (("", "empty"), (" \t\n", "empty"), ("x" * 1001, "over 1000")):
-        with pytest.raises(InputError, match=message):
+    assert check_caption("دائرة حمراء") == "دائرة حمراء"  # letters of any script
+    for bad, message in (
+        ("", "the caption is empty: type what the image shows"),
+        (" \t\n", "the caption is empty: type what the image shows"),
+        ("x" * 1001, "the caption is over 1000 characters (1001)"),
+        ("!!! ... ???", "the caption has no letter or digit: type what the image shows"),
+    ):
+        with pytest.raises(InputError) as refused:
             check_caption(bad)
+        assert str(refused.value) == message
     with pytest.raises(InputError, match="pick a word"):
         check_phrase("  ")
     assert parse_word_list("أحمر، دائرة, красный; 赤") == ["أحمر، دائرة", "красный", "赤"]
@@ -133,3 +171,53 @@ def test_server_paths_are_cut_from_messages():
     message = f"cannot read {tmp}/otviz-browse-x1/captions.csv: line 1; and {os.getcwd()}/a/b.png"
     assert scrub_server_paths(message) == "cannot read captions.csv: line 1; and b.png"
     assert scrub_server_paths("a red/blue circle") == "a red/blue circle"
+
+
+def test_what_a_person_typed_is_not_edited():
+    """Only paths below a server folder are cut: a server folder's own name typed by a
+    person, a name that merely begins like one, and paths elsewhere stay as written."""
+    home, tmp = str(Path.home()), tempfile.gettempdir()
+    typed = (f'"{home}" is not in the caption; "{tmp}" and "{tmp}rary/x" and '
+             f'"/data{tmp}/x" and "/etc/passwd": not found or not allowed')
+    assert scrub_server_paths(typed) == typed
+    assert scrub_server_paths(f'"{tmp}/gradio/1f/bomb.png" is too large') == (
+        '"bomb.png" is too large')
+
+
+# ----------------------------------------------------------------------- captions in files
+def _captions_csv(tmp_path: Path, caption: str) -> Path:
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    path = tmp_path / "captions.csv"
+    path.write_text(f"path,caption\na.png,a red circle\na.png,{caption}\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("caption, message", [
+    ("x" * 950_000, "captions.csv, line 3: the caption is over 1000 characters (over 131072)"),
+    ("a red circle " * 146 + "xy", "captions.csv, line 3: the caption is over 1000 characters "
+                                  "(1900)"),
+    ("!!! ...", "captions.csv, line 3: the caption has no letter or digit: type what the "
+                "image shows"),
+    ('" "', "captions.csv, line 3: the caption is empty: type what the image shows"),
+])
+def test_captions_in_files_obey_the_text_boxes_rule(tmp_path, caption, message):
+    """A caption in an uploaded CSV is refused as the caption box refuses it, with its line;
+    a field over the csv module's own limit (a valid UTF-8 file) is an over-long caption,
+    not an unreadable CSV."""
+    path = _captions_csv(tmp_path, caption)
+    with pytest.raises(MalformedDatasetError) as refused:
+        load_image_captions(path, root=tmp_path)
+    assert str(refused.value) == message
+
+
+def test_captions_in_files_take_every_script_and_coco_files_the_same_rule(tmp_path):
+    path = _captions_csv(tmp_path, "دائرة حمراء بجانب نجمة زرقاء")
+    assert load_image_captions(path, root=tmp_path).captions[1] == "دائرة حمراء بجانب نجمة زرقاء"
+    coco = tmp_path / "annotations" / "captions_test.json"
+    coco.parent.mkdir()
+    coco.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.png"}], "annotations": [
+        {"image_id": 1, "caption": "y" * (MAX_CAPTION_CHARS + 1)}]}))
+    with pytest.raises(MalformedDatasetError) as refused:
+        load_image_captions(coco, image_root=tmp_path, root=tmp_path)
+    assert str(refused.value) == ("annotations/captions_test.json, annotations[0]: the caption "
+                                  "is over 1000 characters (1001)")

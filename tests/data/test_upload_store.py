@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from otviz.data.disk_lru import OWNER_FILE
+from otviz.data.disk_lru import OWNER_FILE, discard, disk_bytes, last_change_ns
 from otviz.data.upload_store import UploadStore
 from otviz.errors import InputError
 
@@ -52,3 +52,16 @@ def test_folders_of_gone_servers_are_removed_at_start(tmp_path):
     (gone.parent / OWNER_FILE).write_text(str(2**22 + 12345))  # no such process
     assert store.remove_stale() == [gone.parent]
     assert store.entries() == [mine.parent]
+
+
+def test_an_entry_removed_by_another_request_meanwhile_is_skipped(tmp_path):
+    """Requests unpack and refuse uploads at once: sizing, ordering and discarding an entry
+    another request just removed count it as empty instead of failing."""
+    gone = tmp_path / "gone"
+    assert disk_bytes(gone, recursive=True) == 0 and last_change_ns(gone) == 0
+    discard(gone)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    kept = tmp_path / "kept"
+    (kept / "a").mkdir(parents=True)
+    (kept / "a" / "f.bin").write_bytes(b"x" * 10)
+    assert disk_bytes(kept, recursive=True) == 10 and last_change_ns(kept) > 0

@@ -4,16 +4,18 @@ gradio_client on loopback, so Gradio's own decoding and the queue are in the pat
 The registry test reads every event of the served app from its Blocks config, groups the
 events that run the same callback on the same inputs, and drives each group with the
 hostile catalogue in every slot a person fills: images (:data:`IMAGES`: malformed, truncated,
-text named .png, empty, pixel bombs a few bytes long, 16-bit), text (:data:`TEXTS`: empty,
-over-long, control characters, HTML/script, another script, a phrase not in the caption) in
-every textbox and every dropdown that takes typed values, and folders (:data:`FOLDERS`:
-captions naming /etc/shadow or ``../``, zip slips, symlinks, lying zip headers, bombs and
-broken images inside) in every file input. A new view is covered by construction; an input
-of a kind the catalogue does not know fails the test. Every call must end in a result or a
-readable message: never a bare "Error", never an unexpected-error message, never unescaped
-HTML, never a server path; no file outside the uploads and the app's own files is opened (a
-Python audit hook watches the server, which runs in this process), and a refused upload
-leaves no unpacked folder. The counts go to ``$OTVIZ_BAD_INPUTS_REPORT`` (JSON) when set
+text named .png, empty, pixel bombs a few bytes long, 16-bit, thin strips up to 20000x1, a
+1x1 dot), text (:data:`TEXTS`: empty, over-long, control characters, HTML/script, another
+script, a phrase not in the caption) in every textbox and every dropdown that takes typed
+values, and folders (:data:`FOLDERS`: captions naming /etc/shadow or ``../``, zip slips,
+symlinks, lying zip headers, bombs, thin strips and broken images inside, captions of
+950 KB, of 1,900 characters or of no letter, a thin strip or a 1x1 dot alone) in every file
+input. A new view is covered by construction; an input of a kind the catalogue does not
+know fails the test. Every call must end in a result or a readable message: never a bare
+"Error", never an unexpected-error message, never unescaped HTML, never a server path; no
+file outside the uploads and the app's own files is opened (a Python audit hook watches
+the server, which runs in this process), and a refused upload leaves no unpacked folder.
+The counts go to ``$OTVIZ_BAD_INPUTS_REPORT`` (JSON) when set
 (``benchmarks/bad_inputs.py`` writes ``benchmarks/bad_inputs.md`` from it).
 """
 
@@ -38,7 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from gradio.utils import _parse_file_size
+from gradio.utils import _parse_file_size, get_upload_folder
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
@@ -175,6 +177,7 @@ def _sixteen_bit(path: Path) -> Path:
     return _save(Image.fromarray(ramp), path)
 
 
+THIN = "is too thin"
 #: name -> (make the file, what the message must say; None: a result or any readable message)
 IMAGES: dict[str, tuple[Callable[[Path], Path], str | None]] = {
     "truncated.png": (_truncated, f"truncated.png is {UNREADABLE_IMAGE}"),
@@ -184,6 +187,14 @@ IMAGES: dict[str, tuple[Callable[[Path], Path], str | None]] = {
     "bomb144mp.png": (_write(png_header(12_000, 12_000)), "bomb144mp.png is too large"),
     "deep16.png": (_sixteen_bit, None),
     "cmyk.jpg": (lambda p: _save(_rgb().convert("CMYK"), p), None),
+    # thin and extreme: refused beyond 20:1 with their size, drawn and shown back within it
+    "strip20000x1.png": (_write(png_header(20_000, 1)), f"strip20000x1.png {THIN} (20000x1"),
+    "strip1x20000.png": (_write(png_header(1, 20_000)), f"strip1x20000.png {THIN} (1x20000"),
+    "strip16384x2.png": (lambda p: _save(_rgb((16_384, 2)), p),
+                         f"strip16384x2.png {THIN} (16384x2"),
+    "dot1x1.png": (lambda p: _save(_rgb((1, 1)), p), None),
+    "strip20x1.png": (lambda p: _save(_rgb((20, 1)), p), None),
+    "strip1x20.png": (lambda p: _save(_rgb((1, 20)), p), None),
 }
 
 #: name -> text put in one text slot (the others keep valid values)
@@ -253,6 +264,14 @@ FOLDERS: dict[str, Callable[[Path], list[Path]]] = {
     "empty file": _folder("ok.png,a red circle\n", {"ok.png": b""}),
     "16-bit inside": lambda d: _folder("deep.png,a red circle\n", {})(d)
     + [_sixteen_bit(d / "deep.png")],
+    "thin inside": _folder("strip.png,a red circle\n", {"strip.png": png_header(20_000, 1)}),
+    "950 KB caption": _folder(f"ok.png,{'a red circle ' * 73_000}\n", {"ok.png": _png()}),
+    "1,900-character caption": _folder(f"ok.png,{'a red circle ' * 146}xy\n",
+                                       {"ok.png": _png()}),
+    "caption of no letter": _folder("ok.png,!!! ...\n", {"ok.png": _png()}),
+    # images alone (Zero-shot reads them; Browse and Train find no captions)
+    "a 16384x2 strip alone": lambda d: [_save(_rgb((16_384, 2)), d / "strip.png")],
+    "a 1x1 dot alone": lambda d: [_save(_rgb((1, 1)), d / "dot.png")],
 }
 
 
@@ -477,6 +496,7 @@ def test_every_event_survives_the_hostile_catalogue(live_app, example, tmp_path)
     assert kinds == {"image", "text", "folder"}  # the app reads all three
     tally, start = Tally(), time.perf_counter()
     uploads_before = live_app.browse.uploads.entries()
+    cache_before = _cache_files()
     runs_before = set(live_app.jobs.runs_root.glob("*"))
     with _OPENED.watch() as opened, ThreadPoolExecutor(PARALLEL) as pool:
         done = [pool.submit(drive, live_app.url, g, tally, tmp_path / str(g.ids[0]),
@@ -509,6 +529,7 @@ def test_every_event_survives_the_hostile_catalogue(live_app, example, tmp_path)
         "leaks": leaks,
         "files_read_outside": outside[:10],
         "unpacked_uploads_left": len(left),
+        "gradio_cache_files_added": len(_cache_files() - cache_before),
         "uploads_accepted": tally.folder_results,
         "seconds": round(time.perf_counter() - start, 1),
         "groups": [{"callback": g.callback, "events": len(g.ids), "queued": g.queued,
@@ -522,6 +543,11 @@ def test_every_event_survives_the_hostile_catalogue(live_app, example, tmp_path)
     assert read_secrets == [] and outside == [], outside
     # accepted uploads stay (Browse keeps them for its pages), refused ones leave nothing
     assert len(left) <= tally.folder_results and left_runs == []
+
+
+def _cache_files() -> set[Path]:
+    """The files in Gradio's upload cache."""
+    return {p for p in Path(get_upload_folder()).rglob("*") if p.is_file()}
 
 
 def test_an_image_input_copied_by_gradio_still_checks(live_app, tmp_path):
@@ -576,7 +602,8 @@ def test_phrase_and_plan_reads_before_an_align_click_say_so(client, checkpoint, 
     solve: a pair nobody aligned is a message, not work."""
     image, caption = handle_file(example[0]), example[1] + " never aligned"
     for api, args in (("/align_phrase", (image, caption, checkpoint, "grid", True, "red")),
-                      ("/align_plan", (image, caption, checkpoint, "conceptot", 0, "grid"))):
+                      ("/align_plan", (image, caption, checkpoint, "conceptot", None,
+                                       "grid"))):
         message = outcome(client, api, *args)
         assert message is not None and "click Align" in message, api
 

@@ -32,6 +32,7 @@ from otviz.ui.browse_tab import (
     browse_view,
     load_table,
     open_row,
+    skipped_note,
 )
 from otviz.ui.context import AppContext
 from otviz.ui.examples import load_examples
@@ -248,6 +249,45 @@ def test_an_upload_may_only_name_its_own_files(ctx, checkpoint, sources, tmp_pat
     assert MAX > B.MAX_IMAGES
     with pytest.raises(InputError, match="unknown split"):
         load_table(ctx, sources, checkpoint, WORLD_SOURCE, 4, "train/../../etc")
+
+
+def test_an_upload_beyond_the_cap_says_what_was_skipped(ctx, checkpoint, tmp_path):
+    """Browse reads the first ``max_images`` images of an upload and says how many it
+    skipped and why, in the status of every page."""
+    root = tmp_path / "browse"
+    few = BrowseSources(B.BrowseCache(), root / "features", root / "uploads", max_images=3)
+    archive = tmp_path / "five.zip"
+    folder = write_caption_folder(tmp_path / "five", 5)
+    with zipfile.ZipFile(archive, "w") as z:
+        for f in folder.iterdir():
+            z.write(f, f"five/{f.name}")
+    notes: list[str] = []
+    t = load_table(ctx, few, checkpoint, UPLOAD_SOURCE, files=[str(archive)], notes=notes)
+    assert {it.image for it in t.items} == {0, 1, 2}
+    assert notes == ["2 of the upload's 5 images skipped: Browse reads the first 3"]
+    v = browse_view(t, ["conceptot"], per_page=2, source_notes=notes)
+    assert v.status == (f"rows 1–2 of {len(t)} passing (of {len(t)} phrases in 3 images) · "
+                        f"page 1 of {math.ceil(len(t) / 2)} · 2 of the upload's 5 images "
+                        "skipped: Browse reads the first 3")
+    again: list[str] = []  # a page turn reads the kept table, and its note
+    assert load_table(ctx, few, checkpoint, UPLOAD_SOURCE, files=[str(archive)],
+                      notes=again) is t and again == notes
+    assert skipped_note(10_000, 500) == ("9,500 of the upload's 10,000 images skipped: "
+                                         "Browse reads the first 500")
+    assert skipped_note(500, 500) is None
+
+
+def test_an_uploaded_caption_obeys_the_caption_rule(ctx, checkpoint, sources, tmp_path):
+    """A 1,900-character caption, refused by every text box, is refused in an upload too,
+    and the refused upload leaves no unpacked folder."""
+    kept = sources.uploads.entries()
+    folder = write_caption_folder(tmp_path / "long", 2, {1: "a red circle " * 146 + "xy"})
+    with pytest.raises(InputError) as refused:
+        load_table(ctx, sources, checkpoint, UPLOAD_SOURCE,
+                   files=[str(p) for p in folder.iterdir()])
+    assert str(refused.value) == ("cannot read the uploaded folder: captions.csv, line 3: the "
+                                  "caption is over 1000 characters (1900)")
+    assert sources.uploads.entries() == kept
 
 
 # ----------------------------------------------------------------------- the view

@@ -1,0 +1,122 @@
+"""Gradio's upload cache, owned by the app: where Gradio keeps what people upload (and the
+files it serves back), under the app's data folder, cleaned at start and on a schedule.
+
+* **Where.** :func:`own_upload_cache` points Gradio's cache (``GRADIO_TEMP_DIR``, which
+  Gradio reads when a component is built, when the server starts and on every request) at
+  one folder per server process under :data:`UPLOAD_CACHE`, next to the feature cache and
+  the unpacked uploads. A folder the host chose (``GRADIO_TEMP_DIR`` set before the app
+  starts) is kept as it is.
+* **At start.** The folders of servers that are gone are removed (each records its owner
+  process, as the store of unpacked uploads does: :mod:`otviz.data.disk_lru`).
+* **On a schedule.** Gradio's own mechanism, ``gr.Blocks(delete_cache=DELETE_CACHE)``:
+  every hour, the files this server cached that are older than :data:`DELETE_CACHE`'s age
+  go; all of them go when the server stops.
+* **Refused uploads** are removed at once by the input that refused them
+  (:func:`discard_upload`): an image that is not one, too large or too thin, a file of a
+  type the input does not take, an uploaded .zip the view cannot read. Later events that
+  name a removed upload are told why it was refused (:func:`why_gone`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from gradio.utils import get_upload_folder
+
+from otviz.boundary.paths import inside
+from otviz.data.disk_lru import discard, owner_alive, write_owner
+from otviz.errors import UserInputError
+
+#: Gradio's upload cache of the served app, one folder per server process below it.
+UPLOAD_CACHE = Path(".cache/otviz-gradio")
+#: ``gr.Blocks(delete_cache=(frequency, age))``: every hour, the cached files older than
+#: six hours are deleted (an upload stays long enough for a session's page turns).
+DELETE_CACHE = (3600, 6 * 3600)
+_GRADIO_TEMP_DIR = "GRADIO_TEMP_DIR"
+#: Why the latest refused uploads were refused, by their path in the cache (at most
+#: :data:`_REMEMBERED`, the oldest forgotten first).
+_REFUSED: OrderedDict[str, str] = OrderedDict()
+_REMEMBERED = 4096
+_REFUSED_LOCK = threading.Lock()
+
+
+def own_upload_cache(parent: Path = UPLOAD_CACHE) -> Path:
+    """Point Gradio's upload cache at this process's folder under ``parent`` (unless the
+    host set ``GRADIO_TEMP_DIR``), after removing the folders of processes that are gone.
+    Call it before the app's components are built. Returns the cache folder."""
+    host = os.environ.get(_GRADIO_TEMP_DIR)
+    if host:
+        return Path(host)
+    parent.mkdir(parents=True, exist_ok=True)
+    for entry in parent.iterdir():
+        if entry.is_dir() and not entry.name.startswith(".") and not owner_alive(entry):
+            discard(entry)
+    folder = (parent / str(os.getpid())).resolve()
+    folder.mkdir(exist_ok=True)
+    write_owner(folder)
+    os.environ[_GRADIO_TEMP_DIR] = str(folder)
+    return folder
+
+
+def discard_upload(path: str | os.PathLike, reason: str | None = None) -> bool:
+    """Remove an uploaded file from Gradio's cache (and its folder, left empty), only when
+    it lies inside the cache: a path anywhere else is never touched. ``reason`` (why it was
+    refused) is kept for the events that name the upload later (:func:`why_gone`). Returns
+    whether it was removed."""
+    cache = Path(get_upload_folder()).resolve()
+    if not inside(cache, path):
+        return False
+    file = Path(path).resolve()
+    if not file.is_file():
+        return False
+    if reason is not None:
+        _remember(str(path), reason)  # before the file goes: a concurrent event reads it
+    file.unlink(missing_ok=True)
+    if file.parent != cache:  # Gradio keeps each upload in a folder of its own
+        with contextlib.suppress(OSError):
+            file.parent.rmdir()
+    return True
+
+
+def why_gone(path: str | os.PathLike) -> str | None:
+    """Why the upload at ``path`` was refused and removed (``None``: not by this server,
+    or long ago). The page sends a refused upload again with every event that reads its
+    input (an Align click after the upload's own check): each is told the same reason."""
+    with _REFUSED_LOCK:
+        return _REFUSED.get(str(path))
+
+
+def _remember(path: str, reason: str) -> None:
+    with _REFUSED_LOCK:
+        _REFUSED[path] = reason
+        _REFUSED.move_to_end(path)
+        while len(_REFUSED) > _REMEMBERED:
+            _REFUSED.popitem(last=False)
+
+
+def lone_archive(uploads: Sequence[str | os.PathLike]) -> list[str | os.PathLike]:
+    """``uploads`` when they are a single .zip, whose folder a refusal is about; none
+    otherwise (a captions file uploaded alone may be refused for the images missing
+    beside it, and the person may send it again with them)."""
+    if len(uploads) == 1 and Path(uploads[0]).suffix.lower() == ".zip":
+        return list(uploads)
+    return []
+
+
+@contextlib.contextmanager
+def discarded_if_refused(uploads: Sequence[str | os.PathLike]) -> Iterator[None]:
+    """Remove ``uploads`` from Gradio's cache when the block refuses them with a user
+    error; only one upload at a time, whose refusal is certainly about it (an image, a
+    .zip: :func:`lone_archive`). Several files uploaded side by side stay (the person may
+    remove the bad one and send the rest again); Gradio's schedule removes them."""
+    try:
+        yield
+    except UserInputError as e:
+        if len(uploads) == 1:
+            discard_upload(uploads[0], str(e))
+        raise
