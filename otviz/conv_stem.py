@@ -44,12 +44,19 @@ class ConvStem(nn.Module):
             layers += [nn.Conv2d(c_in, c, 3, stride=2, padding=1, bias=False),
                        nn.BatchNorm2d(c), nn.ReLU(inplace=True)]
             c_in = c
+        self.blocks = len(channels)
         layers.append(nn.Conv2d(c_in, width, 1))
         self.layers = nn.Sequential(*layers)
         self.out_channels = width  # read as ``visual.conv1.out_channels`` like the linear embedding
 
     def forward(self, x: Tensor) -> Tensor:
         return self.layers(x)
+
+    def low_level(self, x: Tensor) -> Tensor:
+        """The stem's features before its last block, at half the token stride: local pixel
+        statistics at the scale of a patch, before the last block mixes neighbouring
+        patches (what :mod:`otviz.ood` compares with the world's)."""
+        return self.layers[: 3 * (self.blocks - 1)](x) if self.blocks > 1 else x
 
 
 def install_stem(visual: nn.Module, stem: str) -> None:

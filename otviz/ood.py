@@ -1,13 +1,14 @@
 """How far an image is from the synthetic world, as a backbone sees it.
 
 Score: the backbone's patch embedding (its first layer, ``visual.conv1``: one vector per
-image patch, before any attention) of the image, each patch's Euclidean distance to the
-nearest patch embedding of :data:`N_REFERENCE` world test images, divided by the median
-norm of those references; ``s(x) = -median over the patches of x``. World images are flat
-shapes on plain grounds with a fine grain, so their patches have near neighbours in the
-bank; photographs are textured everywhere and most of their patches do not. (The pooled
-image embedding does not separate them on the tiny CLIP: it maps photos, like noise, close
-to world images.)
+image patch, before any attention; for the embedded model's convolutional stem, the stem's
+features before its last block, :meth:`otviz.conv_stem.ConvStem.low_level`) of the image,
+each patch's Euclidean distance to the nearest patch embedding of :data:`N_REFERENCE` world
+test images, divided by the median norm of those references; ``s(x) = -median over the
+patches of x``. World images are flat shapes on plain grounds with a fine grain, so their
+patches have near neighbours in the bank; photographs are textured everywhere and most of
+their patches do not. (The pooled image embedding does not separate them on the tiny CLIP:
+it maps photos, like noise, close to world images.)
 
 Threshold, calibrated on the loaded backbone at first use (any image size or patch grid,
 never hard-coded): in-world scores of :data:`N_HELD_OUT` other world test images against

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("text",),
     ("world",),
     ("checkpoints",),
-    ("tiny_clip", "towers", "backbone"),
+    ("conv_stem", "tiny_clip", "towers", "backbone"),
     ("data", "suite", "grounding", "ood", "bench", "explainers"),
     ("explain",),
     ("train",),

@@ -15,6 +15,7 @@ from open_clip.transformer import AttentionalPooler, VisionTransformer
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from otviz.conv_stem import ConvStem
 from otviz.towers.base import ImageTower, register_image_tower
 
 
@@ -51,6 +52,13 @@ class VitTower(ImageTower):
         if self.visual.attn_pool is None:
             return "open_clip ViT"
         return "attention-pooled open_clip ViT (CoCa)"
+
+    def stem(self, pixels: Tensor) -> Tensor:
+        """The patch embedding's output per patch; for otviz's convolutional stem its
+        low-level features (:meth:`otviz.conv_stem.ConvStem.low_level`)."""
+        if isinstance(self.visual.conv1, ConvStem):
+            return self.visual.conv1.low_level(pixels).flatten(2).transpose(1, 2)
+        return super().stem(pixels)
 
     def encode(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         out = self.visual.forward_intermediates(pixels, indices=1, output_fmt="NLC")
