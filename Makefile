@@ -57,7 +57,7 @@ test: install browser
 	$(MAKE) --no-print-directory docs package-check
 
 docs: install
-	$(BIN)/mkdocs build --strict --quiet
+	$(BIN)/mkdocs build --strict
 
 # a fresh environment, outside the checkout: the wheel and its dependencies only (torch from
 # the same pins, so machines with local torch wheels take them from disk)
