@@ -428,9 +428,10 @@ def test_other_views_render(page, shots, title, button, element):
     screenshot(page, tab, shots / f"{tab.removeprefix('tab-')}.png")
 
 
-def test_browse_pages_and_a_row_click_opens_align(page, shots):
+def test_browse_pages_and_a_row_click_opens_align(own_page, shots):
     """Browse: the world's first page draws heatmaps and a table with every column; a click
     on a row switches to Align with that row's phrase picked and its heatmaps drawn."""
+    page = own_page  # the row click puts another image and caption in the inputs
     open_tab(page, "Browse")
     page.get_by_role("button", name="Load", exact=True).click()
     rendered_image(page, "#browse-grid")
@@ -456,16 +457,6 @@ def test_browse_pages_and_a_row_click_opens_align(page, shots):
 
 
 # ----------------------------------------------------------------------- errors in the page
-def _fresh_page(browser, live_app, pick_example: bool = True):
-    page = browser.new_page(viewport=VIEWPORT)
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(live_app.url)
-    if pick_example:
-        page.locator('[data-testid="dataset-cell-0-0"]').click()
-        page.wait_for_selector("#shared-image img")
-    return page
-
-
 def _toast(page) -> str:
     """The text of the first error toast, once one is visible."""
     toast = page.locator(".toast-body").first
@@ -528,7 +519,7 @@ def test_errors_of_the_align_reads_reach_the_page(browser, live_app, callback):
     """A failing input of a read of an Align click (a phrase typed that is not in the
     caption, a method picked before any Align click) shows its message in the page."""
     act, expected = FAILING_READS[callback]
-    page = _fresh_page(browser, live_app)
+    page = example_page(browser, live_app.url)
     act(page)
     assert expected in _toast(page)
     page.close()
@@ -540,7 +531,7 @@ def test_a_bad_upload_after_an_example_is_a_message(browser, live_app, tmp_path)
     example = load_examples()[0]
     truncated = tmp_path / "cut.png"
     truncated.write_bytes(Path(example.image_path).read_bytes()[:300])
-    page = _fresh_page(browser, live_app)
+    page = example_page(browser, live_app.url)
     clear = page.locator("#shared-image button[aria-label='Clear'], "
                          "#shared-image button[title='Clear']")
     if clear.count():
