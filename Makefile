@@ -2,7 +2,8 @@
 #   make demo   install into .venv and launch the app on the embedded default
 #   make test   install into .venv (with test and docs extras), Chromium for the browser
 #               tests (Debian package, as root), run ruff and the test suite (with the docs'
-#               code blocks and the notebook), build the docs site (make docs) and check the
+#               code blocks and the notebook; in a random order on 2 processes, its seed
+#               printed: docs/testing.md), build the docs site (make docs) and check the
 #               package as a user installs it (make package-check)
 #   make docs   the documentation site in site/, warnings as errors
 #   make package-check   build the wheel and the sdist into dist/, install the wheel into a
@@ -51,13 +52,19 @@ browser:
 		echo "chromium is missing: run 'sudo apt-get install -y chromium' (Debian/Ubuntu) for the browser tests; they skip without it"; \
 	fi
 
+# the suite in a random order (pytest-randomly) on TEST_WORKERS processes (pytest-xdist; the
+# tests on the served app share one worker); `make test SEED=N` replays the order of seed N
+TEST_WORKERS ?= 2
 test: install browser
 	$(BIN)/ruff check otviz tests app.py benchmarks
-	$(BIN)/python -m pytest -q tests
+	@seed=$${SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
+	echo "pytest: random order seed $$seed (replay: make test SEED=$$seed)"; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -p randomly \
+		--randomly-seed=$$seed tests
 	$(MAKE) --no-print-directory docs package-check
 
 docs: install
-	$(BIN)/mkdocs build --strict --quiet
+	$(BIN)/mkdocs build --strict
 
 # a fresh environment, outside the checkout: the wheel and its dependencies only (torch from
 # the same pins, so machines with local torch wheels take them from disk)

@@ -17,6 +17,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from pathlib import Path
@@ -31,7 +32,9 @@ def check(condition: bool, message: str) -> None:
 
 
 def check_dist(dist: Path) -> None:
-    """One wheel under ``MAX_WHEEL_MB`` whose shipped assets are plain files, one sdist."""
+    """One wheel under ``MAX_WHEEL_MB`` whose shipped assets are plain files and whose long
+description is the README without its Space front matter, one sdist that holds the whole
+test suite (conftest files, helpers, every folder)."""
     wheels, sdists = sorted(dist.glob("otviz-*.whl")), sorted(dist.glob("otviz-*.tar.gz"))
     check(len(wheels) == 1 and len(sdists) == 1, f"one wheel and one sdist in {dist}")
     size_mb = wheels[0].stat().st_size / 2**20
@@ -44,6 +47,18 @@ def check_dist(dist: Path) -> None:
                    "checkpoints/heads/conceptot/model.safetensors", "examples/captions.json"):
         check(any(i.filename == f"otviz/assets/{needed}" for i in assets),
               f"the wheel holds {needed}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        metadata = next(wheel.read(n).decode() for n in wheel.namelist()
+                        if n.endswith(".dist-info/METADATA"))
+    description = metadata.split("\n\n", 1)[1]
+    check(description.startswith("# otviz") and "sdk: gradio" not in description,
+          "the wheel's long description is the README without the Space front matter")
+    with tarfile.open(sdists[0]) as sdist:
+        shipped = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+    for needed in ("tests/conftest.py", "tests/helpers.py", "tests/ui/conftest.py",
+                   "tests/towers/conftest.py", "tests/ot/cases.py", "docs/index.md",
+                   "otviz/assets/examples/quickstart.ipynb", "app.py", "Makefile"):
+        check(needed in shipped, f"the sdist holds {needed} (it runs its own tests)")
 
 
 def otviz_command() -> str:

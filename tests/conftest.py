@@ -36,6 +36,14 @@ class LiveApp:
     blocks: Any  # the served gr.Blocks (its events, their callbacks)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist with ``--dist loadgroup`` (``make test``), every test on the served
+    app runs on one worker, so one server is built per run rather than one per worker."""
+    for item in items:
+        if "live_app" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("live-app"))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

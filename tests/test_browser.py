@@ -70,17 +70,32 @@ def browser():
         chromium.close()
 
 
-@pytest.fixture(scope="module")
-def page(browser, live_app):
-    """One page on the app with the first example picked (image and caption filled)."""
+def example_page(browser, url: str):
+    """A new page on the app with the first example picked (image and caption filled)."""
     page = browser.new_page(viewport=VIEWPORT)
     page.set_default_timeout(TIMEOUT_MS)
-    page.goto(live_app.url)
+    page.goto(url)
     page.locator('[data-testid="dataset-cell-0-0"]').click()
     page.wait_for_function(
         "document.querySelector('#shared-caption textarea').value.length > 0"
     )
     page.wait_for_selector("#shared-image img")
+    return page
+
+
+@pytest.fixture(scope="module")
+def page(browser, live_app):
+    """One page for the module's tests; a test that changes a view's settings takes
+    ``own_page`` instead, so that the others, in any order, read the defaults."""
+    page = example_page(browser, live_app.url)
+    yield page
+    page.close()
+
+
+@pytest.fixture
+def own_page(browser, live_app):
+    """A page of the test's own."""
+    page = example_page(browser, live_app.url)
     yield page
     page.close()
 
@@ -246,11 +261,12 @@ def test_the_explainer_toggle_adds_their_panels_to_the_grid(page, live_app, shot
 
 @pytest.mark.parametrize(("dropdown", "output"), [("align-phrase", "#align-grid img"),
                                                   ("align-method", "#align-plan .js-plotly-plot")])
-def test_a_pick_in_a_dropdown_is_one_server_call(page, dropdown, output):
+def test_a_pick_in_a_dropdown_is_one_server_call(own_page, dropdown, output):
     """Gradio's dropdown dispatches ``input`` twice per pick; the views listen to the one
     event that fires once (otviz.ui.events), so a pick sends one request through the queue
     and redraws. (The phrase grids' prefetch an earlier redraw set off is served outside the
     queue and may still be landing: it is not the pick's.)"""
+    page = own_page  # the pick changes the view's method or phrase
     open_tab(page, "Align")
     if not page.locator(output).count():
         page.get_by_role("button", name="Align", exact=True).click()
@@ -412,9 +428,10 @@ def test_other_views_render(page, shots, title, button, element):
     screenshot(page, tab, shots / f"{tab.removeprefix('tab-')}.png")
 
 
-def test_browse_pages_and_a_row_click_opens_align(page, shots):
+def test_browse_pages_and_a_row_click_opens_align(own_page, shots):
     """Browse: the world's first page draws heatmaps and a table with every column; a click
     on a row switches to Align with that row's phrase picked and its heatmaps drawn."""
+    page = own_page  # the row click puts another image and caption in the inputs
     open_tab(page, "Browse")
     page.get_by_role("button", name="Load", exact=True).click()
     rendered_image(page, "#browse-grid")
@@ -440,16 +457,6 @@ def test_browse_pages_and_a_row_click_opens_align(page, shots):
 
 
 # ----------------------------------------------------------------------- errors in the page
-def _fresh_page(browser, live_app, pick_example: bool = True):
-    page = browser.new_page(viewport=VIEWPORT)
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(live_app.url)
-    if pick_example:
-        page.locator('[data-testid="dataset-cell-0-0"]').click()
-        page.wait_for_selector("#shared-image img")
-    return page
-
-
 def _toast(page) -> str:
     """The text of the first error toast, once one is visible."""
     toast = page.locator(".toast-body").first
@@ -512,7 +519,7 @@ def test_errors_of_the_align_reads_reach_the_page(browser, live_app, callback):
     """A failing input of a read of an Align click (a phrase typed that is not in the
     caption, a method picked before any Align click) shows its message in the page."""
     act, expected = FAILING_READS[callback]
-    page = _fresh_page(browser, live_app)
+    page = example_page(browser, live_app.url)
     act(page)
     assert expected in _toast(page)
     page.close()
@@ -524,7 +531,7 @@ def test_a_bad_upload_after_an_example_is_a_message(browser, live_app, tmp_path)
     example = load_examples()[0]
     truncated = tmp_path / "cut.png"
     truncated.write_bytes(Path(example.image_path).read_bytes()[:300])
-    page = _fresh_page(browser, live_app)
+    page = example_page(browser, live_app.url)
     clear = page.locator("#shared-image button[aria-label='Clear'], "
                          "#shared-image button[title='Clear']")
     if clear.count():

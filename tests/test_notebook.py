@@ -8,9 +8,10 @@ import nbclient
 import nbformat
 import pytest
 
+from otviz import assets
 from tests.helpers import ROOT
 
-NOTEBOOK = ROOT / "examples" / "quickstart.ipynb"
+NOTEBOOK = assets.path("examples") / "quickstart.ipynb"  # the checkout's examples/ links there
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ kept, drawn after the methods' panels. What each explainer computes: docs/explai
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -19,6 +20,9 @@ TOGGLE_LABEL = "Explainers too (Grad-CAM, LeGrad, MaskCLIP, Chefer: gradients / 
 DEFAULT_ON = False
 CACHE_SIZE = 512
 
+#: Maps by (model, pair, phrase). The model enters as a weak reference, not ``id()``: once a
+#: model is freed, a new one can get its id, and would be served the freed model's maps; a
+#: dead reference equals no other, and the cache keeps no model alive.
 _MAPS: OrderedDict[tuple, dict[str, np.ndarray | str]] = OrderedDict()
 _LOCK = threading.Lock()
 
@@ -28,7 +32,7 @@ def explainer_maps(backbone: Backbone, encoded: Encoded, phrase: str
     """Each explainer's ``[gh, gw]`` map of ``phrase`` (the phrase's words) on the pair's
     image, or, for an explainer that cannot read this backbone's tower, its "not available
     for <family> towers" note (:func:`~otviz.explainers.unavailable`) (cached)."""
-    key = (id(backbone.model), encoded.key, phrase)
+    key = (weakref.ref(backbone.model), encoded.key, phrase)
     with _LOCK:
         hit = _MAPS.get(key)
         if hit is not None:

@@ -4,6 +4,8 @@ the library calls behind them."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -59,14 +61,21 @@ def test_train_all_publishes_every_head_with_a_manifest_entry(trained: dict[str,
     assert suite.methods["conceptot"].lambda_local == 0.5
 
 
-def test_eval_writes_tables_and_records_them(trained: dict[str, Path],
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture(scope="module")
+def evaluated(trained: dict[str, Path]) -> str:
+    """The trained heads evaluated into ``trained["eval"]`` (the tables the report draws), as
+    one command; its printed output."""
     argv = ["eval", "--backbone", str(trained["bb"]), "--heads", str(trained["heads"]),
             "--n-test", "5", "--n-compositional", "3", "--n-classify", "8", "--lt-n-max", "3",
             "--threads", "1", "--cache-dir", str(trained["cache"]), "--out",
             str(trained["eval"]), "--manifest", str(trained["manifest"]), "--quiet"]
-    assert main(argv) == 0
-    out = capsys.readouterr().out
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert main(argv) == 0
+    return out.getvalue()
+
+
+def test_eval_writes_tables_and_records_them(trained: dict[str, Path], evaluated: str) -> None:
+    out = evaluated
     assert "**Retrieval on 5 world test pairs" in out and "| ConceptOT |" in out
     tables = read_tables(trained["eval"] / "tables.json")
     assert list(tables) == ["retrieval", "probe", "grounding", "anchors", "cost", "zero_shot",
@@ -109,7 +118,7 @@ def test_ablate_trains_each_variant(trained: dict[str, Path]) -> None:
     assert meta["train_config"]["lambda_local"] == 0.25
 
 
-def test_otclip_losses_and_report(trained: dict[str, Path]) -> None:
+def test_otclip_losses_and_report(trained: dict[str, Path], evaluated: str) -> None:
     argv = ["eval", "--otclip-losses", "--otclip-kinds", "infonce,dbot", "--otclip-steps", "2",
             "--otclip-batch-size", "8", "--otclip-n-train", "16", "--otclip-n-test", "6",
             "--otclip-width", "16", "--otclip-layers", "1", "--otclip-n-classify", "8",

@@ -87,27 +87,37 @@ def test_the_shared_model_is_never_hooked_or_switched(model):
 
 
 def _similarity_with(model, reader, pixels, text, layer: int, delta) -> torch.Tensor:
-    """``s^layer`` with ``delta`` added to the attention map of block ``layer``, through the
-    tower's own modules: a hook on timm's ``attn_drop`` for timm trunks, open_clip's blocks
-    re-run with the map written out for its ViT."""
+    """``s^layer`` ``[C * B]`` of ``C`` perturbations at once: ``delta`` ``[C * B, heads, T,
+    T]`` added to the attention map of block ``layer``, through the tower's own modules (a
+    hook on timm's ``attn_drop`` for timm trunks, open_clip's blocks re-run with the map
+    written out for its ViT). What comes before block ``layer`` runs once on the ``B``
+    images; the block's input is repeated ``C`` times."""
+    copies = delta.shape[0] // pixels.shape[0]
+
+    def widen(x: torch.Tensor) -> torch.Tensor:
+        return x.repeat(copies, *[1] * (x.dim() - 1))
+
     if hasattr(model.visual, "trunk"):
         trunk = model.visual.trunk
-        attn = trunk.blocks[layer].attn
-        handle = attn.attn_drop.register_forward_hook(lambda _m, _a, out: out + delta)
+        block = trunk.blocks[layer]
+        attn = block.attn
+        hooks = [block.register_forward_pre_hook(lambda _m, args: (widen(args[0]), *args[1:])),
+                 attn.attn_drop.register_forward_hook(lambda _m, _a, out: out + delta)]
         outs = []
-        keep = trunk.blocks[layer].register_forward_hook(lambda _m, _a, out: outs.append(out))
+        hooks.append(block.register_forward_hook(lambda _m, _a, out: outs.append(out)))
         attn.fused_attn, fused = False, attn.fused_attn
         try:
             trunk.forward_features(pixels)
         finally:
             attn.fused_attn = fused
-            handle.remove()
-            keep.remove()
+            for hook in hooks:
+                hook.remove()
         z = outs[0]
     else:
         visual = model.visual
         z = visual._embeds(pixels)
         for k, block in enumerate(visual.transformer.resblocks[: layer + 1]):
+            z = widen(z) if k == layer else z
             _, a = attention(block, z)
             a = a + delta if k == layer else a
             mha, (b, t, d) = block.attn, z.shape
@@ -116,7 +126,7 @@ def _similarity_with(model, reader, pixels, text, layer: int, delta) -> torch.Te
             z = z + block.ls_1(mha.out_proj((a @ v).transpose(1, 2).reshape(b, t, d)))
             z = z + block.ls_2(block.mlp(block.ln_2(z)))
     emb = F.normalize(reader.layer_readout(z), dim=-1)
-    return (emb * text).sum(-1)
+    return (emb * widen(text)).sum(-1)
 
 
 def test_legrad_reads_the_gradient_of_the_maps_the_forward_uses(model):
@@ -133,16 +143,20 @@ def test_legrad_reads_the_gradient_of_the_maps_the_forward_uses(model):
             grads.append(torch.autograd.grad((emb * text).sum(), trace.maps[layer],
                                              retain_graph=True)[0])
     rng = np.random.default_rng(0)
-    eps = 1e-6
+    eps, n_probes, b = 1e-6, 40, pixels.shape[0]
     with torch.no_grad():
         for layer, grad in enumerate(grads):
-            for _ in range(40):
-                idx = tuple(int(rng.integers(n)) for n in grad.shape[1:])
-                delta = torch.zeros_like(grad)
-                delta[(slice(None), *idx)] = eps
-                up = _similarity_with(model, reader, pixels, text, layer, delta)
-                down = _similarity_with(model, reader, pixels, text, layer, -delta)
-                assert torch.allclose((up - down) / (2 * eps), grad[(slice(None), *idx)],
+            probes = [tuple(int(rng.integers(n)) for n in grad.shape[1:])
+                      for _ in range(n_probes)]
+            # every +eps and -eps perturbation of the layer in one batched forward
+            delta = grad.new_zeros((2, n_probes, *grad.shape))
+            for k, idx in enumerate(probes):
+                delta[(0, k, slice(None), *idx)] = eps
+                delta[(1, k, slice(None), *idx)] = -eps
+            up, down = _similarity_with(model, reader, pixels, text, layer,
+                                        delta.flatten(0, 2)).reshape(2, n_probes, b)
+            for k, idx in enumerate(probes):
+                assert torch.allclose((up[k] - down[k]) / (2 * eps), grad[(slice(None), *idx)],
                                       atol=1e-7, rtol=1e-5), (layer, idx)
     n = reader.grid[0] * reader.grid[1]
     signal = sum(g.clamp_min(0).mean(dim=(1, 2))[:, -n:] for g in grads)

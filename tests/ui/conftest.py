@@ -1,6 +1,6 @@
-"""Fixtures of the view tests: the app's context on the shipped checkpoint (a module may
-override ``ctx``, e.g. with one that has no trained heads), its first backbone choice and
-that choice's explainer and suite."""
+"""Fixtures of the view tests: the app's context on the shipped checkpoint, one per test
+process (a module may override ``ctx``, e.g. with one that has no trained heads), its first
+backbone choice and that choice's explainer and suite."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from otviz.ui.context import AppContext
 from tests.helpers import app_context
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ctx() -> AppContext:
+    """Built once per test process (its backbone, suites and world calibration cost seconds):
+    the views read it and no test adds to it (a test that adds head sets builds its own)."""
     return app_context()
 
 

@@ -4,10 +4,14 @@ they follow the methods' panels, each the explainer's map of the phrase's words 
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from PIL import Image
 
+import otviz.ui.explainer_panels as panels
 from otviz.explainers import EXPLAINERS, explain_pairs
 from otviz.suite import ALIGN_METHODS
 from otviz.ui.align_tab import align_runs, align_view, phrase_maps, phrase_text, phrase_view
@@ -59,3 +63,30 @@ def test_browse_computes_the_explainers_once_one_is_picked(ctx, checkpoint, tmp_
     assert np.array_equal(picked.heatmaps[:, : len(ALIGN_METHODS)], plain.heatmaps)
     view = browse_view(picked, ["conceptot", "legrad"], "conceptot", "legrad")
     assert view.image is not None and "LeGrad" in view.frame.columns
+
+
+class _Model:
+    """A stand-in model: the cache reads nothing of it but its identity."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+
+def test_a_model_at_a_freed_models_address_gets_its_own_maps(monkeypatch):
+    """The maps are kept per model; a model freed and followed by another at the same address
+    (the same ``id``) is served the new model's maps, not the freed one's."""
+    monkeypatch.setattr(panels, "_MAPS", OrderedDict())
+    monkeypatch.setattr(panels, "unavailable",
+                        lambda backbone, name: f"{name} of {backbone.model.tag}")
+    encoded = SimpleNamespace(key=("pixels", "caption"))
+    first = _Model("first")
+    address = id(first)
+    maps = explainer_maps(SimpleNamespace(model=first), encoded, "a phrase")
+    assert maps["gradcam"] == "gradcam of first"
+    del first
+    kept = [_Model("second") for _ in range(64)]  # CPython hands the freed block out again
+    second = next((m for m in kept if id(m) == address), None)
+    if second is None:
+        pytest.skip("this interpreter gave no new object the freed address")
+    maps = explainer_maps(SimpleNamespace(model=second), encoded, "a phrase")
+    assert maps["gradcam"] == "gradcam of second"

@@ -179,7 +179,9 @@ def _foreign_head(path: Path, backbone_name: str = "otviz-tiny") -> Path:
 
 
 def test_head_of_another_backbone_is_refused_with_a_message(client, example, live_app,
-                                                            tmp_path):
+                                                            tmp_path, monkeypatch):
+    # the foreign entry leaves with the test: the served app is shared by the session
+    monkeypatch.setattr(live_app.ctx, "head_sets", list(live_app.ctx.head_sets))
     entry = live_app.ctx.add_head_set(EMBEDDED, "foreign", {"filip": _foreign_head(tmp_path)})
     with pytest.raises(AppError, match="trained on backbone"):
         client.predict(handle_file(example[0]), example[1], entry, "filip", "grid", True, 0.5,
