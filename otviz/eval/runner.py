@@ -33,6 +33,8 @@ StageProgress = Callable[[str, int, int], None]
 ALIGNMENT_TABLES = ("retrieval", "probe", "grounding", "anchors", "cost")
 CLASSIFICATION_TABLES = ("zero_shot", "long_tailed", "selective")
 TABLES = ALIGNMENT_TABLES + CLASSIFICATION_TABLES
+#: Tables made only when named (not part of "all"): the trust metrics (Quantus) cost minutes.
+ON_REQUEST_TABLES = ("trust",)
 TRAINING_FREE = "training-free"
 JSON_FILE, MARKDOWN_FILE = "tables.json", "tables.md"
 
@@ -45,7 +47,7 @@ class EvalConfig:
     heads: str = str(assets.path("heads"))  # dir of <method>/ heads, or "training-free"
     methods: str = ""  # comma list of comparison methods ("" : all eight)
     explainers: str = ""  # comma list of explainers in the grounding table ("all", "" : none)
-    tables: str = "all"  # comma list of TABLES, or "all"
+    tables: str = "all"  # comma list of TABLES (or "trust", made only when named), or "all"
     n_test: int = 1000  # world test images (retrieval, probe, grounding)
     n_compositional: int = 500  # compositional-split images (held-out probe column)
     seed: int = 0  # world seed of the test and compositional splits
@@ -66,9 +68,10 @@ class EvalConfig:
     def table_names(self) -> list[str]:
         names = list(TABLES) if self.tables == "all" else [
             t.strip() for t in self.tables.split(",") if t.strip()]
-        unknown = sorted(set(names) - set(TABLES))
+        known = TABLES + ON_REQUEST_TABLES
+        unknown = sorted(set(names) - set(known))
         if unknown:
-            raise ValueError(f"unknown tables {unknown}; known: {', '.join(TABLES)}")
+            raise ValueError(f"unknown tables {unknown}; known: {', '.join(known)}")
         return names
 
     def seed_list(self) -> list[int]:
@@ -130,6 +133,10 @@ def run_eval(config: EvalConfig, progress: StageProgress | None = None) -> list[
         else:
             per_seed = {s: _run(seed_config(config, s), names, progress) for s in seeds}
             tables = over_seeds(list(per_seed.values()), config.claim_list())
+            if "trust" in names:
+                from otviz.eval.trust.table import refresh_verdicts
+
+                refresh_verdicts(tables)
             extra["per_seed"] = {str(s): {t.key: t.to_dict() for t in ts}
                                  for s, ts in per_seed.items()}
     finally:
@@ -159,6 +166,7 @@ def over_seeds(
 def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -> list[Table]:
     backbone = load_backbone(config.backbone)
     tables: dict[str, Table] = {}
+    suite = None
     if any(n in ALIGNMENT_TABLES for n in names):
         suite = build_suite(backbone, config.heads, config.method_names())
 
@@ -193,12 +201,20 @@ def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -
         if "selective" in names:
             tables["selective"] = C.selective_table(backbone, rate=config.selective_rate,
                                                     sets=sets)
+    if "trust" in names:
+        from otviz.eval.trust.table import trust_tables
+
+        suite = suite or build_suite(backbone, config.heads, config.method_names())
+        tables["trust"], tables["trust_cost"] = trust_tables(
+            suite, config.n_test, config.seed, explainer_names(config.explainers),
+            progress=progress)
+        tables["trust"].notes.append(f"methods: {suite.label}")
     if "long_tailed" in names:
         tables["long_tailed"] = C.long_tailed_table(backbone, config.lt_n_max, config.imbalance,
                                                     seed=config.seed)
         if progress is not None:
             progress("long-tailed", 1, 1)
-    return [tables[n] for n in names]
+    return [tables[n] for n in names] + ([tables["trust_cost"]] if "trust" in names else [])
 
 
 def write_tables(
