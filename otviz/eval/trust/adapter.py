@@ -79,6 +79,23 @@ def world_phrases(sample: Sample) -> list[TrustPhrase]:
             for p in sample.phrases]
 
 
+def caption_phrases(caption: str, tree: Tree, shown: Sequence[int] = ()) -> list[TrustPhrase]:
+    """The candidate phrases of a caption with no gold boxes: its base noun phrases (NP nodes
+    with no NP inside), in caption order, and the words ``shown`` (the phrase on show) when
+    they are not one of them."""
+    words = tree.leaves()
+    spans = [(n.start, n.end) for n in tree.phrases("NP")
+             if not any(c.label == "NP" for c in n.nodes() if c is not n)]
+    if shown and (min(shown), max(shown) + 1) not in spans:
+        spans.append((min(shown), max(shown) + 1))
+    out = []
+    for start, end in sorted(dict.fromkeys(spans)):
+        text = " ".join(words[start:end])
+        out.append(TrustPhrase(caption, tuple(range(start, end)), text,
+                               colour=phrase_colour(text), tree=tree))
+    return out
+
+
 def model_pixels(backbone: Backbone, image: ImageInput) -> Tensor:
     """``[3, S, S]`` the image as the tower sees it (its eval transform), in ``[0, 1]``."""
     pixels = backbone.image_tensor([image])[0].cpu()
