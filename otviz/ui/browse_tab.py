@@ -47,7 +47,7 @@ from otviz.ui.align_tab import AlignLink
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.events import on_edit
 from otviz.ui.inputs import CheckedFile, user_errors
-from otviz.ui.trust_browse import TrustValues, trust_controls, trust_reorder
+from otviz.ui.trust_browse import TrustValues, trust_controls, trust_sort
 from otviz.viz.browse import browse_frame, browse_page_image
 
 TAB_TITLE = "Browse"
@@ -254,9 +254,10 @@ def build_browse_tab(
     def show(checkpoint, src, n, spl, fls, meth, ma, mb, hf, kd, od, tm, tk, pg, pp):
         table = load_table(ctx, sources, checkpoint, src, n, spl, fls,
                            explainers_needed([*(meth or []), ma, mb]))
-        reorder = trust_reorder(trusted, ctx.suite(checkpoint), table, ma, tm, tk)
-        v = browse_view(table, meth, ma, mb, hf, kd, od, pg, pp, reorder)
-        return v.image, v.frame, v.status, v.page, v.rows
+        by_trust = trust_sort(trusted, ctx.suite(checkpoint), table, ma, tm, tk)
+        v = browse_view(table, meth, ma, mb, hf, kd, od, pg, pp, by_trust and by_trust.reorder)
+        frame = v.frame if by_trust is None else by_trust.annotate(v.frame, v.rows)
+        return v.image, frame, v.status, v.page, v.rows
 
     def first_page(*args):
         return show(*args[:-2], 1, args[-1])

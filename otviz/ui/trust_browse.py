@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import gradio as gr
+import pandas as pd
 import torch
 from torch import Tensor
 
@@ -67,16 +69,34 @@ def trust_order(values: Tensor, higher: bool, keep: str = ALL) -> Callable[[Tens
     return reorder
 
 
-def trust_reorder(cache: TrustValues, suite: MethodSuite, table: BrowseTable, name: str,
-                  metric: str | None, keep: str | None) -> Callable[[Tensor], Tensor] | None:
-    """The reordering of Browse's rows for the picked metric (``None``: none picked)."""
+@dataclass
+class TrustSort:
+    """Browse's rows by a trust metric: the picked metric's label, its value per query and
+    the reordering of the rows."""
+
+    label: str
+    values: Tensor
+    reorder: Callable[[Tensor], Tensor]
+
+    def annotate(self, frame: pd.DataFrame, rows: list[int]) -> pd.DataFrame:
+        """The page's table with the metric's value of each row as a last column."""
+        frame = frame.copy()
+        if len(frame) == len(rows):
+            frame[f"A: {self.label}"] = [round(float(self.values[q]), 3) for q in rows]
+        return frame
+
+
+def trust_sort(cache: TrustValues, suite: MethodSuite, table: BrowseTable, name: str,
+               metric: str | None, keep: str | None) -> TrustSort | None:
+    """Browse's rows sorted by the picked metric of map ``name`` (``None``: none picked)."""
     if not metric or metric == NO_METRIC:
         return None
     if metric not in METRIC_CHOICES:
         raise InputError(f"unknown trust metric {metric!r}")
     key = METRIC_CHOICES[metric]
     higher = next(m.higher for m in METRICS if m.key == key)
-    return trust_order(cache.get(suite, table, name, key), higher, keep or ALL)
+    values = cache.get(suite, table, name, key)
+    return TrustSort(metric, values, trust_order(values, higher, keep or ALL))
 
 
 def trust_controls() -> tuple[gr.Dropdown, gr.Dropdown]:

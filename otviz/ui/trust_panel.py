@@ -32,7 +32,7 @@ from otviz.eval.trust.adapter import (
     phrase_colour,
     trust_inputs,
 )
-from otviz.eval.trust.metrics import METRICS, TrustSettings, trust_scores
+from otviz.eval.trust.metrics import FLAT, METRICS, TrustSettings, trust_scores
 from otviz.eval.trust.table import verdict
 from otviz.explain import Encoded, Explainer
 from otviz.explainers import EXPLAINERS, unavailable
@@ -43,7 +43,9 @@ from otviz.ui.examples import Example, load_examples
 from otviz.ui.inputs import user_errors
 
 TITLE = "Trust: which heatmap can you trust? (explanation metrics, computed on demand)"
-SETTINGS = TrustSettings()
+#: Lighter than the table's (otviz eval --tables trust): half the deletion / insertion steps
+#: and faithfulness subsets, three noisy inputs, so a row costs about a second on 2 cores.
+SETTINGS = TrustSettings(regions=5, fc_runs=5, ms_samples=3)
 NO_BOXES = ("**No localisation here:** pointing, relevance mass and rank and AUC need the "
             "phrase's gold box, which only the world examples carry; this image (an upload, "
             "or a phrase that is not one of the example's gold noun phrases) is scored on "
@@ -170,7 +172,12 @@ def trust_rows(
     if masks is None:
         status.append(NO_BOXES)
     status += notes
-    refused = [f"{r['Map']}: {', '.join(r['refused'])}" for r in rows if r["refused"]]
+    flat = [r["Map"] for r in rows if set(r["refused"].values()) == {FLAT}]
+    if flat:
+        status.append(f"no scores for {', '.join(flat)}: the map is flat (one value "
+                      "everywhere), nothing to order or perturb")
+    refused = [f"{r['Map']}: {', '.join(r['refused'])}" for r in rows
+               if r["refused"] and r["Map"] not in flat]
     if refused:
         status.append("refused by Quantus' checks of the maps: " + "; ".join(refused))
     patch = inputs.pixels.shape[-1] // explainer.backbone.grid[1]

@@ -15,7 +15,15 @@ from otviz.eval.trust.metrics import TrustSettings
 from otviz.eval.world_set import EvalSet
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
 from otviz.ui.browse_tab import browse_view
-from otviz.ui.trust_browse import BETTER, NO_METRIC, WORSE, TrustValues, trust_order, trust_reorder
+from otviz.ui.trust_browse import (
+    BETTER,
+    NO_METRIC,
+    WORSE,
+    TrustSort,
+    TrustValues,
+    trust_order,
+    trust_sort,
+)
 from tests.helpers import random_tiny_clip
 
 
@@ -40,11 +48,14 @@ def test_browse_rows_sorted_by_a_trust_metric(tmp_path) -> None:
     assert values.shape == (len(table.items),) and bool(torch.isfinite(values).all())
     pointing = browse_trust_values(suite, table, "colour_oracle", "pointing", fast)
     assert set(pointing.tolist()) <= {0.0, 1.0}
-    assert trust_reorder(TrustValues(), suite, table, "filip", NO_METRIC, None) is None
+    assert trust_sort(TrustValues(), suite, table, "filip", NO_METRIC, None) is None
+    by = TrustSort("Deletion ↑", values, trust_order(values, higher=True))
     view = browse_view(table, ["filip"], "filip", "filip", per_page=len(table.items),
-                       reorder=trust_order(values, higher=True))
+                       reorder=by.reorder)
     shown = values[torch.tensor(view.rows)]
     assert shown.tolist() == sorted(shown.tolist(), reverse=True)
+    frame = by.annotate(view.frame, view.rows)
+    assert frame["A: Deletion ↑"].tolist() == [round(v, 3) for v in shown.tolist()]
     with pytest.raises(ValueError, match="unknown metric"):
         browse_trust_values(suite, table, "filip", "beauty")
     assert not math.isnan(float(values.max()))

@@ -217,6 +217,9 @@ def trust_scores(
         "sparseness": lambda: quantus.Sparseness(**QUIET)(**common),
     }
     values, refused = {}, {}
+    if np.ptp(maps) == 0:  # Quantus refuses a batch of maps with one value everywhere
+        nan = np.full(len(targets), np.nan)
+        return TrustScores({k: nan for k in keys}, ms, dict.fromkeys(keys, FLAT))
     for done, key in enumerate(keys, start=1):
         np.random.seed(settings.seed)
         start = time.perf_counter()
@@ -233,6 +236,7 @@ def trust_scores(
     return TrustScores(values, ms, refused)
 
 
+FLAT = "the maps are flat (one value everywhere): nothing to order or perturb"
 #: Quantus' own progress bars and warnings off (the callers report progress).
 QUIET = {"disable_warnings": True, "display_progressbar": False}
 

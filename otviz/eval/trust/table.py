@@ -16,7 +16,7 @@ import numpy as np
 
 from otviz.eval.table import Column, Table
 from otviz.eval.trust.adapter import heatmap_sources, trust_inputs, world_phrases
-from otviz.eval.trust.metrics import METRICS, TrustScores, TrustSettings, trust_scores
+from otviz.eval.trust.metrics import FLAT, METRICS, TrustScores, TrustSettings, trust_scores
 from otviz.eval.world_set import world_config_of
 from otviz.suite import MethodSuite
 from otviz.world import World
@@ -100,10 +100,14 @@ def trust_tables(
         "caption (random logit), identical or both flat maps count 1",
         "↑ higher is better, ↓ lower is better; Quantus 0.6.0 (Hedström et al., JMLR 2023)",
     ]
-    refused = sorted({f"{r['name']}: {k}" for r in table.rows for k in r.get("refused", {})})
+    flat = [r["name"] for r in table.rows if set(r.get("refused", {}).values()) == {FLAT}]
+    if flat:
+        table.notes.append(f"no value for {', '.join(flat)}: {FLAT}")
+    refused = [f"{r['name']}: {', '.join(r['refused'])}" for r in table.rows
+               if r.get("refused") and r["name"] not in flat]
     if refused:
         table.notes.append("refused by Quantus' checks of the maps (no value): "
-                           + ", ".join(refused))
+                           + "; ".join(refused))
     return table, _cost_table(cost, n_images, settings, patch)
 
 
