@@ -26,15 +26,15 @@ from types import ModuleType
 import numpy as np
 from scipy import stats
 
-from otviz.errors import OtvizError
+from otviz.errors import UserInputError
 from otviz.eval.trust.adapter import HeatmapSource, PhraseScorer
 
 #: The Quantus release the metrics were written against, installed without its dependencies.
 QUANTUS = "quantus==0.6.0"
 
 
-class TrustUnavailableError(OtvizError, ImportError):
-    """Quantus is not installed."""
+class TrustUnavailableError(UserInputError, ImportError):
+    """Quantus is not installed (a message for the page: how to install it)."""
 
 
 def require_quantus() -> ModuleType:
