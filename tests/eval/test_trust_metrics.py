@@ -135,3 +135,12 @@ def test_trust_table_rows_and_costs(backbone) -> None:
     assert [r["name"] for r in cost.rows] == ["maps", *(m.key for m in METRICS)]
     assert all(cost.rows[k]["method"] > 0 for k in range(len(cost.rows)))
     assert any("deletion/insertion: 3 patches" in n for n in table.notes)
+
+
+def test_eval_names_the_trust_table_only_on_request() -> None:
+    from otviz.eval.runner import EvalConfig
+
+    assert EvalConfig(tables="trust").table_names() == ["trust"]
+    assert "trust" not in EvalConfig(tables="all").table_names()
+    with pytest.raises(ValueError, match="trust"):
+        EvalConfig(tables="trusty").table_names()
