@@ -44,7 +44,7 @@ from otviz.ui.inputs import user_errors
 
 TITLE = "Trust: which heatmap can you trust? (explanation metrics, computed on demand)"
 #: Lighter than the table's (otviz eval --tables trust): half the deletion / insertion steps
-#: and faithfulness subsets, three noisy inputs, so a row costs about a second on 2 cores.
+#: and faithfulness subsets, three noisy inputs (fewer forward passes per row).
 SETTINGS = TrustSettings(regions=5, fc_runs=5, ms_samples=3)
 NO_BOXES = ("**No localisation here:** pointing, relevance mass and rank and AUC need the "
             "phrase's gold box, which only the world examples carry; this image (an upload, "
