@@ -21,6 +21,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # torch and torchvision are pinned together in one command, or pip replaces torch
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
+QUANTUS ?= quantus==0.6.0
 export HF_HUB_OFFLINE ?= 1
 export GRADIO_ANALYTICS_ENABLED := False
 CHROMIUM ?= /usr/bin/chromium
@@ -34,6 +35,7 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH_PINS)
 	$(BIN)/pip install --quiet -e ".[test,docs]" $(TORCH_PINS)
+	$(BIN)/pip install --quiet --no-deps $(QUANTUS)  # docs/trust.md: one cv2 (headless)
 	touch $@
 
 install: $(VENV)/.installed

@@ -456,6 +456,49 @@ def test_browse_pages_and_a_row_click_opens_align(own_page, shots):
     assert_not_blank(page, "#align-grid img")
 
 
+def test_align_trust_panel_and_browse_sort_by_a_trust_metric(page, live_app, shots):
+    """The Trust panel (closed, computed on demand) fills its table with one row per method
+    and the two model-free references, localisation included for an example's gold phrase;
+    Browse then sorts its rows by a trust metric of Method A, best first, as a column."""
+    from otviz.suite import ALIGN_METHODS
+
+    open_tab(page, "Align")
+    page.get_by_role("button", name="Align", exact=True).click()
+    rendered_image(page, "#align-grid")
+    page.locator("#align-trust").get_by_text("Trust:", exact=False).first.click()
+    page.locator("#align-trust-run").click()
+    page.wait_for_function("document.querySelector('#align-trust-status')"
+                           ".innerText.includes('scored against')", timeout=600_000)
+    rows = ("document.querySelectorAll('#align-trust-table [data-testid^=\"cell-\"]"
+            "[data-testid$=\"-0\"]').length")
+    assert page.evaluate(rows) == len(ALIGN_METHODS) + 2
+    headers = page.evaluate("Array.from(document.querySelectorAll('#align-trust-table th'),"
+                            " th => th.textContent.trim())")
+    assert any(h.startswith("Pointing") for h in headers)  # an example's gold phrase
+    assert any(h.startswith("MPRT") for h in headers)
+    status = page.locator("#align-trust-status").inner_text()
+    assert "No localisation" not in status
+    screenshot(page, "tab-align", shots / "align-trust.png")
+
+    open_tab(page, "Browse")
+    page.get_by_role("button", name="Load", exact=True).click()
+    rendered_image(page, "#browse-grid")
+    box = page.locator("#browse-trust-metric input")
+    box.click()
+    page.get_by_role("option", name="Relevance mass ↑").click()
+    page.wait_for_function("Array.from(document.querySelectorAll('#browse-table th'))"
+                           ".some(th => th.textContent.includes('Relevance mass'))",
+                           timeout=300_000)
+    values = page.evaluate("""() => {
+        const ths = Array.from(document.querySelectorAll('#browse-table th'));
+        const k = ths.findIndex(th => th.textContent.includes('Relevance mass'));
+        return Array.from(document.querySelectorAll(
+            `#browse-table [data-testid^="cell-"][data-testid$="-${k}"]`),
+            td => parseFloat(td.innerText)); }""")
+    finite = [v for v in values if v == v]
+    assert finite and finite == sorted(finite, reverse=True)
+
+
 # ----------------------------------------------------------------------- errors in the page
 def _toast(page) -> str:
     """The text of the first error toast, once one is visible."""

@@ -67,6 +67,10 @@ def run_eval(config: EvalConfig, progress: StageProgress | None = None) -> list[
         else:
             per_seed = {s: _run(seed_config(config, s), names, progress) for s in seeds}
             tables = over_seeds(list(per_seed.values()), config.claim_list())
+            if "trust" in names:
+                from otviz.eval.trust.table import refresh_verdicts
+
+                refresh_verdicts(tables)
             extra["per_seed"] = {str(s): {t.key: t.to_dict() for t in ts}
                                  for s, ts in per_seed.items()}
     finally:
@@ -96,6 +100,7 @@ def over_seeds(
 def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -> list[Table]:
     backbone = load_backbone(config.backbone)
     tables: dict[str, Table] = {}
+    suite = None
     if any(n in ALIGNMENT_TABLES for n in names):
         suite = build_suite(backbone, config.heads, config.method_names())
 
@@ -130,12 +135,20 @@ def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -
         if "selective" in names:
             tables["selective"] = C.selective_table(backbone, rate=config.selective_rate,
                                                     sets=sets)
+    if "trust" in names:
+        from otviz.eval.trust.table import trust_tables
+
+        suite = suite or build_suite(backbone, config.heads, config.method_names())
+        tables["trust"], tables["trust_cost"] = trust_tables(
+            suite, config.n_test, config.seed, explainer_names(config.explainers),
+            progress=progress)
+        tables["trust"].notes.append(f"methods: {suite.label}")
     if "long_tailed" in names:
         tables["long_tailed"] = C.long_tailed_table(backbone, config.lt_n_max, config.imbalance,
                                                     seed=config.seed)
         if progress is not None:
             progress("long-tailed", 1, 1)
-    return [tables[n] for n in names]
+    return [tables[n] for n in names] + ([tables["trust_cost"]] if "trust" in names else [])
 
 
 def write_tables(

@@ -59,6 +59,7 @@ from otviz.ui.phrase_grids import (
     pair_token,
     prefetch_payload,
 )
+from otviz.ui.trust_panel import build_trust_panel
 from otviz.viz.mass import displayable_mass, negative_mass, negative_mass_note
 from otviz.viz.panels import compose_heatmaps
 from otviz.viz.phrase_grid import grid_layout, grounding_boxes
@@ -759,6 +760,8 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
         with gr.Column():
             prepare = gr.Button("Prepare downloads")
             files = gr.File(label="Downloads", file_count="multiple")
+    build_trust_panel(ctx, [shared.image, shared.caption, shared.checkpoint, phrase, explain_on],
+                      resolve_phrase)
     gr.Markdown(HOW_TO_READ)
     grids = GridCache()
 

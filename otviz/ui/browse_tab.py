@@ -11,6 +11,7 @@ table from :mod:`otviz.viz.browse`; uploads go through the Train view's validate
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import gradio as gr
 import numpy as np
 import pandas as pd
+from torch import Tensor
 
 from otviz.boundary.paths import NOT_FOUND
 from otviz.data.datasets import DatasetError, load_image_captions
@@ -45,6 +47,7 @@ from otviz.ui.align_tab import AlignLink
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.events import on_edit
 from otviz.ui.inputs import CheckedFile, fit_image, user_errors
+from otviz.ui.trust_browse import TrustValues, trust_controls, trust_sort
 from otviz.ui.upload_cache import discarded_if_refused, lone_archive
 from otviz.viz.browse import browse_frame, browse_page_image
 
@@ -66,7 +69,9 @@ the number the IoU of the cyan box with the gold box. *Filters:* compare two met
 B (e.g. "A hits, B misses"), keep phrase kinds (*colour shared*: another object of the
 scene has the phrase's colour, for an upload another phrase of the caption names it;
 *relation*: subject or landmark of a spatial relation; *size*: has a size word), sort by
-IoU. Click a row of the table to open that image and phrase in Align. The first load
+IoU, or by a trust metric of Method A's map (Quantus, docs/trust.md; computed for every row
+the first time it is picked), keeping the better or worse half if asked. Click a row of the
+table to open that image and phrase in Align. The first load
 encodes and solves every method on every image (seconds); paging, filters and sorting then
 read the kept results."""
 
@@ -189,16 +194,19 @@ def browse_view(
     hit_filter: str = ALL_ROWS, kinds: list[str] | None = None, order: str = SET_ORDER,
     page: float | None = 1, per_page: float | None = DEFAULT_PER_PAGE,
     source_notes: list[str] | None = None,
+    reorder: Callable[[Tensor], Tensor] | None = None,
 ) -> BrowseView:
-    """The rows passing the filters, in ``order``, page ``page`` (clamped) drawn; a ticked
-    explainer that cannot read the backbone's tower is left out, its note in the status
-    after the ``source_notes`` (what the table left out of its source)."""
+    """The rows passing the filters, in ``order`` (then ``reorder``: a trust metric's,
+    :mod:`otviz.ui.trust_browse`), page ``page`` (clamped) drawn; a ticked explainer that
+    cannot read the backbone's tower is left out, its note in the status after the
+    ``source_notes`` (what the table left out of its source)."""
     notes = [*(source_notes or []),
              *(table.unavailable[m] for m in methods or [] if m in table.unavailable)]
     methods = [m for m in methods or [] if m not in table.unavailable]
     if not methods:
         raise InputError(" · ".join([*notes, "tick at least one method to show"]))
     rows = select_rows(table, a, b, hit_filter, kinds or [], order)
+    rows = rows if reorder is None else reorder(rows)
     shown = page_of(rows, page, per_page)
     ids = shown.rows.tolist()
     n_images = len({it.image for it in table.items})
@@ -254,6 +262,7 @@ def build_browse_tab(
         kinds = gr.CheckboxGroup(list(KINDS), value=[], label="Phrase kinds (all ticked)",
                                  scale=1)
         order = gr.Dropdown(list(ORDERS), value=SET_ORDER, label="Sort", scale=1)
+        trust_metric, trust_keep = trust_controls()
         per_page = gr.Slider(1, MAX_PER_PAGE, DEFAULT_PER_PAGE, step=1, label="Rows per page",
                              scale=1)
     with gr.Row():
@@ -266,14 +275,18 @@ def build_browse_tab(
     frame = gr.Dataframe(label="Rows (click one to open it in Align)", interactive=False,
                          elem_id="browse-table")
     rows = gr.State([])
+    trusted = TrustValues()
     gr.Markdown(HOW_TO_READ)
 
-    def show(checkpoint, src, n, spl, fls, meth, ma, mb, hf, kd, od, pg, pp):
+    def show(checkpoint, src, n, spl, fls, meth, ma, mb, hf, kd, od, tm, tk, pg, pp):
         notes: list[str] = []
         table = load_table(ctx, sources, checkpoint, src, n, spl, fls,
                            explainers_needed([*(meth or []), ma, mb]), notes)
-        v = browse_view(table, meth, ma, mb, hf, kd, od, pg, pp, notes)
-        return v.image, v.frame, v.status, v.page, v.rows
+        by_trust = trust_sort(trusted, ctx.suite(checkpoint), table, ma, tm, tk)
+        v = browse_view(table, meth, ma, mb, hf, kd, od, pg, pp, notes,
+                        by_trust and by_trust.reorder)
+        frame = v.frame if by_trust is None else by_trust.annotate(v.frame, v.rows)
+        return v.image, frame, v.status, v.page, v.rows
 
     def first_page(*args):
         return show(*args[:-2], 1, args[-1])
@@ -292,11 +305,13 @@ def build_browse_tab(
                 gr.Tabs(selected=align.tab_id))
 
     source_inputs = [shared.checkpoint, source, n_images, split, files]
-    inputs = [*source_inputs, methods, a, b, hit_filter, kinds, order, page, per_page]
+    inputs = [*source_inputs, methods, a, b, hit_filter, kinds, order, trust_metric,
+              trust_keep, page, per_page]
     outputs = [grid, frame, status, page, rows]
     load.click(user_errors(first_page), inputs, outputs, api_name="browse")
     hidden = {"api_visibility": "private"}
-    for control in (methods, a, b, hit_filter, kinds, order, per_page):
+    for control in (methods, a, b, hit_filter, kinds, order, trust_metric, trust_keep,
+                    per_page):
         on_edit(control, user_errors(first_page), inputs, outputs, **hidden)
     page.submit(user_errors(show), inputs, outputs, api_name="browse_page")
     prev.click(user_errors(step(-1)), inputs, outputs, **hidden)

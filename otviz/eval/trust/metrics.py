@@ -1,0 +1,307 @@
+"""The field's explanation metrics, computed by Quantus on the adapter's model and maps.
+
+:func:`trust_scores` runs, for one heatmap source on a set of (image, phrase) rows, the
+metrics of :data:`METRICS` with the settings of :class:`TrustSettings`, and returns one value
+per row and metric plus each metric's wall time. Groups (Hedström et al., JMLR 2023, Sec. 2):
+
+* localisation (needs gold boxes): pointing game (Zhang et al. 2018), relevance mass and rank
+  accuracy (Arras et al. 2022), AUC (Fawcett 2006);
+* faithfulness: deletion and insertion by patch in the map's order (region perturbation,
+  Samek et al. 2017; insertion as in Petsiuk et al. 2018), scored by the backbone's phrase
+  similarity, and faithfulness correlation (Bhatt et al. 2020);
+* randomisation: MPRT (Adebayo et al. 2018), cascading from the top block, and random logit
+  (Sixt et al. 2020), both as the rank similarity of the maps;
+* robustness: max-sensitivity (Yeh et al. 2019); complexity: sparseness (Chalasani et al.
+  2020).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from types import ModuleType
+
+import numpy as np
+from scipy import stats
+
+from otviz.errors import UserInputError
+from otviz.eval.trust.adapter import HeatmapSource, PhraseScorer
+
+#: The Quantus release the metrics were written against, installed without its dependencies.
+QUANTUS = "quantus==0.6.0"
+
+
+class TrustUnavailableError(UserInputError, ImportError):
+    """Quantus is not installed (a message for the page: how to install it)."""
+
+
+def require_quantus() -> ModuleType:
+    """The ``quantus`` module, or :class:`TrustUnavailableError` saying how to install it."""
+    try:
+        import quantus
+    except ImportError as e:
+        raise TrustUnavailableError(
+            f"the trust metrics need Quantus: pip install --no-deps {QUANTUS} (its own "
+            "dependencies are otviz's; docs/trust.md)") from e
+    return quantus
+
+
+LOCALISATION, FAITHFULNESS, RANDOMISATION = "localisation", "faithfulness", "randomisation"
+ROBUSTNESS, COMPLEXITY = "robustness", "complexity"
+
+
+@dataclass(frozen=True)
+class TrustMetric:
+    """One metric: its key, label, group, whether it needs gold boxes and which way is
+    better (``higher``: True when a larger value means a more trustworthy map)."""
+
+    key: str
+    label: str
+    group: str
+    needs_boxes: bool = False
+    higher: bool = True
+
+
+METRICS: tuple[TrustMetric, ...] = (
+    TrustMetric("pointing", "Pointing", LOCALISATION, True),
+    TrustMetric("mass", "Relevance mass", LOCALISATION, True),
+    TrustMetric("rank", "Relevance rank", LOCALISATION, True),
+    TrustMetric("auc", "AUC", LOCALISATION, True),
+    TrustMetric("deletion", "Deletion", FAITHFULNESS),
+    TrustMetric("insertion", "Insertion", FAITHFULNESS),
+    TrustMetric("faith_corr", "Faithfulness corr.", FAITHFULNESS),
+    TrustMetric("mprt", "MPRT similarity", RANDOMISATION, higher=False),
+    TrustMetric("random_logit", "Random-logit similarity", RANDOMISATION, higher=False),
+    TrustMetric("max_sensitivity", "Max-sensitivity", ROBUSTNESS, higher=False),
+    TrustMetric("sparseness", "Sparseness", COMPLEXITY),
+)
+METRIC_BY_KEY = {m.key: m for m in METRICS}
+
+
+@dataclass(frozen=True)
+class TrustSettings:
+    """The settings of every metric (each table and panel states them).
+
+    Attributes:
+        baseline: Quantus' perturbation baseline for deletion, insertion and faithfulness
+            correlation (``"mean"``: the image's mean value, ``"black"``, ``"uniform"``, ...).
+        regions: how many patches deletion and insertion perturb, one per step, in the map's
+            order (most relevant first).
+        patch: the perturbed region's side in pixels (0: the tower's patch).
+        fc_runs: random subsets of faithfulness correlation.
+        fc_patches: a subset's size, in patches' worth of pixels.
+        mprt_blocks: how many top blocks of the image tower MPRT randomises (0: all).
+        noise: max-sensitivity's uniform noise bound, in pixel units (``[0, 1]``).
+        ms_samples: noisy inputs of max-sensitivity.
+        model_free_at: an MPRT similarity at or above which a map "does not depend on the
+            model".
+        seed: seed of the random draws (faithfulness subsets, random logit, noise, MPRT).
+    """
+
+    baseline: str = "mean"
+    regions: int = 10
+    patch: int = 0
+    fc_runs: int = 10
+    fc_patches: int = 4
+    mprt_blocks: int = 0
+    noise: float = 0.02
+    ms_samples: int = 5
+    model_free_at: float = 0.9
+    seed: int = 0
+
+    def describe(self, patch: int) -> str:
+        """The settings in one line, for a table's notes and the panel."""
+        blocks = "all" if not self.mprt_blocks else str(self.mprt_blocks)
+        return (f"perturbation baseline {self.baseline!r}; deletion/insertion: {self.regions} "
+                f"patches of {patch} px, one per step; faithfulness correlation: "
+                f"{self.fc_runs} random subsets of {self.fc_patches * patch * patch} px; MPRT: "
+                f"{blocks} top blocks of the image tower, cascading top-down; max-sensitivity: "
+                f"{self.ms_samples} inputs with uniform noise of {self.noise} (pixels in "
+                f"[0, 1]); 'does not depend on the model': MPRT similarity >= "
+                f"{self.model_free_at}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def rank_similarity(a: np.ndarray, b: np.ndarray, batched: bool = True, **_: object) -> object:
+    """Spearman rank correlation of two maps (per row when ``batched``), with identical maps
+    and two flat maps similar by 1 (a flat map has no order to change) and a flat map against a
+    varying one by 0. Quantus' ``similarity_func`` form."""
+    if not batched:
+        return _rank_similarity(np.ravel(a), np.ravel(b))
+    return np.array([_rank_similarity(x, y) for x, y in zip(a, b, strict=True)])
+
+
+def _rank_similarity(a: np.ndarray, b: np.ndarray) -> float:
+    flat_a, flat_b = np.ptp(a) == 0, np.ptp(b) == 0
+    if np.array_equal(a, b) or (flat_a and flat_b):
+        return 1.0
+    if flat_a or flat_b:
+        return 0.0
+    return float(stats.spearmanr(a, b).statistic)
+
+
+def restore_from(arr: np.ndarray, indices: np.ndarray, original: np.ndarray,
+                 **_: object) -> np.ndarray:
+    """Quantus ``perturb_func`` of insertion: the pixels ``indices`` (``[B, k]`` flat) of
+    ``arr`` (``[B, D]``) put back to the original image's."""
+    out = arr.copy()
+    rows = np.arange(arr.shape[0])[:, None]
+    out[rows, indices] = original.reshape(arr.shape[0], -1)[rows, indices]
+    return out
+
+
+@dataclass
+class TrustScores:
+    """Per-row values ``values[key]`` ``[P]`` (NaN where a metric does not apply), each
+    metric's wall time in ms over the ``P`` rows (``"maps"``: the maps themselves), and why
+    Quantus refused a metric's maps (its assertion's first sentence), by metric."""
+
+    values: dict[str, np.ndarray]
+    ms: dict[str, float]
+    refused: dict[str, str]
+
+
+Progress = Callable[[str, int, int], None]
+
+
+def trust_scores(
+    scorer: PhraseScorer,
+    source: HeatmapSource,
+    pixels: np.ndarray,
+    targets: np.ndarray,
+    masks: np.ndarray | None = None,
+    settings: TrustSettings = TrustSettings(),
+    metrics: Sequence[str] | None = None,
+    progress: Progress | None = None,
+) -> TrustScores:
+    """The metrics ``metrics`` (default: all of :data:`METRICS`; the localisation ones only
+    with ``masks``) of ``source``'s maps of the rows ``(pixels[p], phrase targets[p])``.
+
+    Args:
+        scorer: the model (:class:`PhraseScorer`), its classes the phrases ``targets`` index.
+        source: the explanation function.
+        pixels: ``[P, 3, S, S]`` float32 in ``[0, 1]``.
+        targets: ``[P]`` phrase indices of ``scorer``.
+        masks: ``[P, 1, S, S]`` gold regions (:func:`~otviz.eval.trust.adapter.gold_masks`).
+        settings: the metrics' settings.
+        progress: ``progress(metric key, done, total)`` after each metric.
+    """
+    quantus = require_quantus()
+    keys = [m.key for m in METRICS if masks is not None or not m.needs_boxes]
+    keys = [k for k in keys if metrics is None or k in metrics]
+    patch = settings.patch or pixels.shape[-1] // scorer.grid[1]
+    start = time.perf_counter()
+    maps = source(scorer, pixels, targets)
+    ms = {"maps": 1000 * (time.perf_counter() - start)}
+    common = {"model": scorer, "x_batch": pixels, "y_batch": targets, "a_batch": maps,
+              "channel_first": True, "softmax": False}  # the similarity itself, not a softmax
+    runs: dict[str, Callable[[], np.ndarray]] = {
+        "pointing": lambda: quantus.PointingGame(**QUIET)(**common, s_batch=masks),
+        "mass": lambda: quantus.RelevanceMassAccuracy(**QUIET)(**common, s_batch=masks),
+        "rank": lambda: quantus.RelevanceRankAccuracy(**QUIET)(**common, s_batch=masks),
+        "auc": lambda: quantus.AUC(**QUIET)(**common, s_batch=masks),
+        "deletion": lambda: _deletion(common, settings, patch),
+        "insertion": lambda: _insertion(common, settings, patch),
+        "faith_corr": lambda: quantus.FaithfulnessCorrelation(
+            nr_runs=settings.fc_runs, subset_size=settings.fc_patches * patch * patch,
+            perturb_baseline=settings.baseline, return_aggregate=False, **QUIET)(**common),
+        "mprt": lambda: _mprt(common, source, settings),
+        "random_logit": lambda: _random_logit(scorer, source, pixels, targets, maps, settings),
+        "max_sensitivity": lambda: quantus.MaxSensitivity(
+            nr_samples=settings.ms_samples, lower_bound=settings.noise, normalise=True,
+            **QUIET)(**common, explain_func=source),
+        "sparseness": lambda: quantus.Sparseness(**QUIET)(**common),
+    }
+    values, refused = {}, {}
+    if np.ptp(maps) == 0:  # Quantus refuses a batch of maps with one value everywhere
+        nan = np.full(len(targets), np.nan)
+        return TrustScores({k: nan for k in keys}, ms, dict.fromkeys(keys, FLAT))
+    for done, key in enumerate(keys, start=1):
+        np.random.seed(settings.seed)
+        start = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                values[key] = np.asarray(runs[key](), dtype=np.float64).reshape(-1)
+        except AssertionError as e:  # Quantus' checks of the maps (e.g. all one value)
+            values[key] = np.full(len(targets), np.nan)
+            refused[key] = str(e).split(".")[0]
+        ms[key] = 1000 * (time.perf_counter() - start)
+        if progress is not None:
+            progress(key, done, len(keys))
+    return TrustScores(values, ms, refused)
+
+
+FLAT = "the maps are flat (one value everywhere): nothing to order or perturb"
+#: Quantus' own progress bars and warnings off (the callers report progress).
+QUIET = {"disable_warnings": True, "display_progressbar": False}
+
+
+def _deletion(common: dict, settings: TrustSettings, patch: int) -> np.ndarray:
+    """Mean drop of the phrase similarity as the ``regions`` most relevant patches are
+    replaced by the baseline, one by one (AOPC of region perturbation, Samek et al. 2017)."""
+    quantus = require_quantus()
+
+    curves = quantus.RegionPerturbation(
+        patch_size=patch, order="morf", regions_evaluation=settings.regions,
+        perturb_baseline=settings.baseline, **QUIET)(**common)
+    return np.asarray(curves, dtype=np.float64).mean(axis=1)
+
+
+def _insertion(common: dict, settings: TrustSettings, patch: int) -> np.ndarray:
+    """Mean gain of the phrase similarity as the ``regions`` most relevant patches of the
+    original are put back, one by one, into the image fully replaced by the baseline (region
+    perturbation from the baseline image, Quantus' own loop with :func:`restore_from`)."""
+    quantus = require_quantus()
+    from quantus.functions.perturb_func import batch_baseline_replacement_by_indices
+
+    x = common["x_batch"]
+    flat = x.reshape(x.shape[0], -1)
+    everything = np.tile(np.arange(flat.shape[1]), (x.shape[0], 1))
+    empty = batch_baseline_replacement_by_indices(
+        arr=flat, indices=everything, perturb_baseline=settings.baseline).reshape(x.shape)
+    curves = quantus.RegionPerturbation(
+        patch_size=patch, order="morf", regions_evaluation=settings.regions,
+        perturb_func=restore_from, perturb_func_kwargs={"original": x}, **QUIET)(
+        **{**common, "x_batch": empty.astype(np.float32)})
+    return -np.asarray(curves, dtype=np.float64).mean(axis=1)
+
+
+def _mprt(common: dict, source: HeatmapSource, settings: TrustSettings) -> np.ndarray:
+    """Rank similarity of each map to its map once the chosen top blocks of the image tower
+    are all re-initialised, cascading from the top (MPRT, Adebayo et al. 2018)."""
+    quantus = require_quantus()
+
+    scores = quantus.MPRT(
+        similarity_func=rank_similarity, layer_order="top_down", seed=settings.seed,
+        return_last_correlation=True, **QUIET)(**common, explain_func=source)
+    return np.asarray(scores, dtype=np.float64)
+
+
+def _random_logit(scorer: PhraseScorer, source: HeatmapSource, pixels: np.ndarray,
+                  targets: np.ndarray, maps: np.ndarray, settings: TrustSettings) -> np.ndarray:
+    """Rank similarity of each phrase's map with the map of another phrase of the same
+    caption drawn at random (random logit, Sixt et al. 2020); NaN for a caption of one
+    phrase."""
+    quantus = require_quantus()
+
+    out = np.full(len(targets), np.nan)
+    captions = [scorer.phrases[int(t)].caption for t in targets]
+    for caption in dict.fromkeys(captions):
+        phrases = [k for k, p in enumerate(scorer.phrases) if p.caption == caption]
+        if len(phrases) < 2:
+            continue
+        rows = [r for r, c in enumerate(captions) if c == caption]
+        local = np.array([phrases.index(int(targets[r])) for r in rows])
+        scores = quantus.RandomLogit(
+            num_classes=len(phrases), similarity_func=rank_similarity, seed=settings.seed,
+            **QUIET)(model=scorer.restricted(phrases), x_batch=pixels[rows], y_batch=local,
+                     a_batch=maps[rows], channel_first=True, softmax=False,
+                     explain_func=source)
+        out[rows] = np.asarray(scores, dtype=np.float64)
+    return out
+

@@ -1,0 +1,148 @@
+"""``otviz eval --tables trust``: the explanation metrics of every heatmap on the world.
+
+:func:`trust_tables` scores, on the gold noun phrases of ``n`` world test images, every method
+with a patch-token plan, the chosen explainers and the model-free baselines (colour oracle,
+centre prior, uniform map) with the metrics of :mod:`otviz.eval.trust.metrics`, and returns two
+tables: the metrics per row (means over the phrases, with the "does not depend on the model"
+verdict of the randomisation test) and each metric's cost per image per kind of row. Over
+seeds (``otviz eval --seeds``) both get their intervals from :mod:`otviz.eval.seeds`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from otviz.eval.table import Column, Table
+from otviz.eval.trust.adapter import heatmap_sources, trust_inputs, world_phrases
+from otviz.eval.trust.metrics import FLAT, METRICS, TrustScores, TrustSettings, trust_scores
+from otviz.eval.world_set import world_config_of
+from otviz.suite import MethodSuite
+from otviz.world import World
+
+StageProgress = Callable[[str, int, int], None]
+MODEL_FREE = "does not depend on the model"
+#: Metrics shown as percentages (shares of phrases or of relevance); the others as numbers.
+PERCENT = ("pointing", "mass", "rank")
+KINDS = ("method", "explainer", "baseline")
+
+
+def verdict(mprt: float, settings: TrustSettings) -> str:
+    """The randomisation verdict of a row from its mean MPRT similarity."""
+    if not np.isfinite(mprt):
+        return "-"
+    return MODEL_FREE if mprt >= settings.model_free_at else "depends on the model"
+
+
+def refresh_verdicts(tables: Sequence[Table], settings: TrustSettings | None = None) -> None:
+    """Set each trust row's verdict from its (mean) MPRT similarity: after the tables are
+    aggregated over seeds, the verdict follows the mean, not the first seed."""
+    settings = settings or TrustSettings()
+    for table in tables:
+        if table.key == "trust":
+            for row in table.rows:
+                row["randomisation"] = verdict(row.get("mprt", float("nan")), settings)
+
+
+def trust_columns() -> list[Column]:
+    return ([Column("method", "Method", "text")]
+            + [Column(m.key, f"{m.label} {'↑' if m.higher else '↓'}",
+                      "pct" if m.key in PERCENT else "num") for m in METRICS]
+            + [Column("randomisation", "Randomisation", "text"),
+               Column("ms_per_image", "ms / image", "ms")])
+
+
+def trust_tables(
+    suite: MethodSuite,
+    n_images: int,
+    seed: int = 0,
+    explainers: Sequence[str] = (),
+    settings: TrustSettings | None = None,
+    progress: StageProgress | None = None,
+    split: str = "test",
+) -> tuple[Table, Table]:
+    """``(trust, trust_cost)`` tables on images ``0..n_images-1`` of the world ``split`` drawn
+    with ``seed`` (module docstring); ``settings`` default to :class:`TrustSettings` with
+    ``seed``."""
+    settings = settings or TrustSettings(seed=seed)
+    backbone = suite.backbone
+    world = World(world_config_of(backbone, negatives=False), split, seed)
+    samples = [world.sample(i) for i in range(n_images)]
+    inputs = trust_inputs(backbone, [s.image for s in samples],
+                          [world_phrases(s) for s in samples], settings.mprt_blocks or None)
+    sources = heatmap_sources(suite.methods, explainers)
+    n_rows = len(inputs.targets)
+    table = Table("trust", f"Which heatmap can you trust? {n_rows} gold noun phrases of "
+                  f"{n_images} world {split} images (Quantus)", trust_columns())
+    cost: dict[str, dict[str, list[float]]] = {k: {} for k in KINDS}
+    for k, source in enumerate(sources, start=1):
+        scores = trust_scores(inputs.scorer, source, inputs.pixels, inputs.targets,
+                              inputs.masks, settings)
+        table.rows.append(_row(source.label, source.name, source.kind, scores, n_images,
+                               settings))
+        for key, ms in scores.ms.items():
+            cost[source.kind].setdefault(key, []).append(ms / n_images)
+        if progress is not None:
+            progress("trust", k, len(sources))
+    patch = settings.patch or inputs.pixels.shape[-1] // backbone.grid[1]
+    table.notes += [
+        f"settings: {settings.describe(patch)}",
+        "maps: each row's patch map (negative heat as none) repeated over its patch's pixels; "
+        "gold region: the patches whose centre lies in the phrase's box, so the pointing game "
+        "is otviz's own (tests/eval/test_trust_metrics.py) but for ties: Quantus counts a "
+        "tie for the peak as a hit when any tied pixel is in the box, so a flat map points "
+        "everywhere (uniform map: 100 %)",
+        "model: the backbone's cosine similarity of the image with each phrase of the set "
+        "(one class per phrase); deletion / insertion: mean drop / gain of the shown "
+        "phrase's similarity over the steps (AOPC); randomisation: Spearman similarity of "
+        "the map to the map after randomising (MPRT) or to another phrase's map of the same "
+        "caption (random logit), identical or both flat maps count 1",
+        "↑ higher is better, ↓ lower is better; Quantus 0.6.0 (Hedström et al., JMLR 2023)",
+    ]
+    flat = [r["name"] for r in table.rows if set(r.get("refused", {}).values()) == {FLAT}]
+    if flat:
+        table.notes.append(f"no value for {', '.join(flat)}: {FLAT}")
+    refused = [f"{r['name']}: {', '.join(r['refused'])}" for r in table.rows
+               if r.get("refused") and r["name"] not in flat]
+    if refused:
+        table.notes.append("refused by Quantus' checks of the maps (no value): "
+                           + "; ".join(refused))
+    return table, _cost_table(cost, n_images, settings, patch)
+
+
+def _row(label: str, name: str, kind: str, scores: TrustScores, n_images: int,
+         settings: TrustSettings) -> dict:
+    row: dict = {"method": label, "name": name, "kind": kind}
+    for key, values in scores.values.items():
+        finite = values[np.isfinite(values)]
+        row[key] = float(finite.mean()) if finite.size else float("nan")
+    row["randomisation"] = verdict(row.get("mprt", float("nan")), settings)
+    row["ms_per_image"] = sum(scores.ms.values()) / n_images
+    if scores.refused:
+        row["refused"] = scores.refused
+    return row
+
+
+def _cost_table(cost: dict[str, dict[str, list[float]]], n_images: int,
+                settings: TrustSettings, patch: int) -> Table:
+    """Each metric's mean wall time per image, per kind of row."""
+    columns = [Column("metric", "Metric", "text"), Column("group", "Group", "text")]
+    columns += [Column(kind, f"ms / image ({kind}s)", "ms") for kind in KINDS]
+    table = Table("trust_cost", f"Cost of each trust metric per image ({n_images} images, "
+                  "all its phrases)", columns)
+    for key, label, group in [("maps", "The heatmaps (once per row)", "-")] + [
+            (m.key, m.label, m.group) for m in METRICS]:
+        row = {"metric": label, "name": key, "group": group}
+        for kind in KINDS:
+            values = cost[kind].get(key)
+            if values:
+                row[kind] = float(np.mean(values))
+        table.rows.append(row)
+    table.notes.append(f"settings: {settings.describe(patch)}")
+    table.notes.append("wall time of Quantus' call over the set's phrases divided by the "
+                       "images, mean over the rows of that kind (methods, explainers, "
+                       "baselines); the metrics that score a row's own maps (localisation, "
+                       "deletion, insertion, faithfulness correlation, sparseness) reuse the "
+                       "maps computed once (first line)")
+    return table

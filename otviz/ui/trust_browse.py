@@ -1,0 +1,110 @@
+"""Browse by trust: the rows passing Browse's filters sorted by a trust metric (Quantus,
+:mod:`otviz.eval.trust`) of Method A's map, best first, optionally keeping the better or the
+worse half. A metric is computed for every row of the loaded table the first time it is
+picked (one Quantus call over all rows: seconds to a minute on 2 cores), then kept."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gradio as gr
+import pandas as pd
+import torch
+from torch import Tensor
+
+from otviz.eval.browse import BrowseTable
+from otviz.eval.trust.browse import browse_trust_values
+from otviz.eval.trust.metrics import METRICS
+from otviz.explain import InputError
+from otviz.suite import MethodSuite
+
+NO_METRIC = "no trust metric"
+ALL, BETTER, WORSE = "all rows", "better half", "worse half"
+KEEP = (ALL, BETTER, WORSE)
+#: metric label (with its direction) -> key, in the order of the trust table.
+METRIC_CHOICES = {f"{m.label} {'↑' if m.higher else '↓'}": m.key for m in METRICS}
+
+
+class TrustValues:
+    """Computed per-row metric values by (table, map, metric); a table is known by its
+    identity, and only the tables still loaded are kept."""
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[int, str, str], tuple[BrowseTable, Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, suite: MethodSuite, table: BrowseTable, name: str, metric: str) -> Tensor:
+        key = (id(table), name, metric)
+        with self._lock:
+            hit = self._values.get(key)
+        if hit is not None and hit[0] is table:
+            return hit[1]
+        values = browse_trust_values(suite, table, name, metric)
+        with self._lock:
+            self._values = {k: v for k, v in self._values.items() if k[0] != id(table)
+                            or v[0] is table}
+            self._values[key] = (table, values)
+        return values
+
+
+def trust_order(values: Tensor, higher: bool, keep: str = ALL) -> Callable[[Tensor], Tensor]:
+    """``rows -> rows`` sorted by ``values`` (best first; rows without a value last), with
+    ``keep`` the better or worse half (by the median of the rows with a value)."""
+    if keep not in KEEP:
+        raise InputError(f"unknown choice {keep!r}; choose one of {list(KEEP)}")
+
+    def reorder(rows: Tensor) -> Tensor:
+        v = values[rows]
+        finite = torch.isfinite(v)
+        if keep != ALL and bool(finite.any()):
+            median = v[finite].quantile(0.5)
+            better = (v >= median) if higher else (v <= median)
+            chosen = finite & (better if keep == BETTER else ~better)
+            rows, v, finite = rows[chosen], v[chosen], finite[chosen]
+        score = torch.where(finite, v if higher else -v, torch.full_like(v, -torch.inf))
+        return rows[torch.argsort(score, descending=True, stable=True)]
+
+    return reorder
+
+
+@dataclass
+class TrustSort:
+    """Browse's rows by a trust metric: the picked metric's label, its value per query and
+    the reordering of the rows."""
+
+    label: str
+    values: Tensor
+    reorder: Callable[[Tensor], Tensor]
+
+    def annotate(self, frame: pd.DataFrame, rows: list[int]) -> pd.DataFrame:
+        """The page's table with the metric's value of each row as a last column."""
+        frame = frame.copy()
+        if len(frame) == len(rows):
+            frame[f"A: {self.label}"] = [round(float(self.values[q]), 3) for q in rows]
+        return frame
+
+
+def trust_sort(cache: TrustValues, suite: MethodSuite, table: BrowseTable, name: str,
+               metric: str | None, keep: str | None) -> TrustSort | None:
+    """Browse's rows sorted by the picked metric of map ``name`` (``None``: none picked)."""
+    if not metric or metric == NO_METRIC:
+        return None
+    if metric not in METRIC_CHOICES:
+        raise InputError(f"unknown trust metric {metric!r}")
+    key = METRIC_CHOICES[metric]
+    higher = next(m.higher for m in METRICS if m.key == key)
+    values = cache.get(suite, table, name, key)
+    return TrustSort(metric, values, trust_order(values, higher, keep or ALL))
+
+
+def trust_controls() -> tuple[gr.Dropdown, gr.Dropdown]:
+    """The view's two controls: the metric (of Method A's map) to sort by, and which rows to
+    keep."""
+    metric = gr.Dropdown([NO_METRIC, *METRIC_CHOICES], value=NO_METRIC, scale=1,
+                         label="Sort by trust metric of Method A (computed on first pick)",
+                         elem_id="browse-trust-metric")
+    keep = gr.Dropdown(list(KEEP), value=ALL, label="Keep (by that metric)", scale=1,
+                       elem_id="browse-trust-keep")
+    return metric, keep

@@ -1,0 +1,126 @@
+"""The Quantus adapter: its model scores phrases as the backbone does, every method, explainer
+and baseline is an explanation function of patch maps at pixel size, MPRT re-initialises the
+image tower's top blocks only, and the install has one cv2."""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from importlib import metadata
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from otviz.backbone import Backbone
+from otviz.eval.trust import adapter as T
+from otviz.explainers import EXPLAINERS, phrase_embeddings
+from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
+from otviz.world import World, WorldConfig
+from tests.helpers import random_tiny_clip
+
+
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory) -> Backbone:
+    torch.set_num_threads(1)
+    return Backbone.from_checkpoint(random_tiny_clip(tmp_path_factory.mktemp("bb") / "bb", 3))
+
+
+@pytest.fixture(scope="module")
+def inputs(backbone) -> T.TrustInputs:
+    world = World(WorldConfig(negatives=False), "test", 0)
+    samples = [world.sample(i) for i in range(2)]
+    return T.trust_inputs(backbone, [s.image for s in samples],
+                          [T.world_phrases(s) for s in samples])
+
+
+def test_one_cv2_and_quantus_import() -> None:
+    import cv2  # noqa: F401
+    import pytorch_grad_cam  # noqa: F401
+    import quantus  # noqa: F401
+
+    installed = set()
+    for name in ("opencv-python", "opencv-python-headless", "opencv-contrib-python"):
+        try:
+            metadata.version(name)
+            installed.add(name)
+        except metadata.PackageNotFoundError:
+            pass
+    assert installed == {"opencv-python-headless"}
+
+
+def test_class_scores_are_the_backbone_similarities(backbone, inputs) -> None:
+    scorer = inputs.scorer
+    scores = scorer(torch.as_tensor(inputs.pixels))
+    world = World(WorldConfig(negatives=False), "test", 0)
+    images = [world.sample(i).image for i in inputs.image_of]
+    captions = [p.caption for p in scorer.phrases]
+    image_global = F.normalize(backbone.encode(images, captions).image_global, dim=-1)
+    text = phrase_embeddings(backbone, [p.text for p in scorer.phrases])
+    assert scores.shape == (len(captions), len(captions))
+    assert torch.allclose(scores, image_global @ text.T, atol=1e-5)
+
+
+def test_every_source_gives_patch_maps_at_pixel_size(backbone, inputs) -> None:
+    suite = MethodSuite.training_free(backbone, WORLD_FIT_CAPTIONS[:20], ("filip", "powerclip"))
+    sources = T.heatmap_sources(suite.methods, tuple(EXPLAINERS))
+    assert [s.name for s in sources] == ["filip", "powerclip", *EXPLAINERS, "colour_oracle",
+                                        "centre_prior", "uniform"]
+    side, (h, w) = inputs.pixels.shape[-1], backbone.grid
+    for source in sources:
+        maps = source(inputs.scorer, inputs.pixels, inputs.targets)
+        assert maps.shape == (len(inputs.targets), 1, side, side), source.name
+        assert (maps >= 0).all()
+        patches = maps[:, 0].reshape(len(maps), h, side // h, w, side // w)
+        assert np.allclose(patches, patches[:, :, :1, :, :1]), source.name  # one value a patch
+    assert [s.model_free for s in sources].count(True) == 3
+
+
+def test_method_map_is_the_grounding_tables_heatmap(backbone, inputs) -> None:
+    """The adapter's FILIP map equals the method's heatmap of the pair's encoded features."""
+    suite = MethodSuite.training_free(backbone, WORLD_FIT_CAPTIONS[:20], ("filip",))
+    entry = suite.methods["filip"]
+    source = T.heatmap_sources(suite.methods, (), baselines=False)[0]
+    scorer = inputs.scorer
+    maps = source.patch_maps(scorer, torch.as_tensor(inputs.pixels),
+                             torch.as_tensor(inputs.targets))
+    world = World(WorldConfig(negatives=False), "test", 0)
+    images = [world.sample(i).image for i in inputs.image_of]
+    feats = backbone.to_space(backbone.encode(images, [p.caption for p in scorer.phrases]),
+                              "projected")
+    with torch.no_grad():
+        expected = entry.method.phrase_patch_map(entry.method(feats.pair_batch()),
+                                                 scorer.select)
+    assert torch.allclose(maps, expected, atol=1e-5)
+
+
+def test_gold_masks_are_the_patches_centred_in_the_box() -> None:
+    boxes = torch.tensor([[8.0, 8.0, 24.0, 20.0]], dtype=torch.float64)
+    mask = T.gold_masks(boxes, (4, 4), 32)[0, 0]
+    # patch centres at 4, 12, 20, 28: x in {12, 20}, y in {12}
+    expected = torch.zeros(32, 32)
+    expected[8:16, 8:24] = 1
+    assert torch.equal(mask, expected)
+
+
+def test_randomisation_layers_are_the_top_blocks(backbone, inputs) -> None:
+    blocks = T.tower_blocks(backbone.model.visual)
+    scorer = T.PhraseScorer(backbone, inputs.scorer.phrases, blocks=1)
+    layers = [n for n, m in scorer.named_modules() if hasattr(m, "reset_parameters")]
+    assert layers == ["units.0"]
+    copy = deepcopy(scorer)
+    before = {k: v.clone() for k, v in copy.backbone.model.state_dict().items()}
+    torch.manual_seed(1)
+    copy.units[0].reset_parameters()
+    after = copy.backbone.model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    top = {f"visual.transformer.resblocks.{len(blocks) - 1}."}
+    assert changed and all(any(k.startswith(t) for t in top) for k in changed)
+    assert all(torch.equal(v, backbone.model.state_dict()[k]) for k, v in before.items())
+    assert copy.version == 1 and copy.explained_model() is not copy.backbone.model
+
+
+def test_box_to_model_pixels_follows_the_centre_crop() -> None:
+    assert T.box_to_model_pixels((0, 0, 80, 80), (80, 80), 80) == (0, 0, 80, 80)
+    # 160 x 80 image -> 160 x 80 at scale 1, the centre 80 x 80 cut from x = 40
+    assert T.box_to_model_pixels((40, 0, 60, 10), (160, 80), 80) == (0, 0, 20, 10)

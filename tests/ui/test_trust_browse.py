@@ -1,0 +1,61 @@
+"""Browse by trust: a metric of Method A's map for every row of the table, rows sorted by it
+(best first, rows without a value last) and halved by its median."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from otviz.backbone import Backbone
+from otviz.eval.browse import browse_table, world_queries
+from otviz.eval.trust.browse import browse_trust_values
+from otviz.eval.trust.metrics import TrustSettings
+from otviz.eval.world_set import EvalSet
+from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
+from otviz.ui.browse_tab import browse_view
+from otviz.ui.trust_browse import (
+    BETTER,
+    NO_METRIC,
+    WORSE,
+    TrustSort,
+    TrustValues,
+    trust_order,
+    trust_sort,
+)
+from tests.helpers import random_tiny_clip
+
+
+def test_order_is_best_first_and_halves_by_the_median() -> None:
+    values = torch.tensor([0.2, float("nan"), 0.9, 0.5, 0.1], dtype=torch.float64)
+    rows = torch.arange(5)
+    assert trust_order(values, higher=True)(rows).tolist() == [2, 3, 0, 4, 1]
+    assert trust_order(values, higher=False)(rows).tolist() == [4, 0, 3, 2, 1]
+    assert trust_order(values, True, BETTER)(rows).tolist() == [2, 3]  # >= median 0.35
+    assert trust_order(values, True, WORSE)(rows).tolist() == [0, 4]
+
+
+def test_browse_rows_sorted_by_a_trust_metric(tmp_path) -> None:
+    torch.set_num_threads(1)
+    backbone = Backbone.from_checkpoint(random_tiny_clip(tmp_path / "bb", 6))
+    suite = MethodSuite.training_free(backbone, WORLD_FIT_CAPTIONS[:20], ("filip",))
+    data = EvalSet.build(backbone, 3, "test", 0, str(tmp_path / "cache"))
+    table = browse_table(suite, data, world_queries(data), torch.tensor([[80, 80]]).expand(3, 2),
+                         lambda j: data.samples[j].image, methods=("filip",))
+    fast = TrustSettings(regions=2)
+    values = browse_trust_values(suite, table, "filip", "deletion", fast)
+    assert values.shape == (len(table.items),) and bool(torch.isfinite(values).all())
+    pointing = browse_trust_values(suite, table, "colour_oracle", "pointing", fast)
+    assert set(pointing.tolist()) <= {0.0, 1.0}
+    assert trust_sort(TrustValues(), suite, table, "filip", NO_METRIC, None) is None
+    by = TrustSort("Deletion ↑", values, trust_order(values, higher=True))
+    view = browse_view(table, ["filip"], "filip", "filip", per_page=len(table.items),
+                       reorder=by.reorder)
+    shown = values[torch.tensor(view.rows)]
+    assert shown.tolist() == sorted(shown.tolist(), reverse=True)
+    frame = by.annotate(view.frame, view.rows)
+    assert frame["A: Deletion ↑"].tolist() == [round(v, 3) for v in shown.tolist()]
+    with pytest.raises(ValueError, match="unknown metric"):
+        browse_trust_values(suite, table, "filip", "beauty")
+    assert not math.isnan(float(values.max()))

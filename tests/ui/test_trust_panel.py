@@ -1,0 +1,64 @@
+"""The Align view's Trust panel without a browser: localisation for a world example's gold
+phrase, the model-based metrics only (and why) for an upload, rows kept once computed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from otviz.backbone import Backbone
+from otviz.eval.trust.metrics import METRICS, TrustSettings
+from otviz.explain import Explainer
+from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
+from otviz.ui.examples import load_examples
+from otviz.ui.trust_panel import NO_BOXES, TrustCache, panel_phrases, trust_frame, trust_rows
+from tests.helpers import random_tiny_clip
+
+FAST = TrustSettings(regions=2, fc_runs=2, ms_samples=2, mprt_blocks=1)
+
+
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory) -> tuple[Explainer, MethodSuite]:
+    torch.set_num_threads(1)
+    backbone = Backbone.from_checkpoint(random_tiny_clip(tmp_path_factory.mktemp("bb") / "b", 2))
+    return Explainer(backbone), MethodSuite.training_free(backbone, WORLD_FIT_CAPTIONS[:20],
+                                                         ("filip",))
+
+
+def _last(rows_iter):
+    steps = list(rows_iter)
+    return steps, steps[-1]
+
+
+def test_example_phrase_gets_localisation_and_is_cached(tools) -> None:
+    explainer, suite = tools
+    example = load_examples()[0]
+    encoded = explainer.encode(np.asarray(Image.open(example.image_path).convert("RGB")),
+                               example.caption)
+    phrases, target = panel_phrases(encoded, [0, 1, 2, 3])
+    assert phrases[target].box is not None and len(phrases) >= 2
+    cache = TrustCache()
+    steps, (rows, status) = _last(trust_rows(explainer, suite, encoded, [0, 1, 2, 3], False,
+                                             cache, FAST))
+    assert [r["Map"] for r in rows] == ["FILIP", "Colour oracle (pixels)", "Centre prior"]
+    assert all(m.key in rows[0] for m in METRICS)
+    assert NO_BOXES not in status and "computing" in steps[0][1]
+    again, _ = _last(trust_rows(explainer, suite, encoded, [0, 1, 2, 3], False, cache, FAST))
+    assert len(again) == 1 and again[0][0] == rows  # read from the cache, nothing computed
+    frame = trust_frame(rows)
+    assert list(frame["Map"]) == [r["Map"] for r in rows] and "Pointing ↑" in frame.columns
+
+
+def test_upload_gets_the_model_based_metrics_and_says_why(tools) -> None:
+    explainer, suite = tools
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 255, size=(64, 96, 3), dtype=np.uint8)
+    encoded = explainer.encode(image, "a red circle and a blue square")
+    _, (rows, status) = _last(trust_rows(explainer, suite, encoded, [0, 1, 2], False,
+                                         TrustCache(), FAST))
+    assert NO_BOXES in status
+    local = {m.key for m in METRICS if m.needs_boxes}
+    assert all(not (local & set(r)) for r in rows)
+    assert all("deletion" in r and "mprt" in r for r in rows)
