@@ -77,7 +77,7 @@ WRONG_CALLS = {
                          "argument --n-test: must be at least 1, got 0"),
     "unknown table": (["eval", "--tables", "probe,nope"], "otviz eval",
                       "argument --tables: unknown 'nope'; choose from retrieval, probe, "
-                      "grounding, anchors, cost, zero_shot, long_tailed, selective"),
+                      "grounding, anchors, cost, zero_shot, long_tailed, selective, trust"),
     "seeds not numbers": (["ablate", "--seeds", "1,x"], "otviz ablate",
                           "argument --seeds: expected a comma list of integers, got '1,x'"),
     "negative examples": (["report", "--n-examples", "-1"], "otviz report",

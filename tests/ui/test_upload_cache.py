@@ -28,6 +28,7 @@ from PIL import Image
 from otviz.ui import upload_cache
 from otviz.ui.app import build_app
 from otviz.ui.inputs import CheckedFile
+from otviz.ui.trust_browse import ALL, NO_METRIC
 from otviz.ui.upload_cache import (
     DELETE_CACHE,
     discard_upload,
@@ -173,7 +174,8 @@ def test_a_refused_upload_leaves_nothing_in_the_cache(live_app, example, checkpo
             "zero_shot": [checkpoint, "uploaded images", [upload], "shape", 0, 32, "balanced",
                           "circle\nsquare", "a photo of a {}", "uniform", "", 0.5],
             "browse": [checkpoint, "uploaded folder", 96, "test", [upload], ["conceptot"],
-                       "conceptot", "filip", "all rows", [], "set order", 1, 12],
+                       "conceptot", "filip", "all rows", [], "set order", NO_METRIC, ALL, 1,
+                       12],
         }[api]
         refused, message = _call(live_app.url, api, args)
         assert refused and expected in message, (api, message)
@@ -203,7 +205,7 @@ def test_gradios_own_choice_checks_log_one_line(client, example, checkpoint, cap
         "/align_plan": (image, example[1], checkpoint, "evil", 0, "grid"),
         "/align_token": (image, example[1], checkpoint, "conceptot", 999, "grid"),
         "/browse": (checkpoint, "evil source", 96, "test", [], ["conceptot"], "conceptot",
-                    "filip", "all rows", [], "set order", 1, 12),
+                    "filip", "all rows", [], "set order", NO_METRIC, ALL, 1, 12),
     }
     for api, args in calls.items():
         with pytest.raises(AppError, match="is not in the list of choices"):
