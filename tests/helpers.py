@@ -107,3 +107,14 @@ def png_header(width: int, height: int) -> bytes:
     ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
             + chunk(b"IEND", b""))
+
+
+def world_trust_inputs(backbone, seed: int, n: int):
+    """:func:`otviz.eval.trust.adapter.trust_inputs` of the first ``n`` world test images of
+    ``seed`` with their gold noun phrases."""
+    from otviz.eval.trust import adapter
+    from otviz.world import World, WorldConfig
+
+    samples = World(WorldConfig(negatives=False), "test", seed).samples(0, n)
+    return adapter.trust_inputs(backbone, [s.image for s in samples],
+                                [adapter.world_phrases(s) for s in samples])

@@ -22,6 +22,16 @@ TRAINING_FREE = "training-free"
 Tables = Annotated[str, ListOf(TABLES + ON_REQUEST_TABLES, ("all",))]
 
 
+def known_names(text: str, known: tuple[str, ...], what: str) -> list[str]:
+    """The names of the comma list ``text``, in order; ``ValueError`` naming ``what`` when
+    one is not in ``known``."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}; known: {', '.join(known)}")
+    return names
+
+
 @dataclass
 class EvalConfig:
     """What ``otviz eval`` measures, on what (every field is a command-line flag)."""
@@ -50,13 +60,9 @@ class EvalConfig:
     out: str = "runs/eval"  # writes tables.json and tables.md here ("" : print only)
 
     def table_names(self) -> list[str]:
-        names = list(TABLES) if self.tables == "all" else [
-            t.strip() for t in self.tables.split(",") if t.strip()]
-        known = TABLES + ON_REQUEST_TABLES
-        unknown = sorted(set(names) - set(known))
-        if unknown:
-            raise ValueError(f"unknown tables {unknown}; known: {', '.join(known)}")
-        return names
+        if self.tables == "all":
+            return list(TABLES)
+        return known_names(self.tables, TABLES + ON_REQUEST_TABLES, "tables")
 
     def seed_list(self) -> list[int]:
         return [int(s) for s in self.seeds.split(",") if s.strip()]
@@ -78,11 +84,7 @@ class EvalConfig:
 
         if not self.methods:
             return tuple(ALIGN_METHODS)
-        names = tuple(m.strip() for m in self.methods.split(",") if m.strip())
-        unknown = sorted(set(names) - set(ALIGN_METHODS))
-        if unknown:
-            raise ValueError(f"unknown methods {unknown}; known: {', '.join(ALIGN_METHODS)}")
-        return names
+        return tuple(known_names(self.methods, tuple(ALIGN_METHODS), "methods"))
 
 
 @dataclass
@@ -105,11 +107,7 @@ class OTCLIPTableConfig:
     otclip_runs: str = "runs/otclip"  # the pre-trained models go to <runs>/<loss>
 
     def losses(self) -> list[str]:
-        names = [k.strip() for k in self.otclip_kinds.split(",") if k.strip()]
-        unknown = sorted(set(names) - set(OTCLIP_LOSSES))
-        if unknown:
-            raise ValueError(f"unknown OT-CLIP losses {unknown}; known: {', '.join(OTCLIP_LOSSES)}")
-        return names
+        return known_names(self.otclip_kinds, OTCLIP_LOSSES, "OT-CLIP losses")
 
 
 @dataclass

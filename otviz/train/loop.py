@@ -138,6 +138,13 @@ def _nothing_to_train(config: TrainConfig) -> str | None:
     return None
 
 
+def objective_value(global_loss: float, local: float, regulariser: float,
+                    config: TrainConfig) -> float:
+    """The reported loss of a batch: ``L_global + lambda * L_local + beta * R`` (ConceptOT
+    Eq. 10 plus the anchor regulariser)."""
+    return global_loss + local_weight(config) * local + config.beta * regulariser
+
+
 class Validation:
     """Early stopping on held-out pairs: the mean training objective over ``data`` in
     batches of the training batch size (no gradient, every pair its batch's positive), the
@@ -165,8 +172,8 @@ class Validation:
                 batch.regions = _regions(config, batch.grid, batch.size, 0).to(device)
             excluded = positive_mask(self.data.image_ids[idx], self.data.text_ids[idx])
             _, terms = objective(batch, excluded.to(device), rows)
-            total += float(terms.global_loss + local_weight(config) * terms.local_part
-                           + config.beta * terms.regulariser)
+            total += objective_value(float(terms.global_loss), float(terms.local_part),
+                                     float(terms.regulariser), config)
             batches += 1
         return total / batches
 
@@ -364,7 +371,7 @@ class _Run:
         record = {
             "step": self.step + 1,
             "epoch": self.step // self.spe,
-            "loss": g + local_weight(cfg) * local + cfg.beta * reg,
+            "loss": objective_value(g, local, reg, cfg),
             "global": g,
             "local": local,
             "regulariser": reg,

@@ -17,7 +17,7 @@ from otviz.eval.trust import adapter as T
 from otviz.explainers import EXPLAINERS, phrase_embeddings
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
 from otviz.world import World, WorldConfig
-from tests.helpers import random_tiny_clip
+from tests.helpers import random_tiny_clip, world_trust_inputs
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +28,7 @@ def backbone(tmp_path_factory) -> Backbone:
 
 @pytest.fixture(scope="module")
 def inputs(backbone) -> T.TrustInputs:
-    world = World(WorldConfig(negatives=False), "test", 0)
-    samples = [world.sample(i) for i in range(2)]
-    return T.trust_inputs(backbone, [s.image for s in samples],
-                          [T.world_phrases(s) for s in samples])
+    return world_trust_inputs(backbone, seed=0, n=2)
 
 
 def test_one_cv2_and_quantus_import() -> None:

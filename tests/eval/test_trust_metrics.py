@@ -20,8 +20,7 @@ from otviz.eval.trust.metrics import (
 )
 from otviz.eval.trust.table import MODEL_FREE, trust_tables, verdict
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
-from otviz.world import World, WorldConfig
-from tests.helpers import random_tiny_clip
+from tests.helpers import random_tiny_clip, world_trust_inputs
 
 FAST = TrustSettings(regions=3, fc_runs=3, ms_samples=2, mprt_blocks=1)
 
@@ -47,10 +46,7 @@ def backbone(tmp_path_factory) -> Backbone:
 
 @pytest.fixture(scope="module")
 def inputs(backbone) -> T.TrustInputs:
-    world = World(WorldConfig(negatives=False), "test", 1)
-    samples = [world.sample(i) for i in range(3)]
-    return T.trust_inputs(backbone, [s.image for s in samples],
-                          [T.world_phrases(s) for s in samples])
+    return world_trust_inputs(backbone, seed=1, n=3)
 
 
 def _patch_masks(inputs: T.TrustInputs, grid: tuple[int, int]) -> Tensor:

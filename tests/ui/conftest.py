@@ -1,12 +1,15 @@
 """Fixtures of the view tests: the app's context on the shipped checkpoint, one per test
 process (a module may override ``ctx``, e.g. with one that has no trained heads), its first
-backbone choice and that choice's explainer and suite."""
+backbone choice and that choice's explainer and suite; a client of the served app and the
+first shipped example."""
 
 from __future__ import annotations
 
 import pytest
+from gradio_client import Client
 
 from otviz.ui.context import AppContext
+from otviz.ui.examples import load_examples
 from tests.helpers import app_context
 
 
@@ -26,3 +29,16 @@ def checkpoint(ctx) -> str:
 def tools(ctx, checkpoint):
     """The explainer and method suite of the first backbone choice."""
     return ctx.explainer(checkpoint), ctx.suite(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def client(live_app) -> Client:
+    """A gradio_client of the served app (``live_app``)."""
+    return Client(live_app.url, verbose=False, download_files=False)
+
+
+@pytest.fixture(scope="module")
+def example() -> tuple[str, str]:
+    """The first shipped example: its image path and caption."""
+    e = load_examples()[0]
+    return str(e.image_path), e.caption

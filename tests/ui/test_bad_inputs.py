@@ -47,7 +47,6 @@ from PIL import Image
 
 from otviz.boundary.images import UNREADABLE_IMAGE
 from otviz.ui.app import MAX_UPLOAD
-from otviz.ui.examples import load_examples
 from tests.helpers import png_header
 
 UNEXPECTED = "Something unexpected"
@@ -83,19 +82,8 @@ _OPENED = OpenedFiles()  # audit hooks cannot be removed: one per test process
 
 
 @pytest.fixture(scope="module")
-def client(live_app) -> Client:
-    return Client(live_app.url, verbose=False, download_files=False)
-
-
-@pytest.fixture(scope="module")
 def checkpoint(live_app) -> str:
     return live_app.ctx.checkpoint_choices()[0]
-
-
-@pytest.fixture(scope="module")
-def example() -> tuple[str, str]:
-    e = load_examples()[0]
-    return str(e.image_path), e.caption
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 import torch
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
@@ -31,7 +31,6 @@ from otviz.ui.context import (
     find_heads,
     remote_models,
 )
-from otviz.ui.examples import load_examples
 
 HOW_TO_READ = "**How to read this view.**"
 
@@ -46,17 +45,6 @@ def _walk(block):
 def built():
     ctx = AppContext.default()
     return ctx, build_app(ctx)
-
-
-@pytest.fixture(scope="module")
-def client(live_app) -> Client:
-    return Client(live_app.url, verbose=False, download_files=False)
-
-
-@pytest.fixture(scope="module")
-def example():
-    e = load_examples()[0]
-    return str(e.image_path), e.caption
 
 
 def test_views_in_order_each_with_how_to_read(built):

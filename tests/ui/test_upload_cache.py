@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from gradio.data_classes import FileData, ListFiles
 from gradio.utils import get_upload_folder
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
@@ -228,19 +228,6 @@ def test_what_a_person_typed_is_shown_as_typed(client, example, checkpoint):
         client.predict(image, example[1], checkpoint, "grid", True, home,
                        api_name="/align_phrase")
     assert f'"{home}" is not in the caption' in str(refused.value), str(refused.value)
-
-
-@pytest.fixture(scope="module")
-def client(live_app) -> Client:
-    return Client(live_app.url, verbose=False, download_files=False)
-
-
-@pytest.fixture(scope="module")
-def example():
-    from otviz.ui.examples import load_examples
-
-    e = load_examples()[0]
-    return str(e.image_path), e.caption
 
 
 @pytest.fixture(scope="module")
