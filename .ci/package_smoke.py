@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -143,7 +144,9 @@ def smoke_app(otviz: str, image: Path, caption: str, port: int, timeout: float) 
 
     with socket.socket() as probe:
         check(probe.connect_ex(("127.0.0.1", port)) != 0, f"port {port} is free")
-    server = subprocess.Popen([otviz, "app", "--host", "127.0.0.1", "--port", str(port)])
+    log = tempfile.TemporaryFile("w+")  # the server's stderr, read back once it has stopped
+    server = subprocess.Popen([otviz, "app", "--host", "127.0.0.1", "--port", str(port)],
+                              stderr=log)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_for_server(url, server, timeout)
@@ -158,6 +161,10 @@ def smoke_app(otviz: str, image: Path, caption: str, port: int, timeout: float) 
     finally:
         server.terminate()
         server.wait(timeout=30)
+        log.seek(0)
+        stderr = log.read()
+        sys.stderr.write(stderr)
+    check("leaked" not in stderr, "stopped by SIGTERM, the app leaves no process or semaphore")
 
 
 def main() -> int:

@@ -290,10 +290,11 @@ def test_a_pick_in_a_dropdown_is_one_server_call(own_page, dropdown, output):
     assert len(joins) == 1, f"{dropdown}: {len(joins)} server calls for one pick"
 
 
-def test_a_phrase_pick_swaps_in_the_prefetched_grid(page, live_app):
+def test_a_phrase_pick_swaps_in_the_prefetched_grid(own_page, live_app):
     """After an Align click the page holds the caption's phrase grids: a pick shows the
     server's own grid of that phrase (the same JPEG bytes) without drawing it on the server,
     and a prefetch of another pair (another token) is never swapped in."""
+    page = own_page  # the pick changes the view's phrase
     open_tab(page, "Align")
     page.get_by_role("button", name="Align", exact=True).click()
     rendered_image(page, "#align-grid")
@@ -456,10 +457,11 @@ def test_browse_pages_and_a_row_click_opens_align(own_page, shots):
     assert_not_blank(page, "#align-grid img")
 
 
-def test_align_trust_panel_and_browse_sort_by_a_trust_metric(page, live_app, shots):
+def test_align_trust_panel_and_browse_sort_by_a_trust_metric(own_page, live_app, shots):
     """The Trust panel (closed, computed on demand) fills its table with one row per method
     and the two model-free references, localisation included for an example's gold phrase;
     Browse then sorts its rows by a trust metric of Method A, best first, as a column."""
+    page = own_page  # the first example's gold phrase, whatever others picked; sorts Browse
     from otviz.suite import ALIGN_METHODS
 
     open_tab(page, "Align")

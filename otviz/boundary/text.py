@@ -12,6 +12,15 @@ MAX_CAPTION_CHARS = 1000
 #: A word list holds at most this many entries, each at most this many characters.
 MAX_WORDS, MAX_WORD_CHARS = 100, 40
 _SEPARATORS = re.compile(r"[,;\n]+")
+#: Control characters (Unicode category Cc: C0, DEL, C1) become spaces: no font draws them,
+#: and a figure title or a tokenizer has no use for a bell or an escape sequence.
+_CONTROL_TO_SPACE = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0)], " ")
+
+
+def without_control_characters(text: str) -> str:
+    """``text`` with every control character (tab and new line included) replaced by a
+    space."""
+    return text.translate(_CONTROL_TO_SPACE)
 
 
 def has_letter_or_digit(text: str) -> bool:
@@ -23,8 +32,9 @@ def check_caption(caption: str | None, what: str = "the caption") -> str:
     """``caption`` stripped; :class:`InputError` when it is empty, over
     :data:`MAX_CAPTION_CHARS` characters or has no letter or digit (of any script). The one
     caption rule: text boxes and the captions of uploaded files (CSV, COCO, Karpathy) alike;
-    ``what`` says where the caption is in the message."""
-    text = (caption or "").strip()
+    ``what`` says where the caption is in the message. Control characters become spaces
+    (:func:`without_control_characters`)."""
+    text = without_control_characters(caption or "").strip()
     if not text:
         raise InputError(f"{what} is empty: type what the image shows")
     if len(text) > MAX_CAPTION_CHARS:
@@ -35,9 +45,9 @@ def check_caption(caption: str | None, what: str = "the caption") -> str:
 
 
 def check_phrase(phrase: str | None) -> str:
-    """A picked or typed phrase, stripped; :class:`InputError` when it is empty or longer
-    than any caption can be."""
-    text = (phrase or "").strip()
+    """A picked or typed phrase, stripped, its control characters spaces;
+    :class:`InputError` when it is empty or longer than any caption can be."""
+    text = without_control_characters(phrase or "").strip()
     if not text:
         raise InputError("pick a word or phrase of the caption")
     if len(text) > MAX_CAPTION_CHARS:
@@ -47,10 +57,11 @@ def check_phrase(phrase: str | None) -> str:
 
 
 def parse_word_list(text: str | None) -> list[str]:
-    """Words (or short phrases) separated by commas, semicolons or new lines; duplicates
-    dropped, order kept. Raises :class:`InputError` for an empty list, too many entries, or
-    an entry that is too long or has no letter or digit (of any script)."""
-    entries = [w.strip() for w in _SEPARATORS.split(text or "")]
+    """Words (or short phrases) separated by commas, semicolons or new lines, their control
+    characters spaces; duplicates dropped, order kept. Raises :class:`InputError` for an
+    empty list, too many entries, or an entry that is too long or has no letter or digit (of
+    any script)."""
+    entries = [without_control_characters(w).strip() for w in _SEPARATORS.split(text or "")]
     words = list(dict.fromkeys(w for w in entries if w))
     if not words:
         raise InputError("the word list is empty: type words separated by commas")

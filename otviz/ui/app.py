@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 
 import gradio as gr
 
@@ -145,6 +147,18 @@ def server_logging() -> None:
     logging.getLogger("otviz").setLevel(logging.INFO)
 
 
+def stop_on_sigterm() -> None:
+    """Let ``SIGTERM`` (a service manager's or a Space's stop) end the server as Ctrl-C does,
+    so that :func:`launch` shuts its drawing worker down (no process or semaphore is left).
+    Python's default for ``SIGTERM`` ends the process at once, skipping every ``finally``."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def launch(max_file_size: str | int | None = None, **kwargs) -> None:
     """Build and serve the app with a bounded queue and bounded uploads and its log
     (:func:`server_logging`), Gradio's upload cache under the app's data folder
@@ -155,6 +169,7 @@ def launch(max_file_size: str | int | None = None, **kwargs) -> None:
     if on_space() and not try_download_benepar():
         log.info("benepar unavailable: trees come from the built-in parser")
     app = build_app()
+    stop_on_sigterm()
     DRAWER.start()  # the phrase grids' drawing worker, ready before the first visitor
     try:
         app.launch(**{**serve_options(app, max_file_size), **kwargs})

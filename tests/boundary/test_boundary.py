@@ -129,6 +129,19 @@ def test_text_checks():
         parse_word_list("red, !!!")
 
 
+def test_control_characters_become_spaces():
+    """No font draws a NUL, a bell or an escape: captions, phrases and word lists reach the
+    views (figure titles included) with spaces in their place; letters are untouched."""
+    assert check_caption("a red\x00 circle\x07 \x1b[31mnext to\x08 a star\r") == (
+        "a red  circle   [31mnext to  a star")
+    assert check_caption("a\tred\x85circle\x9f") == "a red circle"  # C1 controls too
+    assert check_phrase("\x00red\x7f") == "red"
+    assert parse_word_list("red\x1b, blue\x00 star") == ["red", "blue  star"]
+    assert check_caption("é\u200dक्ष") == "é\u200dक्ष"  # format characters (ZWJ) kept
+    with pytest.raises(InputError, match="empty"):
+        check_caption("\x00\x07\x1b")
+
+
 def test_one_confinement(tmp_path):
     root = tmp_path / "upload"
     (root / "images").mkdir(parents=True)
