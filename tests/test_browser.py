@@ -357,6 +357,13 @@ def test_hostile_upload_and_caption_are_plain_messages(browser, live_app, tmp_pa
     page.close()
 
 
+def downloads_arrive(page, box: str, name: str) -> None:
+    """The view's downloads, written after its pictures, reach its Downloads box ``box``."""
+    page.wait_for_function("([box, name]) => document.querySelector(box) && document"
+                           ".querySelector(box).innerText.replace(/\\s+/g, '').includes(name)",
+                           arg=[box, name])  # the page shows a file's stem and suffix apart
+
+
 def test_anchors_view(page, shots):
     open_tab(page, "Anchors")
     page.get_by_role("button", name="Show anchors").click()
@@ -364,6 +371,8 @@ def test_anchors_view(page, shots):
     assert width > 200 and height > 200
     rendered_image(page, "#anchors-maps")
     assert_not_blank(page, "#anchors-maps img")
+    downloads_arrive(page, "#anchors-bank-downloads", "anchor_word_map_PCA.html")
+    downloads_arrive(page, "#anchors-maps-downloads", "anchor_maps.png")
     assert_badges_cover_nothing(page, "tab-anchors")
     screenshot(page, "tab-anchors", shots / "anchors.png")
 
@@ -382,6 +391,7 @@ def test_phrases_and_regions_view(page, shots):
     shown = page.locator("#phrases-tree img").first.bounding_box()
     words = len(load_examples()[0].caption.split())
     assert shown["width"] >= 40 * words or shown["width"] >= tree_width
+    downloads_arrive(page, "#phrases-downloads", "powerset_scores.json")
     assert_badges_cover_nothing(page, "tab-phrases")
     assert_all_columns_visible(page, "#phrases-nodes")
     screenshot(page, "tab-phrases", shots / "phrases.png")
@@ -411,17 +421,19 @@ def test_train_view_trains_a_few_steps(page, live_app, shots):
 
 
 @pytest.mark.parametrize(
-    ("title", "button", "element"),
+    ("title", "button", "element", "download"),
     [
-        ("Probe", "Score the caption and its edits", "#probe-bars"),
-        ("Zero-shot", "Classify", "#zeroshot-accuracy"),
-        ("Words", "Show word heatmaps", "#words-grid"),
+        ("Probe", "Score the caption and its edits", "#probe-bars", "probe_scores.json"),
+        ("Zero-shot", "Classify", "#zeroshot-accuracy", "zero_shot.json"),
+        ("Words", "Show word heatmaps", "#words-grid", None),
     ],
 )
-def test_other_views_render(page, shots, title, button, element):
+def test_other_views_render(page, shots, title, button, element, download):
     open_tab(page, title)
     page.get_by_role("button", name=button, exact=True).click()
     rendered_image(page, element)
+    if download:
+        downloads_arrive(page, f"#{element[1:].split('-')[0]}-downloads", download)
     tab = "tab-" + title.split()[0].lower()
     assert_badges_cover_nothing(page, tab)
     if page.locator(f"#{tab} th").count():

@@ -26,7 +26,8 @@ from otviz.explain import InputError
 from otviz.methods.conceptot import ConceptOT
 from otviz.suite import SuiteMethod, word_concept_embeddings
 from otviz.ui.context import COMMON_CONCEPTS, EMBEDDED, AppContext, SharedInputs
-from otviz.ui.downloads import DownloadDir
+from otviz.ui.downloads import PendingDownloads
+from otviz.ui.events import offer_downloads
 from otviz.ui.inputs import user_errors
 from otviz.viz.anchors import (
     PROJECTIONS,
@@ -89,7 +90,7 @@ def untrained_words(backbone: Backbone, words: list[str]) -> list[str]:
 
 @dataclass
 class AnchorBankView:
-    """The image-independent part of the view: numbers, figures, table and files."""
+    """The image-independent part of the view: numbers, figures, table and downloads."""
 
     cosine: np.ndarray  # [r, r] anchor-anchor cosine
     order: np.ndarray  # [r] clustered order of the anchors
@@ -103,7 +104,7 @@ class AnchorBankView:
     scatter: go.Figure
     table: list[list]
     summary: str
-    files: list[str]
+    files: PendingDownloads
 
 
 def anchor_bank_view(
@@ -146,7 +147,7 @@ def anchor_bank_view(
     )
     if unknown:
         summary += f"\n\nThe model never trained on these words' tokens: {', '.join(unknown)}."
-    out = DownloadDir()
+    out = PendingDownloads()
     out.save_figure(matrix_fig, "anchor_cosine")
     out.save_figure(affinity_fig, "anchor_word_affinity")
     out.save_figure(scatter, f"anchor_word_map_{projection}")
@@ -167,7 +168,7 @@ def anchor_bank_view(
     )
     return AnchorBankView(
         cosine, order, offdiag, words, affinity, coords, top, matrix_fig, affinity_fig,
-        scatter, table, summary, [str(p) for p in out.files],
+        scatter, table, summary, out,
     )
 
 
@@ -179,7 +180,7 @@ class AnchorMapsView:
     mass: np.ndarray  # [r] transported mass through each anchor
     shown: list[int]  # the anchors drawn
     figure: Figure
-    files: list[str]
+    files: PendingDownloads
 
 
 def anchor_maps_view(
@@ -219,7 +220,7 @@ def anchor_maps_view(
         cmap=HEAT_CMAP,
         suptitle=f"Where the anchors are active: \"{_short(encoded.caption)}\"",
     )
-    out = DownloadDir()
+    out = PendingDownloads()
     out.save_figure(figure, "anchor_maps")
     out.save_array(kernel, "anchor_kernel_maps")
     out.save_json(
@@ -227,7 +228,7 @@ def anchor_maps_view(
          "anchor_mass": mass, "total_mass": float(mass.sum()), "shown": shown},
         "anchor_mass",
     )
-    return AnchorMapsView(kernel, mass, shown, figure, [str(p) for p in out.files])
+    return AnchorMapsView(kernel, mass, shown, figure, out)
 
 
 def _short(text: str, limit: int = 60) -> str:
@@ -261,8 +262,11 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
         headers=["anchor", "top words (cosine)", "best cosine"], label="Top words per anchor"
     )
     with gr.Row():
-        bank_files = gr.File(label="Downloads: anchor bank", file_count="multiple")
-        map_files = gr.File(label="Downloads: anchor maps", file_count="multiple")
+        bank_files = gr.File(label="Downloads: anchor bank", file_count="multiple",
+                             elem_id="anchors-bank-downloads")
+        map_files = gr.File(label="Downloads: anchor maps", file_count="multiple",
+                            elem_id="anchors-maps-downloads")
+    bank_pending, maps_pending = gr.State(), gr.State()
     gr.Markdown(HOW_TO_READ)
 
     @user_errors
@@ -280,11 +284,14 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
         return view.figure, view.files
 
     bank_in = [shared.checkpoint, words, projection]
-    bank_out = [matrix_plot, affinity_plot, scatter_plot, table, summary, bank_files, picked]
+    bank_out = [matrix_plot, affinity_plot, scatter_plot, table, summary, bank_pending, picked]
     maps_in = [shared.image, shared.caption, shared.checkpoint, n_top, picked, per_map]
-    run.click(on_bank, bank_in, bank_out, api_name="anchors")
-    run.click(on_maps, maps_in, [maps_plot, map_files], api_name="anchor_maps")
-    projection.input(on_bank, bank_in, bank_out)
+    maps_out = [maps_plot, maps_pending]
+    offer_downloads(run.click(on_bank, bank_in, bank_out, api_name="anchors"), bank_pending,
+                    bank_files)
+    offer_downloads(run.click(on_maps, maps_in, maps_out, api_name="anchor_maps"),
+                    maps_pending, map_files)
+    offer_downloads(projection.input(on_bank, bank_in, bank_out), bank_pending, bank_files)
     for control in (n_top, picked, per_map):
-        control.input(on_maps, maps_in, [maps_plot, map_files])
+        offer_downloads(control.input(on_maps, maps_in, maps_out), maps_pending, map_files)
     reset.click(default_words, [shared.checkpoint], [words])

@@ -10,6 +10,10 @@ Usage::
     out.save_json({"FILIP": {...}}, "scores")     # -> .../scores.json
     return [str(p) for p in out.files]       # every file written, in order
 
+A view's own downloads are recorded with the same calls on a :class:`PendingDownloads` and
+written after its pictures are on the page (:func:`otviz.ui.events.offer_downloads`):
+rendering every figure to PNG a second time stays off the path from click to picture.
+
 Directories live under one root in the system temp dir (which Gradio serves files from);
 those older than ``max_age_s`` are removed whenever a new one is made, so a long-running
 server does not fill its disk.
@@ -24,7 +28,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +157,47 @@ class DownloadDir:
         path = self._target(name, ".json")
         path.write_text(json.dumps(_jsonable(obj), indent=2, allow_nan=False))
         return path
+
+    def save_table(self, table: Any, name: str) -> Path:
+        """Write a pandas ``DataFrame`` as CSV (a header row, no index column)."""
+        path = self._target(name, ".csv")
+        table.to_csv(path, index=False)
+        return path
+
+
+class PendingDownloads:
+    """A view's downloads, recorded with :class:`DownloadDir`'s calls while the view computes
+    and written by :meth:`write` once its pictures are shown
+    (:func:`otviz.ui.events.offer_downloads`)."""
+
+    def __init__(self) -> None:
+        self._writes: list[Callable[[DownloadDir], object]] = []
+
+    def save_figure(self, fig: Any, name: str, dpi: int = PNG_DPI) -> None:
+        self._writes.append(lambda out: out.save_figure(fig, name, dpi))
+
+    def save_array(self, array: Any, name: str, csv: bool = True,
+                   columns: Sequence[str] | None = None) -> None:
+        self._writes.append(lambda out: out.save_array(array, name, csv, columns))
+
+    def save_json(self, obj: Any, name: str) -> None:
+        self._writes.append(lambda out: out.save_json(obj, name))
+
+    def save_table(self, table: Any, name: str) -> None:
+        self._writes.append(lambda out: out.save_table(table, name))
+
+    def write(self, root: Path | None = None) -> list[str]:
+        """Write every recorded file into a fresh request directory; their paths, in order."""
+        out = DownloadDir(root)
+        for write in self._writes:
+            write(out)
+        return [str(p) for p in out.files]
+
+
+def write_downloads(pending: PendingDownloads | None) -> tuple[list[str] | None, None]:
+    """The ``.then`` step of :func:`offer_downloads`: the files of ``pending`` (none before a
+    view has run) and an empty state (the figures are not kept once written)."""
+    return (None if pending is None else pending.write()), None
 
 
 def _as_numpy(array: Any) -> np.ndarray:

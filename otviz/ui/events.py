@@ -17,6 +17,8 @@ from typing import Any
 
 import gradio as gr
 
+from otviz.ui.downloads import write_downloads
+
 
 def edit_event(control: gr.components.Component) -> str:
     """The event that fires exactly once when a person edits ``control``: ``blur`` for a
@@ -33,3 +35,12 @@ def on_edit(control: gr.components.Component, fn: Callable | None, inputs: Any, 
     the Gradio listener (``api_name``, ``api_visibility``, ``js``: with ``fn=None`` the
     edit runs in the page alone)."""
     return getattr(control, edit_event(control))(fn, inputs, outputs, **kwargs)
+
+
+def offer_downloads(event: Any, pending: Any, files: Any) -> Any:
+    """After ``event`` has updated the page, write the files its callback recorded (a
+    :class:`~otviz.ui.downloads.PendingDownloads` put in the ``gr.State`` ``pending``) into
+    ``files``. The step reads no person's input: only the view's own result."""
+    return event.then(write_downloads, pending, [files, pending], show_progress="hidden",
+                      api_visibility="private")
+

@@ -25,8 +25,8 @@ from otviz.methods.powerclip_readout import powerset_readout
 from otviz.text.parse import phrase_nodes
 from otviz.text.tree import Tree
 from otviz.ui.context import AppContext, SharedInputs
-from otviz.ui.downloads import DownloadDir
-from otviz.ui.events import on_edit
+from otviz.ui.downloads import PendingDownloads
+from otviz.ui.events import offer_downloads, on_edit
 from otviz.ui.inputs import user_errors
 from otviz.viz.regions import best_subset_figure, regions_figure
 from otviz.viz.trees import tree_figure
@@ -112,7 +112,7 @@ class PhrasesView:
     regions_figure: Figure
     subset_figure: Figure
     parser_note: str
-    files: list[str]
+    files: PendingDownloads  # written once the view is shown
 
 
 def phrases_view(
@@ -175,7 +175,7 @@ def phrases_view(
         note += " " + BENEPAR_NOTE
     summary_table = summary_rows(summary)
 
-    out = DownloadDir()
+    out = PendingDownloads()
     out.save_figure(tree_fig, "parse_tree")
     out.save_figure(regions_fig, f"regions_{regions}")
     out.save_figure(subset_fig, f"best_regions_node{node}")
@@ -196,7 +196,7 @@ def phrases_view(
     )
     return PhrasesView(
         parser, nodes, choices, node, masks, q0, exact_best, soft_best, summary, summary_table,
-        node_table, tree_fig, regions_fig, subset_fig, note, [str(p) for p in out.files],
+        node_table, tree_fig, regions_fig, subset_fig, note, out,
     )
 
 
@@ -246,7 +246,8 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
     summary = gr.Dataframe(headers=SUMMARY_HEADERS, label="Exact powerset vs NLA", wrap=True)
     per_node = gr.Dataframe(headers=NODE_HEADERS, label="Best region subset per node",
                             elem_id="phrases-nodes", wrap=True, column_widths=NODE_WIDTHS)
-    files = gr.File(label="Downloads", file_count="multiple")
+    files = gr.File(label="Downloads", file_count="multiple", elem_id="phrases-downloads")
+    pending = gr.State()
     gr.Markdown(HOW_TO_READ)
 
     @user_errors
@@ -262,7 +263,9 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
         )
 
     inputs = [shared.image, shared.caption, shared.checkpoint, kind, picker, tau]
-    outputs = [picker, tree_plot, regions_plot, subset_plot, summary, per_node, note, files]
-    run.click(lambda *a: on_show(*a, False), inputs, outputs, api_name="phrases")
+    outputs = [picker, tree_plot, regions_plot, subset_plot, summary, per_node, note, pending]
+    offer_downloads(run.click(lambda *a: on_show(*a, False), inputs, outputs,
+                              api_name="phrases"), pending, files)
     for control in (kind, picker, tau):
-        on_edit(control, lambda *a: on_show(*a, True), inputs, outputs)
+        offer_downloads(on_edit(control, lambda *a: on_show(*a, True), inputs, outputs),
+                        pending, files)

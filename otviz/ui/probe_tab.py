@@ -31,7 +31,8 @@ from otviz.text.edits import EDIT_CATEGORIES, CaptionEdit, caption_edits
 from otviz.text.parse import batch_node_masks, parse_caption
 from otviz.text.tree import Tree
 from otviz.ui.context import AppContext, SharedInputs
-from otviz.ui.downloads import DownloadDir
+from otviz.ui.downloads import PendingDownloads
+from otviz.ui.events import offer_downloads
 from otviz.ui.examples import EXAMPLES_DIR
 from otviz.ui.inputs import user_errors
 from otviz.viz.probe import probe_accuracy_figure, probe_scores_figure, win_matrix_figure
@@ -298,10 +299,10 @@ def probe_figures(result: ProbeResult) -> tuple[Figure, Figure]:
     return bars, matrix
 
 
-def probe_files(result: ProbeResult, bars: Figure, matrix: Figure) -> list[str]:
+def probe_downloads(result: ProbeResult, bars: Figure, matrix: Figure) -> PendingDownloads:
     """PNG figures, the combined scores as .npy/.csv (rows: captions in order) and every
     score as JSON."""
-    out = DownloadDir()
+    out = PendingDownloads()
     out.save_figure(bars, "probe_scores")
     out.save_figure(matrix, "probe_win_matrix")
     out.save_array(result.combined().T, "probe_combined_scores", columns=result.methods)
@@ -323,7 +324,7 @@ def probe_files(result: ProbeResult, bars: Figure, matrix: Figure) -> list[str]:
         },
         "probe_scores",
     )
-    return [str(p) for p in out.files]
+    return out
 
 
 def probe_view(
@@ -333,14 +334,13 @@ def probe_view(
     caption: str | None,
     custom: str | None,
     lambda_local: float,
-) -> tuple[str, pd.DataFrame, pd.DataFrame, Figure, Figure, list[str]]:
+) -> tuple[str, pd.DataFrame, pd.DataFrame, Figure, Figure, PendingDownloads]:
     """Everything the single-image probe shows: summary, caption table, score table, the
-    two figures and the download files."""
+    two figures, and its downloads (written once these are shown)."""
     result = run_probe(explainer, suite, image, caption, custom, lambda_local)
     bars, matrix = probe_figures(result)
-    files = probe_files(result, bars, matrix)
     return (probe_summary(result), caption_table(result), score_table(result), bars, matrix,
-            files)
+            probe_downloads(result, bars, matrix))
 
 
 @dataclass
@@ -403,8 +403,9 @@ def batch_view(
     suite: MethodSuite,
     lambda_local: float,
     items: Sequence[GalleryItem] | None = None,
-) -> tuple[str, pd.DataFrame, Figure, list[str]]:
-    """Summary, the accuracy table (methods x categories + overall), its figure and files."""
+) -> tuple[str, pd.DataFrame, Figure, PendingDownloads]:
+    """Summary, the accuracy table (methods x categories + overall), its figure and its
+    downloads."""
     batch = run_batch_probe(explainer, suite, lambda_local, items)
     acc = batch.accuracy()
     columns = [*dict.fromkeys(batch.categories), "overall"]
@@ -413,7 +414,7 @@ def batch_view(
     table = pd.DataFrame(matrix, columns=columns).round(3)
     table.insert(0, "method", labels)
     fig = probe_accuracy_figure(labels, columns, matrix, len(batch.categories))
-    out = DownloadDir()
+    out = PendingDownloads()
     out.save_figure(fig, "probe_accuracy")
     out.save_array(matrix, "probe_accuracy", columns=columns)
     out.save_json(
@@ -431,7 +432,7 @@ def batch_view(
         f"{batch.n_images} gallery images, {len(batch.categories)} (image, negative) pairs; "
         f"best overall: **{_label(best)}** ({acc[best]['overall']:.2f}); chance is 0.5."
     )
-    return summary, table, fig, [str(p) for p in out.files]
+    return summary, table, fig, out
 
 
 def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
@@ -462,7 +463,9 @@ def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
         with gr.Column():
             batch_summary = gr.Markdown()
             batch_table = gr.Dataframe(label="Batch: accuracy", interactive=False)
-    files = gr.File(label="Downloads (PNG, CSV, JSON)", file_count="multiple")
+    files = gr.File(label="Downloads (PNG, CSV, JSON)", file_count="multiple",
+                    elem_id="probe-downloads")
+    pending = gr.State()
     gr.Markdown(HOW_TO_READ)
 
     @user_errors
@@ -474,11 +477,12 @@ def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
     def on_batch(checkpoint: str, weight: float):
         return batch_view(ctx.explainer(checkpoint), ctx.suite(checkpoint), weight)
 
-    run.click(
+    offer_downloads(run.click(
         on_run,
         [shared.image, shared.caption, shared.checkpoint, custom, lam],
-        [summary, captions, scores, bars, matrix, files],
+        [summary, captions, scores, bars, matrix, pending],
         api_name="probe",
-    )
-    batch.click(on_batch, [shared.checkpoint, lam],
-                [batch_summary, batch_table, batch_plot, files], api_name="probe_batch")
+    ), pending, files)
+    offer_downloads(batch.click(on_batch, [shared.checkpoint, lam],
+                                [batch_summary, batch_table, batch_plot, pending],
+                                api_name="probe_batch"), pending, files)

@@ -32,7 +32,8 @@ from otviz.eval.zero_shot_run import ZeroShotRun, check_rate, run_zero_shot
 from otviz.explain import InputError
 from otviz.text.words import article
 from otviz.ui.context import AppContext, SharedInputs
-from otviz.ui.downloads import DownloadDir
+from otviz.ui.downloads import PendingDownloads
+from otviz.ui.events import offer_downloads
 from otviz.ui.inputs import CheckedFile, fit_image, user_errors
 from otviz.ui.upload_cache import discarded_if_refused
 from otviz.viz.zeroshot import accuracy_bars_figure, message_figure, selective_curve_figure
@@ -267,14 +268,13 @@ def zero_shot_figures(run: ZeroShotRun) -> tuple[Figure, Figure]:
     return bars, selective_curve_figure(curves, run.rate)
 
 
-def zero_shot_files(run: ZeroShotRun, table: pd.DataFrame, figures: Sequence[Figure]) -> list[str]:
+def zero_shot_downloads(run: ZeroShotRun, table: pd.DataFrame, figures: Sequence[Figure]
+                        ) -> PendingDownloads:
     """PNG figures, the predictions as CSV and everything as JSON."""
-    out = DownloadDir()
+    out = PendingDownloads()
     for fig, name in zip(figures, ("zero_shot_accuracy", "selective_curve"), strict=True):
         out.save_figure(fig, name)
-    csv = out.path / "zero_shot_predictions.csv"
-    table.to_csv(csv, index=False)
-    out.files.append(csv)
+    out.save_table(table, "zero_shot_predictions")
     out.save_json(
         {
             "classes": run.classes,
@@ -292,7 +292,7 @@ def zero_shot_files(run: ZeroShotRun, table: pd.DataFrame, figures: Sequence[Fig
         },
         "zero_shot",
     )
-    return [str(p) for p in out.files]
+    return out
 
 
 def zero_shot_view(
@@ -308,9 +308,10 @@ def zero_shot_view(
     prior_preset: str,
     prior_text: str | None,
     rate: float,
-) -> tuple[str, pd.DataFrame, Figure, Figure, list[tuple[np.ndarray, str]], list[str]]:
+) -> tuple[str, pd.DataFrame, Figure, Figure, list[tuple[np.ndarray, str]], PendingDownloads]:
     """Everything the view shows: summary, per-image table, accuracy bars, selective
-    curves, the images with their predictions, and the download files."""
+    curves, the images with their predictions, and its downloads (written once these are
+    shown)."""
     check_rate(rate)
     classes = parse_classes(classes_text)
     prior = label_prior(prior_preset, prior_text, classes)
@@ -324,10 +325,10 @@ def zero_shot_view(
                         prior=prior, rate=rate, labels=labels, label_names=names)
     table = prediction_table(run)
     figures = zero_shot_figures(run)
-    files_out = zero_shot_files(run, table, figures)
     gallery = [(np.asarray(to_rgb(im)), _gallery_caption(row)) for im, (_, row) in
                zip(images, table.iterrows(), strict=True)]
-    return zero_shot_summary(run), table, *figures, gallery, files_out
+    return (zero_shot_summary(run), table, *figures, gallery,
+            zero_shot_downloads(run, table, figures))
 
 
 def _gallery_caption(row: pd.Series) -> str:
@@ -368,7 +369,9 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
         sel_plot = gr.Plot(label="Selective accuracy vs coverage")
     table = gr.Dataframe(label="Predictions per image", interactive=False, wrap=True)
     gallery = gr.Gallery(label="Images and predictions", columns=8, height=320)
-    downloads = gr.File(label="Downloads (PNG, CSV, JSON)", file_count="multiple")
+    downloads = gr.File(label="Downloads (PNG, CSV, JSON)", file_count="multiple",
+                        elem_id="zeroshot-downloads")
+    pending = gr.State()
     gr.Markdown(HOW_TO_READ)
 
     def on_task(name: str):
@@ -382,10 +385,10 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
                               prior_v, rate_v)
 
     task.change(on_task, task, classes)
-    run.click(
+    offer_downloads(run.click(
         on_run,
         [shared.checkpoint, source, files, task, seed, n_images, layout, classes, template,
          preset, prior_text, rate],
-        [summary, table, acc_plot, sel_plot, gallery, downloads],
+        [summary, table, acc_plot, sel_plot, gallery, pending],
         api_name="zero_shot",
-    )
+    ), pending, downloads)

@@ -203,7 +203,7 @@ def test_anchor_maps_are_kernel_columns_and_mass_sums_to_plan(ctx, checkpoint, i
 
 
 def test_downloads(bank, ctx, checkpoint, image):
-    files = {Path(p).name: Path(p) for p in bank.files}
+    files = {Path(p).name: Path(p) for p in bank.files.write()}
     assert {"anchor_cosine.png", "anchor_word_affinity.png", "anchor_word_map_PCA.html",
             "anchors.json"} <= set(files)
     np.testing.assert_allclose(np.load(files["anchor_word_affinity.npy"]), bank.affinity)
@@ -215,7 +215,7 @@ def test_downloads(bank, ctx, checkpoint, image):
     assert meta["cluster_order"] == [int(k) for k in bank.order]
     assert files["anchor_cosine.png"].read_bytes()[:4] == b"\x89PNG"
     maps = anchor_maps_view(ctx, checkpoint, image, CAPTION)
-    names = {Path(p).name: Path(p) for p in maps.files}
+    names = {Path(p).name: Path(p) for p in maps.files.write()}
     np.testing.assert_allclose(np.load(names["anchor_kernel_maps.npy"]), maps.kernel)
     assert json.loads(names["anchor_mass.json"].read_text())["shown"] == maps.shown
 

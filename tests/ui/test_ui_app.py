@@ -5,6 +5,7 @@ a message, never a traceback; the picker (real CLIPs only with network, head set
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -72,6 +73,28 @@ def test_every_view_reads_the_shared_inputs(built):
     for name in ("anchors", "zero_shot", "train"):
         assert picker._id in [c._id for c in fns[name].inputs], name
     assert picker._id in [c._id for c in fns["train"].outputs]  # new heads reach the picker
+
+
+def test_the_views_downloads_are_written_after_their_pictures(built):
+    """Probe, Zero-shot, Phrases and the two Anchors boxes are filled by the write step that
+    follows each of their views' events (``offer_downloads``), never by the view itself."""
+    from otviz.ui.downloads import write_downloads
+
+    _, app = built
+    boxes = {b._id: b.elem_id for b in app.blocks.values()
+             if isinstance(b, gr.File) and (b.elem_id or "").endswith("-downloads")}
+    assert sorted(boxes.values()) == ["anchors-bank-downloads", "anchors-maps-downloads",
+                                      "phrases-downloads", "probe-downloads",
+                                      "zeroshot-downloads"]
+    steps = [fn for fn in app.fns.values()
+             if fn.fn is not None and inspect.unwrap(fn.fn) is write_downloads]
+    for fn in app.fns.values():
+        assert not {c._id for c in fn.outputs} & set(boxes) or fn in steps
+    for step in steps:
+        before = app.fns[step.trigger_after]
+        assert [c._id for c in step.inputs] == [step.outputs[1]._id]  # the view's state only
+        assert step.outputs[1]._id in {c._id for c in before.outputs}
+    assert {step.outputs[0].elem_id for step in steps} == set(boxes.values())
 
 
 def test_every_callback_turns_errors_into_page_messages(built):

@@ -217,7 +217,7 @@ def test_best_subsets_follow_corollary1_and_the_method(view, ctx, checkpoint, im
 
 
 def test_downloads(view):
-    files = {Path(p).name: Path(p) for p in view.files}
+    files = {Path(p).name: Path(p) for p in view.files.write()}
     assert {"parse_tree.png", "regions_boxes.png", "best_regions_node0.png",
             "powerset_scores.json"} <= set(files)
     np.testing.assert_allclose(np.load(files["region_node_scores.npy"]), view.q)

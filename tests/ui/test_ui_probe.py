@@ -106,7 +106,8 @@ def test_scores_equal_each_methods_own_score(tools, result, image):
 
 
 def test_tables_figures_and_downloads_carry_the_scores(view, result):
-    summary, captions, scores, bars, matrix, files = view
+    summary, captions, scores, bars, matrix, pending = view
+    files = pending.write()
     k = len(result.captions)
     assert list(scores.columns) == SCORE_COLUMNS and len(scores) == len(METHODS) * k
     assert list(captions["caption"][:k]) == [c.text for c in result.captions]
@@ -208,4 +209,4 @@ def test_builder_wires_the_tab(ctx):
         shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
         with gr.Tab(TAB_TITLE):
             build_probe_tab(ctx, shared)
-    assert len(demo.fns) == 2
+    assert len(demo.fns) == 4  # the single and batch probes, each with its downloads step

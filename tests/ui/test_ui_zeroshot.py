@@ -165,7 +165,8 @@ def test_rate_one_accepts_all_and_zero_none(backbone, batch):
 
 
 def test_view_outputs_and_downloads(view, backbone):
-    summary, table, acc_fig, sel_fig, gallery, files = view
+    summary, table, acc_fig, sel_fig, gallery, pending = view
+    files = pending.write()
     images, labels, classes = world_batch("shape", 0, N_IMAGES)
     prior = torch.arange(1.0, 9.0, dtype=torch.float64)
     run = run_zero_shot(backbone, images, classes, class_prompts(classes), prior=prior,
@@ -304,4 +305,4 @@ def test_builder_wires_the_tab(ctx):
         shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
         with gr.Tab(TAB_TITLE):
             build_zeroshot_tab(ctx, shared)
-    assert len(demo.fns) == 2
+    assert len(demo.fns) == 3  # the task's classes, the run and its downloads step
