@@ -55,13 +55,13 @@ browser:
 	fi
 
 # the suite in a random order (pytest-randomly) on TEST_WORKERS processes (pytest-xdist; the
-# tests on the served app share one worker); `make test SEED=N` replays the order of seed N
+# idle worker takes tests from the busy one); `make test SEED=N` replays the order of seed N
 TEST_WORKERS ?= 2
 test: install browser
 	$(BIN)/ruff check otviz tests app.py benchmarks
 	@seed=$${SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
 	echo "pytest: random order seed $$seed (replay: make test SEED=$$seed)"; \
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -p randomly \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -p randomly \
 		--randomly-seed=$$seed tests
 	$(MAKE) --no-print-directory docs package-check
 

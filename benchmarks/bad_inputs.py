@@ -3,7 +3,7 @@
 that errors reach the page (``tests/test_browser.py``, headless Chromium).
 
 Usage: ``python benchmarks/bad_inputs.py``; runs both with pytest, writes
-``benchmarks/bad_inputs.json`` (the registry test's own counts) and
+``benchmarks/bad_inputs.json`` (the registry test's own counts, summed over its parts) and
 ``benchmarks/bad_inputs.md``, and prints the Markdown.
 """
 
@@ -77,6 +77,17 @@ def markdown(counts: dict, api: dict, browser: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merged(parts: list[dict]) -> dict:
+    """The counts of the catalogue's parts (one report each) as one: numbers summed, lists
+    joined, the case counts (the same in every part) kept."""
+    total: dict = {"cases": parts[0]["cases"]}
+    for key in parts[0]:
+        if key != "cases":
+            total[key] = (sum((p[key] for p in parts), []) if isinstance(parts[0][key], list)
+                          else round(sum(p[key] for p in parts), 1))
+    return total
+
+
 def main() -> None:
     report = HERE / "bad_inputs.json"
     env = {**os.environ, "OTVIZ_BAD_INPUTS_REPORT": str(report), "PYTHONPATH": os.getcwd()}
@@ -84,7 +95,12 @@ def main() -> None:
     browser = run(BROWSER, HERE / ".bad_inputs_browser.xml", env)
     for junit in HERE.glob(".bad_inputs_*.xml"):
         junit.unlink()
-    text = markdown(json.loads(report.read_text()), api, browser)
+    parts = sorted(HERE.glob("bad_inputs.*.json"))
+    counts = merged([json.loads(p.read_text()) for p in parts])
+    report.write_text(json.dumps(counts, indent=1))
+    for part in parts:
+        part.unlink()
+    text = markdown(counts, api, browser)
     (HERE / "bad_inputs.md").write_text(text)
     print(text)
 

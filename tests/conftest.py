@@ -1,5 +1,6 @@
-"""Shared fixtures: the whole app served on localhost (one server per test session, for the
-API and browser tests)."""
+"""Shared fixtures: the whole app served on localhost (one server per test process, for the
+API and browser tests; under pytest-xdist each worker serves its own, so the tests on the app
+are spread over the workers like the others)."""
 
 from __future__ import annotations
 
@@ -36,14 +37,6 @@ class LiveApp:
     blocks: Any  # the served gr.Blocks (its events, their callbacks)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist with ``--dist loadgroup`` (``make test``), every test on the served
-    app runs on one worker, so one server is built per run rather than one per worker."""
-    for item in items:
-        if "live_app" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("live-app"))
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,10 +47,12 @@ def free_port() -> int:
 def live_app(tmp_path_factory) -> LiveApp:
     """``otviz.ui.app.build_app`` on the embedded checkpoint, queued and limited as
     :func:`launch` does, on 127.0.0.1 and a free port; training runs, Browse's unpacked
-    uploads and feature caches in a temp dir."""
+    uploads, feature caches and Gradio's upload cache in a temp dir."""
     from otviz.ui.app import build_app, serve_options
+    from otviz.ui.upload_cache import own_upload_cache
 
     root = tmp_path_factory.mktemp("live-app")
+    own_upload_cache(root / "gradio")  # this worker's uploads apart from another worker's
     ctx = AppContext.default()
     jobs = TrainingJobs(ctx, root / "runs", root / "features")
     browse = BrowseSources(BrowseCache(), root / "features", root / "uploads")

@@ -15,8 +15,9 @@ know fails the test. Every call must end in a result or a readable message: neve
 "Error", never an unexpected-error message, never unescaped HTML, never a server path; no
 file outside the uploads and the app's own files is opened (a Python audit hook watches
 the server, which runs in this process), and a refused upload leaves no unpacked folder.
-The counts go to ``$OTVIZ_BAD_INPUTS_REPORT`` (JSON) when set
-(``benchmarks/bad_inputs.py`` writes ``benchmarks/bad_inputs.md`` from it).
+The catalogue runs in parts, a test each (:data:`CATALOGUE_PARTS`), so that the suite's
+workers share it. The counts go next to ``$OTVIZ_BAD_INPUTS_REPORT`` (JSON, one file per
+part) when set (``benchmarks/bad_inputs.py`` sums them into ``benchmarks/bad_inputs.md``).
 """
 
 from __future__ import annotations
@@ -477,11 +478,36 @@ def drive(url: str, group: EventGroup, tally: Tally, tmp: Path, image: str,
                 tally.record(where, f"folder {name}", run(args))
 
 
-def test_every_event_survives_the_hostile_catalogue(live_app, example, tmp_path):
-    """The registry test (see the module docstring)."""
+#: The catalogue in parts, one test each, so that pytest-xdist spreads it over the workers:
+#: a part drives the event groups of the views whose builders it names (the builder's name
+#: starts the callback's qualified name); :data:`OTHER_PART` takes every other group (the
+#: shared inputs, Browse, Train and any view added later).
+CATALOGUE_PARTS: dict[str, tuple[str, ...]] = {
+    "align": ("build_align_tab.", "build_trust_panel."),
+    "probe": ("build_probe_tab.",),
+    "phrases": ("build_phrases_tab.",),
+    "zeroshot": ("build_zeroshot_tab.",),
+    "anchors-words": ("build_anchors_tab.", "build_words_tab."),
+}
+OTHER_PART = "other"
+
+
+def catalogue_part(group: EventGroup) -> str:
+    """The part of the catalogue that drives ``group``."""
+    return next((part for part, builders in CATALOGUE_PARTS.items()
+                 if group.callback.startswith(builders)), OTHER_PART)
+
+
+def test_the_catalogue_reads_every_kind_of_input_in_every_part(live_app):
     groups = event_groups(live_app.blocks)
-    kinds = {kind for g in groups for _, kind in g.slots}
-    assert kinds == {"image", "text", "folder"}  # the app reads all three
+    assert {kind for g in groups for _, kind in g.slots} == {"image", "text", "folder"}
+    assert {catalogue_part(g) for g in groups} == {*CATALOGUE_PARTS, OTHER_PART}
+
+
+@pytest.mark.parametrize("part", [*CATALOGUE_PARTS, OTHER_PART])
+def test_every_event_survives_the_hostile_catalogue(live_app, example, tmp_path, part):
+    """The registry test (see the module docstring), over the event groups of ``part``."""
+    groups = [g for g in event_groups(live_app.blocks) if catalogue_part(g) == part]
     tally, start = Tally(), time.perf_counter()
     uploads_before = live_app.browse.uploads.entries()
     cache_before = _cache_files()
@@ -525,8 +551,9 @@ def test_every_event_survives_the_hostile_catalogue(live_app, example, tmp_path)
                    for g in groups],
     }
     report = os.environ.get("OTVIZ_BAD_INPUTS_REPORT")
-    if report:
-        Path(report).write_text(json.dumps(summary, indent=1))
+    if report:  # one file per part, next to the named one (benchmarks/bad_inputs.py sums them)
+        Path(report).with_suffix(f".{part}.json").write_text(json.dumps(summary, indent=1))
+    assert groups
     assert not tally.failures, "\n".join(tally.failures[:30])
     assert read_secrets == [] and outside == [], outside
     # accepted uploads stay (Browse keeps them for its pages), refused ones leave nothing
