@@ -4,13 +4,14 @@
 
 Opt-in: nothing is computed until the panel's button is clicked, so the Align click costs what
 it cost before. The rows then come one at a time with the fast metrics (localisation, random
-logit, sparseness: the whole table within a few seconds on two cores), and the slow ones
-(deletion, insertion, faithfulness correlation, MPRT, max-sensitivity: ~5 s a map) are filled
-in afterwards, map by map, the page showing each step and what is left (docs/trust.md, "In the
-app: what returns first"). Each part is kept per image, caption, checkpoint, phrase, settings
-and row, so asking again is a read. Localisation needs the phrase's gold box: the shipped world
-examples carry theirs (``otviz/assets/examples/captions.json``); for any other image the panel
-shows the model-based metrics only and says why.
+logit, sparseness: every map's within 10 s on two loaded cores, 0.3 s quiet), and the slow ones
+(deletion, insertion, faithfulness correlation, MPRT, max-sensitivity: 10-100 times as dear a
+map) are filled in afterwards, map by map, the page showing each step and what is left
+(docs/trust.md, "In the app: what returns first"). Each part is kept per image, caption,
+checkpoint, phrase, settings and row, so asking again is a read. Localisation needs the
+phrase's gold box: the shipped world examples carry theirs
+(``otviz/assets/examples/captions.json``); for any other image the panel shows the model-based
+metrics only and says why.
 """
 
 from __future__ import annotations

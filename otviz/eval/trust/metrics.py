@@ -59,11 +59,12 @@ class TrustMetric:
     ``slow``: too costly for the Align view's Trust panel to return it for every map within
     10 s, so the panel fills it in after the others.
 
-    Measured per map on the embedded tiny CLIP, one 224-px world example, the panel's
-    settings, 2 shared CPU cores (load 2-4; benchmarks/trust_panel_latency.md): the fast ones
-    take at most ~0.5 s a map (localisation and sparseness < 0.05 s, random logit 0.01-0.5 s),
-    the slow ones 0.3-2.7 s each (deletion, insertion, faithfulness correlation and MPRT on
-    every map, max-sensitivity on the model's maps).
+    Measured per map on the embedded tiny CLIP, one world example, the panel's settings, 2
+    shared CPU cores (medians over the maps; benchmarks/trust_panel_latency.md): quiet, the
+    fast ones 2-14 ms (random logit the dearest) and the slow ones 38-41 ms (deletion,
+    insertion, faithfulness correlation, max-sensitivity) and 359 ms (MPRT); under another
+    process's load (up to ~7), the fast ones 2-104 ms and the slow ones 0.7-3.6 s, i.e. any
+    slow one summed over 10 maps takes 8-26 s.
     """
 
     key: str
