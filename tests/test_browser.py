@@ -471,7 +471,8 @@ def test_browse_pages_and_a_row_click_opens_align(own_page, shots):
 
 def test_align_trust_panel_and_browse_sort_by_a_trust_metric(own_page, live_app, shots):
     """The Trust panel (closed, computed on demand) fills its table with one row per method
-    and the two model-free references, localisation included for an example's gold phrase;
+    and the two model-free references, localisation included for an example's gold phrase, the
+    slow metrics' columns marked;
     Browse then sorts its rows by a trust metric of Method A, best first, as a column."""
     page = own_page  # the first example's gold phrase, whatever others picked; sorts Browse
     from otviz.suite import ALIGN_METHODS
@@ -489,9 +490,9 @@ def test_align_trust_panel_and_browse_sort_by_a_trust_metric(own_page, live_app,
     headers = page.evaluate("Array.from(document.querySelectorAll('#align-trust-table th'),"
                             " th => th.textContent.trim())")
     assert any(h.startswith("Pointing") for h in headers)  # an example's gold phrase
-    assert any(h.startswith("MPRT") for h in headers)
+    assert any(h.startswith("MPRT") and "(slow)" in h for h in headers)  # filled last
     status = page.locator("#align-trust-status").inner_text()
-    assert "No localisation" not in status
+    assert "No localisation" not in status and "slow metrics" in status
     screenshot(page, "tab-align", shots / "align-trust.png")
 
     open_tab(page, "Browse")

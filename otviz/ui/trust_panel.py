@@ -3,9 +3,13 @@
 *Explainers too*, each explainer's as well), beside the colour oracle and the centre prior.
 
 Opt-in: nothing is computed until the panel's button is clicked, so the Align click costs what
-it cost before. The rows then come one at a time (the page shows each as it is done, with what
-is left), and each is kept per image, caption, checkpoint, phrase and row, so asking again is
-a read. Localisation needs the phrase's gold box: the shipped world examples carry theirs
+it cost before. The rows then come one at a time with the fast metrics (localisation, random
+logit, sparseness: every map's within 10 s on two loaded cores, 0.3 s quiet), and the slow ones
+(deletion, insertion, faithfulness correlation, MPRT, max-sensitivity: 10-100 times as dear a
+map) are filled in afterwards, map by map, the page showing each step and what is left
+(docs/trust.md, "In the app: what returns first"). Each part is kept per image, caption,
+checkpoint, phrase, settings and row, so asking again is a read. Localisation needs the
+phrase's gold box: the shipped world examples carry theirs
 (``otviz/assets/examples/captions.json``); for any other image the panel shows the model-based
 metrics only and says why.
 """
@@ -17,6 +21,7 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -26,13 +31,21 @@ from PIL import Image
 
 from otviz.eval.trust.adapter import (
     HeatmapSource,
+    PhraseScorer,
     TrustPhrase,
     caption_phrases,
     heatmap_sources,
     phrase_colour,
     trust_inputs,
 )
-from otviz.eval.trust.metrics import FLAT, METRICS, TrustSettings, trust_scores
+from otviz.eval.trust.metrics import (
+    FLAT,
+    METRIC_BY_KEY,
+    METRICS,
+    TrustMetric,
+    TrustSettings,
+    trust_scores,
+)
 from otviz.eval.trust.table import verdict
 from otviz.explain import Encoded, Explainer
 from otviz.explainers import EXPLAINERS, unavailable
@@ -46,6 +59,8 @@ TITLE = "Trust: which heatmap can you trust? (explanation metrics, computed on d
 #: Lighter than the table's (otviz eval --tables trust): half the deletion / insertion steps
 #: and faithfulness subsets, three noisy inputs (fewer forward passes per row).
 SETTINGS = TrustSettings(regions=5, fc_runs=5, ms_samples=3)
+#: The header mark of the slow metrics' columns (filled in after every map's fast metrics).
+SLOW_MARK = " (slow)"
 NO_BOXES = ("**No localisation here:** pointing, relevance mass and rank and AUC need the "
             "phrase's gold box, which only the world examples carry; this image (an upload, "
             "or a phrase that is not one of the example's gold noun phrases) is scored on "
@@ -140,36 +155,102 @@ def panel_sources(explainer: Explainer, suite: MethodSuite, with_explainers: boo
     return sources, notes
 
 
-def trust_rows(
-    explainer: Explainer, suite: MethodSuite, encoded: Encoded, words: Sequence[int],
-    with_explainers: bool, cache: TrustCache, settings: TrustSettings = SETTINGS,
-) -> Iterator[tuple[list[dict], str]]:
-    """``(rows so far, status)`` after each row of the panel (module docstring)."""
-    phrases, target = panel_phrases(encoded, words)
+FAST_KEYS = tuple(m.key for m in METRICS if not m.slow)
+SLOW_KEYS = tuple(m.key for m in METRICS if m.slow)
+#: The panel's two passes over the maps: every map's fast metrics, then every map's slow ones.
+PASSES = (("fast", FAST_KEYS), ("slow", SLOW_KEYS))
+PENDING = "…"
+
+
+@dataclass(frozen=True)
+class PanelRow:
+    """The one (image, phrase) row the panel scores: Quantus' inputs picked down to it."""
+
+    scorer: PhraseScorer
+    pixels: np.ndarray
+    targets: np.ndarray
+    masks: np.ndarray | None
+
+
+def panel_row(explainer: Explainer, encoded: Encoded, phrases: Sequence[TrustPhrase],
+              target: int, settings: TrustSettings) -> PanelRow:
+    """Quantus' inputs of the phrase ``phrases[target]`` on the encoded image (the other
+    phrases are the classes random logit draws from)."""
     inputs = trust_inputs(explainer.backbone, [encoded.image], [phrases],
                           settings.mprt_blocks or None)
     row = next(i for i, p in enumerate(inputs.scorer.phrases) if p is phrases[target])
     pick = slice(row, row + 1)
     masks = None if inputs.masks is None else inputs.masks[pick]
+    return PanelRow(inputs.scorer, inputs.pixels[pick], inputs.targets[pick], masks)
+
+
+def trust_rows(
+    explainer: Explainer, suite: MethodSuite, encoded: Encoded, words: Sequence[int],
+    with_explainers: bool, cache: TrustCache, settings: TrustSettings = SETTINGS,
+) -> Iterator[tuple[list[dict], str]]:
+    """``(rows so far, status)`` before each computed part of the panel and once at the end
+    (module docstring): first every map's fast metrics, one row per map as it is done, then
+    every map's slow metrics (:attr:`~otviz.eval.trust.metrics.TrustMetric.slow`) filled into
+    those rows. Each (map, pass) part is cached on its own, so a row is only ever shown as
+    complete when both of its parts are there; a second call computes nothing."""
+    phrases, target = panel_phrases(encoded, words)
+    row = panel_row(explainer, encoded, phrases, target, settings)
     sources, notes = panel_sources(explainer, suite, with_explainers)
+    base = (*encoded.key, suite.label, tuple(words), row.masks is not None, settings)
     rows: list[dict] = []
-    for k, source in enumerate(sources):
-        key = (*encoded.key, suite.label, tuple(words), source.name, masks is not None)
-        got = cache.get(key)
-        if got is None:
-            yield rows, f"computing {source.label} ({k + 1} of {len(sources)}) …"
-            scores = trust_scores(inputs.scorer, source, inputs.pixels[pick],
-                                  inputs.targets[pick], masks, settings)
-            got = {"Map": source.label, "kind": source.kind,
-                   **{m.key: float(scores.values[m.key][0]) for m in METRICS
-                      if m.key in scores.values},
-                   "ms": sum(scores.ms.values()), "refused": scores.refused}
-            got["Randomisation"] = verdict(got.get("mprt", float("nan")), settings)
-            cache.put(key, got)
-        rows.append(got)
-    status = [f"{len(rows)} maps of “{phrases[target].text}” scored against "
-              f"{len(phrases)} phrase classes"]
-    if masks is None:
+    maps: dict[str, np.ndarray] = {}  # each map once for both passes
+    for name, keys in PASSES:
+        for k, source in enumerate(sources):
+            part = cache.get((*base, source.name, name))
+            if part is None:
+                yield list(rows), _progress(name, source, k, len(sources))
+                part = _score_part(row, source, keys, settings, maps)
+                cache.put((*base, source.name, name), part)
+            merged = _merge(rows[k] if k < len(rows) else None, source, part, settings)
+            rows[k:k + 1] = [merged]  # the fast pass appends row k, the slow one replaces it
+    patch = row.pixels.shape[-1] // explainer.backbone.grid[1]
+    yield rows, _final_status(rows, phrases[target], len(phrases), row, notes, settings, patch)
+
+
+def _progress(name: str, source: HeatmapSource, k: int, n: int) -> str:
+    """The status while part ``name`` of map ``k`` (of ``n``) is computed."""
+    if name == "fast":
+        return f"fast metrics: computing {source.label} ({k + 1} of {n}) …"
+    slow = ", ".join(METRIC_BY_KEY[key].label for key in SLOW_KEYS)
+    return (f"fast metrics of all {n} maps done; slow metrics ({slow}; blank until done): "
+            f"computing {k + 1} of {n} ({source.label}) …")
+
+
+def _score_part(row: PanelRow, source: HeatmapSource, keys: Sequence[str],
+                settings: TrustSettings, maps: dict[str, np.ndarray]) -> dict:
+    """The metrics ``keys`` of ``source``'s map of ``row`` (its map reused from ``maps`` when
+    there, and kept there), with their cost in ms and Quantus' refusals."""
+    scores = trust_scores(row.scorer, source, row.pixels, row.targets, row.masks, settings,
+                          metrics=keys, maps=maps.get(source.name))
+    if scores.maps is not None:
+        maps[source.name] = scores.maps
+    return {**{key: float(value[0]) for key, value in scores.values.items()},
+            "ms": sum(scores.ms.values()), "refused": scores.refused}
+
+
+def _merge(row: dict | None, source: HeatmapSource, part: dict,
+           settings: TrustSettings) -> dict:
+    """A new panel row: ``row`` (``None``: none yet) with the computed ``part`` added, its
+    cost summed and its randomisation verdict (:data:`PENDING` until MPRT is in)."""
+    old = row or {"Map": source.label, "kind": source.kind, "ms": 0.0, "refused": {}}
+    new = {**old, **part, "ms": old["ms"] + part["ms"],
+           "refused": {**old["refused"], **part["refused"]}}
+    new["Randomisation"] = verdict(new["mprt"], settings) if "mprt" in new else PENDING
+    return new
+
+
+def _final_status(rows: Sequence[dict], phrase: TrustPhrase, n_phrases: int, row: PanelRow,
+                  notes: Sequence[str], settings: TrustSettings, patch: int) -> str:
+    """The status once every row is complete: what was scored, what could not be and why,
+    and the settings."""
+    status = [f"{len(rows)} maps of “{phrase.text}” scored against {n_phrases} phrase "
+              "classes"]
+    if row.masks is None:
         status.append(NO_BOXES)
     status += notes
     flat = [r["Map"] for r in rows if set(r["refused"].values()) == {FLAT}]
@@ -180,18 +261,25 @@ def trust_rows(
                if r["refused"] and r["Map"] not in flat]
     if refused:
         status.append("refused by Quantus' checks of the maps: " + "; ".join(refused))
-    patch = inputs.pixels.shape[-1] // explainer.backbone.grid[1]
-    status.append(f"settings: {settings.describe(patch)}")
-    yield rows, "\n\n".join(status)
+    slow = ", ".join(METRIC_BY_KEY[key].label for key in SLOW_KEYS)
+    status.append(f"settings: {settings.describe(patch)}; slow metrics (computed after the "
+                  f"others, marked {SLOW_MARK.strip()}): {slow}")
+    return "\n\n".join(status)
 
 
 def trust_frame(rows: Sequence[dict]) -> pd.DataFrame:
-    """The panel's table: one row per map, the metrics it has, its verdict and cost."""
+    """The panel's table: one row per map, the metrics it has (the slow ones' headers marked
+    :data:`SLOW_MARK`, blank where not yet computed), its verdict and cost."""
     shown = [m for m in METRICS if any(m.key in r for r in rows)]
-    records = [{"Map": r["Map"],
-                **{f"{m.label} {'↑' if m.higher else '↓'}": _cell(r.get(m.key)) for m in shown},
+    records = [{"Map": r["Map"], **{_header(m): _cell(r.get(m.key)) for m in shown},
                 "Randomisation": r["Randomisation"], "ms": round(r["ms"])} for r in rows]
     return pd.DataFrame(records)
+
+
+def _header(metric: TrustMetric) -> str:
+    """A metric's column header: label, which way is better, and the slow mark."""
+    return (f"{metric.label} {'↑' if metric.higher else '↓'}"
+            f"{SLOW_MARK if metric.slow else ''}")
 
 
 def _cell(value: float | None) -> float | None:

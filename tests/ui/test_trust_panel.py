@@ -1,5 +1,6 @@
 """The Align view's Trust panel without a browser: localisation for a world example's gold
-phrase, the model-based metrics only (and why) for an upload, rows kept once computed."""
+phrase, the model-based metrics only (and why) for an upload, every map's fast metrics before
+any slow one, rows kept once computed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from otviz.eval.trust.metrics import METRICS, TrustSettings
 from otviz.explain import Explainer
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
 from otviz.ui.examples import load_examples
-from otviz.ui.trust_panel import NO_BOXES, TrustCache, panel_phrases, trust_frame, trust_rows
+from otviz.ui.trust_panel import (
+    NO_BOXES,
+    SLOW_MARK,
+    TrustCache,
+    panel_phrases,
+    trust_frame,
+    trust_rows,
+)
 from tests.helpers import random_tiny_clip
 
 FAST = TrustSettings(regions=2, fc_runs=2, ms_samples=2, mprt_blocks=1)
@@ -42,13 +50,41 @@ def test_example_phrase_gets_localisation_and_is_cached(tools) -> None:
     cache = TrustCache()
     steps, (rows, status) = _last(trust_rows(explainer, suite, encoded, [0, 1, 2, 3], False,
                                              cache, FAST))
-    assert [r["Map"] for r in rows] == ["FILIP", "Colour oracle (pixels)", "Centre prior"]
-    assert all(m.key in rows[0] for m in METRICS)
+    names = ["FILIP", "Colour oracle (pixels)", "Centre prior"]
+    assert [r["Map"] for r in rows] == names
+    assert all(m.key in r for r in rows for m in METRICS)  # the final yield has them all
     assert NO_BOXES not in status and "computing" in steps[0][1]
+    # the first yield with every map has each map's fast metrics and none of the slow ones
+    first, note = next((r, n) for r, n in steps if len(r) == len(names))
+    fast = {m.key for m in METRICS if not m.slow}
+    slow = {m.key for m in METRICS if m.slow}
+    assert fast and slow and all(fast <= set(r) and not slow & set(r) for r in first)
+    assert "slow metrics" in note and "computing 1 of 3" in note
+    assert all(r["Randomisation"] == "…" for r in first)
+    headers = trust_frame(first).columns
+    assert "Pointing ↑" in headers and not any(SLOW_MARK in h for h in headers)
     again, _ = _last(trust_rows(explainer, suite, encoded, [0, 1, 2, 3], False, cache, FAST))
     assert len(again) == 1 and again[0][0] == rows  # read from the cache, nothing computed
     frame = trust_frame(rows)
     assert list(frame["Map"]) == [r["Map"] for r in rows] and "Pointing ↑" in frame.columns
+    assert f"MPRT similarity ↓{SLOW_MARK}" in frame.columns
+
+
+def test_a_row_with_only_its_fast_part_cached_gets_its_slow_part(tools) -> None:
+    """A panel stopped after the fast pass (the page closed, say) keeps what it computed: the
+    next call reads the fast parts and computes only the slow ones."""
+    explainer, suite = tools
+    rng = np.random.default_rng(1)
+    encoded = explainer.encode(rng.integers(0, 255, size=(64, 64, 3), dtype=np.uint8),
+                               "a red circle and a blue square")
+    cache = TrustCache()
+    steps = trust_rows(explainer, suite, encoded, [0, 1, 2], False, cache, FAST)
+    rows = next(r for r, note in steps if "slow metrics" in note)  # every fast part, no slow
+    steps.close()
+    rest = list(trust_rows(explainer, suite, encoded, [0, 1, 2], False, cache, FAST))
+    assert all("slow metrics" in note for _, note in rest[:-1])  # no fast part computed again
+    assert len(rest) == len(rows) + 1
+    assert all("mprt" in r and "sparseness" in r for r in rest[-1][0])
 
 
 def test_upload_gets_the_model_based_metrics_and_says_why(tools) -> None:

@@ -54,14 +54,25 @@ ROBUSTNESS, COMPLEXITY = "robustness", "complexity"
 
 @dataclass(frozen=True)
 class TrustMetric:
-    """One metric: its key, label, group, whether it needs gold boxes and which way is
-    better (``higher``: True when a larger value means a more trustworthy map)."""
+    """One metric: its key, label, group, whether it needs gold boxes, which way is better
+    (``higher``: True when a larger value means a more trustworthy map) and whether it is
+    ``slow``: too costly for the Align view's Trust panel to return it for every map within
+    10 s, so the panel fills it in after the others.
+
+    Measured per map on the embedded tiny CLIP, one world example, the panel's settings, 2
+    shared CPU cores (medians over the maps; benchmarks/trust_panel_latency.md): quiet, the
+    fast ones 2-14 ms (random logit the dearest) and the slow ones 38-41 ms (deletion,
+    insertion, faithfulness correlation, max-sensitivity) and 359 ms (MPRT); under another
+    process's load (up to ~7), the fast ones 2-104 ms and the slow ones 0.7-3.6 s, i.e. any
+    slow one summed over 10 maps takes 8-26 s.
+    """
 
     key: str
     label: str
     group: str
     needs_boxes: bool = False
     higher: bool = True
+    slow: bool = False
 
 
 METRICS: tuple[TrustMetric, ...] = (
@@ -69,12 +80,12 @@ METRICS: tuple[TrustMetric, ...] = (
     TrustMetric("mass", "Relevance mass", LOCALISATION, True),
     TrustMetric("rank", "Relevance rank", LOCALISATION, True),
     TrustMetric("auc", "AUC", LOCALISATION, True),
-    TrustMetric("deletion", "Deletion", FAITHFULNESS),
-    TrustMetric("insertion", "Insertion", FAITHFULNESS),
-    TrustMetric("faith_corr", "Faithfulness corr.", FAITHFULNESS),
-    TrustMetric("mprt", "MPRT similarity", RANDOMISATION, higher=False),
+    TrustMetric("deletion", "Deletion", FAITHFULNESS, slow=True),
+    TrustMetric("insertion", "Insertion", FAITHFULNESS, slow=True),
+    TrustMetric("faith_corr", "Faithfulness corr.", FAITHFULNESS, slow=True),
+    TrustMetric("mprt", "MPRT similarity", RANDOMISATION, higher=False, slow=True),
     TrustMetric("random_logit", "Random-logit similarity", RANDOMISATION, higher=False),
-    TrustMetric("max_sensitivity", "Max-sensitivity", ROBUSTNESS, higher=False),
+    TrustMetric("max_sensitivity", "Max-sensitivity", ROBUSTNESS, higher=False, slow=True),
     TrustMetric("sparseness", "Sparseness", COMPLEXITY),
 )
 METRIC_BY_KEY = {m.key: m for m in METRICS}
@@ -157,12 +168,14 @@ def restore_from(arr: np.ndarray, indices: np.ndarray, original: np.ndarray,
 @dataclass
 class TrustScores:
     """Per-row values ``values[key]`` ``[P]`` (NaN where a metric does not apply), each
-    metric's wall time in ms over the ``P`` rows (``"maps"``: the maps themselves), and why
-    Quantus refused a metric's maps (its assertion's first sentence), by metric."""
+    metric's wall time in ms over the ``P`` rows (``"maps"``: the maps themselves, absent when
+    they were given), why Quantus refused a metric's maps (its assertion's first sentence), by
+    metric, and the maps scored ``[P, 1, S, S]`` (to score more metrics of them later)."""
 
     values: dict[str, np.ndarray]
     ms: dict[str, float]
     refused: dict[str, str]
+    maps: np.ndarray | None = None
 
 
 Progress = Callable[[str, int, int], None]
@@ -177,6 +190,7 @@ def trust_scores(
     settings: TrustSettings = TrustSettings(),
     metrics: Sequence[str] | None = None,
     progress: Progress | None = None,
+    maps: np.ndarray | None = None,
 ) -> TrustScores:
     """The metrics ``metrics`` (default: all of :data:`METRICS`; the localisation ones only
     with ``masks``) of ``source``'s maps of the rows ``(pixels[p], phrase targets[p])``.
@@ -189,14 +203,18 @@ def trust_scores(
         masks: ``[P, 1, S, S]`` gold regions (:func:`~otviz.eval.trust.adapter.gold_masks`).
         settings: the metrics' settings.
         progress: ``progress(metric key, done, total)`` after each metric.
+        maps: ``source``'s maps of these rows when already computed (an earlier call's
+            :attr:`TrustScores.maps`), else they are computed and timed.
     """
     quantus = require_quantus()
     keys = [m.key for m in METRICS if masks is not None or not m.needs_boxes]
     keys = [k for k in keys if metrics is None or k in metrics]
     patch = settings.patch or pixels.shape[-1] // scorer.grid[1]
-    start = time.perf_counter()
-    maps = source(scorer, pixels, targets)
-    ms = {"maps": 1000 * (time.perf_counter() - start)}
+    ms: dict[str, float] = {}
+    if maps is None:
+        start = time.perf_counter()
+        maps = source(scorer, pixels, targets)
+        ms["maps"] = 1000 * (time.perf_counter() - start)
     common = {"model": scorer, "x_batch": pixels, "y_batch": targets, "a_batch": maps,
               "channel_first": True, "softmax": False}  # the similarity itself, not a softmax
     runs: dict[str, Callable[[], np.ndarray]] = {
@@ -219,7 +237,7 @@ def trust_scores(
     values, refused = {}, {}
     if np.ptp(maps) == 0:  # Quantus refuses a batch of maps with one value everywhere
         nan = np.full(len(targets), np.nan)
-        return TrustScores({k: nan for k in keys}, ms, dict.fromkeys(keys, FLAT))
+        return TrustScores({k: nan for k in keys}, ms, dict.fromkeys(keys, FLAT), maps)
     for done, key in enumerate(keys, start=1):
         np.random.seed(settings.seed)
         start = time.perf_counter()
@@ -233,7 +251,7 @@ def trust_scores(
         ms[key] = 1000 * (time.perf_counter() - start)
         if progress is not None:
             progress(key, done, len(keys))
-    return TrustScores(values, ms, refused)
+    return TrustScores(values, ms, refused, maps)
 
 
 FLAT = "the maps are flat (one value everywhere): nothing to order or perturb"
