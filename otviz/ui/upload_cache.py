@@ -14,7 +14,8 @@ files it serves back), under the app's data folder, cleaned at start and on a sc
 * **Refused uploads** are removed at once by the input that refused them
   (:func:`discard_upload`): an image that is not one, too large or too thin, a file of a
   type the input does not take, an uploaded .zip the view cannot read. Later events that
-  name a removed upload are told why it was refused (:func:`why_gone`).
+  name a removed upload are told why it was refused (:func:`why_gone`). Their emptied
+  folders go a minute later (:func:`remove_empty_folders`, run with every refusal).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -43,6 +45,11 @@ _GRADIO_TEMP_DIR = "GRADIO_TEMP_DIR"
 _REFUSED: OrderedDict[str, str] = OrderedDict()
 _REMEMBERED = 4096
 _REFUSED_LOCK = threading.Lock()
+#: An emptied upload folder is removed once it has stayed empty this long. Gradio keeps every
+#: upload of the same bytes in one folder (named by their hash): a folder removed the moment
+#: it empties can vanish between Gradio's ``mkdir`` and its move of a concurrent upload of
+#: the same bytes into it, which fails that upload (seen as a 500 in the hostile catalogue).
+EMPTY_FOLDER_AGE_S = 60.0
 
 
 def own_upload_cache(parent: Path = UPLOAD_CACHE) -> Path:
@@ -64,10 +71,10 @@ def own_upload_cache(parent: Path = UPLOAD_CACHE) -> Path:
 
 
 def discard_upload(path: str | os.PathLike, reason: str | None = None) -> bool:
-    """Remove an uploaded file from Gradio's cache (and its folder, left empty), only when
-    it lies inside the cache: a path anywhere else is never touched. ``reason`` (why it was
-    refused) is kept for the events that name the upload later (:func:`why_gone`). Returns
-    whether it was removed."""
+    """Remove an uploaded file from Gradio's cache (its folder, left empty, a minute later),
+    only when it lies inside the cache: a path anywhere else is never touched. ``reason``
+    (why it was refused) is kept for the events that name the upload later
+    (:func:`why_gone`). Returns whether it was removed."""
     cache = Path(get_upload_folder()).resolve()
     if not inside(cache, path):
         return False
@@ -77,10 +84,21 @@ def discard_upload(path: str | os.PathLike, reason: str | None = None) -> bool:
     if reason is not None:
         _remember(str(path), reason)  # before the file goes: a concurrent event reads it
     file.unlink(missing_ok=True)
-    if file.parent != cache:  # Gradio keeps each upload in a folder of its own
-        with contextlib.suppress(OSError):
-            file.parent.rmdir()
+    remove_empty_folders(cache)
     return True
+
+
+def remove_empty_folders(cache: Path, min_age_s: float = EMPTY_FOLDER_AGE_S) -> int:
+    """Remove the folders of ``cache`` that are empty and unchanged for ``min_age_s``
+    seconds (see :data:`EMPTY_FOLDER_AGE_S`); how many were removed."""
+    cutoff, removed = time.time() - min_age_s, 0
+    for folder in cache.iterdir():
+        with contextlib.suppress(OSError):  # filled or removed meanwhile: kept or gone
+            if folder.is_dir() and folder.stat().st_mtime <= cutoff and not any(
+                    folder.iterdir()):
+                folder.rmdir()
+                removed += 1
+    return removed
 
 
 def why_gone(path: str | os.PathLike) -> str | None:

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from otviz.ui.upload_cache import (
     discard_upload,
     lone_archive,
     own_upload_cache,
+    remove_empty_folders,
 )
 from tests.helpers import png_header
 
@@ -78,7 +80,22 @@ def test_only_files_inside_the_cache_are_discarded(tmp_path, monkeypatch):
     for path in (elsewhere, cache / "link.png", cache / "../mine.png", cache):
         assert not discard_upload(path)
     assert elsewhere.exists() and cache.is_dir()
-    assert discard_upload(upload) and not upload.exists() and not (cache / "ab").exists()
+    assert discard_upload(upload) and not upload.exists() and (cache / "ab").is_dir()
+    assert remove_empty_folders(cache, min_age_s=0) == 1 and not (cache / "ab").exists()
+
+
+def test_emptied_folders_go_once_they_have_stayed_empty(tmp_path):
+    """A folder emptied just now stays (a concurrent upload of the same bytes may be moving
+    into it); one empty for a minute goes; a folder with a file stays."""
+    young, old, full = (tmp_path / name for name in ("young", "old", "full"))
+    for folder in (young, old, full):
+        folder.mkdir()
+    (full / "a.png").write_bytes(b"x")
+    an_hour_ago = time.time() - 3600
+    for folder in (old, full):
+        os.utime(folder, (an_hour_ago, an_hour_ago))
+    assert remove_empty_folders(tmp_path) == 1
+    assert young.is_dir() and not old.exists() and full.is_dir()
     assert upload_cache.UPLOAD_CACHE == Path(".cache/otviz-gradio")
 
 
@@ -179,8 +196,9 @@ def test_a_refused_upload_leaves_nothing_in_the_cache(live_app, example, checkpo
         }[api]
         refused, message = _call(live_app.url, api, args)
         assert refused and expected in message, (api, message)
-        folder = Path(path).parent  # Gradio's folder of the content, removed when emptied
+        folder = Path(path).parent  # Gradio's folder of the content, removed once emptied
         assert not Path(path).exists(), api
+        remove_empty_folders(Path(get_upload_folder()), min_age_s=0)  # (a minute later)
         assert not folder.exists() or any(folder.iterdir()), api
         assert _cache_files() <= before, api
         again = _call(live_app.url, api, args)  # as the page sends it with the next event
