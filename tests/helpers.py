@@ -118,3 +118,10 @@ def world_trust_inputs(backbone, seed: int, n: int):
     samples = World(WorldConfig(negatives=False), "test", seed).samples(0, n)
     return adapter.trust_inputs(backbone, [s.image for s in samples],
                                 [adapter.world_phrases(s) for s in samples])
+
+
+def gradio_cache_files() -> set[Path]:
+    """The files in Gradio's upload cache (``GRADIO_TEMP_DIR``) now."""
+    from gradio.utils import get_upload_folder
+
+    return {p for p in Path(get_upload_folder()).rglob("*") if p.is_file()}

@@ -41,14 +41,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from gradio.utils import _parse_file_size, get_upload_folder
+from gradio.utils import _parse_file_size
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
 from otviz.boundary.images import UNREADABLE_IMAGE
 from otviz.ui.app import MAX_UPLOAD
-from tests.helpers import png_header
+from tests.helpers import gradio_cache_files, png_header
 
 UNEXPECTED = "Something unexpected"
 RAW_HTML = ("<h1", "<a ", "<img", "<script")
@@ -510,7 +510,7 @@ def test_every_event_survives_the_hostile_catalogue(live_app, example, tmp_path,
     groups = [g for g in event_groups(live_app.blocks) if catalogue_part(g) == part]
     tally, start = Tally(), time.perf_counter()
     uploads_before = live_app.browse.uploads.entries()
-    cache_before = _cache_files()
+    cache_before = gradio_cache_files()
     runs_before = set(live_app.jobs.runs_root.glob("*"))
     with _OPENED.watch() as opened, ThreadPoolExecutor(PARALLEL) as pool:
         done = [pool.submit(drive, live_app.url, g, tally, tmp_path / str(g.ids[0]),
@@ -543,7 +543,7 @@ def test_every_event_survives_the_hostile_catalogue(live_app, example, tmp_path,
         "leaks": leaks,
         "files_read_outside": outside[:10],
         "unpacked_uploads_left": len(left),
-        "gradio_cache_files_added": len(_cache_files() - cache_before),
+        "gradio_cache_files_added": len(gradio_cache_files() - cache_before),
         "uploads_accepted": tally.folder_results,
         "seconds": round(time.perf_counter() - start, 1),
         "groups": [{"callback": g.callback, "events": len(g.ids), "queued": g.queued,
@@ -559,10 +559,6 @@ def test_every_event_survives_the_hostile_catalogue(live_app, example, tmp_path,
     # accepted uploads stay (Browse keeps them for its pages), refused ones leave nothing
     assert len(left) <= tally.folder_results and left_runs == []
 
-
-def _cache_files() -> set[Path]:
-    """The files in Gradio's upload cache."""
-    return {p for p in Path(get_upload_folder()).rglob("*") if p.is_file()}
 
 
 def test_an_image_input_copied_by_gradio_still_checks(live_app, tmp_path):

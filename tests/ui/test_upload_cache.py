@@ -37,7 +37,7 @@ from otviz.ui.upload_cache import (
     own_upload_cache,
     remove_empty_folders,
 )
-from tests.helpers import png_header
+from tests.helpers import gradio_cache_files, png_header
 
 
 def _dead_pid() -> int:
@@ -162,9 +162,6 @@ def _zip(members: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def _cache_files() -> set[Path]:
-    return {p for p in Path(get_upload_folder()).rglob("*") if p.is_file()}
-
 
 def test_a_refused_upload_leaves_nothing_in_the_cache(live_app, example, checkpoint):
     """Refused by the image input (a bomb, a thin strip), by Zero-shot (a thin image among
@@ -181,7 +178,7 @@ def test_a_refused_upload_leaves_nothing_in_the_cache(live_app, example, checkpo
          "captions.csv, line 2: the caption is over 1000 characters (1900)"),
     ]
     for api, name, data, expected in refusals:
-        before = _cache_files()
+        before = gradio_cache_files()
         path = _upload(live_app.url, name, data)
         assert Path(path).exists() and Path(path).is_relative_to(get_upload_folder())
         upload = _file(path, name)
@@ -200,7 +197,7 @@ def test_a_refused_upload_leaves_nothing_in_the_cache(live_app, example, checkpo
         assert not Path(path).exists(), api
         remove_empty_folders(Path(get_upload_folder()), min_age_s=0)  # (a minute later)
         assert not folder.exists() or any(folder.iterdir()), api
-        assert _cache_files() <= before, api
+        assert gradio_cache_files() <= before, api
         again = _call(live_app.url, api, args)  # as the page sends it with the next event
         assert again == (True, message), api
 
