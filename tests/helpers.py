@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import pytest
 
 if TYPE_CHECKING:
+    from gradio_client import Client
+
     from otviz.train.config import TrainConfig
     from otviz.ui.context import AppContext
 
@@ -125,3 +127,39 @@ def gradio_cache_files() -> set[Path]:
     from gradio.utils import get_upload_folder
 
     return {p for p in Path(get_upload_folder()).rglob("*") if p.is_file()}
+
+
+# ---------------------------------------------------------------- HTTP to the served app
+# The served app listens on loopback over plain HTTP, so no request has a certificate to
+# check. Left to check one (httpx's default), every request builds a TLS context from
+# certifi's bundle first, about 30 ms of CPU, and gradio_client sends several requests per
+# call: a quarter of the hostile catalogue's CPU went there.
+PLAIN_HTTP = {"verify": False}
+
+
+def api_client(url: str) -> Client:
+    """A gradio_client of the app served at ``url`` (returns paths, downloads no file)."""
+    from gradio_client import Client
+
+    return Client(url, verbose=False, download_files=False, ssl_verify=False)
+
+
+def upload(url: str, name: str, content: bytes | BinaryIO) -> str:
+    """The server path of ``content`` uploaded as file ``name``, as the page uploads it."""
+    import httpx
+
+    response = httpx.post(f"{url}gradio_api/upload", files={"files": (name, content)},
+                          timeout=60, **PLAIN_HTTP)
+    response.raise_for_status()
+    return response.json()[0]
+
+
+def raw_api_call(url: str, api_name: str, data: list) -> str:
+    """The event stream of one API call sent as raw JSON (no client-side upload)."""
+    import httpx
+
+    post = httpx.post(f"{url}gradio_api/call/{api_name}", json={"data": data}, timeout=60,
+                      **PLAIN_HTTP)
+    post.raise_for_status()
+    return httpx.get(f"{url}gradio_api/call/{api_name}/{post.json()['event_id']}",
+                     timeout=300, **PLAIN_HTTP).text

@@ -10,7 +10,7 @@ from gradio_client import Client
 
 from otviz.ui.context import AppContext
 from otviz.ui.examples import load_examples
-from tests.helpers import app_context
+from tests.helpers import api_client, app_context
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +34,7 @@ def tools(ctx, checkpoint):
 @pytest.fixture(scope="module")
 def client(live_app) -> Client:
     """A gradio_client of the served app (``live_app``)."""
-    return Client(live_app.url, verbose=False, download_files=False)
+    return api_client(live_app.url)
 
 
 @pytest.fixture(scope="module")

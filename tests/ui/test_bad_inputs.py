@@ -48,7 +48,14 @@ from PIL import Image
 
 from otviz.boundary.images import UNREADABLE_IMAGE
 from otviz.ui.app import MAX_UPLOAD
-from tests.helpers import gradio_cache_files, png_header
+from tests.helpers import (
+    PLAIN_HTTP,
+    api_client,
+    gradio_cache_files,
+    png_header,
+    raw_api_call,
+    upload,
+)
 
 UNEXPECTED = "Something unexpected"
 RAW_HTML = ("<h1", "<a ", "<img", "<script")
@@ -408,11 +415,8 @@ def _uploaded(url: str, value):
     if isinstance(value, dict) and value.get("meta", {}).get("_type") == "gradio.FileData":
         path = Path(value["path"])
         with open(path, "rb") as f:
-            response = httpx.post(f"{url}gradio_api/upload",
-                                  files={"files": (path.name, f)}, timeout=60)
-        response.raise_for_status()
-        return {"path": response.json()[0], "orig_name": path.name,
-                "meta": {"_type": "gradio.FileData"}}
+            return {"path": upload(url, path.name, f), "orig_name": path.name,
+                    "meta": {"_type": "gradio.FileData"}}
     return value
 
 
@@ -421,12 +425,12 @@ def call_selected(url: str, fn_index: int, args: list) -> str | None:
     gradio_client sends no event data."""
     session = os.urandom(8).hex()
     data = [_uploaded(url, a) for a in args]
-    join = httpx.post(f"{url}gradio_api/queue/join", timeout=60, json={
+    join = httpx.post(f"{url}gradio_api/queue/join", timeout=60, **PLAIN_HTTP, json={
         "data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": None,
         "event_data": {"index": [0, 0], "value": "", "selected": True}})
     join.raise_for_status()
     with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session},
-                      timeout=120) as stream:
+                      timeout=120, **PLAIN_HTTP) as stream:
         for line in stream.iter_lines():
             if not line.startswith("data:"):
                 continue
@@ -442,7 +446,7 @@ def drive(url: str, group: EventGroup, tally: Tally, tmp: Path, image: str,
     """Every catalogue case in every slot of one event group (other slots valid), through
     a client of its own (a client's calls are not thread-safe)."""
     tmp.mkdir()
-    client = Client(url, verbose=False, download_files=False)
+    client = api_client(url)
     fn_index = group.ids[0]
     client.endpoints[fn_index].is_valid = True  # private events too: the page calls them
     values = [baseline(c, image, caption) for c in group.inputs]
@@ -577,7 +581,8 @@ def test_an_image_input_copied_by_gradio_still_checks(live_app, tmp_path):
 def test_an_upload_over_the_limit_is_refused(live_app):
     limit = _parse_file_size(MAX_UPLOAD)
     files = {"files": ("big.png", b"\0" * (limit + 1), "image/png")}
-    response = httpx.post(f"{live_app.url}gradio_api/upload", files=files, timeout=60)
+    response = httpx.post(f"{live_app.url}gradio_api/upload", files=files, timeout=60,
+                          **PLAIN_HTTP)
     assert response.status_code == 413 and "maximum allowed size" in response.text
 
 
@@ -682,15 +687,6 @@ def test_a_zip_cannot_unpack_outside_its_folder(client, checkpoint, tmp_path):
 
 
 
-def _raw_call(url: str, api_name: str, data: list) -> str:
-    """The event stream of one API call sent as raw JSON (no client-side upload)."""
-    post = httpx.post(f"{url}gradio_api/call/{api_name}", json={"data": data}, timeout=60)
-    post.raise_for_status()
-    answer = httpx.get(f"{url}gradio_api/call/{api_name}/{post.json()['event_id']}",
-                       timeout=120)
-    return answer.text
-
-
 def test_a_server_path_posing_as_an_upload_is_refused(live_app, checkpoint, secret):
     """A request naming a server file as if it were an upload (never sent through the
     upload endpoint) is refused before any callback opens it."""
@@ -698,8 +694,8 @@ def test_a_server_path_posing_as_an_upload_is_refused(live_app, checkpoint, secr
     train = [checkpoint, "upload", 64, "", [posing], "train", ["filip"], 0.05, 0.1, 0.05, 16,
              10, 0.5, 1, 1, 1, 2, 1e-3]
     with _OPENED.watch() as opened:
-        streams = [_raw_call(live_app.url, "words", [posing, "a red circle", checkpoint]),
-                   _raw_call(live_app.url, "train", train)]
+        streams = [raw_api_call(live_app.url, "words", [posing, "a red circle", checkpoint]),
+                   raw_api_call(live_app.url, "train", train)]
     for stream in streams:
         assert "event: error" in stream and "event: complete" not in stream, stream
     assert [p for p in opened.paths if "secret" in p] == []

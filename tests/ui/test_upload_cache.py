@@ -17,7 +17,6 @@ import zipfile
 from pathlib import Path
 
 import gradio as gr
-import httpx
 import numpy as np
 import pytest
 from gradio.data_classes import FileData, ListFiles
@@ -37,7 +36,7 @@ from otviz.ui.upload_cache import (
     own_upload_cache,
     remove_empty_folders,
 )
-from tests.helpers import gradio_cache_files, png_header
+from tests.helpers import gradio_cache_files, png_header, raw_api_call, upload
 
 
 def _dead_pid() -> int:
@@ -125,22 +124,13 @@ def test_the_file_input_leaves_no_stray_file_in_the_cache(tmp_path, monkeypatch)
 
 
 # ----------------------------------------------------------------------- the served app
-def _upload(url: str, name: str, data: bytes) -> str:
-    response = httpx.post(f"{url}gradio_api/upload", files={"files": (name, data)}, timeout=60)
-    response.raise_for_status()
-    return response.json()[0]
-
-
 def _file(path: str, name: str) -> dict:
     return {"path": path, "orig_name": name, "meta": {"_type": "gradio.FileData"}}
 
 
 def _call(url: str, api_name: str, data: list) -> tuple[bool, str]:
     """``(refused, message)`` of one API call sent as raw JSON."""
-    post = httpx.post(f"{url}gradio_api/call/{api_name}", json={"data": data}, timeout=60)
-    post.raise_for_status()
-    answer = httpx.get(f"{url}gradio_api/call/{api_name}/{post.json()['event_id']}",
-                       timeout=300).text
+    answer = raw_api_call(url, api_name, data)
     lines = [line[5:].strip() for line in answer.splitlines() if line.startswith("data:")]
     last = json.loads(lines[-1]) if lines else None
     if "event: error" in answer:
@@ -179,15 +169,15 @@ def test_a_refused_upload_leaves_nothing_in_the_cache(live_app, example, checkpo
     ]
     for api, name, data, expected in refusals:
         before = gradio_cache_files()
-        path = _upload(live_app.url, name, data)
+        path = upload(live_app.url, name, data)
         assert Path(path).exists() and Path(path).is_relative_to(get_upload_folder())
-        upload = _file(path, name)
+        uploaded = _file(path, name)
         args = {
-            "words": [upload, example[1], checkpoint],
-            "phrases": [upload, example[1], checkpoint, "grid", None, None],
-            "zero_shot": [checkpoint, "uploaded images", [upload], "shape", 0, 32, "balanced",
+            "words": [uploaded, example[1], checkpoint],
+            "phrases": [uploaded, example[1], checkpoint, "grid", None, None],
+            "zero_shot": [checkpoint, "uploaded images", [uploaded], "shape", 0, 32, "balanced",
                           "circle\nsquare", "a photo of a {}", "uniform", "", 0.5],
-            "browse": [checkpoint, "uploaded folder", 96, "test", [upload], ["conceptot"],
+            "browse": [checkpoint, "uploaded folder", 96, "test", [uploaded], ["conceptot"],
                        "conceptot", "filip", "all rows", [], "set order", NO_METRIC, ALL, 1,
                        12],
         }[api]
@@ -203,7 +193,7 @@ def test_a_refused_upload_leaves_nothing_in_the_cache(live_app, example, checkpo
 
 
 def test_an_expired_upload_is_told_so(live_app, example, checkpoint):
-    path = _upload(live_app.url, "old.png", _png(80, 80))
+    path = upload(live_app.url, "old.png", _png(80, 80))
     Path(path).unlink()  # as Gradio's schedule removes it
     refused, message = _call(live_app.url, "words", [_file(path, "old.png"), example[1],
                                                      checkpoint])
