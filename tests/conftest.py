@@ -8,7 +8,7 @@ import os
 import platform
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # The world's background textures go through a float32 matrix product, and OpenBLAS picks
 # its kernel by CPU: its AVX-512 kernels round differently from its AVX2 ones, so a world
@@ -25,10 +25,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
-from otviz.eval.browse import BrowseCache  # noqa: E402
-from otviz.ui.browse_tab import BrowseSources  # noqa: E402
-from otviz.ui.context import AppContext  # noqa: E402
-from otviz.ui.train_jobs import TrainingJobs  # noqa: E402
+# otviz (torch, open_clip, gradio: 10 s of CPU) is imported where a fixture needs it, not
+# here: pytest-xdist's controller process loads this file too, before it starts the workers
+if TYPE_CHECKING:
+    from otviz.ui.browse_tab import BrowseSources
+    from otviz.ui.context import AppContext
+    from otviz.ui.train_jobs import TrainingJobs
 
 
 @dataclass
@@ -53,7 +55,11 @@ def live_app(tmp_path_factory) -> LiveApp:
     """``otviz.ui.app.build_app`` on the embedded checkpoint, queued and limited as
     :func:`launch` does, on 127.0.0.1 and a free port; training runs, Browse's unpacked
     uploads, feature caches and Gradio's upload cache in a temp dir."""
+    from otviz.eval.browse import BrowseCache
     from otviz.ui.app import build_app, serve_options
+    from otviz.ui.browse_tab import BrowseSources
+    from otviz.ui.context import AppContext
+    from otviz.ui.train_jobs import TrainingJobs
     from otviz.ui.upload_cache import own_upload_cache
 
     root = tmp_path_factory.mktemp("live-app")
