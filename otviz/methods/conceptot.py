@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.cluster import KMeans
 from torch import Tensor, nn
 
 from otviz.methods.base import Alignment, MethodConfig, PairBatch, register
@@ -124,6 +123,8 @@ class ConceptOT(ProjectedMethod):
         n_clusters = min(r, len(np.unique(tokens.round(6), axis=0)))
         centres = torch.empty(0, self.concept_dim, dtype=torch.float64)
         if n_clusters > 0:
+            from sklearn.cluster import KMeans  # here: scikit-learn takes ~1 s to import
+
             km = KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit(tokens)
             centres = torch.from_numpy(km.cluster_centers_)
         gen = torch.Generator().manual_seed(seed)

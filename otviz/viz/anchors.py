@@ -23,8 +23,6 @@ import torch
 from matplotlib.figure import Figure
 from scipy.cluster.hierarchy import leaves_list, linkage
 from scipy.spatial.distance import squareform
-from sklearn.decomposition import PCA
-from sklearn.manifold import TSNE
 from torch import Tensor
 
 from otviz.viz.style import DIVERGING_CMAP, SIMILARITY_CMAP, drawable, new_figure
@@ -127,6 +125,9 @@ def anchor_mass(plan) -> Tensor:
 def embed_2d(points: np.ndarray, projection: str = "PCA", seed: int = 0) -> np.ndarray:
     """``[n, 2]`` coordinates of ``points`` (rows) by PCA or t-SNE (scikit-learn, seeded;
     t-SNE's perplexity is ``min(30, (n - 1) / 3)`` so it stays below ``n``)."""
+    from sklearn.decomposition import PCA  # here: scikit-learn takes ~1 s to import
+    from sklearn.manifold import TSNE
+
     points = np.asarray(points, dtype=np.float64)
     n = points.shape[0]
     if projection == "PCA":
