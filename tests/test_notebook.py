@@ -22,6 +22,7 @@ def test_quickstart_notebook_runs_and_draws(tmp_path, monkeypatch):
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     assert not any(cell.get("outputs") for cell in notebook.cells)  # committed without outputs
     nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
+                            shutdown_kernel="immediate",  # not a graceful 1.7 s: it is discarded
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
