@@ -154,6 +154,11 @@ def upload(url: str, name: str, content: bytes | BinaryIO) -> str:
     return response.json()[0]
 
 
+def file_data(path: str, name: str) -> dict:
+    """An uploaded file as an event's input names it (Gradio's ``FileData``)."""
+    return {"path": path, "orig_name": name, "meta": {"_type": "gradio.FileData"}}
+
+
 def raw_api_call(url: str, api_name: str, data: list) -> str:
     """The event stream of one API call sent as raw JSON (no client-side upload)."""
     import httpx

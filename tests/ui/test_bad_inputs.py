@@ -51,6 +51,7 @@ from otviz.ui.app import MAX_UPLOAD
 from tests.helpers import (
     PLAIN_HTTP,
     api_client,
+    file_data,
     gradio_cache_files,
     png_header,
     raw_api_call,
@@ -415,8 +416,7 @@ def _uploaded(url: str, value):
     if isinstance(value, dict) and value.get("meta", {}).get("_type") == "gradio.FileData":
         path = Path(value["path"])
         with open(path, "rb") as f:
-            return {"path": upload(url, path.name, f), "orig_name": path.name,
-                    "meta": {"_type": "gradio.FileData"}}
+            return file_data(upload(url, path.name, f), path.name)
     return value
 
 
@@ -564,7 +564,6 @@ def test_every_event_survives_the_hostile_catalogue(live_app, example, tmp_path,
     assert len(left) <= tally.folder_results and left_runs == []
 
 
-
 def test_an_image_input_copied_by_gradio_still_checks(live_app, tmp_path):
     """Gradio rebuilds a component from its class when an event updates it (picking an
     example does): the rebuilt image input decodes through the boundary too."""
@@ -684,7 +683,6 @@ def test_a_zip_cannot_unpack_outside_its_folder(client, checkpoint, tmp_path):
         z.writestr("../../escape.csv", "x.png,caption\n")
     message = _train(client, checkpoint, "upload", "", [handle_file(str(archive))])
     assert "points outside" in message and not (tmp_path.parent / "escape.csv").exists()
-
 
 
 def test_a_server_path_posing_as_an_upload_is_refused(live_app, checkpoint, secret):

@@ -36,7 +36,7 @@ from otviz.ui.upload_cache import (
     own_upload_cache,
     remove_empty_folders,
 )
-from tests.helpers import gradio_cache_files, png_header, raw_api_call, upload
+from tests.helpers import file_data, gradio_cache_files, png_header, raw_api_call, upload
 
 
 def _dead_pid() -> int:
@@ -81,6 +81,7 @@ def test_only_files_inside_the_cache_are_discarded(tmp_path, monkeypatch):
     assert elsewhere.exists() and cache.is_dir()
     assert discard_upload(upload) and not upload.exists() and (cache / "ab").is_dir()
     assert remove_empty_folders(cache, min_age_s=0) == 1 and not (cache / "ab").exists()
+    assert upload_cache.UPLOAD_CACHE == Path(".cache/otviz-gradio")
 
 
 def test_emptied_folders_go_once_they_have_stayed_empty(tmp_path):
@@ -95,7 +96,6 @@ def test_emptied_folders_go_once_they_have_stayed_empty(tmp_path):
         os.utime(folder, (an_hour_ago, an_hour_ago))
     assert remove_empty_folders(tmp_path) == 1
     assert young.is_dir() and not old.exists() and full.is_dir()
-    assert upload_cache.UPLOAD_CACHE == Path(".cache/otviz-gradio")
 
 
 def test_a_folder_refusal_removes_a_lone_archive_only():
@@ -124,10 +124,6 @@ def test_the_file_input_leaves_no_stray_file_in_the_cache(tmp_path, monkeypatch)
 
 
 # ----------------------------------------------------------------------- the served app
-def _file(path: str, name: str) -> dict:
-    return {"path": path, "orig_name": name, "meta": {"_type": "gradio.FileData"}}
-
-
 def _call(url: str, api_name: str, data: list) -> tuple[bool, str]:
     """``(refused, message)`` of one API call sent as raw JSON."""
     answer = raw_api_call(url, api_name, data)
@@ -152,7 +148,6 @@ def _zip(members: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-
 def test_a_refused_upload_leaves_nothing_in_the_cache(live_app, example, checkpoint):
     """Refused by the image input (a bomb, a thin strip), by Zero-shot (a thin image among
     its uploads), by the file input (a type it does not take) and by Browse (a .zip whose
@@ -171,7 +166,7 @@ def test_a_refused_upload_leaves_nothing_in_the_cache(live_app, example, checkpo
         before = gradio_cache_files()
         path = upload(live_app.url, name, data)
         assert Path(path).exists() and Path(path).is_relative_to(get_upload_folder())
-        uploaded = _file(path, name)
+        uploaded = file_data(path, name)
         args = {
             "words": [uploaded, example[1], checkpoint],
             "phrases": [uploaded, example[1], checkpoint, "grid", None, None],
@@ -195,7 +190,7 @@ def test_a_refused_upload_leaves_nothing_in_the_cache(live_app, example, checkpo
 def test_an_expired_upload_is_told_so(live_app, example, checkpoint):
     path = upload(live_app.url, "old.png", _png(80, 80))
     Path(path).unlink()  # as Gradio's schedule removes it
-    refused, message = _call(live_app.url, "words", [_file(path, "old.png"), example[1],
+    refused, message = _call(live_app.url, "words", [file_data(path, "old.png"), example[1],
                                                      checkpoint])
     assert refused and message == "old.png is no longer on the server (expired): upload it again"
 
