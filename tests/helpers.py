@@ -20,6 +20,14 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def child_env() -> dict[str, str]:
+    """The environment of the Python processes the tests start (the docs pages, the command
+    line): this one's, with the checkout importable, no download, one compute thread and no
+    display."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+
+
 def random_tiny_clip(path: Path, seed: int) -> Path:
     """A randomly initialised small tiny-CLIP checkpoint (no shipped weights needed)."""
     from otviz.tiny_clip import create_tiny_clip, save_tiny_clip, tiny_clip_config

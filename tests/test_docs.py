@@ -1,14 +1,12 @@
 """Every ```python block of README.md and docs/*.md runs: the blocks of one page in order, in
-one fresh interpreter (a page may register a method; it must not leak into other tests), from
-a folder outside the checkout. A block that cannot run here is marked on the line above it
+a process of its own that starts as a fresh interpreter does (a page may register a method;
+it must not leak into other tests; :mod:`tests.preloaded`), from a folder outside the
+checkout. A block that cannot run here is marked on the line above it
 with ``<!-- docs-test: skip (reason) -->`` and reported as a skipped test with that reason."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,13 +67,10 @@ def test_the_pages_have_python_blocks_and_no_stray_skip_marks():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUN_PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_python_blocks_of_the_page_run(page: Path, tmp_path: Path):
+def test_python_blocks_of_the_page_run(page: Path, tmp_path: Path, preloaded_python):
     script = "".join(f"# --- {b.where}\n{b.code}" for b in BLOCKS
                      if b.page == page and b.skip_reason is None)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-           "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = preloaded_python.run(script, tmp_path)
     assert done.returncode == 0, f"{page.name}'s python blocks failed:\n{done.stderr[-4000:]}"
 
 

@@ -11,9 +11,10 @@ resolution (the patch grid), not upsampled to the pixels.
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 import torch.nn.functional as F
-from pytorch_grad_cam import GradCAM
 from torch import Tensor, nn
 
 from otviz.explainers.base import PhraseExplainer, register_explainer
@@ -42,14 +43,21 @@ class SimilarityTarget:
         return (output * self.text.to(output)).sum(-1)
 
 
-class _LayerGridCAM(GradCAM):
+@cache
+def layer_grid_cam() -> type:
     """The library's Grad-CAM, its map left at the target layer's resolution instead of the
     input image's: the size is read off the activation the call's forward recorded (after
-    the reshape), so no extra forward measures it."""
+    the reshape), so no extra forward measures it. The class is made on first use: the
+    library loads scikit-learn and SciPy when imported (1.1 s), which a process that never
+    runs Grad-CAM (the command line, most of the app's clicks) does not pay."""
+    from pytorch_grad_cam import GradCAM
 
-    def get_target_width_height(self, input_tensor: Tensor) -> tuple[int, int]:
-        h, w = self.activations_and_grads.activations[-1].shape[-2:]
-        return int(w), int(h)
+    class LayerGridCAM(GradCAM):
+        def get_target_width_height(self, input_tensor: Tensor) -> tuple[int, int]:
+            h, w = self.activations_and_grads.activations[-1].shape[-2:]
+            return int(w), int(h)
+
+    return LayerGridCAM
 
 
 @register_explainer
@@ -65,7 +73,7 @@ class GradCamExplainer(PhraseExplainer):
         with HOOKS, torch.enable_grad():
             model = private_model(self.model)
             target = cam_target(model.visual)
-            cam = _LayerGridCAM(ImageEmbedding(model), [target.layer], target.reshape)
+            cam = layer_grid_cam()(ImageEmbedding(model), [target.layer], target.reshape)
             try:
                 # a leaf input that needs its gradient: the hooks fire on a frozen model too
                 maps = cam(pixels.detach().requires_grad_(True),

@@ -59,6 +59,7 @@ from otviz.ui.phrase_grids import (
     pair_token,
     prefetch_payload,
 )
+from otviz.ui.plots import FigurePlot
 from otviz.ui.trust_panel import build_trust_panel
 from otviz.viz.mass import displayable_mass, negative_mass, negative_mass_note
 from otviz.viz.panels import compose_heatmaps
@@ -741,7 +742,7 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
         with gr.Column(scale=3):
             method = gr.Dropdown(method_choices(), value=DEFAULT_METHOD, label="Method",
                                  elem_id="align-method")
-            plan = gr.Plot(label="Transport plan", elem_id="align-plan")
+            plan = FigurePlot(label="Transport plan", elem_id="align-plan")
         with gr.Column(scale=2):
             token = gr.Dropdown(label="Token (its plan column on the image)", choices=[])
             token_map = gr.Image(
@@ -753,10 +754,10 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
             label="Patch marginals vs mu", format=RASTER_FORMAT, interactive=False,
             elem_id="align-patch-marginals",
         )
-        token_marginals = gr.Plot(label="Token marginals vs nu", elem_id="align-token-marginals")
+        token_marginals = FigurePlot(label="Token marginals vs nu", elem_id="align-token-marginals")
     scores = gr.Dataframe(label="Scores per method", interactive=False, elem_id="align-scores")
     with gr.Row():
-        convergence = gr.Plot(label="Solver convergence", elem_id="align-convergence")
+        convergence = FigurePlot(label="Solver convergence", elem_id="align-convergence")
         with gr.Column():
             prepare = gr.Button("Prepare downloads")
             files = gr.File(label="Downloads", file_count="multiple")

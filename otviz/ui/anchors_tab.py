@@ -29,6 +29,7 @@ from otviz.ui.context import COMMON_CONCEPTS, EMBEDDED, AppContext, SharedInputs
 from otviz.ui.downloads import PendingDownloads
 from otviz.ui.events import offer_downloads
 from otviz.ui.inputs import user_errors
+from otviz.ui.plots import FigurePlot
 from otviz.viz.anchors import (
     PROJECTIONS,
     affinity_figure,
@@ -253,11 +254,11 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
             run = gr.Button("Show anchors", variant="primary")
             summary = gr.Markdown()
         with gr.Column(scale=2):
-            matrix_plot = gr.Plot(label="Anchor-anchor cosine", elem_id="anchors-matrix")
-            affinity_plot = gr.Plot(label="Anchor-word affinity")
+            matrix_plot = FigurePlot(label="Anchor-anchor cosine", elem_id="anchors-matrix")
+            affinity_plot = FigurePlot(label="Anchor-word affinity")
     with gr.Row():
-        maps_plot = gr.Plot(label="Anchor maps on the image", elem_id="anchors-maps")
-        scatter_plot = gr.Plot(label="Anchors and words, 2-D map")
+        maps_plot = FigurePlot(label="Anchor maps on the image", elem_id="anchors-maps")
+        scatter_plot = FigurePlot(label="Anchors and words, 2-D map")
     table = gr.Dataframe(
         headers=["anchor", "top words (cosine)", "best cosine"], label="Top words per anchor"
     )

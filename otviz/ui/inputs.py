@@ -221,7 +221,7 @@ def decode_upload(payload: Any) -> np.ndarray | None:
 
 
 @contextlib.contextmanager
-def _no_type_stub() -> Iterator[None]:
+def no_type_stub() -> Iterator[None]:
     """Gradio writes a ``.pyi`` stub next to the module of every component class it sees
     defined; the app's component subclasses need none."""
     write = gradio.component_meta.create_or_modify_pyi
@@ -232,7 +232,7 @@ def _no_type_stub() -> Iterator[None]:
         gradio.component_meta.create_or_modify_pyi = write
 
 
-with _no_type_stub():
+with no_type_stub():
 
     class CheckedImage(gr.Image):
         """The app's image input: every upload goes through :func:`decode_upload` instead

@@ -28,6 +28,7 @@ from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import PendingDownloads
 from otviz.ui.events import offer_downloads, on_edit
 from otviz.ui.inputs import user_errors
+from otviz.ui.plots import FigurePlot
 from otviz.viz.regions import best_subset_figure, regions_figure
 from otviz.viz.trees import tree_figure
 
@@ -238,10 +239,10 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
         with gr.Column(scale=2):
             note = gr.Markdown()
     # full width: a long caption's tree stays legible
-    tree_plot = gr.Plot(label="Constituency tree", elem_id="phrases-tree")
+    tree_plot = FigurePlot(label="Constituency tree", elem_id="phrases-tree")
     with gr.Row():
-        regions_plot = gr.Plot(label="Region masks", elem_id="phrases-regions")
-        subset_plot = gr.Plot(label="Best-matching regions of the phrase")
+        regions_plot = FigurePlot(label="Region masks", elem_id="phrases-regions")
+        subset_plot = FigurePlot(label="Best-matching regions of the phrase")
     # wrapped cells: every column fits the page's width
     summary = gr.Dataframe(headers=SUMMARY_HEADERS, label="Exact powerset vs NLA", wrap=True)
     per_node = gr.Dataframe(headers=NODE_HEADERS, label="Best region subset per node",

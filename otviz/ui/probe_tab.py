@@ -35,6 +35,7 @@ from otviz.ui.downloads import PendingDownloads
 from otviz.ui.events import offer_downloads
 from otviz.ui.examples import EXAMPLES_DIR
 from otviz.ui.inputs import user_errors
+from otviz.ui.plots import FigurePlot
 from otviz.viz.probe import probe_accuracy_figure, probe_scores_figure, win_matrix_figure
 from otviz.world.vocab import SEEN_PAIRS
 
@@ -450,16 +451,16 @@ def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
             batch = gr.Button("Batch: probe accuracy over the examples gallery")
             summary = gr.Markdown()
         with gr.Column(scale=2):
-            bars = gr.Plot(label="Scores per method", elem_id="probe-bars")
+            bars = FigurePlot(label="Scores per method", elem_id="probe-bars")
     # full width: every column of the long captions fits the page
     captions = gr.Dataframe(headers=CAPTION_COLUMNS, label="Captions", wrap=True,
                             interactive=False, column_widths=["12%", "12%", "46%", "30%"])
     with gr.Row():
-        matrix = gr.Plot(label="Win / lose matrix")
+        matrix = FigurePlot(label="Win / lose matrix")
         scores = gr.Dataframe(headers=SCORE_COLUMNS, label="Scores", interactive=False,
                            wrap=True)
     with gr.Row():
-        batch_plot = gr.Plot(label="Batch: accuracy per category")
+        batch_plot = FigurePlot(label="Batch: accuracy per category")
         with gr.Column():
             batch_summary = gr.Markdown()
             batch_table = gr.Dataframe(label="Batch: accuracy", interactive=False)

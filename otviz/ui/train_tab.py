@@ -24,6 +24,7 @@ from otviz.train.loop import ENCODING
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.inputs import CheckedFile, user_errors
+from otviz.ui.plots import FigurePlot
 from otviz.ui.train_jobs import (
     FOLDER,
     WORLD,
@@ -261,8 +262,8 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
         with gr.Column(scale=2):
             bar = gr.HTML(elem_id="train-progress")
             status = gr.Markdown()
-            curves = gr.Plot(label="Loss curves (live)", elem_id="train-curves")
-    metrics_plot = gr.Plot(label="End-of-run metrics", elem_id="train-metrics")
+            curves = FigurePlot(label="Loss curves (live)", elem_id="train-curves")
+    metrics_plot = FigurePlot(label="End-of-run metrics", elem_id="train-metrics")
     # full width: all its columns fit the page
     metrics = gr.Dataframe(headers=METRIC_COLUMNS, label="End-of-run metrics", wrap=True,
                            interactive=False)

@@ -14,6 +14,7 @@ from otviz.explain import Explainer
 from otviz.grounding import heatmap_boxes, patch_box_to_pixels
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.inputs import user_errors
+from otviz.ui.plots import FigurePlot
 from otviz.viz.heatmaps import heatmap_grid_figure, word_similarity_figure
 from otviz.viz.style import SIMILARITY_CMAP
 
@@ -64,9 +65,9 @@ def build_words_tab(ctx: AppContext, shared: SharedInputs) -> None:
         with gr.Column(scale=1):
             run = gr.Button("Show word heatmaps", variant="primary")
             picker = gr.CheckboxGroup(label="Words of the phrase", choices=[])
-            phrase_plot = gr.Plot(label="Phrase heatmap")
+            phrase_plot = FigurePlot(label="Phrase heatmap")
         with gr.Column(scale=2):
-            grid_plot = gr.Plot(label="Per-word heatmaps", elem_id="words-grid")
+            grid_plot = FigurePlot(label="Per-word heatmaps", elem_id="words-grid")
     gr.Markdown(HOW_TO_READ)
 
     @user_errors

@@ -35,6 +35,7 @@ from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import PendingDownloads
 from otviz.ui.events import offer_downloads
 from otviz.ui.inputs import CheckedFile, fit_image, user_errors
+from otviz.ui.plots import FigurePlot
 from otviz.ui.upload_cache import discarded_if_refused
 from otviz.viz.zeroshot import accuracy_bars_figure, message_figure, selective_curve_figure
 from otviz.world import ClassificationView, long_tailed_counts
@@ -365,8 +366,8 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
             run = gr.Button("Classify", variant="primary")
     summary = gr.Markdown()
     with gr.Row():
-        acc_plot = gr.Plot(label="Accuracy per rule", elem_id="zeroshot-accuracy")
-        sel_plot = gr.Plot(label="Selective accuracy vs coverage")
+        acc_plot = FigurePlot(label="Accuracy per rule", elem_id="zeroshot-accuracy")
+        sel_plot = FigurePlot(label="Selective accuracy vs coverage")
     table = gr.Dataframe(label="Predictions per image", interactive=False, wrap=True)
     gallery = gr.Gallery(label="Images and predictions", columns=8, height=320)
     downloads = gr.File(label="Downloads (PNG, CSV, JSON)", file_count="multiple",

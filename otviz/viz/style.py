@@ -49,14 +49,38 @@ def new_figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), dpi=dpi, layout="constrained")
 
 
-def figure_png(fig: Figure) -> bytes:
-    """Render ``fig`` to PNG bytes."""
+#: WebP settings of the app's figures: PIL's fastest method (0) at its default quality. The
+#: default method (4) took three times as long to encode a 9-panel bar figure (74 ms
+#: against 22 ms) for a file 25 % smaller.
+WEBP_OPTIONS = {"method": 0, "quality": 80}
+
+
+def settle_layout(fig: Figure) -> None:
+    """Run ``fig``'s layout engine (constrained layout) once and keep its result. ``savefig``
+    on a figure that still has the engine draws the whole figure twice: once without pixels
+    for the layout, once for the pixels; after this it draws once. The pixels are the
+    same."""
+    engine = fig.get_layout_engine()
+    if engine is not None:
+        engine.execute(fig)
+        fig.set_layout_engine("none")
+
+
+def figure_bytes(fig: Figure, fmt: str = "png") -> bytes:
+    """``fig`` rendered to ``fmt`` (``"png"`` or ``"webp"``, :data:`WEBP_OPTIONS`), its
+    layout run once (:func:`settle_layout`)."""
+    settle_layout(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    fig.savefig(buf, format=fmt, pil_kwargs=WEBP_OPTIONS if fmt == "webp" else None)
     return buf.getvalue()
 
 
+def figure_png(fig: Figure) -> bytes:
+    """Render ``fig`` to PNG bytes."""
+    return figure_bytes(fig, "png")
+
+
 __all__ = [
-    "DIVERGING_CMAP", "FONT_FAMILY", "HEAT_CMAP", "SIMILARITY_CMAP", "drawable", "figure_png",
-    "new_figure", "plt",
+    "DIVERGING_CMAP", "FONT_FAMILY", "HEAT_CMAP", "SIMILARITY_CMAP", "WEBP_OPTIONS", "drawable",
+    "figure_bytes", "figure_png", "new_figure", "plt", "settle_layout",
 ]

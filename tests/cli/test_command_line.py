@@ -5,7 +5,6 @@ documented ``otviz explain --example 0`` runs from the package's own data."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,20 +14,24 @@ import pytest
 from otviz.cli import COMMANDS
 from otviz.knobs import METHOD_NAMES
 from otviz.ui.examples import load_examples
-from tests.helpers import ROOT
+from tests.helpers import child_env
 
 HEAVY = ("torch", "open_clip", "gradio")
 
 
 def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg",
-           "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+    """``python -c code`` in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=child_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def otviz_call(argv: list[str]) -> str:
+    return f"import sys; from otviz.cli import main; sys.exit(main({argv!r}))"
 
 
 def run_otviz(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return run_python(f"import sys; from otviz.cli import main; sys.exit(main({argv!r}))", cwd)
+    """``otviz argv`` in a fresh interpreter."""
+    return run_python(otviz_call(argv), cwd)
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)],
@@ -129,18 +132,20 @@ def test_commands_log_ours_at_info_and_other_libraries_from_warning(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_explain_runs_on_a_shipped_example(tmp_path: Path) -> None:
-    done = run_otviz(["explain", "--example", "0", "--out", "fig.png"], tmp_path)
+def test_explain_runs_on_a_shipped_example(tmp_path: Path, preloaded_python) -> None:
+    done = preloaded_python.run(otviz_call(["explain", "--example", "0", "--out", "fig.png"]),
+                                tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "wrote fig.png\n"
     assert (tmp_path / "fig.png").stat().st_size > 0
 
 
 @pytest.mark.slow
-def test_train_logs_its_own_lines_but_not_open_clips(tmp_path: Path) -> None:
-    done = run_otviz(["train", "--method", "filip", "--n-train", "8", "--batch-size", "4",
-                      "--max-steps", "1", "--concept-dim", "16", "--threads", "1", "--quiet",
-                      "--out", "run", "--cache-dir", "cache"], tmp_path)
+def test_train_logs_its_own_lines_but_not_open_clips(tmp_path: Path, preloaded_python) -> None:
+    done = preloaded_python.run(otviz_call(
+        ["train", "--method", "filip", "--n-train", "8", "--batch-size", "4", "--max-steps",
+         "1", "--concept-dim", "16", "--threads", "1", "--quiet", "--out", "run",
+         "--cache-dir", "cache"]), tmp_path)
     assert done.returncode == 0, done.stderr
     assert "filip: local loss local_contrastive" in done.stderr  # otviz's INFO line
     assert "No potential checkpoint" not in done.stderr  # open_clip's, on the root logger

@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass
 from types import ModuleType
 
 import numpy as np
-from scipy import stats
 
 from otviz.errors import UserInputError
 from otviz.eval.trust.adapter import HeatmapSource, PhraseScorer
@@ -152,6 +151,8 @@ def _rank_similarity(a: np.ndarray, b: np.ndarray) -> float:
         return 1.0
     if flat_a or flat_b:
         return 0.0
+    from scipy import stats  # here, not at import: the app's start does not pay its ~1 s
+
     return float(stats.spearmanr(a, b).statistic)
 
 
