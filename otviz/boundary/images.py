@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import warnings
 from pathlib import Path
 
@@ -34,6 +35,14 @@ _DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFE
 _WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 #: The full scale of an integer image wider than 8 bits (16-bit PNG, TIFF).
 _SIXTEEN_BIT = 65535
+
+#: Held while a header is opened with Pillow's DecompressionBombWarning silenced:
+#: ``warnings.catch_warnings`` saves the filters on entry and puts them back on exit, so two
+#: threads in it at once (the served app opens uploads on several) could put back filters
+#: without the other's silencing while it opened a 144 MP header, and the warning escaped
+#: (the hostile catalogue, fresh-clone run of seed 320689041). Opening a header takes
+#: microseconds to a few milliseconds; the pixels are decoded outside the lock.
+_SILENCED_OPEN = threading.Lock()
 
 
 class ImageInputError(InputError):
@@ -74,7 +83,7 @@ def _source_name(source: str | os.PathLike | bytes | bytearray, name: str | None
 def _opened(source: str | os.PathLike | bytes | bytearray, shown: str) -> Image.Image:
     """The image at ``source`` opened lazily (header parsed, pixels not decoded yet)."""
     try:
-        with warnings.catch_warnings():  # our limit is below Pillow's warning
+        with _SILENCED_OPEN, warnings.catch_warnings():  # our limit is below Pillow's warning
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             if isinstance(source, (bytes, bytearray)):
                 return Image.open(io.BytesIO(bytes(source)))

@@ -10,7 +10,9 @@ import json
 import os
 import struct
 import tempfile
+import warnings
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +65,25 @@ def test_the_pixel_limit_is_read_from_the_header(tmp_path):
             call(mid)
     side = int(MAX_IMAGE_PIXELS ** 0.5)
     assert header_size(png_header(side, side)) == (side, side)
+
+
+def test_a_header_over_pillows_warning_is_refused_without_a_warning_on_any_thread():
+    """The served app opens uploads on several threads: a 144 MP header (over Pillow's
+    warning at 89 MP, under its error at 179 MP) opened on eight at once is refused as too
+    large, and Pillow's warning is silenced on every thread."""
+    bomb = png_header(12_000, 12_000)
+
+    def open_bombs() -> None:
+        for _ in range(50):
+            with pytest.raises(ImageInputError, match="too large"):
+                header_size(bomb, "bomb.png")
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", Image.DecompressionBombWarning)
+        with ThreadPoolExecutor(8) as pool:
+            for done in [pool.submit(open_bombs) for _ in range(8)]:
+                done.result()
+    assert not [w for w in seen if issubclass(w.category, Image.DecompressionBombWarning)]
 
 
 @pytest.mark.parametrize("width, height", [(20000, 1), (1, 20000), (16384, 2), (2, 16384),
