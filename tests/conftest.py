@@ -35,14 +35,20 @@ if TYPE_CHECKING:
     from tests.preloaded import PreloadedPython
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """What collection imported (torch, open_clip, Gradio, every test module: about a million
-    objects) lives as long as the test process: it is frozen out of the garbage collector's
-    full scans, as the served app freezes what its start-up built
-    (``otviz.ui.app.freeze_startup_heap``). Without it the scans took about a tenth of the
-    CPU of the tests on the served app."""
+def freeze_heap() -> None:
+    """Collect what is garbage, then take every object left out of the garbage collector's
+    full scans, as the served app does with what its start-up built
+    (``otviz.ui.app.freeze_startup_heap``, not imported here: the controller process loads
+    this file too)."""
     gc.collect()
     gc.freeze()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported (torch, open_clip, Gradio, every test module: about a million
+    objects) lives as long as the test process: frozen (:func:`freeze_heap`). Without it the
+    scans took about a tenth of the CPU of the tests on the served app."""
+    freeze_heap()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -51,8 +57,7 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
     run too: frozen once built, like collection's (:func:`pytest_collection_finish`)."""
     yield
     if fixturedef.scope == "session":
-        gc.collect()
-        gc.freeze()
+        freeze_heap()
 
 
 @dataclass

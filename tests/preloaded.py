@@ -34,6 +34,7 @@ def run(job):
     os.environ.update(job["env"])
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
+    os.close(null)
     for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(out, fd)
@@ -44,10 +45,12 @@ def run(job):
     try:
         exec(compile(job["code"], "<string>", "exec"), main.__dict__)
         code = 0
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
-        if not isinstance(stop.code, int) and stop.code is not None:
+    except SystemExit as stop:  # as the interpreter ends: a number, None (0) or a message (1)
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
             print(stop.code, file=sys.stderr)
+            code = 1
     except BaseException as error:  # the traceback from the run's code, as python -c prints it
         traceback.print_exception(type(error), error, error.__traceback__.tb_next)
         code = 1
