@@ -24,7 +24,7 @@ TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 QUANTUS ?= quantus==0.6.0
 export HF_HUB_OFFLINE ?= 1
 export GRADIO_ANALYTICS_ENABLED := False
-CHROMIUM ?= /usr/bin/chromium
+CHROMIUM ?= /usr/bin/chromium-headless-shell
 
 .PHONY: demo test install browser screenshots lint bench remake clean docs package-check
 
@@ -43,25 +43,30 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/python app.py
 
-# Chromium for tests/test_browser.py: apt as root; otherwise say how (the tests then skip,
-# or fail where OTVIZ_REQUIRE_BROWSER=1, as in CI)
+# Chromium for tests/test_browser.py: its headless shell (Debian's chromium-headless-shell,
+# lighter than the full browser) by apt as root; where that cannot be had, the tests take
+# Debian's full chromium if present; otherwise say how (the tests then skip, or fail where
+# OTVIZ_REQUIRE_BROWSER=1, as in CI)
 browser:
 	@if [ -x "$(CHROMIUM)" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing chromium (Debian package) for the browser tests"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		echo "installing chromium-headless-shell (Debian package) for the browser tests"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			chromium-headless-shell >/dev/null) || [ -x /usr/bin/chromium ]; \
 	else \
-		echo "chromium is missing: run 'sudo apt-get install -y chromium' (Debian/Ubuntu) for the browser tests; they skip without it"; \
+		echo "chromium-headless-shell is missing: run 'sudo apt-get install -y chromium-headless-shell' (Debian/Ubuntu) for the browser tests; they skip without a Chromium"; \
 	fi
 
 # the suite in a random order (pytest-randomly) on TEST_WORKERS processes (pytest-xdist; the
-# idle worker takes tests from the busy one); `make test SEED=N` replays the order of seed N
+# idle worker takes tests from the busy one); `make test SEED=N` replays the order of seed N.
+# Compiled modules are written (PYTHONDONTWRITEBYTECODE emptied where the machine sets it),
+# so the processes the suite starts read otviz's bytecode instead of compiling it each time
 TEST_WORKERS ?= 2
 test: install browser
 	$(BIN)/ruff check otviz tests app.py benchmarks
 	@seed=$${SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
 	echo "pytest: random order seed $$seed (replay: make test SEED=$$seed)"; \
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -p randomly --durations=10 \
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -p randomly --durations=10 \
 		--randomly-seed=$$seed tests
 	$(MAKE) --no-print-directory docs package-check
 

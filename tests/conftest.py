@@ -78,6 +78,17 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
+def app_context() -> AppContext:
+    """The app's context on the shipped checkpoint (:func:`tests.helpers.app_context`), one
+    per test process for the tests that only read it: what it loads and calibrates (backbone,
+    suites, the world-distance calibration: seconds of CPU) is built once. The served app
+    (:func:`live_app`) has its own, since its Train view adds picker entries."""
+    from tests.helpers import app_context
+
+    return app_context()
+
+
+@pytest.fixture(scope="session")
 def live_app(tmp_path_factory) -> LiveApp:
     """``otviz.ui.app.build_app`` on the embedded checkpoint, queued and limited as
     :func:`launch` does, on 127.0.0.1 and a free port; training runs, Browse's unpacked

@@ -145,11 +145,34 @@ def gradio_cache_files() -> set[Path]:
 PLAIN_HTTP = {"verify": False}
 
 
+#: How long a call of :func:`api_client`'s client waits for its event stream to close.
+STREAM_CLOSE_S = 30.0
+
+
 def api_client(url: str) -> Client:
-    """A gradio_client of the app served at ``url`` (returns paths, downloads no file)."""
+    """A gradio_client of the app served at ``url`` (returns paths, downloads no file) whose
+    calls, one after another, each start once the last one's event stream has closed.
+
+    The server closes a session's stream (``close_stream``) right after the last pending
+    event's result; gradio_client's reader sees that after the call has returned. A call
+    sent in between is registered on the closing stream, the reader then ends it with
+    ``CancelledError`` and its result is never read (seen once in the hostile catalogue,
+    on a loaded machine). Waiting for the close before the next call leaves no such
+    window."""
+    import time
+
     from gradio_client import Client
 
-    return Client(url, verbose=False, download_files=False, ssl_verify=False)
+    class SequentialClient(Client):
+        def predict(self, *args, **kwargs):
+            try:
+                return super().predict(*args, **kwargs)
+            finally:
+                deadline = time.monotonic() + STREAM_CLOSE_S
+                while getattr(self, "stream_open", False) and time.monotonic() < deadline:
+                    time.sleep(0.002)
+
+    return SequentialClient(url, verbose=False, download_files=False, ssl_verify=False)
 
 
 def upload(url: str, name: str, content: bytes | BinaryIO) -> str:

@@ -10,14 +10,14 @@ from gradio_client import Client
 
 from otviz.ui.context import AppContext
 from otviz.ui.examples import load_examples
-from tests.helpers import api_client, app_context
+from tests.helpers import api_client
 
 
 @pytest.fixture(scope="session")
-def ctx() -> AppContext:
-    """Built once per test process (its backbone, suites and world calibration cost seconds):
-    the views read it and no test adds to it (a test that adds head sets builds its own)."""
-    return app_context()
+def ctx(app_context) -> AppContext:
+    """The test process's :func:`tests.conftest.app_context`: the views read it and no test
+    adds to it (a test that adds head sets builds its own)."""
+    return app_context
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import gradio as gr
+import httpx
 import pytest
 import torch
 from gradio_client import handle_file
@@ -32,6 +33,7 @@ from otviz.ui.context import (
     find_heads,
     remote_models,
 )
+from tests.helpers import PLAIN_HTTP
 
 HOW_TO_READ = "**How to read this view.**"
 
@@ -141,6 +143,24 @@ def test_callbacks_work_together_on_one_server(client, example, live_app):
     assert phrases[0]["choices"] and "parser" in phrases[6]
     probe = client.predict(img, caption, checkpoint, "", 0.5, api_name="/probe")
     assert "true" in json.dumps(probe[1])
+
+
+def test_no_monitoring_page_and_no_summary_rebuilt_per_event(client, example, live_app,
+                                                             monkeypatch):
+    """Gradio's monitoring pages are off on the served app (its summary lists every event's
+    timings to anyone), and no event rebuilds that summary (a pandas table of up to 10,000
+    events, after every event)."""
+    from gradio.queueing import Queue
+
+    for path in ("monitoring", "monitoring/summary"):
+        response = httpx.get(f"{live_app.url}{path}", timeout=30, **PLAIN_HTTP)
+        assert response.status_code == 403, (path, response.status_code)
+    tables = []
+    monkeypatch.setattr(Queue, "_get_df", staticmethod(lambda records: tables.append(records)))
+    client.predict(handle_file(example[0]), example[1], live_app.ctx.checkpoint_choices()[0],
+                   api_name="/words")
+    assert tables == []
+    assert live_app.blocks._queue.event_analytics  # the events are still recorded
 
 
 @pytest.mark.parametrize(
