@@ -13,7 +13,6 @@ import hashlib
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import torch
 from open_clip.tokenizer import SimpleTokenizer
 from torch import Tensor
 
+from otviz.worker_processes import worker_context
 from otviz.world import NEGATIVE_CATEGORIES, Sample, World, WorldConfig
 
 _CHUNK = 2048  # samples rendered before stacking
@@ -78,7 +78,7 @@ def render_split_parallel(
     workers = max(1, min(workers, n))
     if workers == 1:
         return render_split(split, n, seed, context_length, config)
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(workers, mp_context=worker_context()) as pool:
         shards = [pool.submit(render_split, split, n, seed, context_length, config,
                               shard=(k, workers)) for k in range(workers)]
         parts = [shard.result() for shard in shards]

@@ -28,7 +28,6 @@ import queue as queue_module
 import shlex
 import socket
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -62,6 +61,7 @@ from otviz.tiny_clip import (
 from otviz.train.local_alignment import content_mask, encode_with_tokens, filip_loss
 from otviz.train.pretrain_config import PretrainConfig
 from otviz.train.pretrain_state import TrainingState
+from otviz.worker_processes import exit_with_parent, worker_context
 from otviz.world import World, WorldConfig, ambiguous_caption_share, retrieval_ceiling
 
 Progress = Callable[[int, int, dict[str, float]], None]
@@ -125,7 +125,7 @@ def pretrain(config: PretrainConfig, progress: Progress | None = None) -> dict[s
     checkpoint in ``config.out`` unless it is empty). ``progress(step, total, log_entry)`` is
     called after every step.
 
-    With ``processes > 1`` the work is data-parallel over that many spawned processes (one
+    With ``processes > 1`` the work is data-parallel over that many worker processes (one
     CPU core each at ``threads=1``, which on small matrices scales far better than threads
     inside one process): each renders its share of the training set and embeds its share
     of every batch; the contrastive loss is taken over the whole gathered batch and the
@@ -197,9 +197,10 @@ class _Group:
 
 
 def _spawn(config: PretrainConfig, progress: Progress | None) -> dict[str, Any]:
-    """Run :func:`_worker` in ``config.processes`` spawned processes; relay rank 0's
-    progress and return its result."""
-    ctx = torch.multiprocessing.get_context("spawn")
+    """Run :func:`_worker` in ``config.processes`` worker processes
+    (:func:`~otviz.worker_processes.worker_context`); relay rank 0's progress and return
+    its result."""
+    ctx = worker_context()
     queue = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, config, port, queue, os.getpid()), daemon=True)
@@ -229,20 +230,8 @@ def _spawn(config: PretrainConfig, progress: Progress | None) -> dict[str, Any]:
                 p.terminate()
 
 
-def _exit_with_parent(parent: int) -> None:
-    """End this process when the process that spawned it is gone (a stopped run must not
-    leave its workers training on; they hold no state that the next run needs)."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def _worker(rank: int, config: PretrainConfig, port: int, queue: Any, parent: int) -> None:
-    _exit_with_parent(parent)
+    exit_with_parent(parent)  # its workers hold no state that the next run needs
     torch.set_num_threads(config.threads)
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

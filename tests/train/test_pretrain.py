@@ -253,11 +253,10 @@ def _grad_worker(rank: int, port: int, queue) -> None:
 
 def test_data_parallel_step_equals_full_batch_step():
     """Gathered embeddings + summed gradients over 2 processes == one full-batch step."""
-    import torch.multiprocessing as mp
-
     from otviz.train.pretrain import _free_port
+    from otviz.worker_processes import worker_context
 
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()
     queue = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_grad_worker, args=(r, port, queue)) for r in range(2)]
