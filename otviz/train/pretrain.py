@@ -495,7 +495,7 @@ def world_version(config: WorldConfig | None = None, per_split: int = 16) -> str
 
 
 if __name__ == "__main__":
-    # the ``otviz pretrain`` command, run through the package module so that spawned
+    # the ``otviz pretrain`` command, run through the package module so that worker
     # processes find its functions by name
     from otviz.cli import main
 
