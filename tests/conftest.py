@@ -118,7 +118,6 @@ def live_app(tmp_path_factory) -> LiveApp:
     app.close()
 
 
-
 @pytest.fixture(scope="session")
 def preloaded_python() -> PreloadedPython:
     """``python -c`` runs forked from an interpreter with torch and open_clip imported
@@ -129,4 +128,3 @@ def preloaded_python() -> PreloadedPython:
     python = PreloadedPython(child_env())
     yield python
     python.close()
-
