@@ -45,6 +45,7 @@ from otviz.text.tokenizers import word_tokenizer
 from otviz.text.tokens import TokenBatch, TokenizationError
 from otviz.text.words import Word
 from otviz.tiny_clip import DEFAULT_CHECKPOINT, load_tiny_clip
+from otviz.token_geometry import TokenGeometry
 from otviz.towers import BackboneLoadError, image_tower, text_tower
 
 Space = Literal["width", "projected"]
@@ -222,6 +223,13 @@ class Backbone:
         return self.text_tower.token_embeddings
 
     # ----------------------------------------------------------------- features
+    def geometry_on(self, width: int, height: int) -> TokenGeometry:
+        """Where each token looks on a ``width x height`` picture: the tower's token geometry
+        (:attr:`otviz.towers.base.ImageTower.geometry`) carried through the preprocessing's
+        resize and crop (:meth:`otviz.token_geometry.TokenGeometry.on_image`)."""
+        preprocess = getattr(self.model.visual, "preprocess_cfg", None)
+        return self.image_tower.geometry.on_image(width, height, preprocess)
+
     def image_tensor(self, images: list[ImageInput]) -> Tensor:
         """``[B, 3, H, W]`` model input from any images (see :func:`to_rgb`)."""
         if not images:

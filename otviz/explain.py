@@ -21,10 +21,11 @@ from otviz.boundary.images import ImageInput, to_rgb
 from otviz.boundary.text import MAX_CAPTION_CHARS, check_caption  # noqa: F401 (re-exported)
 from otviz.errors import InputError  # noqa: F401 (re-exported: the views import it here)
 from otviz.methods import Alignment, PairBatch
-from otviz.regions import cell_layout, grid_cells, patch_means, random_boxes, segments
+from otviz.regions import cell_layout, grid_cells, random_boxes, segments
 from otviz.suite import MethodSuite
 from otviz.text.parse import ParseResult, batch_node_masks, parse_caption
 from otviz.text.words import Word
+from otviz.token_geometry import TokenGeometry
 
 
 class NotComputedError(InputError):
@@ -49,6 +50,8 @@ class Encoded:
         features: the backbone's features of the pair (batch of one).
         parse: the caption's constituency tree and the parser that made it.
         key: the cache key of the pair.
+        geometry: where each image token looks on ``image`` (the tower's token geometry
+            through the preprocessing's resize and crop): what every view draws with.
     """
 
     image: np.ndarray
@@ -56,6 +59,7 @@ class Encoded:
     features: TokenFeatures
     parse: ParseResult
     key: tuple[str, str]
+    geometry: TokenGeometry
 
     @property
     def words(self) -> list[Word]:
@@ -103,8 +107,8 @@ def region_masks(encoded: Encoded, kind: str, n_regions: int = 9, seed: int = 0)
     if kind == "boxes":
         return random_boxes(grid, n_regions, seed=seed)
     if kind == "segments":
-        pixels = torch.tensor(encoded.image).permute(2, 0, 1).float() / 255
-        return segments(patch_means(pixels, grid), grid, n_regions)
+        pixels = torch.tensor(encoded.image).permute(2, 0, 1).double() / 255
+        return segments(encoded.geometry.pool(pixels).T, grid, n_regions)
     raise InputError(f"unknown region kind {kind!r}; choose one of {REGION_KINDS}")
 
 
@@ -159,7 +163,8 @@ class Explainer:
         features = self.backbone.encode([rgb], [caption])
         if not features.words[0] or not bool(features.token_mask.any()):
             raise InputError("the caption has no words the model can read")
-        encoded = Encoded(rgb, caption, features, parse_caption(caption), key)
+        geometry = self.backbone.geometry_on(rgb.shape[1], rgb.shape[0])
+        encoded = Encoded(rgb, caption, features, parse_caption(caption), key, geometry)
         self._store(self._cache, key, encoded, self.cache_size)
         return encoded
 

@@ -1,53 +1,60 @@
 """Weak phrase grounding from a patch heatmap (ConceptOT Sec. 2.6): threshold the heatmap
-and take the enclosing patch envelope as a box."""
+and take the envelope of the kept tokens' cells as a pixel box. Where the cells lie is the
+tower's token geometry (:class:`otviz.token_geometry.TokenGeometry`), one per heatmap row
+or one for all."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+from otviz.token_geometry import TokenGeometry
 
-def heatmap_boxes(heat: Tensor, grid: tuple[int, int], threshold: float = 0.5) -> Tensor:
-    """Enclosing box of the patches whose heat is at least ``threshold * max``.
+#: One geometry for every heatmap row, or one per row (pictures of different sizes).
+Geometries = TokenGeometry | Sequence[TokenGeometry]
+
+
+def per_row(geometry: Geometries, n: int) -> list[TokenGeometry]:
+    """``n`` geometries: ``geometry`` repeated, or the sequence checked to hold ``n``."""
+    if isinstance(geometry, TokenGeometry):
+        return [geometry] * n
+    rows = list(geometry)
+    if len(rows) != n:
+        raise ValueError(f"{n} heatmaps but {len(rows)} token geometries")
+    return rows
+
+
+def token_centres(geometry: Geometries, n: int) -> Tensor:
+    """``[n, N, 2]`` float64 ``(x, y)`` centres of each row's tokens."""
+    if isinstance(geometry, TokenGeometry):
+        return geometry.centres()[None].expand(n, -1, -1)
+    return torch.stack([g.centres() for g in per_row(geometry, n)])
+
+
+def kept_tokens(heat: Tensor, threshold: float = 0.5) -> Tensor:
+    """``[B, N]`` bool: the tokens whose heat is at least ``threshold * max`` of their row;
+    negative values (a signed plan's) count as no heat, so an all-zero (or all-negative)
+    row keeps every token."""
+    maps = heat.detach().clamp_min(0.0)
+    peak = maps.amax(dim=1, keepdim=True)
+    return maps >= threshold * peak
+
+
+def heatmap_boxes(heat: Tensor, geometry: Geometries, threshold: float = 0.5) -> Tensor:
+    """``[B, 4]`` float64 pixel boxes ``(x0, y0, x1, y1)``, half-open: the envelope of the
+    cells of the tokens :func:`kept_tokens` keeps (an all-zero heatmap: the whole window).
 
     Args:
-        heat: ``[B, N]`` heatmaps over an ``(H, W)`` patch grid, ``N = H * W``; negative
-            values (a signed plan's) count as no heat.
-        grid: the patch grid ``(H, W)``.
-        threshold: fraction of each heatmap's maximum that a patch must reach.
-
-    Returns:
-        ``[B, 4]`` boxes ``(x0, y0, x1, y1)`` in patch units, half-open (``x1 - x0`` patches
-        wide). An all-zero (or all-negative) heatmap gives the whole grid.
+        heat: ``[B, N]`` heatmaps over the token grid, row-major.
+        geometry: the token geometry on the picture the boxes are drawn on (one, or one
+            per row).
+        threshold: fraction of each heatmap's maximum that a token must reach.
     """
-    h, w = grid
-    maps = heat.reshape(heat.shape[0], h, w).clamp_min(0.0)
-    peak = maps.flatten(1).amax(dim=1)
-    keep = maps >= threshold * peak[:, None, None]
-    rows, cols = keep.any(dim=2), keep.any(dim=1)
-    ys = torch.arange(h, device=heat.device)
-    xs = torch.arange(w, device=heat.device)
-    big = max(h, w) + 1
-    y0 = torch.where(rows, ys, big).amin(dim=1)
-    y1 = torch.where(rows, ys, -1).amax(dim=1) + 1
-    x0 = torch.where(cols, xs, big).amin(dim=1)
-    x1 = torch.where(cols, xs, -1).amax(dim=1) + 1
-    return torch.stack([x0, y0, x1, y1], dim=1)
-
-
-def patch_box_to_pixels(box: Tensor, grid: tuple[int, int], image_size: tuple[int, int]) -> Tensor:
-    """Scale ``[..., 4]`` patch-unit boxes to pixel boxes of an image of ``(width, height)``."""
-    h, w = grid
-    width, height = image_size
-    scale = torch.tensor([width / w, height / h, width / w, height / h], dtype=torch.float64)
-    return box.to(torch.float64) * scale
-
-
-def patch_cells(grid: tuple[int, int], image_size: tuple[int, int]) -> Tensor:
-    """``[N, 4]`` float64 pixel boxes of the patch cells of an ``(H, W)`` grid on an image of
-    ``(width, height)``, row-major."""
-    h, w = grid
-    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    rows, cols = rows.flatten(), cols.flatten()
-    return patch_box_to_pixels(torch.stack([cols, rows, cols + 1, rows + 1], dim=1), grid,
-                               image_size)
+    keep = kept_tokens(heat.reshape(heat.shape[0], -1), threshold).cpu()
+    if isinstance(geometry, TokenGeometry):
+        return geometry.envelope(keep)
+    rows = per_row(geometry, keep.shape[0])
+    return torch.cat([g.envelope(k[None]) for g, k in zip(rows, keep, strict=True)]) \
+        if rows else torch.zeros(0, 4, dtype=torch.float64)

@@ -146,12 +146,6 @@ def segments(
     return masks[masks.any(1)]
 
 
-def patch_means(image: Tensor, grid: tuple[int, int]) -> Tensor:
-    """Mean colour per patch: ``[C, Hpx, Wpx]`` image to ``[N, C]`` (adaptive average pool)."""
-    pooled = torch.nn.functional.adaptive_avg_pool2d(image[None].to(torch.float64), grid)[0]
-    return pooled.flatten(1).T
-
-
 def stack_regions(masks: list[Tensor]) -> Tensor:
     """Pad per-image masks ``[R_b, N]`` with all-False rows into ``[B, max R_b, N]``."""
     r_max = max(m.shape[0] for m in masks)

@@ -22,7 +22,7 @@ PACKAGE = ROOT / "otviz"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "assets", "knobs", "worker_processes"),
     ("boundary",),
-    ("ot", "regions"),
+    ("ot", "regions", "token_geometry"),
     ("methods",),
     ("text",),
     ("world",),

@@ -8,11 +8,11 @@ from otviz.regions import (
     boxes_to_masks,
     cell_layout,
     grid_cells,
-    patch_means,
     random_boxes,
     segments,
     stack_regions,
 )
+from otviz.token_geometry import TokenGeometry
 
 
 def _bounding_box(mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -96,7 +96,7 @@ def test_segments_partition_and_follow_colour_edge():
     image[0, :, :12] = 1.0  # left half red, right half blue
     image[2, :, 12:] = 1.0
     image += 0.01 * torch.randn(3, 24, 24, generator=torch.Generator().manual_seed(0))
-    desc = patch_means(image, grid)
+    desc = TokenGeometry.cell_centred(grid, (24, 24)).pool(image.double()).T
     assert desc.shape == (36, 3)
     segs = segments(desc, grid, n_segments=4, spatial_weight=0.1)
     assert torch.equal(segs.sum(0), torch.ones(36, dtype=torch.long))

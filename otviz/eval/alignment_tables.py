@@ -46,6 +46,7 @@ from otviz.eval.world_set import EvalSet
 from otviz.explainers import EXPLAINERS, explain_pairs, unavailable
 from otviz.methods.base import Alignment
 from otviz.suite import METHOD_LABELS, MethodSuite, SuiteMethod
+from otviz.token_geometry import TokenGeometry
 from otviz.world import NEGATIVE_CATEGORIES
 
 StageProgress = Callable[[str, int, int], None]
@@ -284,14 +285,14 @@ GROUNDING_COLUMNS = [
 
 
 def _grounding_row(
-    label: str, name: str, heat: Tensor, q: PhraseQueries, grid: tuple[int, int],
-    size: tuple[int, int], threshold: float, hits: Tensor | None = None,
+    label: str, name: str, heat: Tensor, q: PhraseQueries, geometry: TokenGeometry,
+    threshold: float, hits: Tensor | None = None,
 ) -> dict:
     """Scores of one row: :func:`grounding_scores` of ``heat`` and the pointing on the
     shared-colour subset (``hits``: per-phrase hits, default the heatmaps' own)."""
-    scores = grounding_scores(heat, grid, q.boxes, size, threshold)
+    scores = grounding_scores(heat, geometry, q.boxes, threshold)
     if hits is None:
-        hits = pointing_hits(heat, grid, q.boxes, size).double()
+        hits = pointing_hits(heat, geometry, q.boxes).double()
     else:
         scores["pointing"] = float(hits.mean())
     subset = hits[q.shared_colour]
@@ -303,18 +304,17 @@ def _grounding_row(
 def baseline_rows(data: EvalSet, q: PhraseQueries, threshold: float = 0.5) -> list[dict]:
     """Grounding rows of the model-free baselines (:mod:`otviz.eval.grounding_baselines`):
     the colour-only pixel oracle, the centre prior and the uniform map."""
-    image = data.samples[0].image
-    size, grid, n = (image.shape[1], image.shape[0]), data.grid, q.image.numel()
+    geometry, n = data.geometry, q.image.numel()
     oracle = colour_oracle_heatmaps([data.samples[int(j)].image for j in q.image], q.colours,
-                                    grid)
-    flat = torch.ones(n, grid[0] * grid[1], dtype=torch.float64)
+                                    geometry)
+    flat = torch.ones(n, geometry.n, dtype=torch.float64)
     return [
-        {**_grounding_row("Colour oracle (pixels)", "colour_oracle", oracle, q, grid, size,
+        {**_grounding_row("Colour oracle (pixels)", "colour_oracle", oracle, q, geometry,
                           threshold), "baseline": True},
-        {**_grounding_row("Centre prior", "centre_prior", centre_prior_heatmaps(n, grid, size),
-                          q, grid, size, threshold), "baseline": True},
-        {**_grounding_row("Uniform map", "uniform", flat, q, grid, size, threshold,
-                          uniform_pointing(grid, q.boxes, size)), "baseline": True},
+        {**_grounding_row("Centre prior", "centre_prior", centre_prior_heatmaps(n, geometry),
+                          q, geometry, threshold), "baseline": True},
+        {**_grounding_row("Uniform map", "uniform", flat, q, geometry, threshold,
+                          uniform_pointing(geometry, q.boxes)), "baseline": True},
     ]
 
 
@@ -326,8 +326,6 @@ def explainer_rows(
     from its image and its text alone (encoded by the backbone's text tower), scored like the
     methods' heatmaps, with the explainer's wall time per phrase. An explainer that cannot
     read the backbone's tower gets a row of its "not available" note and no scores."""
-    image = data.samples[0].image
-    size = image.shape[1], image.shape[0]
     images = [data.samples[int(j)].image for j in q.image]
     rows = []
     for name in names:
@@ -336,8 +334,8 @@ def explainer_rows(
             rows.append({"method": note, "name": name, "explainer": True})
             continue
         run = explain_pairs(data.backbone, name, images, q.texts)
-        rows.append({**_grounding_row(EXPLAINERS[name].label, name, run.maps, q, data.grid,
-                                      size, threshold),
+        rows.append({**_grounding_row(EXPLAINERS[name].label, name, run.maps, q,
+                                      data.geometry, threshold),
                      "explainer": True, "ms_per_phrase": run.ms / max(1, len(q.texts))})
         if progress is not None:
             progress(f"grounding {name}", len(q.texts), len(q.texts))
@@ -362,7 +360,6 @@ def grounding_table(
     methods'; with ``baselines``, the model-free rows (:func:`baseline_rows`) come last."""
     q = phrase_queries(data)
     image_idx, select = q.image, q.select
-    size = data.samples[0].image.shape[1], data.samples[0].image.shape[0]
     table = Table("grounding", f"Weak grounding of {image_idx.numel()} gold noun phrases "
                   f"({data.n_images} world {data.split} images)", list(GROUNDING_COLUMNS))
     for name, entry in suite.methods.items():
@@ -370,7 +367,7 @@ def grounding_table(
             continue  # no patch-token plan (Global-only)
         heat = phrase_heatmaps(entry, data, image_idx, data.positives[image_idx], select,
                                chunk, _stage(progress, f"grounding {name}"))
-        table.rows.append(_grounding_row(_label(name), name, heat, q, data.grid, size,
+        table.rows.append(_grounding_row(_label(name), name, heat, q, data.geometry,
                                          threshold))
     table.rows += explainer_rows(data, q, explainers, threshold, progress)
     if baselines:

@@ -137,10 +137,12 @@ def binding_section(
     Words view over ``n`` held-out scenes."""
     world = World(dataclasses.replace(config, negatives=False), "test", seed)
     items = binding_items(world, n)
+    height, width = items[0].image.shape[:2]
+    geometry = backbone.geometry_on(width, height)
     sources = {name: method_source(backbone, entry) for name, entry in suite.methods.items()}
     sources[WORDS_VIEW] = words_view_source(Explainer(backbone))
     return {"n_scenes": len(items),
-            "methods": {name: binding_results(items, src, backbone.grid)
+            "methods": {name: binding_results(items, src, geometry)
                         for name, src in sources.items()}}
 
 

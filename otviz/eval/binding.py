@@ -29,6 +29,7 @@ from otviz.eval.grounding_metrics import peak_locations
 from otviz.eval.world_set import backbone_in_space
 from otviz.explain import Explainer
 from otviz.suite import SuiteMethod
+from otviz.token_geometry import TokenGeometry
 from otviz.world import Clause, Description, Meaning, SceneObject, World, realise
 
 ROLES: tuple[str, ...] = ("size", "colour", "shape")
@@ -143,19 +144,18 @@ def peak_shares(locations: Tensor) -> dict[str, float]:
 
 
 def binding_results(
-    items: Sequence[BindingItem], source: HeatmapSource, grid: tuple[int, int]
+    items: Sequence[BindingItem], source: HeatmapSource, geometry: TokenGeometry
 ) -> dict[str, dict[str, dict[str, float]]]:
     """``{caption kind: {role: peak shares}}`` of ``source``'s heatmaps over ``items``."""
     if not items:
         raise ValueError("no binding items")
     images = [it.image for it in items]
-    height, width = images[0].shape[:2]
     boxes = torch.tensor([it.boxes() for it in items], dtype=torch.float64)
     out: dict[str, dict[str, dict[str, float]]] = {}
     for kind in CAPTION_KINDS:
         captions, positions = zip(*(it.caption(kind) for it in items), strict=True)
         roles = {role: [pos[role] for pos in positions] for role in ROLES}
         heat = source(images, list(captions), roles)
-        out[kind] = {role: peak_shares(peak_locations(heat[role], grid, boxes, (width, height)))
+        out[kind] = {role: peak_shares(peak_locations(heat[role], geometry, boxes))
                      for role in ROLES}
     return out

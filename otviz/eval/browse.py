@@ -38,9 +38,10 @@ from otviz.eval.world_set import EvalSet, ParsedCaptions, world_config_of
 from otviz.explain import InputError
 from otviz.explainers import EXPLAINERS, explain_pairs
 from otviz.explainers import unavailable as explainer_unavailable
-from otviz.grounding import heatmap_boxes, patch_box_to_pixels
+from otviz.grounding import Geometries, heatmap_boxes
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
 from otviz.text.tree import Tree
+from otviz.token_geometry import TokenGeometry
 from otviz.world.vocab import COLOURS, SIZES
 
 COLOUR_SHARED, RELATION, SIZE = "colour shared", "relation", "size"
@@ -99,10 +100,12 @@ class BrowseTable:
     Attributes:
         items: the queries, in set order.
         methods: method names, the second axis below.
-        grid: the patch grid ``(H, W)``.
+        geometries: per query, where each token looks on its image (the tower's token
+            geometry through the preprocessing: :meth:`otviz.backbone.Backbone.geometry_on`).
         heatmaps: ``[P, K, N]`` phrase heatmaps (``Alignment.heatmap``).
-        boxes: ``[P, K, 4]`` heatmap boxes in patch units (patches at >= ``threshold`` of
-            the peak, enclosing envelope: :func:`~otviz.grounding.heatmap_boxes`).
+        boxes: ``[P, K, 4]`` heatmap boxes in the image's pixels (the cells of the tokens at
+            >= ``threshold`` of the peak, enclosing envelope:
+            :func:`~otviz.grounding.heatmap_boxes`).
         image_sizes: ``[P, 2]`` ``(width, height)`` of each query's image.
         gold: ``[P, 4]`` gold pixel boxes, or ``None``.
         hits: ``[P, K]`` pointing-game hits, or ``None`` without gold boxes.
@@ -115,7 +118,7 @@ class BrowseTable:
 
     items: list[BrowseItem]
     methods: tuple[str, ...]
-    grid: tuple[int, int]
+    geometries: list[TokenGeometry]
     heatmaps: Tensor
     boxes: Tensor
     image_sizes: Tensor
@@ -223,17 +226,15 @@ def folder_queries(data: EvalSet) -> BrowseQueries:
 
 # ----------------------------------------------------------------------- scoring
 def score_heatmaps(
-    heatmaps: Tensor, grid: tuple[int, int], gold: Tensor, image_size: tuple[int, int],
-    threshold: float = 0.5,
+    heatmaps: Tensor, geometry: Geometries, gold: Tensor, threshold: float = 0.5,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(hits [P], iou [P], patch boxes [P, 4])`` of phrase heatmaps ``[P, N]`` against
+    """``(hits [P], iou [P], pixel boxes [P, 4])`` of phrase heatmaps ``[P, N]`` against
     their gold pixel boxes ``[P, 4]``: the pointing game
     (:func:`~otviz.eval.grounding_metrics.pointing_hits`) and the IoU of the thresholded
     heatmap's box (ConceptOT Sec. 2.6), as :func:`grounding_scores` averages them."""
     heat = heatmaps.detach().float().cpu()
-    boxes = heatmap_boxes(heat, grid, threshold)
-    iou = box_iou(patch_box_to_pixels(boxes, grid, image_size), gold)
-    return pointing_hits(heat, grid, gold, image_size), iou, boxes
+    boxes = heatmap_boxes(heat, geometry, threshold)
+    return pointing_hits(heat, geometry, gold), box_iou(boxes, gold), boxes
 
 
 @torch.no_grad()
@@ -267,16 +268,17 @@ def browse_table(
         dim=1).float()
     methods = (*methods, *explainers)
     sizes = image_sizes[queries.image]
+    geometries = [data.backbone.geometry_on(int(w), int(h)) for w, h in sizes.tolist()]
     P, K = heats.shape[:2]
-    boxes = heatmap_boxes(heats.reshape(P * K, -1), data.grid, threshold).reshape(P, K, 4)
+    boxes = heatmap_boxes(heats.reshape(P * K, -1),
+                          [g for g in geometries for _ in range(K)], threshold).reshape(P, K, 4)
     hits = iou = None
     if queries.gold is not None:
-        size = (int(sizes[0, 0]), int(sizes[0, 1]))
-        scored = [score_heatmaps(heats[:, k], data.grid, queries.gold, size, threshold)
+        scored = [score_heatmaps(heats[:, k], geometries, queries.gold, threshold)
                   for k in range(K)]
         hits = torch.stack([s[0] for s in scored], dim=1)
         iou = torch.stack([s[1] for s in scored], dim=1)
-    return BrowseTable(queries.items, tuple(methods), data.grid, heats, boxes, sizes,
+    return BrowseTable(queries.items, tuple(methods), geometries, heats, boxes, sizes,
                        queries.gold, hits, iou, load_image, threshold, unavailable)
 
 

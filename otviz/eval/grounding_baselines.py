@@ -19,10 +19,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.eval.grounding_metrics import patch_centres, points_in_boxes
+from otviz.eval.grounding_metrics import points_in_boxes
+from otviz.grounding import Geometries, per_row, token_centres
 from otviz.world import COLOUR_RGB, Sample
 
 #: L-infinity distance (0-255) within which a pixel counts as a palette colour: the world's
@@ -38,34 +38,38 @@ def colour_mask(image: np.ndarray, colour: str, tolerance: int = COLOUR_TOLERANC
 
 
 def colour_oracle_heatmaps(
-    images: Sequence[np.ndarray], colours: Sequence[str], grid: tuple[int, int],
+    images: Sequence[np.ndarray], colours: Sequence[str], geometry: Geometries,
     tolerance: int = COLOUR_TOLERANCE,
 ) -> Tensor:
-    """``[n, N]``: per patch, the share of its pixels matching ``colours[i]`` in
-    ``images[i]`` (adaptive average pooling of the pixel mask onto the grid)."""
-    masks = np.stack([colour_mask(im, c, tolerance) for im, c in zip(images, colours,
-                                                                       strict=True)])
-    pooled = F.adaptive_avg_pool2d(torch.from_numpy(masks).float()[:, None], grid)
-    return pooled.flatten(1).double()
+    """``[n, N]``: per token, the share of the pixels of its cell (the token geometry's,
+    :meth:`~otviz.token_geometry.TokenGeometry.pool`) matching ``colours[i]`` in
+    ``images[i]``."""
+    rows = per_row(geometry, len(images))
+    return torch.stack([
+        g.pool(torch.from_numpy(colour_mask(im, c, tolerance)).double())
+        for im, c, g in zip(images, colours, rows, strict=True)
+    ]) if rows else torch.zeros(0, 0, dtype=torch.float64)
 
 
-def centre_prior_heatmaps(n: int, grid: tuple[int, int], image_size: tuple[int, int]) -> Tensor:
-    """``[n, N]``: ``exp(-d^2 / (2 s^2))`` of each patch centre's distance ``d`` to the image
-    centre, ``s`` a quarter of the shorter image side (the same map for every phrase)."""
-    width, height = image_size
-    centres = patch_centres(grid, image_size)
-    d2 = (centres[:, 0] - width / 2) ** 2 + (centres[:, 1] - height / 2) ** 2
-    s = min(width, height) / 4
-    return torch.exp(-d2 / (2 * s * s)).expand(n, -1).clone()
+def centre_prior_heatmaps(n: int, geometry: Geometries) -> Tensor:
+    """``[n, N]``: ``exp(-d^2 / (2 s^2))`` of the distance ``d`` from where each token looks
+    to the picture's centre, ``s`` a quarter of its shorter side."""
+    rows = per_row(geometry, n)
+    maps = []
+    for g in rows:
+        width, height = g.size
+        centres = g.centres()
+        d2 = (centres[:, 0] - width / 2) ** 2 + (centres[:, 1] - height / 2) ** 2
+        s = min(width, height) / 4
+        maps.append(torch.exp(-d2 / (2 * s * s)))
+    return torch.stack(maps) if maps else torch.zeros(0, 0, dtype=torch.float64)
 
 
-def uniform_pointing(
-    grid: tuple[int, int], gold_boxes: Tensor, image_size: tuple[int, int]
-) -> Tensor:
-    """``[n]`` float64: the chance that a patch drawn uniformly has its centre in the gold box
+def uniform_pointing(geometry: Geometries, gold_boxes: Tensor) -> Tensor:
+    """``[n]`` float64: the chance that a token drawn uniformly looks inside the gold box
     (the pointing of a uniform map with ties broken at random)."""
-    centres = patch_centres(grid, image_size)
-    return points_in_boxes(centres[None], gold_boxes[:, None, :]).double().mean(dim=1)
+    centres = token_centres(geometry, gold_boxes.shape[0])
+    return points_in_boxes(centres, gold_boxes[:, None, :]).double().mean(dim=1)
 
 
 def colour_shared(sample: Sample, object_index: int) -> bool:

@@ -4,10 +4,11 @@ Fig. 4).
 A phrase heatmap ``h_i(J) = sum_{j in J} Pi_ij`` over the patch grid (``Alignment.heatmap``)
 is scored against the phrase's gold pixel box in two ways:
 
-* pointing game: is the centre of the hottest patch inside the gold box?
-* box: threshold the heatmap at a fraction of its peak, take the enclosing patch envelope
-  (:func:`otviz.grounding.heatmap_boxes`), scale it to pixels and measure its IoU with the
-  gold box; ``hit@0.5`` is the share of IoU >= 0.5.
+* pointing game: is the point the hottest token looks at (its receptive-field centre in the
+  tower's token geometry, :class:`otviz.token_geometry.TokenGeometry`) inside the gold box?
+* box: threshold the heatmap at a fraction of its peak, take the envelope of the kept
+  tokens' cells in pixels (:func:`otviz.grounding.heatmap_boxes`) and measure its IoU with
+  the gold box; ``hit@0.5`` is the share of IoU >= 0.5.
 
 Boxes are ``(x0, y0, x1, y1)`` in pixels, half-open like the world's boxes (a point ``x``
 is inside when ``x0 <= x < x1``).
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.grounding import heatmap_boxes, patch_box_to_pixels, patch_cells
+from otviz.grounding import Geometries, heatmap_boxes, token_centres
 
 
 def phrase_token_select(token_word: Tensor, token_mask: Tensor, spans: Tensor) -> Tensor:
@@ -35,22 +36,17 @@ def phrase_token_select(token_word: Tensor, token_mask: Tensor, spans: Tensor) -
     return (token_word >= start) & (token_word < end) & token_mask
 
 
-def peak_centres(heatmaps: Tensor, grid: tuple[int, int], image_size: tuple[int, int]) -> Tensor:
-    """``[n, 2]`` pixel centre ``(x, y)`` (float64) of each heatmap's hottest patch (the first
-    maximum wins ties).
+def peak_centres(heatmaps: Tensor, geometry: Geometries) -> Tensor:
+    """``[n, 2]`` pixel point ``(x, y)`` (float64) where each heatmap's hottest token looks:
+    its receptive-field centre in the tower's token geometry (the first maximum wins ties).
 
     Args:
-        heatmaps: ``[n, N]`` over the ``(H, W)`` patch grid, row-major.
-        grid: ``(H, W)``.
-        image_size: ``(width, height)`` in pixels.
+        heatmaps: ``[n, N]`` over the token grid, row-major.
+        geometry: the token geometry on the picture (one, or one per heatmap).
     """
-    return patch_centres(grid, image_size)[heatmaps.argmax(dim=1).cpu()]
-
-
-def patch_centres(grid: tuple[int, int], image_size: tuple[int, int]) -> Tensor:
-    """``[N, 2]`` pixel centres ``(x, y)`` (float64) of the patches, row-major."""
-    cell = patch_cells(grid, image_size)
-    return torch.stack([(cell[:, 0] + cell[:, 2]) / 2, (cell[:, 1] + cell[:, 3]) / 2], dim=1)
+    n = heatmaps.shape[0]
+    peak = heatmaps.argmax(dim=1).cpu()
+    return token_centres(geometry, n)[torch.arange(n), peak]
 
 
 def points_in_boxes(points: Tensor, boxes: Tensor) -> Tensor:
@@ -66,49 +62,42 @@ def is_flat(heatmaps: Tensor) -> Tensor:
     return (heatmaps.amax(dim=1) == heatmaps.amin(dim=1)).cpu()
 
 
-def pointing_hits(
-    heatmaps: Tensor, grid: tuple[int, int], gold_boxes: Tensor, image_size: tuple[int, int]
-) -> Tensor:
-    """``[n]`` bool: the centre of each heatmap's hottest patch lies inside its gold box.
+def pointing_hits(heatmaps: Tensor, geometry: Geometries, gold_boxes: Tensor) -> Tensor:
+    """``[n]`` bool: the point each heatmap's hottest token looks at (:func:`peak_centres`)
+    lies inside its gold box.
 
     The first maximum wins ties between patches; a flat heatmap (max == min, e.g. all zero)
     points nowhere and counts as a miss.
 
     Args:
-        heatmaps: ``[n, N]`` over the ``(H, W)`` patch grid, row-major.
-        grid: ``(H, W)``.
+        heatmaps: ``[n, N]`` over the token grid, row-major.
+        geometry: the token geometry on the picture (one, or one per heatmap).
         gold_boxes: ``[n, 4]`` pixel boxes.
-        image_size: ``(width, height)`` in pixels.
     """
-    inside = points_in_boxes(peak_centres(heatmaps, grid, image_size), gold_boxes)
+    inside = points_in_boxes(peak_centres(heatmaps, geometry), gold_boxes)
     return inside & ~is_flat(heatmaps)
 
 
-def peak_locations(
-    heatmaps: Tensor, grid: tuple[int, int], boxes: Tensor, image_size: tuple[int, int]
-) -> Tensor:
+def peak_locations(heatmaps: Tensor, geometry: Geometries, boxes: Tensor) -> Tensor:
     """``[n]`` long: which of ``K`` candidate boxes holds each heatmap's peak (the centre of
-    its hottest patch, as in :func:`pointing_hits`): the index of the first box containing
+    its hottest token, as in :func:`pointing_hits`): the index of the first box containing
     it, ``K`` when none does (elsewhere), ``-1`` for a flat heatmap (no peak).
 
     Args:
-        heatmaps: ``[n, N]`` over the ``(H, W)`` patch grid.
-        grid: ``(H, W)``.
+        heatmaps: ``[n, N]`` over the token grid.
+        geometry: the token geometry on the picture (one, or one per heatmap).
         boxes: ``[n, K, 4]`` pixel boxes per heatmap.
-        image_size: ``(width, height)`` in pixels.
     """
-    centres = peak_centres(heatmaps, grid, image_size)
+    centres = peak_centres(heatmaps, geometry)
     inside = points_in_boxes(centres[:, None, :], boxes)  # [n, K]
     k = boxes.shape[1]
     first = torch.where(inside, torch.arange(k), k).amin(dim=1)
     return torch.where(is_flat(heatmaps), -1, first)
 
 
-def pointing_game(
-    heatmaps: Tensor, grid: tuple[int, int], gold_boxes: Tensor, image_size: tuple[int, int]
-) -> float:
+def pointing_game(heatmaps: Tensor, geometry: Geometries, gold_boxes: Tensor) -> float:
     """Pointing-game accuracy: the share of :func:`pointing_hits`."""
-    return float(pointing_hits(heatmaps, grid, gold_boxes, image_size).float().mean())
+    return float(pointing_hits(heatmaps, geometry, gold_boxes).float().mean())
 
 
 def box_iou(a: Tensor, b: Tensor) -> Tensor:
@@ -127,19 +116,14 @@ def box_iou(a: Tensor, b: Tensor) -> Tensor:
 
 
 def grounding_scores(
-    heatmaps: Tensor,
-    grid: tuple[int, int],
-    gold_boxes: Tensor,
-    image_size: tuple[int, int],
-    threshold: float = 0.5,
+    heatmaps: Tensor, geometry: Geometries, gold_boxes: Tensor, threshold: float = 0.5
 ) -> dict[str, float]:
     """Pointing game, mean IoU and hit@0.5 of heatmap boxes (ConceptOT Sec. 2.6).
 
     Args:
         heatmaps: ``[n, N]`` phrase heatmaps.
-        grid: patch grid ``(H, W)``.
+        geometry: the token geometry on the picture (one, or one per heatmap).
         gold_boxes: ``[n, 4]`` gold pixel boxes.
-        image_size: ``(width, height)``.
         threshold: fraction of the peak a patch must reach to join the predicted box.
 
     Returns:
@@ -150,10 +134,10 @@ def grounding_scores(
     if heatmaps.shape[0] == 0:
         raise ValueError("no heatmaps")
     heat = heatmaps.detach().float().cpu()
-    pred = patch_box_to_pixels(heatmap_boxes(heat, grid, threshold), grid, image_size)
+    pred = heatmap_boxes(heat, geometry, threshold)
     iou = box_iou(pred, gold_boxes.cpu())
     return {
-        "pointing": pointing_game(heat, grid, gold_boxes, image_size),
+        "pointing": pointing_game(heat, geometry, gold_boxes),
         "mean_iou": float(iou.mean()),
         "hit@0.5": float((iou >= 0.5).double().mean()),
         "n": float(heat.shape[0]),

@@ -21,17 +21,17 @@ from sklearn.preprocessing import StandardScaler
 from torch import Tensor
 
 from otviz.backbone import Backbone
-from otviz.grounding import patch_cells
+from otviz.token_geometry import TokenGeometry
 from otviz.world import Sample
 
 ATTRIBUTES: tuple[str, ...] = ("shape", "colour")
 
 
-def box_weights(boxes: Tensor, grid: tuple[int, int], image_size: tuple[int, int]) -> Tensor:
-    """``[n, N]`` float64: the share of each patch cell's area that pixel box ``boxes[i]``
-    (``[n, 4]``, half-open) covers, on the ``(H, W)`` grid of an image of ``(width,
-    height)``."""
-    cells = patch_cells(grid, image_size)  # [N, 4]
+def box_weights(boxes: Tensor, geometry: TokenGeometry) -> Tensor:
+    """``[n, N]`` float64: the share of each token's cell (the pixels it looks at, in the
+    token geometry on the image) that pixel box ``boxes[i]`` (``[n, 4]``, half-open)
+    covers."""
+    cells = geometry.cells()  # [N, 4]
     b = boxes.to(torch.float64)[:, None, :]
     iw = (torch.minimum(b[..., 2], cells[:, 2]) - torch.maximum(b[..., 0], cells[:, 0])).clamp(0)
     ih = (torch.minimum(b[..., 3], cells[:, 3]) - torch.maximum(b[..., 1], cells[:, 1])).clamp(0)
@@ -72,7 +72,7 @@ def object_features(
         owner = [k for k, x in enumerate(chunk) for _ in x.objects]
         boxes = torch.tensor([o.box for x in chunk for o in x.objects], dtype=torch.float64)
         height, width = chunk[0].image.shape[:2]
-        weights = box_weights(boxes, encoded.grid, (width, height))
+        weights = box_weights(boxes, backbone.geometry_on(width, height))
         feats.append(box_pooled(encoded.patches[owner].double(), weights))
         shapes += [o.shape for x in chunk for o in x.objects]
         colours += [o.colour for x in chunk for o in x.objects]

@@ -35,6 +35,7 @@ from otviz.data.feature_cache import CachedFeatures, FeatureCache
 from otviz.methods.base import PairBatch
 from otviz.text.parse import batch_node_masks, parse_caption
 from otviz.text.tree import Tree
+from otviz.token_geometry import TokenGeometry
 from otviz.world import NEGATIVE_CATEGORIES, Sample, WorldConfig, realise
 
 Progress = Callable[[int, int], None]
@@ -213,6 +214,12 @@ class EvalSet:
     @property
     def grid(self) -> tuple[int, int]:
         return self.backbone.grid
+
+    @property
+    def geometry(self) -> TokenGeometry:
+        """Where each token looks on the set's pictures (the world's are all one size)."""
+        height, width = self.samples[0].image.shape[:2]
+        return self.backbone.geometry_on(width, height)
 
     def features(self, space: Space) -> CachedFeatures:
         """The set's features in ``space`` (built through the feature cache once)."""

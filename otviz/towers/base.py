@@ -10,12 +10,15 @@ class (:func:`image_tower`, :func:`text_tower`), so no caller branches on the fa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from otviz.errors import UserInputError
+from otviz.token_geometry import TokenGeometry
+from otviz.towers.geometry import trace_geometry
 
 
 class BackboneLoadError(UserInputError, RuntimeError):
@@ -33,6 +36,7 @@ class ImageTower:
     def __init__(self, visual: nn.Module) -> None:
         self.visual = visual
         self._probe: tuple[tuple[int, int], int, int] | None = None
+        self._geometry: TokenGeometry | None = None
 
     @property
     def family(self) -> str:
@@ -70,6 +74,26 @@ class ImageTower:
     @property
     def grid(self) -> tuple[int, int]:
         return self._probed()[0]
+
+    @property
+    def geometry(self) -> TokenGeometry:
+        """Where each token looks on the model input (the token-geometry contract),
+        derived from the layers between the pixels and the grid (cached)."""
+        if self._geometry is None:
+            height, width = self.image_size
+            module, forward = self._spatial_path()
+            training = module.training
+            module.eval()  # a probe must not move batch-norm statistics
+            try:
+                self._geometry = trace_geometry(module, forward, (width, height))
+            finally:
+                module.train(training)
+        return self._geometry
+
+    def _spatial_path(self) -> tuple[nn.Module, Callable[[Tensor], tuple[int, int]]]:
+        """The module between the pixels and the token grid, and a function running it
+        that returns the grid (default: the whole tower)."""
+        return self.visual, lambda pixels: self._grid_forward(pixels)[0]
 
     @property
     def width(self) -> int:

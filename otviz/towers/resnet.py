@@ -34,9 +34,14 @@ class ResNetTower(ImageTower):
         return int(self.visual.output_dim)
 
     def encode(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
+        _, patches, pooled = self._grid_forward(pixels)
+        return patches, pooled
+
+    def _grid_forward(self, pixels: Tensor) -> tuple[tuple[int, int], Tensor, Tensor]:
         out = self.visual.forward_intermediates(pixels, indices=1)
         spatial = out["image_intermediates"][-1]  # [B, C, h, w]
-        return spatial.flatten(2).transpose(1, 2), out["image_features"]
+        grid = (int(spatial.shape[2]), int(spatial.shape[3]))
+        return grid, spatial.flatten(2).transpose(1, 2), out["image_features"]
 
     def project(self, patches: Tensor) -> Tensor:
         pool = self.visual.attnpool

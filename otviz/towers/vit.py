@@ -11,6 +11,8 @@ attends to that one token alone (MaskCLIP, Zhou et al. 2022, Sec. 3.2), then ``l
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from open_clip.transformer import AttentionalPooler, VisionTransformer
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -59,6 +61,12 @@ class VitTower(ImageTower):
         if isinstance(self.visual.conv1, ConvStem):
             return self.visual.conv1.low_level(pixels).flatten(2).transpose(1, 2)
         return super().stem(pixels)
+
+    def _spatial_path(self) -> tuple[nn.Module, Callable[[Tensor], tuple[int, int]]]:
+        """The patch embedding (or otviz's convolutional stem) places the tokens; the
+        transformer after it mixes them without moving them."""
+        conv1 = self.visual.conv1
+        return conv1, lambda pixels: tuple(conv1(pixels).shape[-2:])
 
     def encode(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         out = self.visual.forward_intermediates(pixels, indices=1, output_fmt="NLC")

@@ -274,7 +274,7 @@ class PhraseMaps:
     def layout(self, encoded: Encoded, shared_scale: bool) -> dict[str, Any]:
         """The grid's drawing over the pair's image (:func:`grid_layout`), the explainers'
         panels (if any) after the methods'."""
-        return grid_layout(encoded.image, encoded.grid, self.heats, self.text, shared_scale,
+        return grid_layout(encoded.geometry, self.heats, self.text, shared_scale,
                            self.readouts, explainer_panels(self.explained))
 
 
@@ -414,7 +414,7 @@ def token_map_image(encoded: Encoded, data: PlanData, column: int, label: str) -
         encoded.image,
         [heat],
         [f'{label}: "{data.tokens[column]}"' + negative_mass_note(negative)],
-        boxes=grounding_boxes(encoded.image, encoded.grid, [heat]),
+        boxes=grounding_boxes(encoded.geometry, [heat]),
         columns=1,
         panel_px=224,
         colorbar_label="token mass",

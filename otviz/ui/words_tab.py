@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from otviz.explain import Explainer
-from otviz.grounding import heatmap_boxes, patch_box_to_pixels
+from otviz.grounding import heatmap_boxes
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.inputs import user_errors
 from otviz.ui.plots import FigurePlot
@@ -42,9 +42,7 @@ def words_figures(
     grid_fig = word_similarity_figure(encoded, maps, shown)
     phrase = maps[picked].mean(0)
     heat = (phrase - phrase.min()).reshape(1, -1)
-    box = heatmap_boxes(heat, encoded.grid)[0]
-    height, width = encoded.image.shape[:2]
-    pixel_box = patch_box_to_pixels(box, encoded.grid, (width, height)).tolist()
+    pixel_box = heatmap_boxes(heat, encoded.geometry)[0].tolist()
     phrase_text = " ".join(encoded.words[k].text for k in sorted(picked))
     phrase_fig = heatmap_grid_figure(
         encoded.image,

@@ -12,6 +12,7 @@ import pandas as pd
 from PIL import Image, ImageDraw
 
 from otviz.eval.browse import BrowseTable, method_label
+from otviz.token_geometry import TokenGeometry
 from otviz.viz.mass import displayable_mass
 from otviz.viz.panels import (
     BACKGROUND,
@@ -47,13 +48,14 @@ def _box(draw: ImageDraw.ImageDraw, box: Sequence[float], scale: tuple[float, fl
     draw.rectangle([ox + x0, oy + y0, ox + x1 - 1, oy + y1 - 1], outline=colour, width=2)
 
 
-def _peak(draw: ImageDraw.ImageDraw, heat: np.ndarray, cell: tuple[float, float],
+def _peak(draw: ImageDraw.ImageDraw, heat: np.ndarray, geometry: TokenGeometry,
           origin: tuple[int, int]) -> None:
-    """A white cross on the centre of the hottest patch (the pointing game's peak)."""
+    """A white cross where the hottest token looks (the pointing game's peak), on a panel
+    whose token geometry is ``geometry``."""
     if float(heat.max()) == float(heat.min()):
         return
-    r, c = np.unravel_index(int(np.argmax(heat)), heat.shape)
-    x, y = origin[0] + (c + 0.5) * cell[0], origin[1] + (r + 0.5) * cell[1]
+    cx, cy = geometry.centres()[int(np.argmax(heat))].tolist()
+    x, y = origin[0] + cx, origin[1] + cy
     for dx, dy in ((4, 4), (4, -4)):
         draw.line([(x - dx, y - dy), (x + dx, y + dy)], fill=(255, 255, 255), width=2)
 
@@ -74,7 +76,6 @@ def browse_page_image(
     canvas = Image.new("RGB", (cell_w * (len(ks) + 1), row_h * len(rows)), BACKGROUND)
     draw = ImageDraw.Draw(canvas)
     small, bold = _font(11), _font(13)
-    gh, gw = table.grid
     for r, q in enumerate(rows):
         item, y = table.items[q], r * row_h
         kinds = ", ".join(sorted(item.kinds)) or "no kind"
@@ -85,6 +86,7 @@ def browse_page_image(
         base = _fit(np.ascontiguousarray(image[..., :3]), panel)
         ph, pw = base.shape[:2]
         scale = (pw / image.shape[1], ph / image.shape[0])
+        geometry = table.geometries[q].scaled(pw, ph)
         top = y + HEADER_PX + TITLE_PX
         canvas.paste(Image.fromarray(base), (0, top))
         draw.text((pw // 2, y + HEADER_PX + TITLE_PX // 2), "image, gold box", fill=TEXT_COLOUR,
@@ -93,12 +95,12 @@ def browse_page_image(
             _box(draw, table.gold[q].tolist(), scale, (0, top), GOLD_COLOUR)
         for col, k in enumerate(ks, start=1):
             x = col * cell_w
-            heat, _ = displayable_mass(table.heatmaps[q, k].reshape(gh, gw).numpy())
+            heat, _ = displayable_mass(table.heatmaps[q, k].reshape(geometry.grid).numpy())
             peak = float(heat.max())
             canvas.paste(Image.fromarray(overlay(base, heat, 0.0, peak if peak > 0 else 1.0)),
                          (x, top))
-            _box(draw, table.boxes[q, k].tolist(), (pw / gw, ph / gh), (x, top), BOX_COLOUR)
-            _peak(draw, heat, (pw / gw, ph / gh), (x, top))
+            _box(draw, table.boxes[q, k].tolist(), scale, (x, top), BOX_COLOUR)
+            _peak(draw, heat, geometry, (x, top))
             colour = TEXT_COLOUR
             if table.hits is not None:
                 colour = HIT_COLOUR if bool(table.hits[q, k]) else MISS_COLOUR

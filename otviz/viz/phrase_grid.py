@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from otviz.grounding import heatmap_boxes, patch_box_to_pixels
+from otviz.grounding import heatmap_boxes
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS
+from otviz.token_geometry import TokenGeometry
 from otviz.viz.mass import displayable_mass, negative_mass_note
 
 #: Side of one heatmap panel (px): four across fill the app's width.
@@ -24,22 +25,19 @@ MAX_BOX_AREA = 0.9
 
 
 def grounding_boxes(
-    image: np.ndarray, grid: tuple[int, int], heats: list[np.ndarray]
+    geometry: TokenGeometry, heats: list[np.ndarray]
 ) -> list[list[float] | None]:
-    """Pixel boxes, on ``image``, of the thresholded ``[gh, gw]`` heatmaps on the patch
-    ``grid`` (ConceptOT Sec. 2.6 weak grounding); ``None`` for a box covering
-    :data:`MAX_BOX_AREA` of the image or more (a flat heatmap)."""
+    """Pixel boxes, on the picture of ``geometry`` (the token geometry on it), of the
+    thresholded ``[gh, gw]`` heatmaps (ConceptOT Sec. 2.6 weak grounding); ``None`` for a
+    box covering :data:`MAX_BOX_AREA` of the picture or more (a flat heatmap)."""
     flat = torch.from_numpy(np.stack([h.reshape(-1) for h in heats]))
-    boxes = heatmap_boxes(flat, grid)
-    height, width = image.shape[:2]
-    pixels = patch_box_to_pixels(boxes, grid, (width, height)).tolist()
+    width, height = geometry.size
     return [None if (x1 - x0) * (y1 - y0) >= MAX_BOX_AREA * width * height else [x0, y0, x1, y1]
-            for x0, y0, x1, y1 in pixels]
+            for x0, y0, x1, y1 in heatmap_boxes(flat, geometry).tolist()]
 
 
 def grid_layout(
-    image: np.ndarray,
-    grid: tuple[int, int],
+    geometry: TokenGeometry,
     heats: dict[str, np.ndarray],
     phrase_text: str,
     shared_scale: bool,
@@ -47,7 +45,8 @@ def grid_layout(
     extra: Sequence[tuple[str, np.ndarray | str]] = (),
 ) -> dict[str, Any]:
     """What :func:`~otviz.viz.panels.compose_heatmaps` draws of a phrase, bar the image: one
-    panel per method (``[gh, gw]`` maps on the patch ``grid``) with its grounding box, as
+    panel per method (``[gh, gw]`` maps on the token grid of ``geometry``, the token
+    geometry on the image) with its grounding box, as
     its keyword arguments (plain arrays, strings and numbers). Panels of ``readouts``
     (method -> label of a map that is not a mass: QC-Align's Π/(μν), PowerCLIP's Fig. 6
     similarity) are stretched to the mass panels' peak on a shared scale and titled with the
@@ -64,7 +63,8 @@ def grid_layout(
         if name in relative and shared_scale and float(maps[k].max()) > 0:
             maps[k] = maps[k] * (peak / float(maps[k].max()))
     notes = [None] * len(maps) + [m if isinstance(m, str) else None for _, m in extra]
-    added = [np.zeros(grid) if isinstance(m, str) else np.clip(m, 0.0, None) for _, m in extra]
+    added = [np.zeros(geometry.grid) if isinstance(m, str) else np.clip(m, 0.0, None)
+             for _, m in extra]
     if shared_scale:
         added = [m * (peak / float(m.max())) if float(m.max()) > 0 else m for m in added]
     maps += added
@@ -74,7 +74,7 @@ def grid_layout(
                    + negative_mass_note(neg)
                    for n, (_, neg) in zip(ALIGN_METHODS, shown, strict=True)]
         + [title for title, _ in extra],
-        "boxes": grounding_boxes(image, grid, maps),
+        "boxes": grounding_boxes(geometry, maps),
         "shared_scale": shared_scale,
         "panel_px": GRID_PANEL_PX,
         "colorbar_label": f'mass of "{phrase_text}"',

@@ -35,6 +35,7 @@ from otviz.eval.patch_probe import (
 )
 from otviz.eval.single_object import candidates, describe
 from otviz.eval.world_set import world_config_of
+from otviz.token_geometry import TokenGeometry
 from otviz.world import COLOURS, SHAPES, SceneObject, WorldConfig
 from otviz.world.render import render_scene
 from tests.helpers import ROOT
@@ -47,12 +48,12 @@ def test_peak_locations_on_hand_made_heatmaps() -> None:
                          [0.0, 0.0, 0.0, 3.0],   # peak (60, 30): in neither
                          [2.0, 2.0, 2.0, 2.0]])  # flat: no peak
     boxes = torch.tensor([[[0, 0, 40, 20], [40, 0, 80, 20]]] * 4, dtype=torch.float64)
-    loc = peak_locations(heat, (2, 2), boxes, (80, 40))
+    loc = peak_locations(heat, TokenGeometry.cell_centred((2, 2), (80, 40)), boxes)
     assert loc.tolist() == [1, 0, 2, -1]
     assert peak_shares(loc) == {"on_a": 0.25, "on_b": 0.25, "elsewhere": 0.25, "no_peak": 0.25}
     # the first box wins where boxes overlap; pointing_hits agrees with box 0
-    assert pointing_hits(heat, (2, 2), boxes[:, 0], (80, 40)).tolist() == [False, True,
-                                                                          False, False]
+    assert pointing_hits(heat, TokenGeometry.cell_centred((2, 2), (80, 40)),
+                         boxes[:, 0]).tolist() == [False, True, False, False]
 
 
 def _objects() -> list[SceneObject]:
@@ -67,8 +68,9 @@ def test_colour_oracle_points_to_unique_colours_and_halves_on_shared_ones() -> N
     objects = _objects()
     image = render_scene(objects, np.random.default_rng(0), WorldConfig())
     boxes = torch.tensor([o.box for o in objects], dtype=torch.float64)
-    heat = colour_oracle_heatmaps([image] * 3, [o.colour for o in objects], (10, 10))
-    hits = pointing_hits(heat, (10, 10), boxes, (80, 80))
+    geometry = TokenGeometry.cell_centred((10, 10), (80, 80))
+    heat = colour_oracle_heatmaps([image] * 3, [o.colour for o in objects], geometry)
+    hits = pointing_hits(heat, geometry, boxes)
     assert bool(hits[1])  # blue: unique
     assert hits[[0, 2]].sum() == 1  # red: shared, the same map points at one of the two
     assert [colour_shared(types.SimpleNamespace(objects=objects), k) for k in range(3)] == [
@@ -78,20 +80,21 @@ def test_colour_oracle_points_to_unique_colours_and_halves_on_shared_ones() -> N
 
 
 def test_centre_prior_and_uniform_map() -> None:
-    grid, size = (10, 10), (80, 80)
-    heat = centre_prior_heatmaps(2, grid, size)
+    geometry = TokenGeometry.cell_centred((10, 10), (80, 80))
+    heat = centre_prior_heatmaps(2, geometry)
     centred = torch.tensor([[28, 28, 52, 52], [0, 0, 20, 20]], dtype=torch.float64)
-    assert pointing_hits(heat, grid, centred, size).tolist() == [True, False]
+    assert pointing_hits(heat, geometry, centred).tolist() == [True, False]
     # the four central patches tie at the top (first wins: row 4, col 4)
     assert int(heat[0].argmax()) == 44 and heat[0, 44] == heat[0, 55]
     # a box over exactly 3 x 2 patch centres: 6 of 100 patches
     boxes = torch.tensor([[8, 16, 32, 32]], dtype=torch.float64)
-    assert uniform_pointing(grid, boxes, size).tolist() == [pytest.approx(0.06)]
+    assert uniform_pointing(geometry, boxes).tolist() == [pytest.approx(0.06)]
 
 
 def test_box_weights_and_pooling() -> None:
     """An 8-px-aligned box covers its cells fully; a box over half a cell weighs it 0.5."""
-    w = box_weights(torch.tensor([[8, 0, 24, 8], [0, 0, 4, 8]]), (2, 4), (32, 16))
+    w = box_weights(torch.tensor([[8, 0, 24, 8], [0, 0, 4, 8]]),
+                    TokenGeometry.cell_centred((2, 4), (32, 16)))
     assert w[0].tolist() == [0, 1, 1, 0, 0, 0, 0, 0]
     assert w[1].tolist() == [0.5, 0, 0, 0, 0, 0, 0, 0]
     patches = torch.arange(16.0).reshape(2, 8, 1).double()
@@ -145,7 +148,7 @@ def test_binding_results_with_a_source_of_known_peaks() -> None:
             out[role] = heat
         return out
 
-    res = binding_results(items, source, (10, 10))
+    res = binding_results(items, source, TokenGeometry.cell_centred((10, 10), (80, 80)))
     for kind in ("true", "conflicting"):
         assert res[kind]["shape"]["on_a"] == 1.0
         assert res[kind]["colour"]["on_b"] == 1.0 and res[kind]["size"]["on_b"] == 1.0

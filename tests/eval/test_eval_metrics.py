@@ -30,6 +30,7 @@ from otviz.eval.retrieval import (
     two_stage_recall,
     two_stage_rerank,
 )
+from otviz.token_geometry import TokenGeometry
 from otviz.train.pretrain import retrieval_recalls
 from otviz.world import World, WorldConfig
 
@@ -187,12 +188,13 @@ def test_pointing_game_hand_computed():
     heat = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.2, 0.1], [0.0, 0.0, 0.0, 0.0]])
     gold = torch.tensor([[40, 0, 80, 20], [0, 0, 40, 20], [0, 0, 80, 40]])
     # hit (60,10) in box; miss (20,30) outside; flat map points nowhere -> miss
-    assert pointing_hits(heat, (2, 2), gold, (80, 40)).tolist() == [True, False, False]
-    assert pointing_game(heat, (2, 2), gold, (80, 40)) == pytest.approx(1 / 3)
+    geometry = TokenGeometry.cell_centred((2, 2), (80, 40))
+    assert pointing_hits(heat, geometry, gold).tolist() == [True, False, False]
+    assert pointing_game(heat, geometry, gold) == pytest.approx(1 / 3)
     # half-open boxes: a centre on x0 is inside, on x1 outside
     one = heat[:1]
-    assert pointing_hits(one, (2, 2), torch.tensor([[60, 0, 80, 20]]), (80, 40)).item()
-    assert not pointing_hits(one, (2, 2), torch.tensor([[40, 0, 60, 20]]), (80, 40)).item()
+    assert pointing_hits(one, geometry, torch.tensor([[60, 0, 80, 20]])).item()
+    assert not pointing_hits(one, geometry, torch.tensor([[40, 0, 60, 20]])).item()
 
 
 def test_box_iou_hand_computed_and_against_torchvision():
@@ -218,7 +220,8 @@ def test_grounding_scores_hand_computed():
     #   map 1 keeps patch 2 -> (0,20,40,40) vs (0,20,80,40): 800 / 1600 = 0.5 (a hit)
     #   map 2 keeps patch 3 -> (40,20,80,40) vs (0,0,40,20): 0
     # pointing: centres (20,10) in, (20,30) in, (60,30) out -> 2/3
-    out = grounding_scores(heat, (2, 2), gold, (80, 40), threshold=0.5)
+    out = grounding_scores(heat, TokenGeometry.cell_centred((2, 2), (80, 40)), gold,
+                           threshold=0.5)
     assert out == pytest.approx({"pointing": 2 / 3, "mean_iou": 0.5, "hit@0.5": 2 / 3, "n": 3})
 
 

@@ -38,10 +38,10 @@ def test_explainer_rows_score_each_phrase_map(suite, tmp_path) -> None:
             explain_pairs(backbone, name, [data.samples[int(j)].image], [text]).maps
             for j, text in zip(q.image, q.texts, strict=True)
         ])
-        scores = grounding_scores(maps, data.grid, q.boxes, (80, 80))
+        scores = grounding_scores(maps, data.geometry, q.boxes)
         for key in ("pointing", "mean_iou", "hit@0.5"):
             assert row[key] == pytest.approx(scores[key], abs=1e-6), (name, key)
-        hits = pointing_hits(maps, data.grid, q.boxes, (80, 80))[q.shared_colour]
+        hits = pointing_hits(maps, data.geometry, q.boxes)[q.shared_colour]
         if hits.numel():
             assert row["pointing_shared_colour"] == pytest.approx(float(hits.double().mean()))
         assert row["method"] == EXPLAINERS[name].label

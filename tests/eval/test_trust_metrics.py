@@ -20,6 +20,7 @@ from otviz.eval.trust.metrics import (
 )
 from otviz.eval.trust.table import MODEL_FREE, trust_tables, verdict
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
+from otviz.token_geometry import TokenGeometry
 from tests.helpers import random_tiny_clip, world_trust_inputs
 
 FAST = TrustSettings(regions=3, fc_runs=3, ms_samples=2, mprt_blocks=1)
@@ -49,15 +50,14 @@ def inputs(backbone) -> T.TrustInputs:
     return world_trust_inputs(backbone, seed=1, n=3)
 
 
-def _patch_masks(inputs: T.TrustInputs, grid: tuple[int, int]) -> Tensor:
-    side = inputs.pixels.shape[-1]
-    h, w = grid
-    return torch.as_tensor(inputs.masks[:, 0, side // h // 2 :: side // h,
-                                        side // w // 2 :: side // w]).reshape(len(inputs.masks), -1)
+def _patch_masks(inputs: T.TrustInputs) -> Tensor:
+    """Each token's value in the gold masks, read at the pixel its token looks at."""
+    x, y = inputs.scorer.geometry.centres().floor().long().T
+    return torch.as_tensor(inputs.masks[:, 0])[:, y, x]
 
 
 def test_the_gold_region_as_map_localises_perfectly(backbone, inputs) -> None:
-    gold = _patch_masks(inputs, backbone.grid).double()
+    gold = _patch_masks(inputs).double()
     assert bool((gold.sum(1) > 0).all())
     scores = trust_scores(inputs.scorer, FixedMaps(gold), inputs.pixels, inputs.targets,
                           inputs.masks, FAST, metrics=["pointing", "mass", "rank", "auc"])
@@ -71,10 +71,9 @@ def test_quantus_pointing_is_ours_on_maps_without_ties(backbone, inputs) -> None
     maps = torch.rand(len(inputs.targets), n, dtype=torch.float64)
     scores = trust_scores(inputs.scorer, FixedMaps(maps), inputs.pixels, inputs.targets,
                           inputs.masks, FAST, metrics=["pointing"])
-    side = inputs.pixels.shape[-1]
-    boxes = torch.tensor([T.box_to_model_pixels(p.box, (80, 80), side)
+    boxes = torch.tensor([T.box_to_model_pixels(p.box, (80, 80), inputs.scorer)
                           for p in inputs.scorer.phrases], dtype=torch.float64)
-    ours = pointing_hits(maps, backbone.grid, boxes, (side, side)).double().numpy()
+    ours = pointing_hits(maps, inputs.scorer.geometry, boxes).double().numpy()
     assert 0 < ours.mean() < 1  # both hits and misses
     assert np.array_equal(scores.values["pointing"], ours)
 
@@ -95,6 +94,7 @@ class RegionMean(nn.Module):
     """A synthetic model: one class, the mean of the pixels in the top-left 8 x 8 corner."""
 
     grid = (4, 4)
+    geometry = TokenGeometry.cell_centred((4, 4), (16, 16))
 
     def forward(self, pixels: Tensor) -> Tensor:
         return torch.as_tensor(pixels)[:, :, :8, :8].mean(dim=(1, 2, 3))[:, None]

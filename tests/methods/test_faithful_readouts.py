@@ -21,6 +21,7 @@ from otviz.ot.lowrank import lowrank_uot
 from otviz.ot.partial import partial_ot_log
 from otviz.ot.sinkhorn import sinkhorn_log
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
+from otviz.token_geometry import TokenGeometry
 from otviz.viz.mass import displayable_mass, negative_mass, negative_mass_note
 from otviz.viz.tables import ScoreRow, score_frame
 
@@ -91,7 +92,8 @@ def test_faithful_conceptot_negative_mass_is_reported_not_drawn():
     row = ScoreRow.make("conceptot", "ConceptOT", 0.1, 0.2, 0.5, 1e-3, 1.0, "x", neg)
     assert score_frame([row])["negative mass"][0] == f"{neg:.2e}"
     # an all-negative heatmap still gives a valid box (the whole grid), never x1 < x0
-    box = heatmap_boxes(torch.tensor([[-3.0, -1.0, -2.0, -5.0, -1.0, -4.0]]), (2, 3))[0]
+    box = heatmap_boxes(torch.tensor([[-3.0, -1.0, -2.0, -5.0, -1.0, -4.0]]),
+                        TokenGeometry.cell_centred((2, 3), (3, 2)))[0]
     assert box.tolist() == [0, 0, 3, 2]
 
 

@@ -60,11 +60,10 @@ def world(ctx, checkpoint, sources) -> B.BrowseTable:
 # ----------------------------------------------------------------------- rows
 def test_rows_are_the_grounding_metrics_of_the_same_heatmaps(world):
     assert world.gold is not None and world.hits is not None and world.iou is not None
-    size = tuple(int(v) for v in world.image_sizes[0])
     for k, name in enumerate(world.methods):
         heat = world.heatmaps[:, k]
-        scores = grounding_scores(heat, world.grid, world.gold, size, world.threshold)
-        assert torch.equal(world.hits[:, k], pointing_hits(heat, world.grid, world.gold, size))
+        scores = grounding_scores(heat, world.geometries, world.gold, world.threshold)
+        assert torch.equal(world.hits[:, k], pointing_hits(heat, world.geometries, world.gold))
         assert scores["pointing"] == pytest.approx(float(world.hits[:, k].float().mean()))
         assert scores["mean_iou"] == pytest.approx(float(world.iou[:, k].mean())), name
         assert scores["hit@0.5"] == pytest.approx(float((world.iou[:, k] >= 0.5).double().mean()))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from otviz.suite import ALIGN_METHODS
+from otviz.token_geometry import TokenGeometry
 from otviz.ui.phrase_grids import (
     GRID_QUALITY,
     GridCache,
@@ -33,7 +34,8 @@ def layouts() -> tuple[np.ndarray, list[dict], list[np.ndarray]]:
     out, rasters = [], []
     for k, scale in enumerate((False, True)):
         heats = {n: rng.random((6, 8)) ** (k + 2) for n in ALIGN_METHODS}
-        out.append(grid_layout(image, (6, 8), heats, f"phrase {k}", scale))
+        geometry = TokenGeometry.cell_centred((6, 8), (128, 96))
+        out.append(grid_layout(geometry, heats, f"phrase {k}", scale))
         rasters.append(compose_heatmaps(image, **out[-1]))
     return image, out, rasters
 

@@ -21,7 +21,7 @@ from PIL import Image
 from otviz.backbone import ImageInputError
 from otviz.eval.came_quotas import quota_ratio_table
 from otviz.explain import InputError, NotComputedError
-from otviz.grounding import heatmap_boxes, patch_box_to_pixels
+from otviz.grounding import heatmap_boxes
 from otviz.methods import METHODS
 from otviz.methods.powerclip import EMPTY_SUBSET
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
@@ -144,11 +144,8 @@ def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded, to
     assert list(view.heats) == list(ALIGN_METHODS)
     assert all(h.shape == encoded.grid for h in view.heats.values())
     maps = [view.heats[n] for n in ALIGN_METHODS]
-    boxes = patch_box_to_pixels(
-        heatmap_boxes(torch.from_numpy(np.stack([m.reshape(-1) for m in maps])), encoded.grid),
-        encoded.grid,
-        (224, 224),
-    ).tolist()
+    boxes = heatmap_boxes(torch.from_numpy(np.stack([m.reshape(-1) for m in maps])),
+                          encoded.geometry).tolist()
     # a box over (nearly) the whole image localises nothing and is not drawn
     boxes = [None if (b[2] - b[0]) * (b[3] - b[1]) >= 0.9 * 224 * 224 else b for b in boxes]
     text = " ".join(encoded.words[k].text for k in resolve_phrase(encoded, view.phrase))
@@ -225,11 +222,8 @@ def test_marginals_are_the_plan_sums(tools, sample, encoded, method):
         [data.plan[:, 1].reshape(encoded.grid)],
         [f'{METHOD_LABELS[method]}: "{data.tokens[1]}"'],
         boxes=[None if (b[2] - b[0]) * (b[3] - b[1]) >= 0.9 * 224 * 224 else b
-               for b in patch_box_to_pixels(
-                   heatmap_boxes(torch.from_numpy(data.plan[:, 1])[None], encoded.grid),
-                   encoded.grid,
-                   (224, 224),
-               ).tolist()],
+               for b in heatmap_boxes(torch.from_numpy(data.plan[:, 1])[None],
+                                      encoded.geometry).tolist()],
         columns=1,
         panel_px=224,
         colorbar_label="token mass",

@@ -37,13 +37,14 @@ from torch import Tensor, nn
 
 from otviz.backbone import Backbone, ImageInput, to_rgb
 from otviz.eval.grounding_baselines import centre_prior_heatmaps, colour_oracle_heatmaps
-from otviz.eval.grounding_metrics import patch_centres, points_in_boxes
+from otviz.eval.grounding_metrics import points_in_boxes
 from otviz.eval.world_set import backbone_in_space, trim_tokens
 from otviz.explainers import EXPLAINERS, get_explainer, phrase_embeddings
 from otviz.methods.base import PairBatch
 from otviz.suite import METHOD_LABELS, SuiteMethod
 from otviz.text.parse import batch_node_masks, parse_caption
 from otviz.text.tree import Tree
+from otviz.token_geometry import TokenGeometry, input_frame
 from otviz.towers import BackboneLoadError
 from otviz.world import COLOUR_RGB, Sample
 
@@ -108,29 +109,27 @@ def _mean_std(backbone: Backbone) -> tuple[Tensor, Tensor]:
     return (torch.tensor(cfg["mean"]).view(3, 1, 1), torch.tensor(cfg["std"]).view(3, 1, 1))
 
 
-def box_to_model_pixels(box: Box, image_size: tuple[int, int], side: int) -> Box:
-    """A pixel box of an image of ``(width, height)`` in the tower's ``side x side`` input
-    (the eval transform resizes the shorter side to ``side`` and crops the centre)."""
-    width, height = image_size
-    scale = side / min(width, height)
-    dx, dy = (width * scale - side) / 2, (height * scale - side) / 2
+def box_to_model_pixels(box: Box, image_size: tuple[int, int], scorer: PhraseScorer) -> Box:
+    """A pixel box of an image of ``(width, height)`` in the tower's input, through the
+    eval transform's resize and crop (:func:`otviz.token_geometry.input_frame`)."""
+    (sx, sy), (ox, oy) = input_frame(image_size, scorer.geometry.size, scorer.preprocess)
     x0, y0, x1, y1 = box
-    return (x0 * scale - dx, y0 * scale - dy, x1 * scale - dx, y1 * scale - dy)
+    return ((x0 - ox) / sx, (y0 - oy) / sy, (x1 - ox) / sx, (y1 - oy) / sy)
 
 
-def gold_masks(boxes: Tensor, grid: tuple[int, int], side: int) -> Tensor:
-    """``[P, 1, side, side]`` float: the gold region of each phrase at the heatmaps'
-    resolution: the patches whose centre lies in its box (``[P, 4]`` pixels of the tower
-    input), so Quantus' pointing game hits exactly when ours does
+def gold_masks(boxes: Tensor, geometry: TokenGeometry) -> Tensor:
+    """``[P, 1, H, W]`` float: the gold region of each phrase at the heatmaps' resolution:
+    the cells of the tokens that look inside its box (``[P, 4]`` pixels of the tower input),
+    so Quantus' pointing game hits exactly when ours does
     (:func:`~otviz.eval.grounding_metrics.pointing_hits`)."""
-    inside = points_in_boxes(patch_centres(grid, (side, side))[None], boxes[:, None, :])
-    return to_pixels(inside.double(), grid, side)
+    inside = points_in_boxes(geometry.centres()[None], boxes[:, None, :])
+    return to_pixels(inside.double(), geometry)
 
 
-def to_pixels(heat: Tensor, grid: tuple[int, int], side: int) -> Tensor:
-    """``[B, N]`` patch maps -> ``[B, 1, side, side]``, each patch's value over its pixels."""
-    maps = heat.reshape(heat.shape[0], 1, *grid).float()
-    return F.interpolate(maps, size=(side, side), mode="nearest")
+def to_pixels(heat: Tensor, geometry: TokenGeometry) -> Tensor:
+    """``[B, N]`` token maps -> ``[B, 1, H, W]`` on the tower input, each token's value over
+    the pixels of its cell (:meth:`~otviz.token_geometry.TokenGeometry.paint`)."""
+    return geometry.paint(heat.float())[:, None]
 
 
 # ----------------------------------------------------------------------- randomised blocks
@@ -219,6 +218,15 @@ class PhraseScorer(nn.Module):
     def side(self) -> int:
         return int(self.backbone.model.visual.preprocess_cfg["size"][0])
 
+    @property
+    def geometry(self) -> TokenGeometry:
+        """Where each token looks on the tower input (the token-geometry contract)."""
+        return self.backbone.image_tower.geometry
+
+    @property
+    def preprocess(self) -> dict[str, Any]:
+        return dict(self.backbone.model.visual.preprocess_cfg)
+
     def normalise(self, pixels: Tensor) -> Tensor:
         """``[0, 1]`` pixels -> the tower's normalised input."""
         return ((pixels - self.mean) / self.std).to(self.backbone.device)
@@ -277,7 +285,7 @@ class HeatmapSource(ABC):
         pixels = torch.as_tensor(np.asarray(inputs), dtype=torch.float32)
         phrase = torch.as_tensor(np.asarray(targets), dtype=torch.long).reshape(-1)
         heat = self.patch_maps(model, pixels, phrase).detach().cpu().double().clamp_min(0)
-        return to_pixels(heat, model.grid, pixels.shape[-1]).numpy()
+        return to_pixels(heat, model.geometry).numpy()
 
 
 class MethodSource(HeatmapSource):
@@ -336,7 +344,7 @@ class ColourOracleSource(HeatmapSource):
         for k, t in enumerate(targets.tolist()):
             colour = scorer.phrases[t].colour
             if colour is not None:
-                maps[k] = colour_oracle_heatmaps([images[k]], [colour], grid)[0]
+                maps[k] = colour_oracle_heatmaps([images[k]], [colour], scorer.geometry)[0]
         return maps
 
 
@@ -347,8 +355,7 @@ class CentrePriorSource(HeatmapSource):
     model_free = True
 
     def patch_maps(self, scorer: PhraseScorer, pixels: Tensor, targets: Tensor) -> Tensor:
-        side = pixels.shape[-1]
-        return centre_prior_heatmaps(len(targets), scorer.grid, (side, side))
+        return centre_prior_heatmaps(len(targets), scorer.geometry)
 
 
 class UniformSource(HeatmapSource):
@@ -415,12 +422,11 @@ def trust_inputs(
     if not kept:
         raise ValueError("no phrase has a word the model reads")
     scorer = scorer.restricted(kept) if len(kept) < len(rows) else scorer
-    side = scorer.side
     masks = None
     if kept and all(rows[k][0].box is not None for k in kept):
-        boxes = torch.tensor([box_to_model_pixels(rows[k][0].box, rows[k][1], side)
+        boxes = torch.tensor([box_to_model_pixels(rows[k][0].box, rows[k][1], scorer)
                               for k in kept], dtype=torch.float64)
-        masks = gold_masks(boxes, scorer.grid, side).numpy()
+        masks = gold_masks(boxes, scorer.geometry).numpy()
     return TrustInputs(scorer, torch.stack([pixels[k] for k in kept]).numpy(),
                        np.arange(len(kept)), masks, [image_of[k] for k in kept])
 
