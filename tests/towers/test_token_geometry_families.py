@@ -93,7 +93,7 @@ def _tokens(tower: ImageTower, measure: str) -> Callable[[Tensor], Tensor]:
             if final_conv is not None:  # FastViT, as TimmTower reads it
                 spatial = final_conv(spatial)
             return spatial[0].permute(1, 2, 0)
-        raise AssertionError(type(visual))
+        return tower.encode(x)[0][0].reshape(*tower.grid, -1)  # a ViT at its native size
 
     return tokens
 
@@ -145,10 +145,14 @@ class Measured:
     interior: Tensor  # [N] token indices
 
 
-def measure(name: str, tmp: Path, hf_dir: Path) -> Measured:
-    case = FAMILIES[name]
+def measure(name: str, tmp: Path, hf_dir: Path, case: Case | None = None) -> Measured:
+    case = case or FAMILIES[name]
     torch.manual_seed(0)
-    if case.build.startswith("tiny-"):
+    if case.build == "shipped":
+        from otviz.tiny_clip import DEFAULT_CHECKPOINT
+
+        backbone = Backbone.from_checkpoint(DEFAULT_CHECKPOINT)
+    elif case.build.startswith("tiny-"):
         backbone = _tiny(tmp, case.build.removeprefix("tiny-"))
     else:
         backbone = shrunk_backbone(case.build, hf_dir)
@@ -204,3 +208,34 @@ def test_off_centre_towers_are_measurably_off_the_cell_centre(measured, name, be
     naive = TokenGeometry.cell_centred(m.stated.grid, m.stated.size).centres()[m.interior]
     assert m.stated.origin == (0.5, 0.5)
     assert ((m.empirical - naive).mean(0) < -beyond).all()
+
+
+#: Also measured by the table below (``python -m tests.towers.test_token_geometry_families``):
+#: the shipped tiny CLIP's trained weights, on its stem and through the whole tower.
+SHIPPED = {"shipped tiny CLIP, stem": Case("shipped", measure="spatial"),
+           "shipped tiny CLIP, whole tower": Case("shipped")}
+
+
+def main() -> None:
+    """Print each family's stated stride and origin and the measured mean offsets (the
+    table of docs/backbones.md's "Token geometry")."""
+    import tempfile
+
+    torch.set_num_threads(1)
+    print("| family | input | grid | stride | origin (stated) | measured - stated "
+          "(mean, px) | measured - cell centre (mean, px) |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = {**{k: FAMILIES[k] for k in FAMILIES}, **SHIPPED}
+        for name, case in cases.items():
+            m = measure(name, Path(tmp), Path(tmp), case)
+            naive = TokenGeometry.cell_centred(m.stated.grid, m.stated.size).centres()
+            off = (m.empirical - m.stated.centres()[m.interior]).mean(0).tolist()
+            cell = (m.empirical - naive[m.interior]).mean(0).tolist()
+            print(f"| {name} | {m.stated.size[0]} px | {m.stated.grid[0]} x {m.stated.grid[1]} "
+                  f"| {m.stated.stride[0]:g} | {m.stated.origin[0]:g} | "
+                  f"{off[0]:+.2f}, {off[1]:+.2f} | {cell[0]:+.2f}, {cell[1]:+.2f} |")
+
+
+if __name__ == "__main__":
+    main()
