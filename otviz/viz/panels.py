@@ -105,11 +105,13 @@ def overlay(
 def heat_fields(
     geometry: TokenGeometry, heats: Sequence[np.ndarray], width: int, height: int
 ) -> np.ndarray:
-    """``[K, height, width]`` float32: each ``[gh, gw]`` token map on a ``width x height``
-    raster of the picture of ``geometry``, bilinear between the points where the tokens look
-    (:meth:`~otviz.token_geometry.TokenGeometry.upsample`), so a token's value peaks on its
-    receptive field's centre; 0 where no token looks (outside the preprocessing's crop)."""
-    maps = torch.from_numpy(np.stack([np.asarray(h, dtype=np.float64) for h in heats]))
+    """``[K, height, width]`` float32: each ``[gh, gw]`` (or ``[N]``) token map on a
+    ``width x height`` raster of the picture of ``geometry``, bilinear between the points
+    where the tokens look (:meth:`~otviz.token_geometry.TokenGeometry.upsample`), so a
+    token's value peaks on its receptive field's centre; 0 where no token looks (outside
+    the preprocessing's crop)."""
+    maps = torch.from_numpy(np.stack([np.asarray(h, dtype=np.float64).reshape(geometry.grid)
+                                      for h in heats]))
     return geometry.scaled(width, height).upsample(maps).numpy().astype(np.float32)
 
 
