@@ -151,7 +151,7 @@ def grounding_examples_figure(suite: MethodSuite, data: EvalSet, n_examples: int
         [data.samples[int(q.image[k])].image for k in first],
         [[heats[m][i] for m in range(len(names))] for i in range(len(first))],
         [q.boxes[k].tolist() for k in first], [f'"{q.texts[k]}"' for k in first],
-        [METHOD_LABELS[n] for n in names])
+        [METHOD_LABELS[n] for n in names], data.geometry)
 
 
 def render_report(config: ReportConfig) -> list[Path]:

@@ -14,10 +14,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from otviz.errors import UserInputError
+from otviz.token_geometry import TokenGeometry
 
 
 class ExplainerUnsupportedError(UserInputError, ValueError):
@@ -55,14 +55,22 @@ class PhraseExplainer(ABC):
         ``[B, 3, H, W]`` and unit text embeddings ``text`` ``[B, E]`` (pair ``p`` is image
         ``p`` with phrase ``p``). Runs with gradients on, whatever the caller's mode."""
 
-    def maps(self, pixels: Tensor, text: Tensor, grid: tuple[int, int]) -> Tensor:
-        """``[B, N]`` maps on the patch ``grid`` (row-major, ``N = H * W``): :meth:`explain`,
-        resampled (area average / bilinear) when the tower's grid is not ``grid``."""
+    def maps(self, pixels: Tensor, text: Tensor, geometry: TokenGeometry) -> Tensor:
+        """``[B, N]`` maps on the tokens of ``geometry`` (the backbone's token geometry on
+        the model input; row-major): :meth:`explain`, as is when its map lies on that grid
+        (the same tokens); otherwise (a layer of another resolution) its map, read as an
+        even, cell-centred split of the input (:meth:`TokenGeometry.cell_centred`), is
+        painted on the input's pixels and averaged over each token's cell
+        (:meth:`TokenGeometry.pool`): an area average, so entry ``n`` is the explainer's
+        mean over the pixels token ``n`` looks at."""
         heat = self.explain(pixels, text).detach()
-        if tuple(heat.shape[-2:]) != tuple(grid):
-            heat = F.interpolate(heat[:, None], size=grid, mode="area" if heat.shape[-1] >
-                                 grid[1] else "bilinear")[:, 0]
-        return heat.reshape(heat.shape[0], -1)
+        own = tuple(heat.shape[-2:])
+        if own == tuple(geometry.grid):
+            return heat.reshape(heat.shape[0], -1)
+        width, height = pixels.shape[-1], pixels.shape[-2]
+        painted = TokenGeometry.cell_centred(own, (width, height)).paint(
+            heat.reshape(heat.shape[0], -1).double())
+        return geometry.scaled(width, height).pool(painted).to(heat.dtype)
 
 
 #: name -> explainer class, in registration order (the order of the tables and panels).

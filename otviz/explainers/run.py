@@ -47,7 +47,8 @@ def explain_pairs(
     parts, start = [], time.perf_counter()
     for s in range(0, len(phrases), chunk):
         pixels = backbone.image_tensor(list(images[s : s + chunk]))
-        parts.append(explainer.maps(pixels, text[s : s + chunk], backbone.grid).double().cpu())
+        parts.append(explainer.maps(pixels, text[s : s + chunk],
+                                    backbone.image_tower.geometry).double().cpu())
     ms = 1000 * (time.perf_counter() - start)
     n = backbone.grid[0] * backbone.grid[1]
     return ExplainerMaps(name, torch.cat(parts) if parts else torch.zeros(0, n), ms)

@@ -216,6 +216,7 @@ def anchor_maps_view(
         encoded.image,
         [kernel[k].reshape(h, w) for k in shown],
         [f"anchor {k} · mass {mass[k]:.3g}" for k in shown],
+        geometry=encoded.geometry,
         shared_scale=not per_map_scale,
         colorbar_label="anchor kernel K_ZP",
         cmap=HEAT_CMAP,

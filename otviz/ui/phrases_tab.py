@@ -164,10 +164,10 @@ def phrases_view(
         encoded.parse.tree, nodes[node], title=f"Constituency tree ({parser} parser)"
     )
     regions_fig = regions_figure(
-        encoded.image, masks, encoded.grid, title=f"{len(masks)} regions ({regions})"
+        encoded.image, masks, encoded.geometry, title=f"{len(masks)} regions ({regions})"
     )
     subset_fig = best_subset_figure(
-        encoded.image, masks, encoded.grid,
+        encoded.image, masks, encoded.geometry,
         None if exact_best is None else exact_best[node], soft_best[node],
         nodes[node].span_text(), soft_label,
     )

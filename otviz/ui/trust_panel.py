@@ -38,6 +38,7 @@ from otviz.eval.trust.adapter import (
     phrase_colour,
     trust_inputs,
 )
+from otviz.eval.trust.lattice import PatchLattice
 from otviz.eval.trust.metrics import (
     FLAT,
     METRIC_BY_KEY,
@@ -208,7 +209,7 @@ def trust_rows(
                 cache.put((*base, source.name, name), part)
             merged = _merge(rows[k] if k < len(rows) else None, source, part, settings)
             rows[k:k + 1] = [merged]  # the fast pass appends row k, the slow one replaces it
-    patch = row.pixels.shape[-1] // explainer.backbone.grid[1]
+    patch = PatchLattice.on_cells(explainer.backbone.image_tower.geometry, settings.patch).patch
     yield rows, _final_status(rows, phrases[target], len(phrases), row, notes, settings, patch)
 
 

@@ -48,6 +48,7 @@ def words_figures(
         encoded.image,
         [phrase.numpy()],
         [f'"{phrase_text}"'],
+        geometry=encoded.geometry,
         boxes=[pixel_box],
         cmap=SIMILARITY_CMAP,
         colorbar_label="cosine similarity",

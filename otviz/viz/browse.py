@@ -97,7 +97,8 @@ def browse_page_image(
             x = col * cell_w
             heat, _ = displayable_mass(table.heatmaps[q, k].reshape(geometry.grid).numpy())
             peak = float(heat.max())
-            canvas.paste(Image.fromarray(overlay(base, heat, 0.0, peak if peak > 0 else 1.0)),
+            canvas.paste(Image.fromarray(overlay(base, heat, geometry, 0.0,
+                                                 peak if peak > 0 else 1.0)),
                          (x, top))
             _box(draw, table.boxes[q, k].tolist(), scale, (x, top), BOX_COLOUR)
             _peak(draw, heat, geometry, (x, top))

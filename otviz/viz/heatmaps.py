@@ -1,4 +1,5 @@
-"""Heatmaps over the patch grid drawn on the image (matplotlib)."""
+"""Heatmaps over the token grid drawn on the image (matplotlib), each token's value placed
+where the token looks (:class:`otviz.token_geometry.TokenGeometry`)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,19 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from otviz.explain import Encoded
+from otviz.token_geometry import TokenGeometry
+from otviz.viz.panels import heat_fields
 from otviz.viz.style import HEAT_CMAP, SIMILARITY_CMAP, new_figure
+
+#: Longest side of the heat raster drawn under matplotlib (a pixel raster, not the tokens).
+FIELD_PX = 512
 
 
 def draw_heatmap(
     ax: Axes,
     image: np.ndarray,
     heat: np.ndarray,
+    geometry: TokenGeometry,
     *,
     vmin: float | None = None,
     vmax: float | None = None,
@@ -26,15 +33,21 @@ def draw_heatmap(
     box: Sequence[float] | None = None,
     title: str | None = None,
 ):
-    """Draw ``image`` (``[H, W, 3]`` uint8) with ``heat`` (``[gh, gw]``) stretched over it.
+    """Draw ``image`` (``[H, W, 3]`` uint8) with ``heat`` (``[gh, gw]`` on the tokens of
+    ``geometry``, the token geometry on ``image``) over it, bilinear between the points
+    where the tokens look (:func:`otviz.viz.panels.heat_fields`, on a raster of at most
+    :data:`FIELD_PX` a side spanning the image).
 
     ``box`` is an optional pixel box ``(x0, y0, x1, y1)`` (e.g. the weak-grounding box).
     Returns the heat ``AxesImage`` (for a colour bar).
     """
     height, width = image.shape[:2]
+    scale = min(1.0, FIELD_PX / max(height, width))
+    field = heat_fields(geometry, [heat], max(1, round(width * scale)),
+                        max(1, round(height * scale)))[0]
     ax.imshow(image, extent=(0, width, height, 0), interpolation="nearest")
     mappable = ax.imshow(
-        heat,
+        field,
         extent=(0, width, height, 0),
         cmap=cmap,
         alpha=alpha,
@@ -59,6 +72,7 @@ def heatmap_grid_figure(
     heats: Sequence[np.ndarray],
     titles: Sequence[str],
     *,
+    geometry: TokenGeometry,
     shared_scale: bool = True,
     boxes: Sequence[Sequence[float] | None] | None = None,
     columns: int = 4,
@@ -68,7 +82,9 @@ def heatmap_grid_figure(
     zero_floor: bool = True,
     panel_size: float = 2.6,
 ) -> Figure:
-    """One panel per heatmap, on one colour scale (``shared_scale``) or one scale each.
+    """One panel per heatmap (``[gh, gw]`` on the tokens of ``geometry``, the token geometry
+    on ``image``: ``encoded.geometry``), on one colour scale (``shared_scale``) or one
+    scale each.
 
     ``zero_floor`` starts the shared scale at 0 (masses); otherwise at the smallest value
     (similarities, which can be negative)."""
@@ -89,6 +105,7 @@ def heatmap_grid_figure(
             ax,
             image,
             heats[k],
+            geometry,
             vmin=vmin,
             vmax=vmax,
             cmap=cmap,
@@ -113,6 +130,7 @@ def word_similarity_figure(
         encoded.image,
         [maps[k].numpy() for k in words],
         [encoded.words[k].text for k in words],
+        geometry=encoded.geometry,
         cmap=SIMILARITY_CMAP,
         colorbar_label="cosine similarity",
         zero_floor=False,

@@ -1,7 +1,8 @@
 """Heatmap panels composed directly as one RGB raster (numpy + PIL), with colour bars.
 
-The picture of :func:`otviz.viz.heatmaps.heatmap_grid_figure` (heat stretched over the
-image bilinearly, a perceptually uniform colour map, the weak-grounding box in cyan,
+The picture of :func:`otviz.viz.heatmaps.heatmap_grid_figure` (heat drawn bilinearly between
+the points where its tokens look, :meth:`otviz.token_geometry.TokenGeometry.upsample`, a
+perceptually uniform colour map, the weak-grounding box in cyan,
 titles, one shared colour bar or one per panel), drawn in a few milliseconds instead of
 the few hundred a matplotlib render takes: the interactive views redraw it on every phrase
 change. Where the mass is, shows: the image is dimmed to grey and the colour's opacity
@@ -17,9 +18,11 @@ from functools import lru_cache
 
 import matplotlib
 import numpy as np
+import torch
 from matplotlib import font_manager
 from PIL import Image, ImageDraw, ImageFont
 
+from otviz.token_geometry import TokenGeometry
 from otviz.viz.style import FONT_FAMILY, HEAT_CMAP, drawable
 
 BOX_COLOUR = (0, 229, 255)  # the cyan of draw_heatmap's grounding box
@@ -82,6 +85,7 @@ def _scale_limits(
 def overlay(
     image: np.ndarray,
     heat: np.ndarray,
+    geometry: TokenGeometry,
     vmin: float,
     vmax: float,
     cmap: str = HEAT_CMAP,
@@ -89,10 +93,26 @@ def overlay(
     backdrop: float = BACKDROP,
 ) -> np.ndarray:
     """``image`` (uint8 ``[h, w, 3]``) greyed and dimmed to ``backdrop``, with ``heat``
-    (``[gh, gw]``) stretched over it by bilinear interpolation, colour-mapped on
+    (``[gh, gw]`` on the tokens of ``geometry``, the token geometry on ``image``) drawn
+    bilinearly between the token centres (:func:`heat_fields`), colour-mapped on
     ``[vmin, vmax]`` and blended at an opacity growing linearly from ``alpha[0]`` (``vmin``)
     to ``alpha[1]`` (``vmax``)."""
-    return np.asarray(_blend(dimmed(image, backdrop), heat, vmin, vmax, cmap, alpha))
+    h, w = image.shape[:2]
+    field = heat_fields(geometry, [heat], w, h)[0]
+    return np.asarray(_blend(dimmed(image, backdrop), field, vmin, vmax, cmap, alpha))
+
+
+def heat_fields(
+    geometry: TokenGeometry, heats: Sequence[np.ndarray], width: int, height: int
+) -> np.ndarray:
+    """``[K, height, width]`` float32: each ``[gh, gw]`` (or ``[N]``) token map on a
+    ``width x height`` raster of the picture of ``geometry``, bilinear between the points
+    where the tokens look (:meth:`~otviz.token_geometry.TokenGeometry.upsample`), so a
+    token's value peaks on its receptive field's centre; 0 where no token looks (outside
+    the preprocessing's crop)."""
+    maps = torch.from_numpy(np.stack([np.asarray(h, dtype=np.float64).reshape(geometry.grid)
+                                      for h in heats]))
+    return geometry.scaled(width, height).upsample(maps).numpy().astype(np.float32)
 
 
 def dimmed(image: np.ndarray, backdrop: float = BACKDROP) -> Image.Image:
@@ -103,15 +123,14 @@ def dimmed(image: np.ndarray, backdrop: float = BACKDROP) -> Image.Image:
 
 
 def _blend(
-    grey: Image.Image, heat: np.ndarray, vmin: float, vmax: float, cmap: str,
+    grey: Image.Image, field: np.ndarray, vmin: float, vmax: float, cmap: str,
     alpha: tuple[float, float],
 ) -> Image.Image:
-    """``heat`` stretched bilinearly over ``grey``, its level on ``[vmin, vmax]`` mapped to
-    0-255, coloured by ``cmap`` and composited at the level's opacity; every step in
-    Pillow's C code (a panel in about a millisecond)."""
+    """``field`` (a heat field on ``grey``'s pixels, :func:`heat_fields`), its level on
+    ``[vmin, vmax]`` mapped to 0-255, coloured by ``cmap`` and composited over ``grey`` at
+    the level's opacity; every step in Pillow's C code (a panel in about a millisecond)."""
     scale = 255.0 / (vmax - vmin)
-    field = Image.fromarray(np.asarray(heat, dtype=np.float32), mode="F")
-    level = field.resize(grey.size, Image.Resampling.BILINEAR).point(
+    level = Image.fromarray(np.ascontiguousarray(field, dtype=np.float32), mode="F").point(
         lambda v: (v - vmin) * scale).convert("L")  # clipped to 0-255
     palette, opacity = _blend_tables(cmap, alpha)
     colour = level.copy()
@@ -204,6 +223,7 @@ def compose_heatmaps(
     heats: Sequence[np.ndarray],
     titles: Sequence[str],
     *,
+    geometry: TokenGeometry,
     boxes: Sequence[Sequence[float] | None] | None = None,
     shared_scale: bool = True,
     zero_floor: bool = True,
@@ -217,8 +237,10 @@ def compose_heatmaps(
 
     Args:
         image: the RGB image (uint8 ``[h, w, 3]``) under every heatmap.
-        heats: ``[gh, gw]`` heatmaps on the patch grid.
+        heats: ``[gh, gw]`` heatmaps on the token grid of ``geometry``.
         titles: one title per panel.
+        geometry: where each token looks on ``image`` (``encoded.geometry``): every map is
+            drawn bilinearly between those points (:func:`heat_fields`).
         boxes: optional pixel boxes ``(x0, y0, x1, y1)`` in ``image`` coordinates (e.g.
             the weak-grounding box of ConceptOT Sec. 2.6), one per panel or ``None``.
         shared_scale: one colour scale for all panels (one bar at the right) or one scale
@@ -235,6 +257,7 @@ def compose_heatmaps(
     ph, pw = base.shape[:2]
     sx, sy = pw / image.shape[1], ph / image.shape[0]
     limits = _scale_limits(heats, shared_scale, zero_floor)
+    fields = heat_fields(geometry, heats, pw, ph)
     grey = dimmed(base)
     cols = max(1, min(columns, len(heats)))
     rows = math.ceil(len(heats) / cols)
@@ -243,12 +266,12 @@ def compose_heatmaps(
     canvas = Image.new("RGB", (cols * cell_w, rows * cell_h), BACKGROUND)
     draw = ImageDraw.Draw(canvas)
     font = _font(13)
-    for k, (heat, title) in enumerate(zip(heats, titles, strict=True)):
+    for k, (field, title) in enumerate(zip(fields, titles, strict=True)):
         x, y = (k % cols) * cell_w, (k // cols) * cell_h
         vmin, vmax = limits[k]
         note = None if notes is None else notes[k]
         if note is None:
-            canvas.paste(_blend(grey, heat, vmin, vmax, cmap, HEAT_ALPHA), (x, y + TITLE_PX))
+            canvas.paste(_blend(grey, field, vmin, vmax, cmap, HEAT_ALPHA), (x, y + TITLE_PX))
         else:
             draw.multiline_text((x + pw // 2, y + TITLE_PX + ph // 2),
                                 _wrap_text(draw, drawable(note), pw - 8, font),

@@ -47,7 +47,8 @@ def grid_layout(
     """What :func:`~otviz.viz.panels.compose_heatmaps` draws of a phrase, bar the image: one
     panel per method (``[gh, gw]`` maps on the token grid of ``geometry``, the token
     geometry on the image) with its grounding box, as
-    its keyword arguments (plain arrays, strings and numbers). Panels of ``readouts``
+    its keyword arguments (plain arrays, strings, numbers and the frozen geometry, so a
+    worker process can draw it). Panels of ``readouts``
     (method -> label of a map that is not a mass: QC-Align's Π/(μν), PowerCLIP's Fig. 6
     similarity) are stretched to the mass panels' peak on a shared scale and titled with the
     label and "own scale". The ``extra`` panels (title, ``[gh, gw]`` map: the explainers')
@@ -70,6 +71,7 @@ def grid_layout(
     maps += added
     return {
         "heats": maps,
+        "geometry": geometry,
         "titles": [METHOD_LABELS[n] + (f" {relative[n]}, own scale" if n in relative else "")
                    + negative_mass_note(neg)
                    for n, (_, neg) in zip(ALIGN_METHODS, shown, strict=True)]

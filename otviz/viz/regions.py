@@ -1,10 +1,14 @@
-"""Region masks on the patch grid drawn on the image (matplotlib): translucent fills in a
-qualitative colour per region, outlines along patch boundaries, region ids; and a node's
-best-matching region subset (PowerCLIP Eq. 7 / Corollary 1, and the NLA's soft version).
+"""Region masks on the token grid drawn on the image (matplotlib): translucent fills in a
+qualitative colour per region, outlines along the borders of the tokens' cells, region ids;
+and a node's best-matching region subset (PowerCLIP Eq. 7 / Corollary 1, and the NLA's soft
+version).
 
-Masks are bool ``[R, N]`` on an ``(H, W)`` patch grid, row-major (:mod:`otviz.regions`).
-Each region is drawn as an RGBA layer at patch resolution stretched over the image with
-nearest-neighbour interpolation, so a patch cell is coloured exactly when it is in the mask.
+Masks are bool ``[R, N]`` on the token grid, row-major (:mod:`otviz.regions`). A token's
+pixels are its cell on the image (:meth:`otviz.token_geometry.TokenGeometry.cells`: the
+pixels closer to its receptive field's centre than to any other token's), so each region is
+drawn as an RGBA layer painted token by token onto a pixel raster
+(:meth:`~otviz.token_geometry.TokenGeometry.pixel_masks`): a pixel is coloured exactly when
+the token that looks at it is in the mask.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from collections.abc import Sequence
 
 import matplotlib
 import numpy as np
+import torch
 from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
-from otviz.viz.heatmaps import draw_heatmap
+from otviz.token_geometry import TokenGeometry
+from otviz.viz.heatmaps import FIELD_PX, draw_heatmap
 from otviz.viz.style import HEAT_CMAP, drawable, new_figure
 
 FILL_ALPHA = 0.35
@@ -30,28 +36,29 @@ def region_colours(n: int) -> np.ndarray:
     return np.array([cmap(k % cmap.N)[:3] for k in range(n)])
 
 
-def region_layer(mask: np.ndarray, grid: tuple[int, int], colour, alpha: float) -> np.ndarray:
-    """``[H, W, 4]`` RGBA layer on the patch grid: ``colour`` with opacity ``alpha`` on the
-    mask's patches, transparent elsewhere."""
-    cells = np.asarray(mask, dtype=bool).reshape(grid)
-    layer = np.zeros((*grid, 4))
+def region_layer(mask: np.ndarray, geometry: TokenGeometry, colour, alpha: float) -> np.ndarray:
+    """``[h, w, 4]`` RGBA layer on a pixel raster of the picture of ``geometry`` (at most
+    :data:`~otviz.viz.heatmaps.FIELD_PX` a side): ``colour`` with opacity ``alpha`` on the
+    cells of the mask's tokens, transparent elsewhere."""
+    width, height = geometry.size
+    scale = min(1.0, FIELD_PX / max(width, height))
+    w, h = max(1, round(width * scale)), max(1, round(height * scale))
+    cells = geometry.pixel_masks(torch.from_numpy(np.asarray(mask, dtype=bool)), w, h).numpy()
+    layer = np.zeros((h, w, 4))
     layer[..., :3] = np.asarray(colour)[:3]
     layer[..., 3] = np.where(cells, alpha, 0.0)
     return layer
 
 
-def mask_outline(
-    mask: np.ndarray, grid: tuple[int, int], size: tuple[int, int]
-) -> list[list[tuple[float, float]]]:
-    """Pixel-space segments of the boundary of a patch mask: every side of a patch in the
-    mask whose neighbour across that side is not (``size`` is the image's ``(H, W)``)."""
-    gh, gw = grid
-    height, width = size
+def mask_outline(mask: np.ndarray, geometry: TokenGeometry) -> list[list[tuple[float, float]]]:
+    """Pixel-space segments of the boundary of a token mask: every side of the cell of a
+    token in the mask whose neighbour across that side is not."""
+    grid = geometry.grid
     cells = np.pad(np.asarray(mask, dtype=bool).reshape(grid), 1)
-    sy, sx = height / gh, width / gw
+    boxes = geometry.cells().numpy()
     segments = []
     for y, x in zip(*np.nonzero(cells[1:-1, 1:-1]), strict=True):
-        x0, x1, y0, y1 = x * sx, (x + 1) * sx, y * sy, (y + 1) * sy
+        x0, y0, x1, y1 = (float(v) for v in boxes[y * grid[1] + x])
         if not cells[y, x + 1]:  # above
             segments.append([(x0, y0), (x1, y0)])
         if not cells[y + 2, x + 1]:  # below
@@ -63,30 +70,32 @@ def mask_outline(
     return segments
 
 
-def mask_centre(mask: np.ndarray, grid: tuple[int, int], size: tuple[int, int]):
-    """Pixel ``(x, y)`` of the mean of the mask's patch centres (``None`` when empty)."""
-    ys, xs = np.nonzero(np.asarray(mask, dtype=bool).reshape(grid))
-    if not len(ys):
+def mask_centre(mask: np.ndarray, geometry: TokenGeometry) -> tuple[float, float] | None:
+    """Pixel ``(x, y)``: the mean of the points where the mask's tokens look (``None`` when
+    the mask is empty)."""
+    keep = torch.from_numpy(np.asarray(mask, dtype=bool).reshape(-1))
+    if not bool(keep.any()):
         return None
-    return (xs.mean() + 0.5) * size[1] / grid[1], (ys.mean() + 0.5) * size[0] / grid[0]
+    x, y = geometry.centres()[keep].mean(0).tolist()
+    return x, y
 
 
 def draw_regions(
     ax: Axes,
     image: np.ndarray | None,
     masks: np.ndarray,
-    grid: tuple[int, int],
+    geometry: TokenGeometry,
     *,
-    size: tuple[int, int] | None = None,
     shown: Sequence[int] | None = None,
     fill: bool = True,
     title: str | None = None,
 ) -> None:
-    """Draw ``image`` (if given) and the ``shown`` regions (default all) of ``masks [R, N]``:
-    one RGBA layer per region in ``ax.images`` (after the image), its outline and its id.
-    ``size`` is the ``(H, W)`` of the drawing when there is no image."""
+    """Draw ``image`` (if given) and the ``shown`` regions (default all) of ``masks [R, N]``
+    (on the tokens of ``geometry``, the token geometry on the image, whose frame is the
+    drawing's): one RGBA layer per region in ``ax.images`` (after the image), its outline
+    and its id at the mean of its tokens' centres."""
     masks = np.asarray(masks, dtype=bool)
-    height, width = image.shape[:2] if image is not None else size
+    width, height = geometry.size
     extent = (0, width, height, 0)
     if image is not None:
         ax.imshow(image, extent=extent, interpolation="nearest")
@@ -94,12 +103,12 @@ def draw_regions(
     for m in range(len(masks)) if shown is None else shown:
         if fill:
             ax.imshow(
-                region_layer(masks[m], grid, colours[m], FILL_ALPHA),
+                region_layer(masks[m], geometry, colours[m], FILL_ALPHA),
                 extent=extent, interpolation="nearest",
             )
-        outline = mask_outline(masks[m], grid, (height, width))
+        outline = mask_outline(masks[m], geometry)
         ax.add_collection(LineCollection(outline, colors=[colours[m]], linewidths=1.8))
-        centre = mask_centre(masks[m], grid, (height, width))
+        centre = mask_centre(masks[m], geometry)
         if centre is not None:
             ax.text(
                 *centre, str(m), ha="center", va="center", fontsize=8, color="white",
@@ -114,11 +123,12 @@ def draw_regions(
 
 
 def regions_figure(
-    image: np.ndarray, masks: np.ndarray, grid: tuple[int, int], title: str | None = None
+    image: np.ndarray, masks: np.ndarray, geometry: TokenGeometry, title: str | None = None
 ) -> Figure:
-    """All region masks on the image: translucent fills, outlines and ids."""
+    """All region masks on the image (``geometry``: the token geometry on it): translucent
+    fills, outlines and ids."""
     fig = new_figure(4.4, 4.4)
-    draw_regions(fig.subplots(), image, masks, grid, title=title)
+    draw_regions(fig.subplots(), image, masks, geometry, title=title)
     return fig
 
 
@@ -133,7 +143,7 @@ def soft_cover(masks: np.ndarray, membership: np.ndarray) -> np.ndarray:
 def best_subset_figure(
     image: np.ndarray,
     masks: np.ndarray,
-    grid: tuple[int, int],
+    geometry: TokenGeometry,
     exact_members: np.ndarray | None,
     soft_members: np.ndarray,
     phrase: str,
@@ -154,15 +164,15 @@ def best_subset_figure(
     else:
         chosen = [int(m) for m in np.flatnonzero(exact_members)]
         ids = "{" + ", ".join(map(str, chosen)) + "}" if chosen else "∅ (no region scores > 0)"
-        draw_regions(ax_exact, image, masks, grid, shown=chosen,
+        draw_regions(ax_exact, image, masks, geometry, shown=chosen,
                      title=textwrap.fill(f"exact A* = {ids}", 45))
-    cover = soft_cover(masks, soft_members).reshape(grid)
+    cover = soft_cover(masks, soft_members).reshape(geometry.grid)
     mappable = draw_heatmap(
-        ax_soft, image, cover, vmin=0.0, vmax=1.0, cmap=HEAT_CMAP,
+        ax_soft, image, cover, geometry, vmin=0.0, vmax=1.0, cmap=HEAT_CMAP,
         title=textwrap.fill(soft_label, 45),
     )
     likely = [int(m) for m in np.flatnonzero(np.asarray(soft_members) > 0.5)]
-    draw_regions(ax_soft, None, masks, grid, size=(height, width), shown=likely, fill=False)
+    draw_regions(ax_soft, None, masks, geometry, shown=likely, fill=False)
     fig.colorbar(mappable, ax=ax_soft, shrink=0.8, label="soft membership of the subset")
     # wrapped: a whole-caption phrase is wider than the figure
     fig.suptitle(textwrap.fill(f'Best-matching regions of "{drawable(phrase)}"', 90), fontsize=10)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from otviz.token_geometry import TokenGeometry
 from otviz.viz.heatmaps import draw_heatmap
 from otviz.viz.style import new_figure, plt
 
@@ -98,10 +99,13 @@ def grounding_grid_figure(
     boxes: Sequence[Sequence[float]],
     row_titles: Sequence[str],
     column_titles: Sequence[str],
+    geometry: TokenGeometry,
     panel_size: float = 1.7,
 ) -> Figure:
     """Rows: examples (image, queried phrase, gold box in cyan); columns: methods, each
-    panel the method's phrase heatmap on its own colour scale (masses differ by method)."""
+    panel the method's phrase heatmap on its own colour scale (masses differ by method),
+    drawn where its tokens look (``geometry``: the token geometry on the images, which
+    share one size)."""
     rows, cols = len(images), len(column_titles)
     fig = new_figure(panel_size * cols + 0.4, panel_size * rows + 0.5)
     axes = fig.subplots(rows, cols, squeeze=False)
@@ -109,8 +113,9 @@ def grounding_grid_figure(
         for c in range(cols):
             ax = axes[r, c]
             heat = np.asarray(heats[r][c], dtype=float)
-            draw_heatmap(ax, images[r], heat, vmin=float(heat.min()), vmax=float(heat.max()),
-                         box=boxes[r], title=column_titles[c] if r == 0 else None)
+            draw_heatmap(ax, images[r], heat, geometry, vmin=float(heat.min()),
+                         vmax=float(heat.max()), box=boxes[r],
+                         title=column_titles[c] if r == 0 else None)
             if c == 0:
                 ax.set_ylabel(row_titles[r], fontsize=7)
     fig.suptitle("Phrase heatmaps (plan columns summed over the phrase's tokens); "

@@ -22,6 +22,7 @@ from otviz.explainers.legrad import LeGradExplainer
 from otviz.explainers.maskclip import MaskClipExplainer
 from otviz.explainers.relevance import CheferExplainer
 from otviz.explainers.towers import cam_target
+from otviz.token_geometry import TokenGeometry
 
 TEXT = CLIPTextCfg(context_length=8, vocab_size=64, width=32, heads=2, layers=1)
 
@@ -178,9 +179,19 @@ def test_maps_resample_to_the_requested_grid():
     pixels, text = _inputs(32)
     explainer = MaskClipExplainer(model)
     own = explainer.explain(pixels, text)
-    assert torch.equal(explainer.maps(pixels, text, (4, 4)), own.reshape(2, -1))
-    coarse = explainer.maps(pixels, text, (2, 2))
+    same = TokenGeometry.cell_centred((4, 4), (32, 32))
+    assert torch.equal(explainer.maps(pixels, text, same), own.reshape(2, -1))
+    # an even 2 x 2 split: each token's cell holds 2 x 2 of the explainer's cells (area mean)
+    coarse = explainer.maps(pixels, text, TokenGeometry.cell_centred((2, 2), (32, 32)))
     assert torch.allclose(coarse, F.avg_pool2d(own[:, None], 2).reshape(2, -1), atol=1e-6)
+    # tokens centred 3.5 px up-left of their cells (a conv stem at stride 16, origin 4.5):
+    # token 0's cell is x, y in [0, 12.5): the pixels whose centres lie there, 0..11, hold
+    # the explainer's cell 0 (pixels 0..7) and half its cell 1 (pixels 8..11) per axis
+    stem = TokenGeometry((2, 2), (32, 32), (16.0, 16.0), (4.5, 4.5))
+    shifted = explainer.maps(pixels, text, stem)
+    w = torch.tensor([8.0, 4.0]) / 12.0
+    expected = (w[:, None] * w[None, :] * own[:, :2, :2]).sum((-1, -2))
+    assert torch.allclose(shifted[:, 0], expected, atol=1e-6)
 
 
 def test_registry_names_and_refuses_duplicates():

@@ -23,6 +23,7 @@ from otviz.explainers import EXPLAINERS, phrase_embeddings
 from otviz.explainers.gradcam import ImageEmbedding, SimilarityTarget
 from otviz.explainers.towers import cam_target
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
+from otviz.token_geometry import TokenGeometry
 from otviz.ui.browse_tab import browse_view
 from otviz.ui.explainer_panels import explainer_maps, explainer_panels
 from otviz.viz.panels import compose_heatmaps
@@ -140,11 +141,13 @@ def test_the_grounding_rows_and_browse_on_every_family(family, tmp_path):
 def test_a_note_panel_shows_its_text_not_a_map():
     image = _image(2)
     heat = np.linspace(0, 1, 4).reshape(2, 2)
-    plain = compose_heatmaps(image, [heat, heat], ["a", "b"], shared_scale=False)
-    noted = compose_heatmaps(image, [heat, np.zeros((2, 2))], ["a", "b"], shared_scale=False,
-                             notes=[None, "b: not available for X towers"])
-    blank = compose_heatmaps(image, [heat, np.zeros((2, 2))], ["a", "b"], shared_scale=False,
-                             notes=[None, " "])
+    geometry = TokenGeometry.cell_centred((2, 2), (image.shape[1], image.shape[0]))
+    plain = compose_heatmaps(image, [heat, heat], ["a", "b"], geometry=geometry,
+                             shared_scale=False)
+    noted = compose_heatmaps(image, [heat, np.zeros((2, 2))], ["a", "b"], geometry=geometry,
+                             shared_scale=False, notes=[None, "b: not available for X towers"])
+    blank = compose_heatmaps(image, [heat, np.zeros((2, 2))], ["a", "b"], geometry=geometry,
+                             shared_scale=False, notes=[None, " "])
     half = plain.shape[1] // 2
     np.testing.assert_array_equal(noted[:, :half], plain[:, :half])
     assert not np.array_equal(noted[:, half:], blank[:, half:])  # the note is drawn

@@ -13,6 +13,7 @@ from PIL import Image
 
 from otviz.boundary.images import MAX_ASPECT_RATIO
 from otviz.explain import InputError
+from otviz.token_geometry import TokenGeometry
 from otviz.ui.inputs import MAX_IMAGE_SIDE, fit_image
 from otviz.ui.train_jobs import FOLDER, TrainRequest, resolve_data
 from otviz.ui.zeroshot_tab import load_images
@@ -38,8 +39,9 @@ def test_panels_draw_small_and_thin_images(width, height, shared_scale):
     rng = np.random.default_rng(1)
     heats = [rng.random((10, 10)) for _ in range(5)]
     boxes = [(0.0, 0.0, width, height), None, (0.0, 0.0, 0.4, 0.4), None, None]
+    geometry = TokenGeometry.cell_centred((10, 10), (width, height))
     out = compose_heatmaps(_noise(width, height), heats, [f"m{k}" for k in range(5)],
-                           boxes=boxes, shared_scale=shared_scale, columns=4,
+                           geometry=geometry, boxes=boxes, shared_scale=shared_scale, columns=4,
                            notes=[None, None, None, "not available", None])
     assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
     panel_w = round(168 * width / max(width, height)) or 1

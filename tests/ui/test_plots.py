@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 from PIL import Image
 
+from otviz.token_geometry import TokenGeometry
 from otviz.ui.plots import FigurePlot, figure_data_url
 from otviz.viz.heatmaps import heatmap_grid_figure
 from otviz.viz.probe import probe_scores_figure
@@ -24,11 +25,13 @@ def figures():
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (64, 48, 3), dtype=np.uint8)
     heats = [rng.random((4, 3)) for _ in range(5)]
+    geometry = TokenGeometry.cell_centred((4, 3), (48, 64))
     return [
         probe_scores_figure(["FILIP", "Dense UOT", "ConceptOT", "Balanced OT"],
                             ["the caption", "an edit", "another edit"], rng.normal(size=(4, 3))),
-        heatmap_grid_figure(image, heats, list("abcde"), shared_scale=False),
-        heatmap_grid_figure(image, heats, list("abcde"), suptitle="shared scale"),
+        heatmap_grid_figure(image, heats, list("abcde"), geometry=geometry, shared_scale=False),
+        heatmap_grid_figure(image, heats, list("abcde"), geometry=geometry,
+                            suptitle="shared scale"),
     ]
 
 

@@ -25,6 +25,7 @@ from otviz.grounding import heatmap_boxes
 from otviz.methods import METHODS
 from otviz.methods.powerclip import EMPTY_SUBSET
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
+from otviz.token_geometry import TokenGeometry
 from otviz.ui.align_tab import (
     SCORED_METHODS,
     TAB_TITLE,
@@ -90,18 +91,21 @@ def test_panels_are_the_overlays_on_one_scale_and_boxes_are_drawn():
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)
     heats = [rng.random((3, 4)) * (k + 1) for k in range(5)]
-    out = compose_heatmaps(image, heats, [f"m{k}" for k in range(5)], columns=3, panel_px=80)
+    geometry = TokenGeometry.cell_centred((3, 4), (80, 60))
+    out = compose_heatmaps(image, heats, [f"m{k}" for k in range(5)], geometry=geometry,
+                           columns=3, panel_px=80)
     base = np.asarray(Image.fromarray(image).resize((80, 60), Image.Resampling.BILINEAR))
     vmax = max(float(h.max()) for h in heats)
     cell_w, cell_h = 80 + GAP_PX, TITLE_PX + 60 + GAP_PX
     for k, heat in enumerate(heats):
         x, y = (k % 3) * cell_w, (k // 3) * cell_h + TITLE_PX
-        expected = heat_overlay(base, heat, 0.0, vmax)
+        expected = heat_overlay(base, heat, geometry, 0.0, vmax)
         np.testing.assert_array_equal(out[y : y + 60, x : x + 80], expected)
     lut = colormap_lut("magma").astype(float) / 255
     reference = matplotlib.colormaps["magma"](np.linspace(0, 1, 256))[:, :3]
     np.testing.assert_allclose(lut, reference, atol=0.5 / 255)
-    boxed = compose_heatmaps(image, heats[:1], ["m"], boxes=[(20, 15, 60, 45)], panel_px=80)
+    boxed = compose_heatmaps(image, heats[:1], ["m"], geometry=geometry,
+                             boxes=[(20, 15, 60, 45)], panel_px=80)
     assert tuple(boxed[TITLE_PX + 15, 40]) == BOX_COLOUR  # top edge of the box
     assert tuple(boxed[TITLE_PX + 30, 20]) == BOX_COLOUR  # left edge
     assert tuple(boxed[TITLE_PX + 30, 40]) != BOX_COLOUR  # inside
@@ -113,8 +117,9 @@ def test_overlay_is_the_documented_blend():
     the formula evaluated in float64 (its opacity is quantised to the 256 colour levels)."""
     rng = np.random.default_rng(1)
     image = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
-    heat = rng.random((8, 8))  # same size as the image: the bilinear stretch is the identity
-    got = heat_overlay(image, heat, 0.2, 0.9).astype(float)
+    heat = rng.random((8, 8))  # one token per pixel, on its centre: the drawing is the identity
+    got = heat_overlay(image, heat, TokenGeometry.cell_centred((8, 8), (8, 8)), 0.2,
+                       0.9).astype(float)
     level = np.clip((heat - 0.2) / 0.7, 0, 1)
     index = (level * 255).astype(np.uint8)
     colour = colormap_lut("magma")[index].astype(float)
@@ -127,15 +132,17 @@ def test_overlay_is_the_documented_blend():
 def test_per_panel_scales_differ_from_the_shared_scale():
     image = np.full((40, 40, 3), 128, np.uint8)
     heats = [np.eye(4), 10 * np.eye(4)]
-    shared = compose_heatmaps(image, heats, ["a", "b"], panel_px=40)
-    own = compose_heatmaps(image, heats, ["a", "b"], panel_px=40, shared_scale=False)
+    geometry = TokenGeometry.cell_centred((4, 4), (40, 40))
+    shared = compose_heatmaps(image, heats, ["a", "b"], geometry=geometry, panel_px=40)
+    own = compose_heatmaps(image, heats, ["a", "b"], geometry=geometry, panel_px=40,
+                           shared_scale=False)
     base = np.full((40, 40, 3), 128, np.uint8)
     # on its own scale the weak heatmap reaches the top colour like the strong one
     np.testing.assert_array_equal(
-        own[TITLE_PX : TITLE_PX + 40, :40], heat_overlay(base, heats[0], 0.0, 1.0)
+        own[TITLE_PX : TITLE_PX + 40, :40], heat_overlay(base, heats[0], geometry, 0.0, 1.0)
     )
     np.testing.assert_array_equal(
-        shared[TITLE_PX : TITLE_PX + 40, :40], heat_overlay(base, heats[0], 0.0, 10.0)
+        shared[TITLE_PX : TITLE_PX + 40, :40], heat_overlay(base, heats[0], geometry, 0.0, 10.0)
     )
 
 
@@ -157,6 +164,7 @@ def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded, to
         encoded.image,
         shown,
         titles,
+        geometry=encoded.geometry,
         boxes=boxes,
         shared_scale=False,
         panel_px=GRID_PANEL_PX,
@@ -177,7 +185,8 @@ def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded, to
     peak = max(float(m.max()) for k, m in enumerate(shown) if k != qc)
     shown[qc] = shown[qc] * (peak / float(shown[qc].max()))
     np.testing.assert_array_equal(shared, compose_heatmaps(
-        encoded.image, shown, titles, boxes=boxes, panel_px=GRID_PANEL_PX,
+        encoded.image, shown, titles, geometry=encoded.geometry, boxes=boxes,
+        panel_px=GRID_PANEL_PX,
         colorbar_label=f'mass of "{text}"'))
 
 
@@ -221,6 +230,7 @@ def test_marginals_are_the_plan_sums(tools, sample, encoded, method):
         encoded.image,
         [data.plan[:, 1].reshape(encoded.grid)],
         [f'{METHOD_LABELS[method]}: "{data.tokens[1]}"'],
+        geometry=encoded.geometry,
         boxes=[None if (b[2] - b[0]) * (b[3] - b[1]) >= 0.9 * 224 * 224 else b
                for b in heatmap_boxes(torch.from_numpy(data.plan[:, 1])[None],
                                       encoded.geometry).tolist()],

@@ -22,6 +22,7 @@ from otviz.methods.powerclip_readout import powerset_summary
 from otviz.ot.powerset import exact_r2t, exact_t2r, nla_t1, nla_t2
 from otviz.text.parse import phrase_nodes
 from otviz.text.tree import Tree
+from otviz.token_geometry import TokenGeometry
 from otviz.ui.context import SharedInputs
 from otviz.ui.phrases_tab import (
     build_phrases_tab,
@@ -173,26 +174,30 @@ def test_region_overlays_match_the_masks(ctx, checkpoint, image, kind):
     assert len(layers) == len(masks)
     for m, layer in enumerate(layers):
         alpha = np.asarray(layer.get_array())[..., 3]
-        np.testing.assert_array_equal(alpha > 0, masks[m].reshape(encoded.grid))
+        cells = encoded.geometry.pixel_masks(torch.from_numpy(masks[m]), alpha.shape[1],
+                                             alpha.shape[0])  # each token's cell
+        np.testing.assert_array_equal(alpha > 0, cells.numpy())
         assert alpha.max() == pytest.approx(FILL_ALPHA)
         assert layer.get_extent() == [0, image.shape[1], image.shape[0], 0]
     assert sorted(t.get_text() for t in ax.texts) == sorted(str(m) for m in range(len(masks)))
 
 
 def test_mask_outline_traces_the_patch_boundary():
-    """A 2 x 2 block in the middle of a 4 x 4 grid on an 80 x 120 image: eight unit edges
-    around the pixel rectangle x in [30, 90], y in [20, 60]; an L-shape has perimeter 8."""
+    """A 2 x 2 block in the middle of a 4 x 4 grid of tokens centred on an even split of an
+    80 x 120 image: eight unit edges around the pixel rectangle x in [30, 90], y in
+    [20, 60]; an L-shape has perimeter 8."""
     mask = np.zeros((4, 4), dtype=bool)
     mask[1:3, 1:3] = True
-    segs = mask_outline(mask.reshape(-1), (4, 4), (80, 120))
+    geometry = TokenGeometry.cell_centred((4, 4), (120, 80))
+    segs = mask_outline(mask.reshape(-1), geometry)
     assert len(segs) == 8
     pts = np.array(segs).reshape(-1, 2)
     assert pts[:, 0].min() == 30 and pts[:, 0].max() == 90
     assert pts[:, 1].min() == 20 and pts[:, 1].max() == 60
     ell = np.zeros((3, 3), dtype=bool)
     ell[0, 0] = ell[1, 0] = ell[1, 1] = True
-    assert len(mask_outline(ell.reshape(-1), (3, 3), (3, 3))) == 8
-    fig = regions_figure(np.zeros((80, 120, 3), np.uint8), mask.reshape(1, -1), (4, 4))
+    assert len(mask_outline(ell.reshape(-1), TokenGeometry.cell_centred((3, 3), (3, 3)))) == 8
+    fig = regions_figure(np.zeros((80, 120, 3), np.uint8), mask.reshape(1, -1), geometry)
     assert _segments(fig.axes[0]) == 8
 
 

@@ -326,7 +326,7 @@ class ExplainerSource(HeatmapSource):
     def patch_maps(self, scorer: PhraseScorer, pixels: Tensor, targets: Tensor) -> Tensor:
         explainer = get_explainer(self.name, scorer.explained_model())
         text = scorer.text[targets].to(scorer.backbone.device)
-        return explainer.maps(scorer.normalise(pixels), text, scorer.grid)
+        return explainer.maps(scorer.normalise(pixels), text, scorer.geometry)
 
 
 class ColourOracleSource(HeatmapSource):

@@ -27,6 +27,7 @@ import numpy as np
 
 from otviz.errors import UserInputError
 from otviz.eval.trust.adapter import HeatmapSource, PhraseScorer
+from otviz.eval.trust.lattice import CroppedScorer, PatchLattice
 
 #: The Quantus release the metrics were written against, installed without its dependencies.
 QUANTUS = "quantus==0.6.0"
@@ -99,7 +100,8 @@ class TrustSettings:
             correlation (``"mean"``: the image's mean value, ``"black"``, ``"uniform"``, ...).
         regions: how many patches deletion and insertion perturb, one per step, in the map's
             order (most relevant first).
-        patch: the perturbed region's side in pixels (0: the tower's patch).
+        patch: the perturbed region's side in pixels (0: the tokens' stride, so a removed
+            region is a token's cell: :class:`~otviz.eval.trust.lattice.PatchLattice`).
         fc_runs: random subsets of faithfulness correlation.
         fc_patches: a subset's size, in patches' worth of pixels.
         mprt_blocks: how many top blocks of the image tower MPRT randomises (0: all).
@@ -125,7 +127,8 @@ class TrustSettings:
         """The settings in one line, for a table's notes and the panel."""
         blocks = "all" if not self.mprt_blocks else str(self.mprt_blocks)
         return (f"perturbation baseline {self.baseline!r}; deletion/insertion: {self.regions} "
-                f"patches of {patch} px, one per step; faithfulness correlation: "
+                f"patches of {patch} px laid on the tokens' cells, one per step; "
+                f"faithfulness correlation: "
                 f"{self.fc_runs} random subsets of {self.fc_patches * patch * patch} px; MPRT: "
                 f"{blocks} top blocks of the image tower, cascading top-down; max-sensitivity: "
                 f"{self.ms_samples} inputs with uniform noise of {self.noise} (pixels in "
@@ -210,7 +213,8 @@ def trust_scores(
     quantus = require_quantus()
     keys = [m.key for m in METRICS if masks is not None or not m.needs_boxes]
     keys = [k for k in keys if metrics is None or k in metrics]
-    patch = settings.patch or pixels.shape[-1] // scorer.grid[1]
+    lattice = PatchLattice.on_cells(scorer.geometry, settings.patch)
+    patch = lattice.patch
     ms: dict[str, float] = {}
     if maps is None:
         start = time.perf_counter()
@@ -223,8 +227,8 @@ def trust_scores(
         "mass": lambda: quantus.RelevanceMassAccuracy(**QUIET)(**common, s_batch=masks),
         "rank": lambda: quantus.RelevanceRankAccuracy(**QUIET)(**common, s_batch=masks),
         "auc": lambda: quantus.AUC(**QUIET)(**common, s_batch=masks),
-        "deletion": lambda: _deletion(common, settings, patch),
-        "insertion": lambda: _insertion(common, settings, patch),
+        "deletion": lambda: _deletion(common, settings, lattice),
+        "insertion": lambda: _insertion(common, settings, lattice),
         "faith_corr": lambda: quantus.FaithfulnessCorrelation(
             nr_runs=settings.fc_runs, subset_size=settings.fc_patches * patch * patch,
             perturb_baseline=settings.baseline, return_aggregate=False, **QUIET)(**common),
@@ -260,33 +264,47 @@ FLAT = "the maps are flat (one value everywhere): nothing to order or perturb"
 QUIET = {"disable_warnings": True, "display_progressbar": False}
 
 
-def _deletion(common: dict, settings: TrustSettings, patch: int) -> np.ndarray:
-    """Mean drop of the phrase similarity as the ``regions`` most relevant patches are
-    replaced by the baseline, one by one (AOPC of region perturbation, Samek et al. 2017)."""
+def _on_lattice(common: dict, lattice: PatchLattice) -> dict:
+    """Quantus' arguments on the input padded so its blocks lie on the tokens' cells
+    (:mod:`otviz.eval.trust.lattice`): pixels padded with each image's mean (its ``"mean"``
+    baseline unchanged), relevance with 0, the model cropping the padding off."""
+    x = common["x_batch"]
+    mean = x.mean(axis=(1, 2, 3), keepdims=True)
+    return {**common, "model": CroppedScorer(common["model"], lattice),
+            "x_batch": (lattice.padded(x - mean) + mean).astype(np.float32),
+            "a_batch": lattice.padded(common["a_batch"])}
+
+
+def _deletion(common: dict, settings: TrustSettings, lattice: PatchLattice) -> np.ndarray:
+    """Mean drop of the phrase similarity as the ``regions`` most relevant patches (the
+    tokens' cells) are replaced by the baseline, one by one (AOPC of region perturbation,
+    Samek et al. 2017)."""
     quantus = require_quantus()
 
     curves = quantus.RegionPerturbation(
-        patch_size=patch, order="morf", regions_evaluation=settings.regions,
-        perturb_baseline=settings.baseline, **QUIET)(**common)
+        patch_size=lattice.patch, order="morf", regions_evaluation=settings.regions,
+        perturb_baseline=settings.baseline, **QUIET)(**_on_lattice(common, lattice))
     return np.asarray(curves, dtype=np.float64).mean(axis=1)
 
 
-def _insertion(common: dict, settings: TrustSettings, patch: int) -> np.ndarray:
-    """Mean gain of the phrase similarity as the ``regions`` most relevant patches of the
-    original are put back, one by one, into the image fully replaced by the baseline (region
-    perturbation from the baseline image, Quantus' own loop with :func:`restore_from`)."""
+def _insertion(common: dict, settings: TrustSettings, lattice: PatchLattice) -> np.ndarray:
+    """Mean gain of the phrase similarity as the ``regions`` most relevant patches (the
+    tokens' cells) of the original are put back, one by one, into the image fully replaced
+    by the baseline (region perturbation from the baseline image, Quantus' own loop with
+    :func:`restore_from`)."""
     quantus = require_quantus()
     from quantus.functions.perturb_func import batch_baseline_replacement_by_indices
 
-    x = common["x_batch"]
+    padded = _on_lattice(common, lattice)
+    x = padded["x_batch"]
     flat = x.reshape(x.shape[0], -1)
     everything = np.tile(np.arange(flat.shape[1]), (x.shape[0], 1))
     empty = batch_baseline_replacement_by_indices(
         arr=flat, indices=everything, perturb_baseline=settings.baseline).reshape(x.shape)
     curves = quantus.RegionPerturbation(
-        patch_size=patch, order="morf", regions_evaluation=settings.regions,
+        patch_size=lattice.patch, order="morf", regions_evaluation=settings.regions,
         perturb_func=restore_from, perturb_func_kwargs={"original": x}, **QUIET)(
-        **{**common, "x_batch": empty.astype(np.float32)})
+        **{**padded, "x_batch": empty.astype(np.float32)})
     return -np.asarray(curves, dtype=np.float64).mean(axis=1)
 
 

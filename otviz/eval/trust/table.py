@@ -16,6 +16,7 @@ import numpy as np
 
 from otviz.eval.table import Column, Table
 from otviz.eval.trust.adapter import heatmap_sources, trust_inputs, world_phrases
+from otviz.eval.trust.lattice import PatchLattice
 from otviz.eval.trust.metrics import FLAT, METRICS, TrustScores, TrustSettings, trust_scores
 from otviz.eval.world_set import world_config_of
 from otviz.suite import MethodSuite
@@ -85,14 +86,15 @@ def trust_tables(
             cost[source.kind].setdefault(key, []).append(ms / n_images)
         if progress is not None:
             progress("trust", k, len(sources))
-    patch = settings.patch or inputs.pixels.shape[-1] // backbone.grid[1]
+    patch = PatchLattice.on_cells(inputs.scorer.geometry, settings.patch).patch
     table.notes += [
         f"settings: {settings.describe(patch)}",
-        "maps: each row's patch map (negative heat as none) repeated over its patch's pixels; "
-        "gold region: the patches whose centre lies in the phrase's box, so the pointing game "
-        "is otviz's own (tests/eval/test_trust_metrics.py) but for ties: Quantus counts a "
-        "tie for the peak as a hit when any tied pixel is in the box, so a flat map points "
-        "everywhere (uniform map: 100 %)",
+        "maps: each row's token map (negative heat as none) repeated over each token's cell "
+        "(the pixels nearer to where it looks than to where any other token looks); "
+        "gold region: the cells of the tokens whose centre lies in the phrase's box, so the "
+        "pointing game is otviz's own (tests/eval/test_trust_metrics.py) but for ties: "
+        "Quantus counts a tie for the peak as a hit when any tied pixel is in the box, so a "
+        "flat map points everywhere (uniform map: 100 %)",
         "model: the backbone's cosine similarity of the image with each phrase of the set "
         "(one class per phrase); deletion / insertion: mean drop / gain of the shown "
         "phrase's similarity over the steps (AOPC); randomisation: Spearman similarity of "
