@@ -63,9 +63,12 @@ def uniform_pointing(
     grid: tuple[int, int], gold_boxes: Tensor, image_size: tuple[int, int]
 ) -> Tensor:
     """``[n]`` float64: the chance that a patch drawn uniformly has its centre in the gold box
-    (the pointing of a uniform map with ties broken at random)."""
+    (the pointing of a uniform map with ties broken at random); with ``[n, K, 4]`` boxes, in
+    any of a phrase's ``K`` boxes (NaN boxes hold no point)."""
     centres = patch_centres(grid, image_size)
-    return points_in_boxes(centres[None], gold_boxes[:, None, :]).double().mean(dim=1)
+    boxes = gold_boxes if gold_boxes.dim() == 3 else gold_boxes[:, None, :]
+    inside = points_in_boxes(centres[None, :, None, :], boxes[:, None, :, :])  # [n, N, K]
+    return inside.any(dim=2).double().mean(dim=1)
 
 
 def colour_shared(sample: Sample, object_index: int) -> bool:

@@ -1,0 +1,48 @@
+"""Grounding data sets on disk: images, captions (or referring expressions), phrase word
+spans and gold boxes, read behind the one input boundary (every file confined to the set's
+root, every error naming the file and field, nothing from the data ever run).
+
+One module per published format: :mod:`~otviz.data.grounding_sets.flickr30k` (Flickr30k
+Entities), :mod:`~otviz.data.grounding_sets.refcoco` (RefCOCO, RefCOCO+, RefCOCOg),
+:mod:`~otviz.data.grounding_sets.visual_genome` (region descriptions);
+:mod:`~otviz.data.grounding_sets.export` writes a world draw in each of them.
+:func:`load_grounding_set` reads any by its kind.
+"""
+
+from __future__ import annotations
+
+import os
+
+from otviz.data.grounding_sets.flickr30k import load_flickr30k_entities
+from otviz.data.grounding_sets.items import GoldPhrase, GroundingItem, GroundingSet, Skipped
+from otviz.data.grounding_sets.refcoco import SPLIT_BY, load_refcoco
+from otviz.data.grounding_sets.visual_genome import load_visual_genome
+from otviz.errors import InputError
+
+KINDS = ("flickr30k", *SPLIT_BY, "vg")
+
+__all__ = ["KINDS", "GoldPhrase", "GroundingItem", "GroundingSet", "Skipped",
+           "load_grounding_set", "parse_dataset_spec"]
+
+
+def parse_dataset_spec(spec: str) -> tuple[str, str]:
+    """``"KIND:PATH"`` as ``(kind, path)``; :class:`InputError` naming the kinds."""
+    kind, sep, path = spec.partition(":")
+    if not sep or kind not in KINDS or not path:
+        raise InputError(f"--dataset takes KIND:PATH with KIND one of {', '.join(KINDS)}")
+    return kind, path
+
+
+def load_grounding_set(
+    kind: str, root: str | os.PathLike, split: str, images: str | os.PathLike | None = None,
+    limit: int = 0,
+) -> GroundingSet:
+    """The set ``kind`` (one of :data:`KINDS`) at ``root``, split ``split``, on the first
+    ``limit`` images (0: all)."""
+    if kind == "flickr30k":
+        return load_flickr30k_entities(root, split, images, limit)
+    if kind == "vg":
+        return load_visual_genome(root, split, images, limit)
+    if kind in SPLIT_BY:
+        return load_refcoco(root, kind, split, images, limit)
+    raise InputError(f"unknown grounding set {kind!r}; known: {', '.join(KINDS)}")

@@ -1,0 +1,121 @@
+"""Visual Genome region descriptions (Krishna et al.): a phrase and a box per region.
+
+Layout::
+
+    <root>/region_descriptions.json   a list, one entry per image: ``{"id": image id,
+                                      "regions": [{"region_id", "image_id", "phrase",
+                                      "x", "y", "width", "height"}, ...]}``
+    <root>/<split>.txt                optional: the image ids of a split, one a line
+                                      (Visual Genome publishes no grounding split; without
+                                      this file the split is every image, ``all``)
+    <images>/<image id>.jpg           the images (default ``<root>/VG_100K``, else
+                                      ``<root>/images``)
+
+Each region is one item: its phrase (the whole description) and its box. ``limit`` caps
+the number of images read (the file describes 108,077).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from otviz.boundary.text import check_caption
+from otviz.data.datasets import EmptyDatasetError, MalformedDatasetError
+from otviz.data.grounding_sets.flickr30k import IMAGE_SUFFIXES
+from otviz.data.grounding_sets.items import (
+    GroundingItem,
+    GroundingSet,
+    Skipped,
+    annotation_file,
+    clip_box,
+    image_file,
+    image_size,
+    images_folder,
+    number,
+    whole_caption,
+)
+from otviz.errors import InputError
+
+REGIONS = "region_descriptions.json"
+IMAGE_FOLDERS = ("VG_100K", "images")
+ALL = "all"
+
+
+def load_visual_genome(
+    root: str | os.PathLike, split: str = ALL, images: str | os.PathLike | None = None,
+    limit: int = 0,
+) -> GroundingSet:
+    """The regions of the first ``limit`` (0: all) images of ``split`` (``all``, or the ids
+    in ``<root>/<split>.txt``); files confined to ``root``."""
+    base = Path(root)
+    wanted = None if split == ALL else _ids(annotation_file(base, f"{split}.txt", "split list"),
+                                            f"{split}.txt")
+    folder, image_root = images_folder(base, images, IMAGE_FOLDERS)
+    path = annotation_file(base, REGIONS, "region descriptions")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError:
+        raise MalformedDatasetError(f"{REGIONS}: not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise MalformedDatasetError(f"{REGIONS}: not valid JSON (line {e.lineno}, column "
+                                    f"{e.colno})") from None
+    if not isinstance(data, list):
+        raise MalformedDatasetError(f"{REGIONS}: not a list of images at the top level")
+    skipped = Skipped()
+    items: list[GroundingItem] = []
+    n_images = 0
+    for k, entry in enumerate(data):
+        where = f"{REGIONS}: [{k}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("regions"), list):
+            raise MalformedDatasetError(f"{where} lacks a list 'regions'")
+        image_id = entry.get("id", entry.get("image_id"))
+        if wanted is not None and str(image_id) not in wanted:
+            continue
+        if limit and n_images >= limit:
+            break
+        n_images += 1
+        items += _image_items(image_id, entry["regions"], folder, image_root, skipped, where)
+    if not n_images:
+        raise EmptyDatasetError(f"{REGIONS}: no image in split {split!r}")
+    source = {"format": "visual_genome", "split": split, "file": REGIONS, "images": n_images,
+              "limit": limit}
+    return GroundingSet(items, skipped, source)
+
+
+def _ids(path: Path, name: str) -> set[str]:
+    try:
+        return {line.strip() for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip()}
+    except UnicodeDecodeError:
+        raise MalformedDatasetError(f"{name}: not UTF-8 text") from None
+
+
+def _image_items(image_id: Any, regions: list[Any], folder: Path, image_root: Path,
+                 skipped: Skipped, where: str) -> list[GroundingItem]:
+    if not isinstance(image_id, (int, str)) or not str(image_id).isalnum():
+        raise MalformedDatasetError(f"{where}.id is not an image id")
+    path = next((p for p in (image_file(folder, f"{image_id}{s}", image_root)
+                             for s in IMAGE_SUFFIXES) if p is not None and p.is_file()), None)
+    size = image_size(path, f"{image_id}.jpg", skipped, where)
+    if path is None or size is None:
+        return []
+    items = []
+    for n, region in enumerate(regions):
+        at = f"{where}.regions[{n}]"
+        if not isinstance(region, dict) or not isinstance(region.get("phrase"), str):
+            raise MalformedDatasetError(f"{at} lacks a text 'phrase'")
+        x, y, w, h = (number(region.get(f), f"{at}.{f}") for f in ("x", "y", "width", "height"))
+        box = clip_box((x, y, x + w, y + h), size, skipped, at)
+        try:
+            caption = check_caption(region["phrase"], f"{at}: the phrase")
+        except InputError as e:
+            skipped.add("unusable caption", str(e))
+            continue
+        phrases = whole_caption(caption, (box,)) if box is not None else ()
+        if phrases:
+            items.append(GroundingItem(path, size, caption, phrases,
+                                       f"{image_id}#{region.get('region_id', n)}"))
+    return items
