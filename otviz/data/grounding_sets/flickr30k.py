@@ -28,7 +28,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from otviz.boundary.text import check_caption
-from otviz.data.datasets import EmptyDatasetError, MalformedDatasetError
+from otviz.data.datasets import EmptyDatasetError, MalformedDatasetError, MissingFilesError
 from otviz.data.grounding_sets.items import (
     GoldPhrase,
     GroundingItem,
@@ -118,10 +118,14 @@ def _image_items(base: Path, folder: Path, image_root: Path, image_id: str, skip
         lines = annotation_file(base, sentences, "sentences").read_text(
             encoding="utf-8").splitlines()
         boxes = _entity_boxes(annotation_file(base, annotations, "annotations"), annotations)
-    except (InputError, UnicodeDecodeError) as e:
-        reason = "malformed annotations" if isinstance(e, MalformedDatasetError) else (
-            "missing annotations")
-        skipped.add(reason, str(e) if isinstance(e, InputError) else f"{sentences}: not UTF-8")
+    except UnicodeDecodeError:
+        skipped.add("malformed annotations", f"{sentences}: not UTF-8 text")
+        return []
+    except MalformedDatasetError as e:
+        skipped.add("malformed annotations", str(e))
+        return []
+    except MissingFilesError as e:
+        skipped.add("missing annotations", str(e))
         return []
     path = next((p for p in (image_file(folder, f"{image_id}{s}", image_root)
                              for s in IMAGE_SUFFIXES) if p is not None and p.is_file()), None)
