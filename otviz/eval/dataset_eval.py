@@ -35,7 +35,12 @@ from otviz.backbone import Backbone
 from otviz.checkpoints.identity import backbone_fingerprint
 from otviz.checkpoints.store import CheckpointError
 from otviz.data.feature_cache import FeatureCache
-from otviz.data.grounding_sets import GroundingSet, load_grounding_set, parse_dataset_spec
+from otviz.data.grounding_sets import (
+    DEFAULT_SPLITS,
+    GroundingSet,
+    load_grounding_set,
+    parse_dataset_spec,
+)
 from otviz.eval.alignment_tables import (
     DATASET_GROUNDING_COLUMNS,
     grounding_table,
@@ -49,9 +54,6 @@ from otviz.explainers import explainer_names
 from otviz.suite import MethodSuite
 
 StageProgress = Callable[[str, int, int], None]
-#: The split read when none is named.
-DEFAULT_SPLITS = {"flickr30k": "test", "refcoco": "testA", "refcoco+": "testA",
-                  "refcocog": "test", "vg": "all"}
 #: Row values that are means over phrases (combined across shards weighted by phrases).
 _MEANS = ("pointing", "pointing_tol", "mean_iou", "hit@0.5", "ms_per_phrase")
 _FIT_CAPTIONS = 2000  # captions the training-free ConceptOT anchors are fitted on, at most

@@ -20,8 +20,11 @@ from otviz.data.grounding_sets.visual_genome import load_visual_genome
 from otviz.errors import InputError
 
 KINDS = ("flickr30k", *SPLIT_BY, "vg")
+#: The split read (and written by the exporter) when none is named.
+DEFAULT_SPLITS = {"flickr30k": "test", "refcoco": "testA", "refcoco+": "testA",
+                  "refcocog": "test", "vg": "all"}
 
-__all__ = ["KINDS", "GoldPhrase", "GroundingItem", "GroundingSet", "Skipped",
+__all__ = ["DEFAULT_SPLITS", "KINDS", "GoldPhrase", "GroundingItem", "GroundingSet", "Skipped",
            "load_grounding_set", "parse_dataset_spec"]
 
 

@@ -111,6 +111,21 @@ def export_refcoco(samples: list[Sample], root: str | Path, split: str = "testA"
     return base
 
 
+def export_draw(kind: str, out: str | Path, n: int, split: str = "test", seed: int = 0,
+                lossless: bool = False) -> Path:
+    """Samples ``0..n-1`` of the world ``split`` written as ``kind`` (``flickr30k``,
+    ``refcoco``, ``vg``) under ``out``, in the kind's default split (``test``, ``testA``,
+    ``all``)."""
+    samples = world_draw(n, split, seed)
+    if kind == "flickr30k":
+        return export_flickr30k(samples, out, "test", lossless)
+    if kind == "refcoco":
+        return export_refcoco(samples, out, "testA", lossless=lossless)
+    if kind == "vg":
+        return export_visual_genome(samples, out, lossless)
+    raise ValueError(f"no exporter for {kind!r}; known: flickr30k, refcoco, vg")
+
+
 def export_visual_genome(samples: list[Sample], root: str | Path,
                          lossless: bool = False) -> Path:
     """``samples`` as Visual Genome region descriptions under ``root`` (image ids

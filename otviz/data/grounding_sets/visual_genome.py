@@ -8,7 +8,8 @@ Layout::
     <root>/<split>.txt                optional: the image ids of a split, one a line
                                       (Visual Genome publishes no grounding split; without
                                       this file the split is every image, ``all``)
-    <images>/<image id>.jpg           the images (default ``<root>/VG_100K``, else
+    <images>/<image id>.jpg           the images (default: ``<root>/VG_100K`` and
+                                      ``<root>/VG_100K_2``, as published, else
                                       ``<root>/images``)
 
 Each region is one item: its phrase (the whole description) and its box. ``limit`` caps
@@ -41,6 +42,7 @@ from otviz.errors import InputError
 
 REGIONS = "region_descriptions.json"
 IMAGE_FOLDERS = ("VG_100K", "images")
+SECOND_FOLDER = "VG_100K_2"  # the published images come in two folders
 ALL = "all"
 
 
@@ -54,6 +56,8 @@ def load_visual_genome(
     wanted = None if split == ALL else _ids(annotation_file(base, f"{split}.txt", "split list"),
                                             f"{split}.txt")
     folder, image_root = images_folder(base, images, IMAGE_FOLDERS)
+    folders = [folder] + ([base / SECOND_FOLDER] if images is None and folder.name == "VG_100K"
+                          and (base / SECOND_FOLDER).is_dir() else [])
     path = annotation_file(base, REGIONS, "region descriptions")
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
@@ -77,7 +81,7 @@ def load_visual_genome(
         if limit and n_images >= limit:
             break
         n_images += 1
-        items += _image_items(image_id, entry["regions"], folder, image_root, skipped, where)
+        items += _image_items(image_id, entry["regions"], folders, image_root, skipped, where)
     if not n_images:
         raise EmptyDatasetError(f"{REGIONS}: no image in split {split!r}")
     source = {"format": "visual_genome", "split": split, "file": REGIONS, "images": n_images,
@@ -93,12 +97,13 @@ def _ids(path: Path, name: str) -> set[str]:
         raise MalformedDatasetError(f"{name}: not UTF-8 text") from None
 
 
-def _image_items(image_id: Any, regions: list[Any], folder: Path, image_root: Path,
+def _image_items(image_id: Any, regions: list[Any], folders: list[Path], image_root: Path,
                  skipped: Skipped, where: str) -> list[GroundingItem]:
     if not isinstance(image_id, (int, str)) or not str(image_id).isalnum():
         raise MalformedDatasetError(f"{where}.id is not an image id")
     path = next((p for p in (image_file(folder, f"{image_id}{s}", image_root)
-                             for s in IMAGE_SUFFIXES) if p is not None and p.is_file()), None)
+                             for folder in folders for s in IMAGE_SUFFIXES)
+                 if p is not None and p.is_file()), None)
     size = image_size(path, f"{image_id}.jpg", skipped, where)
     if path is None or size is None:
         return []
