@@ -60,12 +60,19 @@ _FIT_CAPTIONS = 2000  # captions the training-free ConceptOT anchors are fitted 
 
 
 def dataset_backbone(config: EvalConfig) -> Backbone:
-    """``config.model`` with ``config.pretrained`` (any open_clip model, on ``config.device``
-    or the GPU when there is one), else the tiny-CLIP checkpoint ``config.backbone``."""
+    """``config.model`` with ``config.pretrained`` (any open_clip model), else the tiny-CLIP
+    checkpoint ``config.backbone``; on the CPU (:func:`to_device` moves it once the
+    methods are fitted, which they are on the CPU where they score)."""
     if not config.model:
         return load_backbone(config.backbone)
+    return Backbone.from_pretrained(config.model, config.pretrained or None)
+
+
+def to_device(backbone: Backbone, config: EvalConfig) -> None:
+    """The backbone's model moved to ``config.device`` (default: the GPU when there is one),
+    where it encodes the images and captions and the explainers run."""
     device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return Backbone.from_pretrained(config.model, config.pretrained or None, device=device)
+    backbone.model.to(device)
 
 
 def dataset_suite(backbone: Backbone, config: EvalConfig, data: GroundingSet
@@ -110,6 +117,7 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
     try:
         backbone = dataset_backbone(config)
         suite, suite_note = dataset_suite(backbone, config, data)
+        to_device(backbone, config)
         frame = input_frame(backbone)
         identity = {"backbone": backbone_fingerprint(backbone), "suite": suite.label,
                     "methods": list(suite.methods), "explainers": config.explainers,
