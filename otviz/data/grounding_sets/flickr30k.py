@@ -27,27 +27,10 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from otviz.boundary.text import check_caption
 from otviz.data.datasets import EmptyDatasetError, MalformedDatasetError, MissingFilesError
-from otviz.data.grounding_sets.items import (
-    GoldPhrase,
-    GroundingItem,
-    GroundingSet,
-    PixelBox,
-    Skipped,
-    annotation_file,
-    clip_box,
-    image_file,
-    image_size,
-    images_folder,
-    number,
-    shown,
-    word_span,
-)
-from otviz.errors import InputError
+from otviz.data.grounding_sets import items as common
 
 IMAGE_FOLDERS = ("flickr30k-images", "flickr30k_images", "images")
-IMAGE_SUFFIXES = (".jpg", ".png")
 _PHRASE = re.compile(r"\[/EN#(\d+)((?:/[^\s\]/]+)*)\s+([^\]]*)\]")
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _MAX_XML_BYTES = 2**20
@@ -56,24 +39,25 @@ _MAX_XML_BYTES = 2**20
 def load_flickr30k_entities(
     root: str | os.PathLike, split: str = "test", images: str | os.PathLike | None = None,
     limit: int = 0,
-) -> GroundingSet:
+) -> common.GroundingSet:
     """The captions of the first ``limit`` (0: all) images of ``split`` with their grounded
     phrases (see the module docstring); every file read is confined to ``root``."""
     base = Path(root)
-    split_file = annotation_file(base, f"{split}.txt", "split list")
-    folder, image_root = images_folder(base, images, IMAGE_FOLDERS)
-    ids = _split_ids(split_file, shown(split_file, base))
+    split_file = common.annotation_file(base, f"{split}.txt", "split list")
+    folder, image_root = common.images_folder(base, images, IMAGE_FOLDERS)
+    ids = _split_ids(split_file, common.shown(split_file, base))
     if not ids:
-        raise EmptyDatasetError(f"{shown(split_file, base)}: the split {split!r} lists no image")
+        raise EmptyDatasetError(
+            f"{common.shown(split_file, base)}: the split {split!r} lists no image")
     if limit:
         ids = ids[:limit]
-    skipped = Skipped()
-    items: list[GroundingItem] = []
+    skipped = common.Skipped()
+    items: list[common.GroundingItem] = []
     for image_id in ids:
         items += _image_items(base, folder, image_root, image_id, skipped)
     source = {"format": "flickr30k_entities", "split": split, "file": f"{split}.txt",
               "images": len(ids), "limit": limit}
-    return GroundingSet(items, skipped, source)
+    return common.GroundingSet(items, skipped, source)
 
 
 def parse_sentence(line: str) -> tuple[str, list[tuple[int, str, int, int]]]:
@@ -110,14 +94,15 @@ def _split_ids(path: Path, name: str) -> list[str]:
     return ids
 
 
-def _image_items(base: Path, folder: Path, image_root: Path, image_id: str, skipped: Skipped
-                 ) -> list[GroundingItem]:
+def _image_items(base: Path, folder: Path, image_root: Path, image_id: str,
+                 skipped: common.Skipped) -> list[common.GroundingItem]:
     sentences = f"Sentences/{image_id}.txt"
     annotations = f"Annotations/{image_id}.xml"
     try:
-        lines = annotation_file(base, sentences, "sentences").read_text(
+        lines = common.annotation_file(base, sentences, "sentences").read_text(
             encoding="utf-8").splitlines()
-        boxes = _entity_boxes(annotation_file(base, annotations, "annotations"), annotations)
+        boxes = _entity_boxes(common.annotation_file(base, annotations, "annotations"),
+                              annotations)
     except UnicodeDecodeError:
         skipped.add("malformed annotations", f"{sentences}: not UTF-8 text")
         return []
@@ -127,9 +112,8 @@ def _image_items(base: Path, folder: Path, image_root: Path, image_id: str, skip
     except MissingFilesError as e:
         skipped.add("missing annotations", str(e))
         return []
-    path = next((p for p in (image_file(folder, f"{image_id}{s}", image_root)
-                             for s in IMAGE_SUFFIXES) if p is not None and p.is_file()), None)
-    size = image_size(path, f"{image_id}.jpg", skipped, f"image {image_id}")
+    path = common.find_image([folder], image_id, image_root)
+    size = common.image_size(path, f"{image_id}.jpg", skipped, f"image {image_id}")
     if path is None or size is None:
         return []
     items = []
@@ -141,30 +125,29 @@ def _image_items(base: Path, folder: Path, image_root: Path, image_id: str, skip
     return items
 
 
-def _item(line: str, where: str, boxes: dict[int, list[PixelBox]], path: Path,
-          size: tuple[int, int], key: str, skipped: Skipped) -> GroundingItem | None:
-    caption, marked = parse_sentence(line.strip())
-    try:
-        caption = check_caption(caption, f"{where}: the caption")
-    except InputError as e:
-        skipped.add("unusable caption", str(e))
+def _item(line: str, where: str, boxes: dict[int, list[common.PixelBox]], path: Path,
+          size: tuple[int, int], key: str, skipped: common.Skipped
+          ) -> common.GroundingItem | None:
+    text, marked = parse_sentence(line.strip())
+    caption = common.checked_caption(text, f"{where}: the caption", skipped)
+    if caption is None:
         return None
     phrases = []
     for entity, text, start, end in marked:
-        gold = [b for b in (clip_box(b, size, skipped, f"{where}, entity {entity}")
+        gold = [b for b in (common.clip_box(b, size, skipped, f"{where}, entity {entity}")
                             for b in boxes.get(entity, [])) if b is not None]
-        span = word_span(caption, start, end)
+        span = common.word_span(caption, start, end)
         if not gold or span is None:
             skipped.add("phrase without a box", f"{where}: entity {entity} has no box")
             continue
-        phrases.append(GoldPhrase(span[0], span[1], text, tuple(gold)))
+        phrases.append(common.GoldPhrase(span[0], span[1], text, tuple(gold)))
     if not phrases:
         skipped.add("caption without a grounded phrase", f"{where}: no phrase with a box")
         return None
-    return GroundingItem(path, size, caption, tuple(phrases), key)
+    return common.GroundingItem(path, size, caption, tuple(phrases), key)
 
 
-def _entity_boxes(path: Path, name: str) -> dict[int, list[PixelBox]]:
+def _entity_boxes(path: Path, name: str) -> dict[int, list[common.PixelBox]]:
     """Entity id -> its boxes (half-open, 0-based) of a VOC-style annotation file."""
     data = path.read_bytes()
     if len(data) > _MAX_XML_BYTES:
@@ -176,13 +159,13 @@ def _entity_boxes(path: Path, name: str) -> dict[int, list[PixelBox]]:
     except ET.ParseError as e:
         raise MalformedDatasetError(f"{name}: not well-formed XML (line {e.position[0]})"
                                     ) from None
-    out: dict[int, list[PixelBox]] = {}
+    out: dict[int, list[common.PixelBox]] = {}
     for k, obj in enumerate(tree.iter("object")):
         box = obj.find("bndbox")
         if box is None:
             continue  # nobndbox / scene
         where = f"{name}: object {k + 1}"
-        coords = [number(_text(box, c, where), f"{where}, bndbox/{c}")
+        coords = [common.number(_text(box, c, where), f"{where}, bndbox/{c}")
                   for c in ("xmin", "ymin", "xmax", "ymax")]
         half_open = (coords[0] - 1, coords[1] - 1, coords[2], coords[3])
         for entity in obj.findall("name"):

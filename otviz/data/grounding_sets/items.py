@@ -27,7 +27,9 @@ from PIL import Image
 
 from otviz.boundary.images import ImageInputError, header_size, to_rgb
 from otviz.boundary.paths import confine, inside
+from otviz.boundary.text import check_caption
 from otviz.data.datasets import EmptyDatasetError, MalformedDatasetError, MissingFilesError
+from otviz.errors import InputError
 from otviz.text.words import split_words
 
 PixelBox = tuple[float, float, float, float]
@@ -151,6 +153,31 @@ def annotation_file(root: Path, name: str, what: str) -> Path:
 def image_file(images: Path, name: str, root: Path) -> Path | None:
     """``images / name`` confined to ``root`` (``None`` when refused)."""
     return confine(root, images, name)
+
+
+#: Image files are looked for under these suffixes (the published JPEG; PNG from
+#: :mod:`~otviz.data.grounding_sets.export` with ``lossless``).
+IMAGE_SUFFIXES = (".jpg", ".png")
+
+
+def find_image(folders: Sequence[Path], stem: str, root: Path) -> Path | None:
+    """The first existing ``<folder>/<stem><suffix>`` confined to ``root``, or ``None``."""
+    for folder in folders:
+        for suffix in IMAGE_SUFFIXES:
+            path = confine(root, folder, f"{stem}{suffix}")
+            if path is not None and path.is_file():
+                return path
+    return None
+
+
+def checked_caption(text: str, what: str, skipped: Skipped) -> str | None:
+    """``text`` when the caption rule (:func:`~otviz.boundary.text.check_caption`) takes
+    it, else ``None`` (counted as an unusable caption)."""
+    try:
+        return check_caption(text, what)
+    except InputError as e:
+        skipped.add("unusable caption", str(e))
+        return None
 
 
 def images_folder(root: Path, images: str | os.PathLike | None,

@@ -26,21 +26,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from otviz.boundary.text import check_caption
 from otviz.data.datasets import EmptyDatasetError, MalformedDatasetError, MissingFilesError
-from otviz.data.grounding_sets.items import (
-    GroundingItem,
-    GroundingSet,
-    PixelBox,
-    Skipped,
-    annotation_file,
-    clip_box,
-    image_file,
-    image_size,
-    images_folder,
-    number,
-    whole_caption,
-)
+from otviz.data.grounding_sets import items as common
 from otviz.data.grounding_sets.restricted_pickle import load_plain_pickle
 from otviz.errors import InputError
 
@@ -53,7 +40,7 @@ INSTANCES = "instances.json"
 def load_refcoco(
     root: str | os.PathLike, kind: str = "refcoco", split: str = "testA",
     images: str | os.PathLike | None = None, limit: int = 0,
-) -> GroundingSet:
+) -> common.GroundingSet:
     """The expressions of the refs of ``split`` on the first ``limit`` (0: all) images, in
     the refs file's order (see the module docstring); files confined to ``root``."""
     if kind not in SPLIT_BY:
@@ -61,13 +48,13 @@ def load_refcoco(
                          f"{', '.join(SPLIT_BY)}")
     base = Path(root)
     refs_name, refs = _refs(base, kind)
-    folder, image_root = images_folder(base, images, IMAGE_FOLDERS)
-    images_by_id, boxes = _instances(annotation_file(base, INSTANCES, "COCO instances"))
+    folder, image_root = common.images_folder(base, images, IMAGE_FOLDERS)
+    images_by_id, boxes = _instances(common.annotation_file(base, INSTANCES, "COCO instances"))
     chosen = [(k, r) for k, r in enumerate(refs) if isinstance(r, dict) and r.get("split") == split]
     if not chosen:
         raise EmptyDatasetError(f"{refs_name}: no ref in split {split!r}")
-    skipped = Skipped()
-    items: list[GroundingItem] = []
+    skipped = common.Skipped()
+    items: list[common.GroundingItem] = []
     seen: dict[Any, tuple[Path, tuple[int, int]] | None] = {}
     for k, ref in chosen:
         where = f"{refs_name}: refs[{k}]"
@@ -82,7 +69,7 @@ def load_refcoco(
         path, size = located
         if ann_id not in boxes:
             raise MalformedDatasetError(f"{where}.ann_id is not an annotation of {INSTANCES}")
-        box = clip_box(boxes[ann_id], size, skipped, where)
+        box = common.clip_box(boxes[ann_id], size, skipped, where)
         if box is None:
             continue
         for n, sentence in enumerate(sentences):
@@ -90,14 +77,14 @@ def load_refcoco(
                             f"{image_id}#{ref.get('ref_id', k)}#{n}", skipped)
     source = {"format": kind, "split": split, "file": refs_name, "images": len(seen),
               "limit": limit}
-    return GroundingSet(items, skipped, source)
+    return common.GroundingSet(items, skipped, source)
 
 
 def _refs(base: Path, kind: str) -> tuple[str, list[Any]]:
     names = [f"refs({s}){ext}" for s in SPLIT_BY[kind] for ext in (".p", ".json")]
     for name in names:
         try:
-            path = annotation_file(base, name, "refs file")
+            path = common.annotation_file(base, name, "refs file")
         except MissingFilesError:
             continue
         data = path.read_bytes()
@@ -118,7 +105,7 @@ def _json(data: bytes, name: str) -> Any:
                                     f"{e.colno})") from None
 
 
-def _instances(path: Path) -> tuple[dict[Any, str], dict[Any, PixelBox]]:
+def _instances(path: Path) -> tuple[dict[Any, str], dict[Any, common.PixelBox]]:
     """``(image id -> file name, annotation id -> half-open box)`` of COCO instances."""
     data = _json(path.read_bytes(), INSTANCES)
     if not isinstance(data, dict):
@@ -138,7 +125,7 @@ def _instances(path: Path) -> tuple[dict[Any, str], dict[Any, PixelBox]]:
         bbox = ann.get("bbox")
         if not isinstance(bbox, list) or len(bbox) != 4:
             raise MalformedDatasetError(f"{where}.bbox is not [x, y, w, h]")
-        x, y, w, h = (number(v, f"{where}.bbox") for v in bbox)
+        x, y, w, h = (common.number(v, f"{where}.bbox") for v in bbox)
         boxes[ann["id"]] = (x, y, x + w, y + h)
     return images, boxes
 
@@ -153,24 +140,22 @@ def _ref_fields(ref: dict, where: str) -> tuple[Any, Any, list[Any]]:
 
 
 def _image(image_id: Any, images_by_id: dict[Any, str], folder: Path, image_root: Path,
-           skipped: Skipped, where: str) -> tuple[Path, tuple[int, int]] | None:
+           skipped: common.Skipped, where: str) -> tuple[Path, tuple[int, int]] | None:
     if image_id not in images_by_id:
         raise MalformedDatasetError(f"{where}.image_id is not an image of {INSTANCES}")
     name = images_by_id[image_id]
-    path = image_file(folder, name, image_root)
-    size = image_size(path, name, skipped, where)
+    path = common.image_file(folder, name, image_root)
+    size = common.image_size(path, name, skipped, where)
     return None if path is None or size is None else (path, size)
 
 
-def _items(sentence: Any, where: str, path: Path, size: tuple[int, int], box: PixelBox,
-           key: str, skipped: Skipped) -> list[GroundingItem]:
+def _items(sentence: Any, where: str, path: Path, size: tuple[int, int], box: common.PixelBox,
+           key: str, skipped: common.Skipped) -> list[common.GroundingItem]:
     text = sentence.get("sent", sentence.get("raw")) if isinstance(sentence, dict) else None
     if not isinstance(text, str):
         raise MalformedDatasetError(f"{where} has no text (sent or raw)")
-    try:
-        caption = check_caption(text, f"{where}: the expression")
-    except InputError as e:
-        skipped.add("unusable caption", str(e))
+    caption = common.checked_caption(text, f"{where}: the expression", skipped)
+    if caption is None:
         return []
-    phrases = whole_caption(caption, (box,))
-    return [GroundingItem(path, size, caption, phrases, key)] if phrases else []
+    phrases = common.whole_caption(caption, (box,))
+    return [common.GroundingItem(path, size, caption, phrases, key)] if phrases else []

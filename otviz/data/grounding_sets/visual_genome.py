@@ -23,22 +23,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from otviz.boundary.text import check_caption
 from otviz.data.datasets import EmptyDatasetError, MalformedDatasetError
-from otviz.data.grounding_sets.flickr30k import IMAGE_SUFFIXES
-from otviz.data.grounding_sets.items import (
-    GroundingItem,
-    GroundingSet,
-    Skipped,
-    annotation_file,
-    clip_box,
-    image_file,
-    image_size,
-    images_folder,
-    number,
-    whole_caption,
-)
-from otviz.errors import InputError
+from otviz.data.grounding_sets import items as common
 
 REGIONS = "region_descriptions.json"
 IMAGE_FOLDERS = ("VG_100K", "images")
@@ -49,16 +35,17 @@ ALL = "all"
 def load_visual_genome(
     root: str | os.PathLike, split: str = ALL, images: str | os.PathLike | None = None,
     limit: int = 0,
-) -> GroundingSet:
+) -> common.GroundingSet:
     """The regions of the first ``limit`` (0: all) images of ``split`` (``all``, or the ids
     in ``<root>/<split>.txt``); files confined to ``root``."""
     base = Path(root)
-    wanted = None if split == ALL else _ids(annotation_file(base, f"{split}.txt", "split list"),
-                                            f"{split}.txt")
-    folder, image_root = images_folder(base, images, IMAGE_FOLDERS)
+    wanted = None
+    if split != ALL:
+        wanted = _ids(common.annotation_file(base, f"{split}.txt", "split list"), f"{split}.txt")
+    folder, image_root = common.images_folder(base, images, IMAGE_FOLDERS)
     folders = [folder] + ([base / SECOND_FOLDER] if images is None and folder.name == "VG_100K"
                           and (base / SECOND_FOLDER).is_dir() else [])
-    path = annotation_file(base, REGIONS, "region descriptions")
+    path = common.annotation_file(base, REGIONS, "region descriptions")
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
     except UnicodeDecodeError:
@@ -68,8 +55,8 @@ def load_visual_genome(
                                     f"{e.colno})") from None
     if not isinstance(data, list):
         raise MalformedDatasetError(f"{REGIONS}: not a list of images at the top level")
-    skipped = Skipped()
-    items: list[GroundingItem] = []
+    skipped = common.Skipped()
+    items: list[common.GroundingItem] = []
     n_images = 0
     for k, entry in enumerate(data):
         where = f"{REGIONS}: [{k}]"
@@ -86,7 +73,7 @@ def load_visual_genome(
         raise EmptyDatasetError(f"{REGIONS}: no image in split {split!r}")
     source = {"format": "visual_genome", "split": split, "file": REGIONS, "images": n_images,
               "limit": limit}
-    return GroundingSet(items, skipped, source)
+    return common.GroundingSet(items, skipped, source)
 
 
 def _ids(path: Path, name: str) -> set[str]:
@@ -98,13 +85,11 @@ def _ids(path: Path, name: str) -> set[str]:
 
 
 def _image_items(image_id: Any, regions: list[Any], folders: list[Path], image_root: Path,
-                 skipped: Skipped, where: str) -> list[GroundingItem]:
+                 skipped: common.Skipped, where: str) -> list[common.GroundingItem]:
     if not isinstance(image_id, (int, str)) or not str(image_id).isalnum():
         raise MalformedDatasetError(f"{where}.id is not an image id")
-    path = next((p for p in (image_file(folder, f"{image_id}{s}", image_root)
-                             for folder in folders for s in IMAGE_SUFFIXES)
-                 if p is not None and p.is_file()), None)
-    size = image_size(path, f"{image_id}.jpg", skipped, where)
+    path = common.find_image(folders, str(image_id), image_root)
+    size = common.image_size(path, f"{image_id}.jpg", skipped, where)
     if path is None or size is None:
         return []
     items = []
@@ -112,15 +97,14 @@ def _image_items(image_id: Any, regions: list[Any], folders: list[Path], image_r
         at = f"{where}.regions[{n}]"
         if not isinstance(region, dict) or not isinstance(region.get("phrase"), str):
             raise MalformedDatasetError(f"{at} lacks a text 'phrase'")
-        x, y, w, h = (number(region.get(f), f"{at}.{f}") for f in ("x", "y", "width", "height"))
-        box = clip_box((x, y, x + w, y + h), size, skipped, at)
-        try:
-            caption = check_caption(region["phrase"], f"{at}: the phrase")
-        except InputError as e:
-            skipped.add("unusable caption", str(e))
+        x, y, w, h = (common.number(region.get(f), f"{at}.{f}")
+                      for f in ("x", "y", "width", "height"))
+        box = common.clip_box((x, y, x + w, y + h), size, skipped, at)
+        caption = common.checked_caption(region["phrase"], f"{at}: the phrase", skipped)
+        if caption is None:
             continue
-        phrases = whole_caption(caption, (box,)) if box is not None else ()
+        phrases = common.whole_caption(caption, (box,)) if box is not None else ()
         if phrases:
-            items.append(GroundingItem(path, size, caption, phrases,
+            items.append(common.GroundingItem(path, size, caption, phrases,
                                        f"{image_id}#{region.get('region_id', n)}"))
     return items
