@@ -160,14 +160,15 @@ class Phrase:
     """A noun phrase naming one object: words ``[start, end)``, its text, the index of the
     object in ``Sample.objects`` and that object's gold box. A phrase of a real data set
     may have several gold boxes (a Flickr30k Entities entity): ``boxes`` holds them all and
-    ``box`` is their enclosing box; empty ``boxes`` means ``(box,)``."""
+    ``box`` is their enclosing box; empty ``boxes`` means ``(box,)`` (and stays out of the
+    ``repr``, so a world phrase reads, and hashes in the golden tests, as before)."""
 
     start: int
     end: int
     text: str
     object_index: int
     box: Box
-    boxes: tuple[tuple[float, float, float, float], ...] = ()
+    boxes: tuple[tuple[float, float, float, float], ...] = field(default=(), repr=False)
 
     @property
     def gold_boxes(self) -> tuple[tuple[float, float, float, float], ...]:
