@@ -12,6 +12,7 @@ Entities), :mod:`~otviz.data.grounding_sets.refcoco` (RefCOCO, RefCOCO+, RefCOCO
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from otviz.data.grounding_sets.flickr30k import load_flickr30k_entities
 from otviz.data.grounding_sets.items import GoldPhrase, GroundingItem, GroundingSet, Skipped
@@ -25,7 +26,7 @@ DEFAULT_SPLITS = {"flickr30k": "test", "refcoco": "testA", "refcoco+": "testA",
                   "refcocog": "test", "vg": "all"}
 
 __all__ = ["DEFAULT_SPLITS", "KINDS", "GoldPhrase", "GroundingItem", "GroundingSet", "Skipped",
-           "load_grounding_set", "parse_dataset_spec"]
+           "detect_layout", "load_grounding_set", "parse_dataset_spec"]
 
 
 def parse_dataset_spec(spec: str) -> tuple[str, str]:
@@ -34,6 +35,27 @@ def parse_dataset_spec(spec: str) -> tuple[str, str]:
     if not sep or kind not in KINDS or not path:
         raise InputError(f"--dataset takes KIND:PATH with KIND one of {', '.join(KINDS)}")
     return kind, path
+
+
+def detect_layout(root: str | os.PathLike) -> tuple[str, str] | None:
+    """``(kind, split)`` of the grounding layout at the top of folder ``root`` (Flickr30k
+    Entities: ``Sentences/`` and ``Annotations/``, split ``test`` when listed, else ``val``
+    or ``train``; a refs file with ``instances.json``: ``refcoco``, its split by the refs
+    file (``testA`` for ``unc``, ``test`` for ``umd``, ``val`` for ``google``);
+    ``region_descriptions.json``: ``vg``, ``all``), or ``None``. Looks only at names
+    directly in ``root``."""
+    base = Path(root)
+    if (base / "Sentences").is_dir() and (base / "Annotations").is_dir():
+        split = next((s for s in ("test", "val", "train") if (base / f"{s}.txt").is_file()),
+                     "test")
+        return "flickr30k", split
+    if (base / "instances.json").is_file():
+        for split_by, split in (("unc", "testA"), ("umd", "test"), ("google", "val")):
+            if any((base / f"refs({split_by}){ext}").is_file() for ext in (".p", ".json")):
+                return ("refcoco" if split_by == "unc" else "refcocog"), split
+    if (base / "region_descriptions.json").is_file():
+        return "vg", "all"
+    return None
 
 
 def load_grounding_set(
