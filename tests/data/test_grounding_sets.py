@@ -191,3 +191,19 @@ def test_image_names_and_symlinks_outside_the_root_are_refused(tmp_path: Path,
         im["file_name"] for im in instances["images"][2:]}
     assert all("not found or not allowed" in m for m in data.skipped.messages)
     assert not any(str(tmp_path) in m for m in data.skipped.messages)
+
+
+def test_the_world_command_writes_each_layout_and_detect_layout_names_it(tmp_path: Path
+                                                                         ) -> None:
+    from otviz.cli import world as world_cli
+    from otviz.data.grounding_sets import detect_layout
+
+    expected = {"flickr30k": ("flickr30k", "test"), "refcoco": ("refcoco", "testA"),
+                "vg": ("vg", "all")}
+    for kind, layout in expected.items():
+        out = tmp_path / kind
+        assert world_cli.main(["--n", "3", "--as", kind, "--out", str(out)]) == 0
+        assert detect_layout(out) == layout
+        data = load_grounding_set(layout[0], out, layout[1])
+        assert _read_phrases(data) == _world_phrases(world_draw(3, "test", 0))
+    assert detect_layout(tmp_path) is None
