@@ -49,7 +49,12 @@ from otviz.eval.alignment_tables import (
 from otviz.eval.config import TRAINING_FREE, EvalConfig
 from otviz.eval.runner import _atomic_write, load_backbone, write_tables
 from otviz.eval.table import Table
-from otviz.eval.world_set import EvalSet, GroundingProbeDataset, input_frame
+from otviz.eval.world_set import (
+    EvalSet,
+    GroundingProbeDataset,
+    backbone_in_space,
+    input_frame,
+)
 from otviz.explainers import explainer_names
 from otviz.suite import MethodSuite
 
@@ -118,6 +123,9 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
         backbone = dataset_backbone(config)
         suite, suite_note = dataset_suite(backbone, config, data)
         to_device(backbone, config)
+        spaces = {entry.space for entry in suite.methods.values()}
+        if len(spaces) == 1:  # one feature space for all: the images are encoded once
+            backbone = backbone_in_space(backbone, spaces.pop())
         frame = input_frame(backbone)
         identity = {"backbone": backbone_fingerprint(backbone), "suite": suite.label,
                     "methods": list(suite.methods), "explainers": config.explainers,
