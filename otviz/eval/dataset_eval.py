@@ -32,8 +32,10 @@ from typing import Any
 import torch
 
 from otviz.backbone import Backbone
+from otviz.boundary.images import ImageInputError
 from otviz.checkpoints.identity import backbone_fingerprint
 from otviz.checkpoints.store import CheckpointError
+from otviz.data.datasets import EmptyDatasetError
 from otviz.data.feature_cache import FeatureCache
 from otviz.data.grounding_sets import (
     DEFAULT_SPLITS,
@@ -146,7 +148,9 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
              "backbone_weights": identity["backbone"]["weights"],
              "versions": package_versions(), "dataset": {**data.source, "digest": data.digest(),
                                                          "path": Path(path).name},
-             "skipped": data.skipped.as_dict(), "seed": config.seed, "shards": len(shards),
+             "skipped": data.skipped.as_dict(),
+             "undecodable": [m for r in results for m in r["unreadable"]],
+             "seed": config.seed, "shards": len(shards),
              "config": asdict(config)}
     if config.out:
         write_tables([table], config.out, {"stamp": stamp}, stem="grounding")
@@ -168,6 +172,11 @@ def _shard(data: GroundingSet, k: int, identity: dict[str, Any], backbone: Backb
         if progress is not None:
             progress(f"encoding shard {k + 1}", n, total)
 
+    data, unreadable = _decodable(data)
+    if data is None:
+        result: dict[str, Any] = {"rows": [], "hits": {}, "phrases": [], "notes": [],
+                                  "unreadable": unreadable}
+        return _kept(result, done)
     evalset = EvalSet(GroundingProbeDataset(data, frame), backbone,
                       FeatureCache(config.cache_dir), encoding)
     hits: dict[str, dict] = {}
@@ -180,16 +189,40 @@ def _shard(data: GroundingSet, k: int, identity: dict[str, Any], backbone: Backb
         item = data.items[j]
         n = next(n for n, p in enumerate(item.phrases) if (p.start, p.end) == (start, end))
         phrases.append([item.key, n, item.phrases[n].text])
-    result = {"rows": table.rows, "hits": hits, "phrases": phrases,
-              "title": table.title, "notes": table.notes}
+    return _kept({"rows": table.rows, "hits": hits, "phrases": phrases,
+                  "notes": table.notes, "unreadable": unreadable}, done)
+
+
+def _kept(result: dict[str, Any], done: Path | None) -> dict[str, Any]:
+    """``result``, written to ``done`` first (when given)."""
     if done is not None:
         done.parent.mkdir(parents=True, exist_ok=True)
         _atomic_write(done, json.dumps(result))
     return result
 
 
+def _decodable(data: GroundingSet) -> tuple[GroundingSet | None, list[str]]:
+    """``(the items whose image decodes, or None when none does; a message per other)``:
+    a file whose header reads but whose pixels do not (truncated, corrupt) is left out
+    and counted, the run goes on."""
+    kept, unreadable = [], []
+    for i, item in enumerate(data.items):
+        try:
+            data.load_image(i)
+            kept.append(i)
+        except ImageInputError as e:
+            unreadable.append(f"{item.key}: {e}")
+    if len(kept) == len(data.items):
+        return data, unreadable
+    return (data.subset(kept) if kept else None), unreadable
+
+
 def _combined(results: list[dict[str, Any]], data: GroundingSet, split: str) -> Table:
     """The phrase-weighted mean of the shards' rows, as one grounding table."""
+    unreadable = sum(len(r["unreadable"]) for r in results)
+    results = [r for r in results if r["rows"]]
+    if not results:
+        raise EmptyDatasetError(f"{data.source['format']} {split}: no image could be decoded")
     n_phrases = sum(len(r["phrases"]) for r in results)
     table = Table("grounding", f"Weak grounding of {n_phrases} gold phrases "
                   f"({len(data)} {data.source['format']} {split} captions, "
@@ -206,7 +239,9 @@ def _combined(results: list[dict[str, Any]], data: GroundingSet, split: str) -> 
             row["n"] = total
         table.rows.append(row)
     table.notes += results[0]["notes"]
-    counts = data.skipped.counts
+    counts = dict(data.skipped.counts)
+    if unreadable:
+        counts["caption on an undecodable image"] = unreadable
     if counts:
         table.notes.append("skipped while reading: " + ", ".join(
             f"{n} {reason}" for reason, n in sorted(counts.items())))

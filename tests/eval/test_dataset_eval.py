@@ -124,3 +124,16 @@ def test_the_command_line_reads_a_dataset(world: dict, tmp_path: Path, capsys) -
     assert "flickr30k_entities test captions, 2 images" in printed
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {
         "grounding.json", "grounding.md", "grounding.csv"}
+
+
+def test_an_image_that_does_not_decode_is_skipped_and_counted(world: dict) -> None:
+    """A JPEG whose header reads but whose pixels are cut off: its captions are left out and
+    counted, every other phrase is scored as before."""
+    root = export_flickr30k(world["samples"], world["root"] / "flickr-cut")
+    image = root / "flickr30k-images" / "1001.jpg"
+    image.write_bytes(image.read_bytes()[:1000])  # the header reads, the pixels do not
+    table, stamp = _run(world, f"flickr30k:{root}", world["root"] / "out-cut")
+    assert any("1 caption on an undecodable image" in note for note in table.notes)
+    assert stamp["undecodable"][0].startswith("1001#0: 1001.jpg is not an image")
+    n = sum(len(s.phrases) for k, s in enumerate(world["samples"]) if k != 1)
+    assert {len(v) for v in _csv_hits(world["root"] / "out-cut").values()} == {n}
