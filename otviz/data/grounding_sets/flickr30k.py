@@ -27,8 +27,8 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import otviz.data.grounding_sets.items as common
 from otviz.data.datasets import EmptyDatasetError, MalformedDatasetError, MissingFilesError
-from otviz.data.grounding_sets import items as common
 
 IMAGE_FOLDERS = ("flickr30k-images", "flickr30k_images", "images")
 _PHRASE = re.compile(r"\[/EN#(\d+)((?:/[^\s\]/]+)*)\s+([^\]]*)\]")

@@ -26,8 +26,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import otviz.data.grounding_sets.items as common
 from otviz.data.datasets import EmptyDatasetError, MalformedDatasetError, MissingFilesError
-from otviz.data.grounding_sets import items as common
 from otviz.data.grounding_sets.restricted_pickle import load_plain_pickle
 from otviz.errors import InputError
 

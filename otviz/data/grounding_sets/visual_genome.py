@@ -23,8 +23,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import otviz.data.grounding_sets.items as common
 from otviz.data.datasets import EmptyDatasetError, MalformedDatasetError
-from otviz.data.grounding_sets import items as common
 
 REGIONS = "region_descriptions.json"
 IMAGE_FOLDERS = ("VG_100K", "images")
