@@ -29,13 +29,9 @@ N = 6
 METHODS = "filip,dense_uot,conceptot,powerclip"
 
 
-@pytest.fixture(autouse=True)
-def _threads() -> None:
-    torch.set_num_threads(1)
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    torch.set_num_threads(1)  # the runs set their own (config.threads)
     root = tmp_path_factory.mktemp("dataset-eval")
     backbone = load_backbone()
     samples = world_draw(N, "test", 0, world_config_of(backbone))
