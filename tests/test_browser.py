@@ -608,3 +608,30 @@ def test_a_bad_upload_after_an_example_is_a_message(browser, live_app, tmp_path)
     page.locator("#shared-image input[type=file]").first.set_input_files(str(truncated))
     assert "cut.png is not an image this app can read" in _toast(page)
     page.close()
+
+
+def test_browse_a_flickr30k_entities_upload_shows_gold_hit_marks(own_page, tmp_path):
+    """Browse: a world draw uploaded as a Flickr30k Entities .zip is read as a grounding
+    set; the table's method columns carry hit marks (✓/✗ and the IoU), not the dash of a
+    folder without boxes."""
+    import zipfile
+
+    from otviz.data.grounding_sets.export import export_flickr30k, world_draw
+
+    root = export_flickr30k(world_draw(3, "test", 0), tmp_path / "flickr")
+    archive = tmp_path / "flickr.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for f in sorted(root.rglob("*")):
+            if f.is_file():
+                z.write(f, f"flickr/{f.relative_to(root)}")
+    page = own_page
+    open_tab(page, "Browse")
+    page.locator("#tab-browse").get_by_label("uploaded folder").check()
+    page.locator("#tab-browse input[type=file]").first.set_input_files(str(archive))
+    page.wait_for_function("document.querySelector('#tab-browse').innerText"
+                           ".includes('flickr.zip')")
+    page.get_by_role("button", name="Load", exact=True).click()
+    page.wait_for_function("/[✓✗] [0-9.]+/.test(document.querySelector('#browse-table')"
+                           ".innerText)")
+    rendered_image(page, "#browse-grid")
+    assert_not_blank(page, "#browse-grid img")

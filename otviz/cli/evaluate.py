@@ -46,6 +46,14 @@ def main(argv: list[str], prog: str = "otviz eval") -> int:
             print("wrote " + ", ".join(str(p) for p in paths))
         return 0
     config = dataclass_from_args(EvalConfig, args)
+    if config.dataset:
+        from otviz.eval.dataset_eval import run_dataset_eval
+
+        table, _ = with_bars(args.quiet, lambda bars: run_dataset_eval(config, bars))
+        print(table.markdown())
+        if config.out:
+            print(f"wrote grounding.json, grounding.md and grounding.csv in {config.out}")
+        return 0
     tables = with_bars(args.quiet, lambda bars: run_eval(config, bars))
     for table in tables:
         print(table.markdown())

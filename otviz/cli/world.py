@@ -20,11 +20,23 @@ def build_parser(prog: str = "otviz world") -> argparse.ArgumentParser:
     p.add_argument("--scale", type=at_least(int, 1), default=3, metavar="N",
                    help="nearest-neighbour upscaling of the 80-px renders")
     p.add_argument("--out", default="world_samples", help="output folder")
+    p.add_argument("--as", dest="as_format", choices=("flickr30k", "refcoco", "vg"),
+                   default="", help="instead: samples 0..n-1 written as this grounding data "
+                   "set, in its published layout (for otviz eval --dataset KIND:OUT)")
+    p.add_argument("--lossless", action="store_true",
+                   help="with --as: PNG images instead of the published JPEG")
     return p
 
 
 def main(argv: list[str], prog: str = "otviz world") -> int:
     args = build_parser(prog).parse_args(argv)
+    if args.as_format:
+        from otviz.data.grounding_sets.export import export_draw
+
+        root = export_draw(args.as_format, args.out, args.n, args.split, args.seed,
+                           args.lossless)
+        print(f"wrote {args.n} world {args.split} samples as {args.as_format} in {root}")
+        return 0
     from PIL import Image
 
     from otviz.world import World, export_samples, render_grid

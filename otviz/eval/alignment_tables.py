@@ -237,12 +237,20 @@ def probe_table(
 
 
 # ----------------------------------------------------------------------- grounding
+#: The pointing game's tolerance, in source pixels: a peak within this distance (each axis)
+#: of a gold box counts as a hit in the ``pointing_tol`` column (the common 15 px).
+TOLERANCE_PX = 15.0
+
+
 @dataclass
 class PhraseQueries:
     """Every gold noun phrase of a set's true captions that keeps a token in the context:
-    its image ``[P]``, token selection ``[P, L]``, gold pixel box ``[P, 4]``, text, its
-    object's colour, whether another object of the scene shares that colour ``[P]`` and
-    its caption word span ``[P, 2]`` (``start, end``)."""
+    its image ``[P]``, token selection ``[P, L]``, enclosing gold pixel box ``[P, 4]``,
+    text, its object's colour, whether another object of the scene shares that colour
+    ``[P]``, its caption word span ``[P, 2]`` (``start, end``), every gold box ``[P, K,
+    4]`` and every gold box grown by :data:`TOLERANCE_PX` source pixels on each side
+    ``[P, K, 4]`` (phrases with fewer than ``K`` boxes padded with NaN boxes, which hold
+    no point)."""
 
     image: Tensor
     select: Tensor
@@ -251,12 +259,23 @@ class PhraseQueries:
     colours: list[str]
     shared_colour: Tensor
     spans: Tensor
+    gold: Tensor
+    near: Tensor
 
 
-def phrase_queries(data: EvalSet) -> PhraseQueries:
+def _padded(boxes: list[list[tuple[float, ...]]]) -> Tensor:
+    k = max(len(b) for b in boxes)
+    out = torch.full((len(boxes), k, 4), float("nan"), dtype=torch.float64)
+    for i, b in enumerate(boxes):
+        out[i, : len(b)] = torch.tensor(b, dtype=torch.float64)
+    return out
+
+
+def phrase_queries(data: EvalSet, tolerance: float = TOLERANCE_PX) -> PhraseQueries:
     """The :class:`PhraseQueries` of ``data``, in image order and caption order."""
-    images, spans, boxes, texts, colours, shared = [], [], [], [], [], []
+    images, spans, boxes, texts, colours, shared, gold, near = [], [], [], [], [], [], [], []
     for j, sample in enumerate(data.samples):
+        tx, ty = tolerance * sample.pixel_scale[0], tolerance * sample.pixel_scale[1]
         for phrase in sample.phrases:
             images.append(j)
             spans.append((phrase.start, phrase.end))
@@ -264,6 +283,9 @@ def phrase_queries(data: EvalSet) -> PhraseQueries:
             texts.append(phrase.text)
             colours.append(sample.objects[phrase.object_index].colour)
             shared.append(colour_shared(sample, phrase.object_index))
+            gold.append(phrase.gold_boxes)
+            near.append([(x0 - tx, y0 - ty, x1 + tx, y1 + ty)
+                         for x0, y0, x1, y1 in phrase.gold_boxes])
     image_idx = torch.tensor(images, dtype=torch.long)
     token_word, mask = data.text_tokens(data.positives[image_idx])
     span_idx = torch.tensor(spans, dtype=torch.long)
@@ -274,7 +296,8 @@ def phrase_queries(data: EvalSet) -> PhraseQueries:
                          torch.tensor(boxes, dtype=torch.float64)[kept],
                          [t for t, k in zip(texts, keep, strict=True) if k],
                          [c for c, k in zip(colours, keep, strict=True) if k],
-                         torch.tensor(shared, dtype=torch.bool)[kept], span_idx[kept])
+                         torch.tensor(shared, dtype=torch.bool)[kept], span_idx[kept],
+                         _padded(gold)[kept], _padded(near)[kept])
 
 
 GROUNDING_COLUMNS = [
@@ -282,45 +305,74 @@ GROUNDING_COLUMNS = [
     Column("pointing_shared_colour", "Pointing, colour not unique"),
     Column("mean_iou", "Mean IoU"), Column("hit@0.5", "Hit@0.5"),
 ]
+#: The columns of a real data set's table (no colours; the tolerant pointing game).
+DATASET_GROUNDING_COLUMNS = [
+    Column("method", "Method", "text"), Column("pointing", "Pointing game"),
+    Column("pointing_tol", f"Pointing, {TOLERANCE_PX:g} px tolerance"),
+    Column("mean_iou", "Mean IoU"), Column("hit@0.5", "Box acc. (IoU ≥ 0.5)"),
+]
+
+
+def _hits_any(heat: Tensor, geometry: TokenGeometry, boxes: Tensor) -> Tensor:
+    """``[n]`` bool: each heatmap's peak lies in any of its boxes ``[n, K, 4]``."""
+    hits = torch.zeros(heat.shape[0], dtype=torch.bool)
+    for k in range(boxes.shape[1]):
+        hits |= pointing_hits(heat, geometry, boxes[:, k])
+    return hits
 
 
 def _grounding_row(
     label: str, name: str, heat: Tensor, q: PhraseQueries, geometry: TokenGeometry,
     threshold: float, hits: Tensor | None = None,
+    hits_near: Tensor | None = None, phrase_hits: dict[str, dict] | None = None,
 ) -> dict:
-    """Scores of one row: :func:`grounding_scores` of ``heat`` and the pointing on the
-    shared-colour subset (``hits``: per-phrase hits, default the heatmaps' own)."""
+    """Scores of one row: :func:`grounding_scores` of ``heat`` against the enclosing gold
+    box (mean IoU, hit@0.5), the pointing game on any gold box, also with the tolerance
+    (``hits``, ``hits_near``: per-phrase hits, default the heatmaps' own) and on the
+    shared-colour subset; each phrase's hits go to ``phrase_hits[name]`` when given."""
     scores = grounding_scores(heat, geometry, q.boxes, threshold)
     if hits is None:
-        hits = pointing_hits(heat, geometry, q.boxes).double()
-    else:
-        scores["pointing"] = float(hits.mean())
+        hits = _hits_any(heat, geometry, q.gold).double()
+    if hits_near is None:
+        hits_near = _hits_any(heat, geometry, q.near).double()
+    scores["pointing"] = float(hits.mean())
     subset = hits[q.shared_colour]
     shared = float(subset.mean()) if subset.numel() else float("nan")
-    return {"method": label, "name": name, **scores, "pointing_shared_colour": shared,
-            "n_shared_colour": int(subset.numel())}
+    if phrase_hits is not None:
+        phrase_hits[name] = {"hit": hits.tolist(), "hit_tol": hits_near.tolist()}
+    return {"method": label, "name": name, **scores, "pointing_tol": float(hits_near.mean()),
+            "pointing_shared_colour": shared, "n_shared_colour": int(subset.numel())}
 
 
-def baseline_rows(data: EvalSet, q: PhraseQueries, threshold: float = 0.5) -> list[dict]:
+def baseline_rows(data: EvalSet, q: PhraseQueries, threshold: float = 0.5,
+                  seed: int | None = None, phrase_hits: dict[str, dict] | None = None
+                  ) -> list[dict]:
     """Grounding rows of the model-free baselines (:mod:`otviz.eval.grounding_baselines`):
-    the colour-only pixel oracle, the centre prior and the uniform map."""
+    on the world, the colour-only pixel oracle; then the centre prior and the uniform map;
+    with ``seed``, a random map (uniform noise drawn from ``seed``: its peak is a token
+    drawn at random)."""
     geometry, n = data.geometry, q.image.numel()
-    oracle = colour_oracle_heatmaps([data.samples[int(j)].image for j in q.image], q.colours,
-                                    geometry)
+    rows = []
+    if data.is_world:
+        oracle = colour_oracle_heatmaps([data.samples[int(j)].image for j in q.image],
+                                        q.colours, geometry)
+        rows.append(("Colour oracle (pixels)", "colour_oracle", oracle, None, None))
     flat = torch.ones(n, geometry.n, dtype=torch.float64)
-    return [
-        {**_grounding_row("Colour oracle (pixels)", "colour_oracle", oracle, q, geometry,
-                          threshold), "baseline": True},
-        {**_grounding_row("Centre prior", "centre_prior", centre_prior_heatmaps(n, geometry),
-                          q, geometry, threshold), "baseline": True},
-        {**_grounding_row("Uniform map", "uniform", flat, q, geometry, threshold,
-                          uniform_pointing(geometry, q.boxes)), "baseline": True},
-    ]
+    rows += [("Centre prior", "centre_prior", centre_prior_heatmaps(n, geometry), None, None),
+             ("Uniform map", "uniform", flat, uniform_pointing(geometry, q.gold),
+              uniform_pointing(geometry, q.near))]
+    if seed is not None:
+        noise = torch.rand(n, geometry.n, dtype=torch.float64,
+                           generator=torch.Generator().manual_seed(seed))
+        rows.append((f"Random map (seed {seed})", "random", noise, None, None))
+    return [{**_grounding_row(label, name, heat, q, geometry, threshold, hits, near,
+                              phrase_hits), "baseline": True}
+            for label, name, heat, hits, near in rows]
 
 
 def explainer_rows(
     data: EvalSet, q: PhraseQueries, names: Sequence[str], threshold: float = 0.5,
-    progress: StageProgress | None = None,
+    progress: StageProgress | None = None, phrase_hits: dict[str, dict] | None = None,
 ) -> list[dict]:
     """Grounding rows of the explainers ``names`` (:mod:`otviz.explainers`): each phrase's map
     from its image and its text alone (encoded by the backbone's text tower), scored like the
@@ -335,7 +387,7 @@ def explainer_rows(
             continue
         run = explain_pairs(data.backbone, name, images, q.texts)
         rows.append({**_grounding_row(EXPLAINERS[name].label, name, run.maps, q,
-                                      data.geometry, threshold),
+                                      data.geometry, threshold, phrase_hits=phrase_hits),
                      "explainer": True, "ms_per_phrase": run.ms / max(1, len(q.texts))})
         if progress is not None:
             progress(f"grounding {name}", len(q.texts), len(q.texts))
@@ -350,42 +402,61 @@ def grounding_table(
     progress: StageProgress | None = None,
     baselines: bool = True,
     explainers: Sequence[str] = (),
+    seed: int | None = None,
+    phrase_hits: dict[str, dict] | None = None,
 ) -> Table:
     """Weak phrase grounding (ConceptOT Sec. 2.6) over every gold noun phrase: pointing
     game, mean IoU and hit@0.5 of the heatmap ``Alignment.heatmap`` of the phrase's tokens,
     or the method's own ``phrase_patch_map`` where it defines one (PowerCLIP: the membership-
     weighted regions of the phrase's node) (box: patches above ``threshold`` x peak,
-    enclosing envelope), and the pointing on the phrases whose colour another object of
-    the scene shares. The rows of the ``explainers`` (:func:`explainer_rows`) follow the
-    methods'; with ``baselines``, the model-free rows (:func:`baseline_rows`) come last."""
+    enclosing envelope). On the world, the pointing on the phrases whose colour another
+    object of the scene shares; on a real set (:class:`~otviz.eval.world_set.GroundingProbeDataset`)
+    the pointing with :data:`TOLERANCE_PX` instead. The rows of the ``explainers``
+    (:func:`explainer_rows`) follow the methods'; with ``baselines``, the model-free rows
+    (:func:`baseline_rows`, a random map with ``seed``) come last. ``phrase_hits``, when
+    given, receives each row's per-phrase hits by row name."""
     q = phrase_queries(data)
     image_idx, select = q.image, q.select
+    world = data.is_world
+    what = "world" if world else data.source_name
     table = Table("grounding", f"Weak grounding of {image_idx.numel()} gold noun phrases "
-                  f"({data.n_images} world {data.split} images)", list(GROUNDING_COLUMNS))
+                  f"({data.n_images} {what} {data.split} {'images' if world else 'captions'})",
+                  list(GROUNDING_COLUMNS if world else DATASET_GROUNDING_COLUMNS))
     for name, entry in suite.methods.items():
         if not entry.method.has_plan:
             continue  # no patch-token plan (Global-only)
         heat = phrase_heatmaps(entry, data, image_idx, data.positives[image_idx], select,
                                chunk, _stage(progress, f"grounding {name}"))
         table.rows.append(_grounding_row(_label(name), name, heat, q, data.geometry,
-                                         threshold))
-    table.rows += explainer_rows(data, q, explainers, threshold, progress)
+                                         threshold, phrase_hits=phrase_hits))
+    table.rows += explainer_rows(data, q, explainers, threshold, progress, phrase_hits)
     if baselines:
-        table.rows += baseline_rows(data, q, threshold)
+        table.rows += baseline_rows(data, q, threshold, seed, phrase_hits)
     if explainers:
         table.notes.append("explainers (Grad-CAM, LeGrad, MaskCLIP, Chefer relevance): the "
                            "phrase's map from the image and the phrase's text embedding alone "
                            "(docs/explainers.md)")
     table.notes.append(f"heatmap box: patches at >= {threshold} of the peak, enclosing "
                        "envelope; a flat heatmap points nowhere (a miss)")
-    table.notes.append(f"colour not unique: the {int(q.shared_colour.sum())} phrases whose "
-                       "object shares its colour with another object of the scene")
+    if world:
+        table.notes.append(f"colour not unique: the {int(q.shared_colour.sum())} phrases whose "
+                           "object shares its colour with another object of the scene")
+    else:
+        table.notes.append(
+            "pointing game: the centre of the hottest patch inside any gold box of the phrase; "
+            f"{TOLERANCE_PX:g} px tolerance: inside a gold box grown by {TOLERANCE_PX:g} "
+            "source-image pixels on every side; box accuracy: IoU >= 0.5 between the heatmap "
+            "box and the enclosing box of the phrase's gold boxes; each image resized to the "
+            "model's input without cropping")
     if baselines:
         table.notes.append(
-            "baselines: colour oracle = share of a patch's pixels within "
-            f"{COLOUR_TOLERANCE} (per channel) of the phrase's palette colour; centre prior = "
-            "Gaussian on the image centre; uniform map = a flat map (points nowhere), its "
-            "pointing given as the chance that a uniformly drawn patch lies in the box")
+            ("baselines: colour oracle = share of a patch's pixels within "
+             f"{COLOUR_TOLERANCE} (per channel) of the phrase's palette colour; " if world
+             else "baselines: ") +
+            "centre prior = Gaussian on the image centre; uniform map = a flat map (points "
+            "nowhere), its pointing given as the chance that a uniformly drawn patch lies in "
+            "a gold box" + ("; random map = uniform noise, its peak a random patch"
+                            if seed is not None else ""))
     return table
 
 

@@ -3,8 +3,11 @@ a gold box exists, its pointing-game hit and box IoU (ConceptOT Sec. 2.6), the p
 kind, and the filters, orders and pages of the Browse view.
 
 Queries come from a world split (every gold noun phrase of the true captions, with its gold
-box: :func:`world_queries`) or from an image-caption folder (each image's first caption,
-its base noun phrases from the parse tree, no gold box: :func:`folder_queries`). Features
+box: :func:`world_queries`), from a grounding data set in a published layout (Flickr30k
+Entities, RefCOCO, Visual Genome: every phrase with a box, its images fitted to the model's
+input, the same queries: :func:`grounding_set_browse`) or from an image-caption folder
+(each image's first caption, its base noun phrases from the parse tree, no gold box:
+:func:`folder_queries`). Features
 come from the on-disk feature cache (:class:`~otviz.eval.world_set.EvalSet`); heatmaps of
 all methods are computed once, batched (:func:`browse_table`), and kept in memory
 (:class:`BrowseCache`), so filtering, sorting and paging only index tensors.
@@ -30,11 +33,18 @@ import torch
 from torch import Tensor
 
 from otviz.boundary.images import header_size
-from otviz.data.datasets import CaptionFolder
+from otviz.data.datasets import CaptionFolder, DatasetError
 from otviz.data.feature_cache import FeatureCache
+from otviz.data.grounding_sets import load_grounding_set
 from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries
 from otviz.eval.grounding_metrics import box_iou, phrase_token_select, pointing_hits
-from otviz.eval.world_set import EvalSet, ParsedCaptions, world_config_of
+from otviz.eval.world_set import (
+    EvalSet,
+    GroundingProbeDataset,
+    ParsedCaptions,
+    model_input_size,
+    world_config_of,
+)
 from otviz.explain import InputError
 from otviz.explainers import EXPLAINERS, explain_pairs
 from otviz.explainers import unavailable as explainer_unavailable
@@ -300,6 +310,33 @@ def world_browse(
     return browse_table(suite, data, world_queries(data), sizes,
                         lambda j: data.samples[j].image, threshold=threshold,
                         explainers=explainers)
+
+
+def grounding_set_browse(
+    suite: MethodSuite, root: str | Path, layout: tuple[str, str], cache_dir: str | Path,
+    max_images: int = MAX_IMAGES, threshold: float = 0.5, explainers: Sequence[str] = (),
+) -> tuple[BrowseTable, list[str]]:
+    """``(table, notes)``: the :class:`BrowseTable` of the grounding set ``layout`` =
+    ``(kind, split)`` at ``root`` (confined to it;
+    :func:`~otviz.data.grounding_sets.detect_layout`), its first ``max_images`` images, every
+    phrase with a gold box (hits against the enclosing box of its gold boxes), the images
+    fitted to the model's input as the evaluation fits them; ``notes`` says what the reader
+    skipped."""
+    try:
+        data = load_grounding_set(layout[0], root, layout[1], limit=max_images)
+    except DatasetError as e:
+        raise InputError(f"cannot read the {layout[0]} folder: {e}") from None
+    frame = model_input_size(suite.backbone)
+    evalset = EvalSet(GroundingProbeDataset(data, frame), suite.backbone,
+                      FeatureCache(cache_dir))
+    sizes = torch.tensor([frame], dtype=torch.long).expand(evalset.n_images, 2)
+    table = browse_table(suite, evalset, world_queries(evalset), sizes,
+                         lambda j: evalset.samples[j].image, threshold=threshold,
+                         explainers=explainers)
+    counts = data.skipped.counts
+    notes = [f"{layout[0]} {layout[1]}: skipped " + ", ".join(
+        f"{n} {reason}" for reason, n in sorted(counts.items()))] if counts else []
+    return table, notes
 
 
 def first_captions(folder: CaptionFolder, max_images: int = MAX_IMAGES) -> CaptionFolder:

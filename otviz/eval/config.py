@@ -58,6 +58,16 @@ class EvalConfig:
     threads: Count = 2  # torch CPU threads
     cache_dir: str = ".cache/otviz-features"  # frozen-backbone feature cache
     out: str = "runs/eval"  # writes tables.json and tables.md here ("" : print only)
+    dataset: str = ""  # KIND:PATH of a real grounding set (flickr30k, refcoco, refcoco+,
+    # refcocog, vg): its grounding table instead of the world's tables (grounding.json/.md/.csv)
+    split: str = ""  # split of --dataset ("" : test, testA for refcoco/+, all for vg)
+    images: str = ""  # image folder of --dataset ("" : the layout's own, under PATH)
+    limit: NonNegativeInt = 0  # --dataset: read the first N images of the split (0 : all)
+    shard: Count = 256  # --dataset: captions per shard (each shard's rows are kept on disk,
+    # so a stopped run resumes)
+    model: str = ""  # --dataset: any open_clip model name ("" : the tiny-CLIP --backbone)
+    pretrained: str = ""  # --dataset: its pretrained tag or weight file (e.g. openai)
+    device: str = ""  # --dataset: torch device of the backbone ("" : cuda when present)
 
     def table_names(self) -> list[str]:
         if self.tables == "all":

@@ -67,9 +67,12 @@ def centre_prior_heatmaps(n: int, geometry: Geometries) -> Tensor:
 
 def uniform_pointing(geometry: Geometries, gold_boxes: Tensor) -> Tensor:
     """``[n]`` float64: the chance that a token drawn uniformly looks inside the gold box
-    (the pointing of a uniform map with ties broken at random)."""
-    centres = token_centres(geometry, gold_boxes.shape[0])
-    return points_in_boxes(centres, gold_boxes[:, None, :]).double().mean(dim=1)
+    (the pointing of a uniform map with ties broken at random); with ``[n, K, 4]`` boxes, in
+    any of a phrase's ``K`` boxes (NaN boxes hold no point)."""
+    centres = token_centres(geometry, gold_boxes.shape[0])  # [n, N, 2]
+    boxes = gold_boxes if gold_boxes.dim() == 3 else gold_boxes[:, None, :]
+    inside = points_in_boxes(centres[:, :, None, :], boxes[:, None, :, :])  # [n, N, K]
+    return inside.any(dim=2).double().mean(dim=1)
 
 
 def colour_shared(sample: Sample, object_index: int) -> bool:

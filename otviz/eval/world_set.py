@@ -15,7 +15,10 @@ trained heads, ``"projected"`` for training-free methods), with the parse-tree n
 the token axis cut to the batch's last content token (padding positions never change a
 score; fewer positions cost less). An :class:`EvalSet` over :class:`ParsedCaptions` (an
 image-caption folder whose captions are parsed) serves the same features, pairs and nodes;
-the world-only parts (samples, positives, negatives) need a :class:`WorldProbeDataset`.
+the world-only parts (positives, negatives) need a :class:`WorldProbeDataset`.
+:class:`GroundingProbeDataset` serves a real grounding set (Flickr30k Entities, RefCOCO,
+Visual Genome: :mod:`otviz.data.grounding_sets`) as world-like samples, each image fitted to
+the model's input, so the grounding table reads it as it reads the world.
 """
 
 from __future__ import annotations
@@ -26,17 +29,29 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor
 
 from otviz.backbone import Backbone, Space
 from otviz.data.datasets import CaptionFolder, WorldDataset
 from otviz.data.feature_cache import CachedFeatures, FeatureCache
+from otviz.data.grounding_sets import GroundingSet
 from otviz.methods.base import PairBatch
 from otviz.text.parse import batch_node_masks, parse_caption
 from otviz.text.tree import Tree
+from otviz.text.words import split_words
 from otviz.token_geometry import TokenGeometry
-from otviz.world import NEGATIVE_CATEGORIES, Sample, WorldConfig, realise
+from otviz.world import (
+    NEGATIVE_CATEGORIES,
+    Meaning,
+    Phrase,
+    Sample,
+    SceneObject,
+    WorldConfig,
+    realise,
+)
 
 Progress = Callable[[int, int], None]
 
@@ -135,6 +150,78 @@ class ParsedCaptions:
         return self.folder.fingerprint()
 
 
+class GroundingProbeDataset:
+    """A real grounding set (:class:`~otviz.data.grounding_sets.GroundingSet`) as world-like
+    samples: item ``i`` is one caption with its own copy of its image, resized (bicubic) to
+    the model's input ``frame`` ``(width, height)`` without cropping, so the patch grid
+    covers the whole image and every gold box, scaled by the same factors
+    (``Sample.pixel_scale``); its phrases keep every gold box (``Phrase.boxes``). An image
+    already of the frame's size is not resampled. Captions are parsed
+    (:func:`~otviz.text.parse.parse_caption`) for the methods that read trees; there are
+    no object colours and no hard negatives."""
+
+    def __init__(self, data: GroundingSet, frame: tuple[int, int]) -> None:
+        self.data = data
+        self.frame = frame
+        self.split = str(data.source.get("split", ""))
+        self.source_name = str(data.source.get("format", "data set"))
+        self.samples: list[Sample] = [self._sample(i) for i in range(len(data))]
+        self.captions = [s.caption for s in self.samples]
+        self.trees: list[Tree] = [s.tree for s in self.samples]
+        self.positives = torch.arange(len(self.samples))
+
+    def _sample(self, i: int) -> Sample:
+        item = self.data.items[i]
+        image = self.data.load_image(i)
+        if image.size != self.frame:
+            image = image.resize(self.frame, Image.Resampling.BICUBIC)
+        sx, sy = self.frame[0] / item.size[0], self.frame[1] / item.size[1]
+
+        def scaled(b: tuple[float, float, float, float]) -> tuple[float, float, float, float]:
+            return (b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy)
+
+        phrases, objects = [], []
+        for k, p in enumerate(item.phrases):
+            box = scaled(p.box)
+            phrases.append(Phrase(p.start, p.end, p.text, k, box,  # type: ignore[arg-type]
+                                  tuple(scaled(b) for b in p.boxes)))
+            objects.append(SceneObject("", "", "", box))  # type: ignore[arg-type]
+        return Sample(np.asarray(image), item.caption, [w.text for w in split_words(
+            item.caption)], parse_caption(item.caption).tree, phrases, objects, {},
+            Meaning(()), self.split, i, pixel_scale=(sx, sy))
+
+    @property
+    def n_images(self) -> int:
+        return len(self.samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def sample(self, i: int) -> Sample:
+        return self.samples[i]
+
+    def item(self, i: int) -> tuple[Any, str]:
+        return Image.fromarray(self.samples[i].image), self.captions[i]
+
+    def image_of(self, i: int) -> int:
+        return i
+
+    def groups(self) -> list[list[int]]:
+        return [[i] for i in range(len(self.samples))]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The set's digest (annotations read, images' sizes and times) and the frame."""
+        return {"kind": "grounding-set", "source": self.data.source,
+                "digest": self.data.digest(), "frame": list(self.frame)}
+
+
+def model_input_size(backbone: Backbone) -> tuple[int, int]:
+    """The model's input ``(width, height)`` (its preprocessing's size)."""
+    size = backbone.model.visual.preprocess_cfg["size"]
+    h, w = (size, size) if isinstance(size, int) else size
+    return int(w), int(h)
+
+
 def world_config_of(backbone: Backbone, negatives: bool = True) -> WorldConfig:
     """The world configuration the backbone was trained on (its checkpoint's recorded
     ``world_config``; the default world for a model without one), with ``negatives`` set.
@@ -170,7 +257,7 @@ class EvalSet:
     use of a space.
     """
 
-    dataset: WorldProbeDataset | ParsedCaptions
+    dataset: WorldProbeDataset | ParsedCaptions | GroundingProbeDataset
     backbone: Backbone
     cache: FeatureCache
     progress: Progress | None = None
@@ -197,7 +284,19 @@ class EvalSet:
 
     @property
     def split(self) -> str:
+        if isinstance(self.dataset, GroundingProbeDataset):
+            return self.dataset.split
         return self.dataset.world.split
+
+    @property
+    def is_world(self) -> bool:
+        """Whether the set is the world's (objects with colours, hard negatives)."""
+        return isinstance(self.dataset, WorldProbeDataset)
+
+    @property
+    def source_name(self) -> str:
+        """``"world"`` or the real set's format (``flickr30k_entities``, ``refcoco``...)."""
+        return "world" if self.is_world else getattr(self.dataset, "source_name", "folder")
 
     @property
     def n_images(self) -> int:

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from otviz.boundary.paths import NOT_FOUND
 from otviz.data.datasets import DatasetError, load_image_captions
+from otviz.data.grounding_sets import detect_layout
 from otviz.data.upload_store import UploadStore
 from otviz.eval.browse import (
     ALL_ROWS,
@@ -36,6 +37,7 @@ from otviz.eval.browse import (
     BrowseTable,
     first_captions,
     folder_browse,
+    grounding_set_browse,
     page_of,
     select_rows,
     world_browse,
@@ -142,6 +144,14 @@ def load_table(
 
     def compute() -> BrowseTable:
         with discarded_if_refused(lone_archive(paths)), sources.uploads.unpacked(paths) as root:
+            layout = detect_layout(root)  # a grounding data set: gold boxes and hits
+            if layout is not None:
+                table, skipped = grounding_set_browse(suite, root, layout, sources.features_dir,
+                                                      sources.max_images, explainers=explainers)
+                sources.roots[key] = root
+                if skipped:
+                    sources.notes[key] = "; ".join(skipped)
+                return table
             try:
                 folder = load_image_captions(root, root=root)
             except DatasetError as e:

@@ -158,13 +158,22 @@ class Meaning:
 @dataclass(frozen=True)
 class Phrase:
     """A noun phrase naming one object: words ``[start, end)``, its text, the index of the
-    object in ``Sample.objects`` and that object's gold box."""
+    object in ``Sample.objects`` and that object's gold box. A phrase of a real data set
+    may have several gold boxes (a Flickr30k Entities entity): ``boxes`` holds them all and
+    ``box`` is their enclosing box; empty ``boxes`` means ``(box,)`` (and stays out of the
+    ``repr``, so a world phrase reads, and hashes in the golden tests, as before)."""
 
     start: int
     end: int
     text: str
     object_index: int
     box: Box
+    boxes: tuple[tuple[float, float, float, float], ...] = field(default=(), repr=False)
+
+    @property
+    def gold_boxes(self) -> tuple[tuple[float, float, float, float], ...]:
+        """Every gold box of the phrase (its region is their union)."""
+        return self.boxes or (tuple(map(float, self.box)),)  # type: ignore[return-value]
 
 
 class Deferred(Generic[T]):
@@ -195,6 +204,9 @@ class Sample:
     ``words`` equals ``[w.text for w in split_words(caption)]``; ``tree`` has exactly these
     leaves; ``phrases`` has one entry per noun phrase naming an object, in word order;
     ``negatives`` maps categories of ``NEGATIVE_CATEGORIES`` to captions false for the image.
+    ``pixel_scale`` is ``(x, y)`` pixels of ``image`` per pixel of the image it was made
+    from: ``(1, 1)`` for the world, the resize factors of a real data set's image fitted
+    to the model's input (tolerances stated in source pixels are scaled by it).
 
     A :class:`~otviz.world.World` defers the hard negatives (:meth:`defer_negatives`):
     ``negatives`` and ``negative_meanings`` are made on the first read of either, from the
@@ -213,6 +225,7 @@ class Sample:
     split: str = "train"
     index: int = 0
     negative_meanings: dict[str, Meaning] = field(default_factory=dict)
+    pixel_scale: tuple[float, float] = (1.0, 1.0)
 
     def defer_negatives(self, negatives_of: NegativesOf) -> None:
         """Make ``negative_meanings, negatives = negatives_of()`` on their first read."""

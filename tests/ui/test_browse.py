@@ -224,6 +224,32 @@ def test_an_uploaded_folder_browses_its_noun_phrases(ctx, checkpoint, sources, c
         browse_view(t, ["conceptot"], hit_filter=B.A_MISSES)
 
 
+def test_a_flickr30k_upload_has_the_world_s_gold_boxes_and_hits(ctx, checkpoint, sources,
+                                                               world, tmp_path):
+    """The world draw behind ``world``, uploaded as a Flickr30k Entities .zip (PNG): the
+    same phrases, gold boxes, hits and IoU, row for row; the hit filters work on it."""
+    from otviz.data.grounding_sets.export import export_flickr30k, world_draw
+    from otviz.eval.world_set import world_config_of
+
+    backbone = ctx.suite(checkpoint).backbone
+    root = export_flickr30k(world_draw(N_IMAGES, "test", 0, world_config_of(backbone)),
+                            tmp_path / "flickr", lossless=True)
+    archive = tmp_path / "flickr.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for f in sorted(root.rglob("*")):
+            if f.is_file():
+                z.write(f, f"flickr/{f.relative_to(root)}")
+    t = load_table(ctx, sources, checkpoint, UPLOAD_SOURCE, files=[str(archive)])
+    assert [(it.image, it.phrase, it.start, it.end) for it in t.items] == [
+        (it.image, it.phrase, it.start, it.end) for it in world.items]
+    assert torch.equal(t.gold, world.gold.to(t.gold.dtype))
+    assert torch.equal(t.hits, world.hits) and torch.allclose(t.iou, world.iou)
+    misses = B.select_rows(t, "conceptot", "filip", B.A_MISSES)
+    assert misses.tolist() == torch.nonzero(~world.hits[:, world.method_index("conceptot")]
+                                            ).flatten().tolist()
+    assert browse_view(t, ["conceptot"], hit_filter=B.A_MISSES).image is not None
+
+
 def test_an_upload_may_only_name_its_own_files(ctx, checkpoint, sources, tmp_path):
     """A file outside the upload and a missing one get the same answer (the Train view's),
     and a refused upload leaves no unpacked folder."""

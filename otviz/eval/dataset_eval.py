@@ -1,0 +1,261 @@
+"""``otviz eval --dataset KIND:PATH``: the grounding table on a real data set (Flickr30k
+Entities, RefCOCO/+/g, Visual Genome regions; :mod:`otviz.data.grounding_sets`), through the
+world's own grounding-table code (:func:`otviz.eval.alignment_tables.grounding_table`).
+
+The set is read once, then evaluated in shards of ``shard`` captions: each shard is an
+:class:`~otviz.eval.world_set.EvalSet` over a
+:class:`~otviz.eval.world_set.GroundingProbeDataset` (features through the feature cache,
+keyed by the model and the shard's images and captions), scored by every method, explainer
+and baseline, and its rows and per-phrase hits written to ``out/shards/<key>.json`` before
+the next shard starts. A stopped run started again with the same arguments reads the
+shards already written and goes on; nothing computed is lost. The table is the phrase-
+weighted mean of the shards' rows (every metric is a mean over phrases, so this is the
+mean over the whole set).
+
+Outputs in ``out``: ``<stem>.json`` (the table, the stamp: model, pretrained tag, package
+versions, the data set's digest and source, seed, what the readers skipped and why),
+``<stem>.md`` and ``<stem>.csv`` (one row per phrase and method: hit, hit with tolerance).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import platform
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from otviz.backbone import Backbone
+from otviz.boundary.images import ImageInputError
+from otviz.checkpoints.identity import backbone_fingerprint
+from otviz.checkpoints.store import CheckpointError
+from otviz.data.datasets import EmptyDatasetError
+from otviz.data.feature_cache import FeatureCache
+from otviz.data.grounding_sets import (
+    DEFAULT_SPLITS,
+    GroundingSet,
+    load_grounding_set,
+    parse_dataset_spec,
+)
+from otviz.eval.alignment_tables import (
+    DATASET_GROUNDING_COLUMNS,
+    grounding_table,
+    phrase_queries,
+)
+from otviz.eval.config import TRAINING_FREE, EvalConfig
+from otviz.eval.runner import _atomic_write, load_backbone, write_tables
+from otviz.eval.table import Table
+from otviz.eval.world_set import (
+    EvalSet,
+    GroundingProbeDataset,
+    backbone_in_space,
+    model_input_size,
+)
+from otviz.explainers import explainer_names
+from otviz.suite import MethodSuite
+
+StageProgress = Callable[[str, int, int], None]
+#: Row values that are means over phrases (combined across shards weighted by phrases).
+_MEANS = ("pointing", "pointing_tol", "mean_iou", "hit@0.5", "ms_per_phrase")
+_FIT_CAPTIONS = 2000  # captions the training-free ConceptOT anchors are fitted on, at most
+
+
+def dataset_backbone(config: EvalConfig) -> Backbone:
+    """``config.model`` with ``config.pretrained`` (any open_clip model), else the tiny-CLIP
+    checkpoint ``config.backbone``; on the CPU (:func:`to_device` moves it once the
+    methods are fitted, which they are on the CPU where they score)."""
+    if not config.model:
+        return load_backbone(config.backbone)
+    return Backbone.from_pretrained(config.model, config.pretrained or None)
+
+
+def to_device(backbone: Backbone, config: EvalConfig) -> None:
+    """The backbone's model moved to ``config.device`` (default: the GPU when there is one),
+    where it encodes the images and captions and the explainers run."""
+    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    backbone.model.to(device)
+
+
+def dataset_suite(backbone: Backbone, config: EvalConfig, data: GroundingSet
+                  ) -> tuple[MethodSuite, str]:
+    """``(suite, note)``: the trained heads of ``config.heads`` where they were trained on
+    this backbone, else every method training-free (ConceptOT's anchors fitted on the token
+    embeddings of the set's first captions: text only, no box)."""
+    names = config.method_names()
+    if config.heads != TRAINING_FREE:
+        try:
+            return MethodSuite.from_heads(backbone, config.heads, names), "trained heads"
+        except CheckpointError as e:
+            note = f"no trained heads for this backbone ({e}); training-free methods"
+    else:
+        note = "training-free methods"
+    fit = list(dict.fromkeys(it.caption for it in data.items))[:_FIT_CAPTIONS]
+    return (MethodSuite.training_free(backbone, fit, ("global_only", *names)),
+            f"{note}; ConceptOT anchors fitted on {len(fit)} captions of the set (text only)")
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the packages a number depends on."""
+    import numpy
+    import open_clip
+
+    import otviz
+
+    return {"otviz": otviz.__version__, "torch": torch.__version__,
+            "open_clip": open_clip.__version__, "numpy": numpy.__version__,
+            "python": platform.python_version()}
+
+
+def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
+                     ) -> tuple[Table, dict[str, Any]]:
+    """The grounding table of ``config.dataset`` (see the module docstring) and its stamp;
+    written to ``config.out`` unless it is empty."""
+    kind, path = parse_dataset_spec(config.dataset)
+    split = config.split or DEFAULT_SPLITS[kind]
+    data = load_grounding_set(kind, path, split, config.images or None, config.limit)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, config.threads))
+    try:
+        backbone = dataset_backbone(config)
+        suite, suite_note = dataset_suite(backbone, config, data)
+        to_device(backbone, config)
+        spaces = {entry.space for entry in suite.methods.values()}
+        if len(spaces) == 1:  # one feature space for all: the images are encoded once
+            backbone = backbone_in_space(backbone, spaces.pop())
+        frame = model_input_size(backbone)
+        identity = {"backbone": backbone_fingerprint(backbone), "suite": suite.label,
+                    "methods": list(suite.methods), "explainers": config.explainers,
+                    "seed": config.seed, "frame": list(frame)}
+        shards = [list(range(s, min(s + config.shard, len(data))))
+                  for s in range(0, len(data), config.shard)]
+        results = []
+        for k, idx in enumerate(shards):
+            results.append(_shard(data.subset(idx), k, identity, backbone, suite, config,
+                                  frame, progress))
+            if progress is not None:
+                progress("shards", k + 1, len(shards))
+    finally:
+        torch.set_num_threads(threads)
+    table = _combined(results, data, split)
+    table.notes.append(f"methods: {suite.label}; {suite_note}")
+    stamp = {"model": backbone.name, "pretrained": backbone.info.get("pretrained"),
+             "backbone_weights": identity["backbone"]["weights"],
+             "versions": package_versions(), "dataset": {**data.source, "digest": data.digest(),
+                                                         "path": Path(path).name},
+             "skipped": data.skipped.as_dict(),
+             "undecodable": [m for r in results for m in r["unreadable"]],
+             "seed": config.seed, "shards": len(shards),
+             "config": asdict(config)}
+    if config.out:
+        write_tables([table], config.out, {"stamp": stamp}, stem="grounding")
+        _atomic_write(Path(config.out) / "grounding.csv", _phrase_csv(results, data))
+    return table, stamp
+
+
+def _shard(data: GroundingSet, k: int, identity: dict[str, Any], backbone: Backbone,
+           suite: MethodSuite, config: EvalConfig, frame: tuple[int, int],
+           progress: StageProgress | None) -> dict[str, Any]:
+    """One shard's rows and per-phrase hits, read back when an earlier run wrote them."""
+    key = hashlib.sha256(json.dumps({**identity, "data": data.digest()}, sort_keys=True,
+                                    default=str).encode()).hexdigest()[:24]
+    done = Path(config.out) / "shards" / f"{key}.json" if config.out else None
+    if done is not None and done.is_file():
+        return json.loads(done.read_text(encoding="utf-8"))
+
+    def encoding(n: int, total: int) -> None:
+        if progress is not None:
+            progress(f"encoding shard {k + 1}", n, total)
+
+    data, unreadable = _decodable(data)
+    if data is None:
+        result: dict[str, Any] = {"rows": [], "hits": {}, "phrases": [], "notes": [],
+                                  "unreadable": unreadable}
+        return _kept(result, done)
+    evalset = EvalSet(GroundingProbeDataset(data, frame), backbone,
+                      FeatureCache(config.cache_dir), encoding)
+    hits: dict[str, dict] = {}
+    table = grounding_table(suite, evalset, chunk=config.chunk, progress=progress,
+                            explainers=explainer_names(config.explainers),
+                            seed=config.seed + k, phrase_hits=hits)
+    q = phrase_queries(evalset)  # the phrases the table scored (a cut caption loses some)
+    phrases = []
+    for j, (start, end) in zip(q.image.tolist(), q.spans.tolist(), strict=True):
+        item = data.items[j]
+        n = next(n for n, p in enumerate(item.phrases) if (p.start, p.end) == (start, end))
+        phrases.append([item.key, n, item.phrases[n].text])
+    return _kept({"rows": table.rows, "hits": hits, "phrases": phrases,
+                  "notes": table.notes, "unreadable": unreadable}, done)
+
+
+def _kept(result: dict[str, Any], done: Path | None) -> dict[str, Any]:
+    """``result``, written to ``done`` first (when given)."""
+    if done is not None:
+        done.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(done, json.dumps(result))
+    return result
+
+
+def _decodable(data: GroundingSet) -> tuple[GroundingSet | None, list[str]]:
+    """``(the items whose image decodes, or None when none does; a message per other)``:
+    a file whose header reads but whose pixels do not (truncated, corrupt) is left out
+    and counted, the run goes on."""
+    kept, unreadable = [], []
+    for i, item in enumerate(data.items):
+        try:
+            data.load_image(i)
+            kept.append(i)
+        except ImageInputError as e:
+            unreadable.append(f"{item.key}: {e}")
+    if len(kept) == len(data.items):
+        return data, unreadable
+    return (data.subset(kept) if kept else None), unreadable
+
+
+def _combined(results: list[dict[str, Any]], data: GroundingSet, split: str) -> Table:
+    """The phrase-weighted mean of the shards' rows, as one grounding table."""
+    unreadable = sum(len(r["unreadable"]) for r in results)
+    results = [r for r in results if r["rows"]]
+    if not results:
+        raise EmptyDatasetError(f"{data.source['format']} {split}: no image could be decoded")
+    n_phrases = sum(len(r["phrases"]) for r in results)
+    table = Table("grounding", f"Weak grounding of {n_phrases} gold phrases "
+                  f"({len(data)} {data.source['format']} {split} captions, "
+                  f"{data.source.get('images')} images)", list(DATASET_GROUNDING_COLUMNS))
+    for i, first in enumerate(results[0]["rows"]):
+        row = dict(first)
+        weights = [r["rows"][i].get("n", 0.0) for r in results]
+        total = sum(weights)
+        for key in _MEANS:
+            if key in first and total:
+                row[key] = sum(w * r["rows"][i][key] for w, r in zip(weights, results,
+                                                                     strict=True)) / total
+        if "n" in first:
+            row["n"] = total
+        table.rows.append(row)
+    table.notes += results[0]["notes"]
+    counts = dict(data.skipped.counts)
+    if unreadable:
+        counts["caption on an undecodable image"] = unreadable
+    if counts:
+        table.notes.append("skipped while reading: " + ", ".join(
+            f"{n} {reason}" for reason, n in sorted(counts.items())))
+    return table
+
+
+def _phrase_csv(results: list[dict[str, Any]], data: GroundingSet) -> str:
+    """One line per phrase and row: item key, phrase index, text, row name, hits."""
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["item", "phrase", "text", "method", "hit", "hit_tol"])
+    for r in results:
+        for name, h in r["hits"].items():
+            for (item, n, text), hit, tol in zip(r["phrases"], h["hit"], h["hit_tol"],
+                                                 strict=True):
+                w.writerow([item, n, text, name, f"{hit:g}", f"{tol:g}"])
+    return out.getvalue()
