@@ -49,6 +49,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     # a panel's photo is resized to the panel; the heat is drawn by heat_fields
     ("viz/panels.py", "pil-stretch", "Image.fromarray(image).resize(size, Image.Resampling"):
         "resizes the photo under the heat, which heat_fields draws through the geometry",
+    # a real data set's photo is fitted to the model's input before it is encoded
+    ("eval/world_set.py", "pil-stretch", "image = image.resize(self.frame, Image.Resampling"):
+        "fits the photo itself to the model input (its boxes scaled alike; the geometry is "
+        "then taken on the fitted picture)",
     # an upload larger than the app keeps is shrunk before anything is computed on it
     ("ui/inputs.py", "pil-stretch", "to_rgb(image).resize(new, Image.Resampling.LANCZOS)"):
         "shrinks the uploaded photo itself (the geometry is then taken on the shrunk picture)",

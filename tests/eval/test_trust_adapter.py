@@ -16,6 +16,7 @@ from otviz.backbone import Backbone
 from otviz.eval.trust import adapter as T
 from otviz.explainers import EXPLAINERS, phrase_embeddings
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
+from otviz.token_geometry import TokenGeometry
 from otviz.world import World, WorldConfig
 from tests.helpers import random_tiny_clip, world_trust_inputs
 
@@ -91,13 +92,20 @@ def test_method_map_is_the_grounding_tables_heatmap(backbone, inputs) -> None:
     assert torch.allclose(maps, expected, atol=1e-5)
 
 
-def test_gold_masks_are_the_patches_centred_in_the_box() -> None:
+def test_gold_masks_are_the_cells_of_the_tokens_that_look_in_the_box() -> None:
     boxes = torch.tensor([[8.0, 8.0, 24.0, 20.0]], dtype=torch.float64)
-    mask = T.gold_masks(boxes, (4, 4), 32)[0, 0]
+    mask = T.gold_masks(boxes, TokenGeometry.cell_centred((4, 4), (32, 32)))[0, 0]
     # patch centres at 4, 12, 20, 28: x in {12, 20}, y in {12}
     expected = torch.zeros(32, 32)
     expected[8:16, 8:24] = 1
     assert torch.equal(mask, expected)
+    # a stem whose tokens look 3.5 px up-left of their cells: centres 0.5, 8.5, 16.5, 24.5;
+    # x and y in {8.5, 16.5}; their cells [4.5, 12.5) and [12.5, 20.5) on each axis
+    stem = TokenGeometry((4, 4), (32, 32), (8.0, 8.0), (0.5, 0.5))
+    shifted = T.gold_masks(boxes, stem)[0, 0]
+    expected = torch.zeros(32, 32)
+    expected[4:20, 4:20] = 1  # pixel k's centre k + 0.5 in [4.5, 20.5)
+    assert torch.equal(shifted, expected)
 
 
 def test_randomisation_layers_are_the_top_blocks(backbone, inputs) -> None:
@@ -118,6 +126,8 @@ def test_randomisation_layers_are_the_top_blocks(backbone, inputs) -> None:
 
 
 def test_box_to_model_pixels_follows_the_centre_crop() -> None:
-    assert T.box_to_model_pixels((0, 0, 80, 80), (80, 80), 80) == (0, 0, 80, 80)
+    shortest = {"resize_mode": "shortest"}
+    assert T.box_to_model_pixels((0, 0, 80, 80), (80, 80), (80, 80), shortest) == (0, 0, 80, 80)
     # 160 x 80 image -> 160 x 80 at scale 1, the centre 80 x 80 cut from x = 40
-    assert T.box_to_model_pixels((40, 0, 60, 10), (160, 80), 80) == (0, 0, 20, 10)
+    assert T.box_to_model_pixels((40, 0, 60, 10), (160, 80), (80, 80), shortest) == (
+        0, 0, 20, 10)

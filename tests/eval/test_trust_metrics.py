@@ -71,7 +71,9 @@ def test_quantus_pointing_is_ours_on_maps_without_ties(backbone, inputs) -> None
     maps = torch.rand(len(inputs.targets), n, dtype=torch.float64)
     scores = trust_scores(inputs.scorer, FixedMaps(maps), inputs.pixels, inputs.targets,
                           inputs.masks, FAST, metrics=["pointing"])
-    boxes = torch.tensor([T.box_to_model_pixels(p.box, (80, 80), inputs.scorer)
+    scorer = inputs.scorer
+    boxes = torch.tensor([T.box_to_model_pixels(p.box, (80, 80), scorer.geometry.size,
+                                                scorer.preprocess)
                           for p in inputs.scorer.phrases], dtype=torch.float64)
     ours = pointing_hits(maps, inputs.scorer.geometry, boxes).double().numpy()
     assert 0 < ours.mean() < 1  # both hits and misses

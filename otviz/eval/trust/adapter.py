@@ -109,10 +109,12 @@ def _mean_std(backbone: Backbone) -> tuple[Tensor, Tensor]:
     return (torch.tensor(cfg["mean"]).view(3, 1, 1), torch.tensor(cfg["std"]).view(3, 1, 1))
 
 
-def box_to_model_pixels(box: Box, image_size: tuple[int, int], scorer: PhraseScorer) -> Box:
-    """A pixel box of an image of ``(width, height)`` in the tower's input, through the
-    eval transform's resize and crop (:func:`otviz.token_geometry.input_frame`)."""
-    (sx, sy), (ox, oy) = input_frame(image_size, scorer.geometry.size, scorer.preprocess)
+def box_to_model_pixels(box: Box, image_size: tuple[int, int], input_size: tuple[int, int],
+                        preprocess: dict[str, Any]) -> Box:
+    """A pixel box of an image of ``(width, height)`` in the tower's ``input_size`` input,
+    through the eval transform's resize and crop (:func:`otviz.token_geometry.input_frame`
+    of the model's ``preprocess_cfg``)."""
+    (sx, sy), (ox, oy) = input_frame(image_size, input_size, preprocess)
     x0, y0, x1, y1 = box
     return ((x0 - ox) / sx, (y0 - oy) / sy, (x1 - ox) / sx, (y1 - oy) / sy)
 
@@ -424,7 +426,8 @@ def trust_inputs(
     scorer = scorer.restricted(kept) if len(kept) < len(rows) else scorer
     masks = None
     if kept and all(rows[k][0].box is not None for k in kept):
-        boxes = torch.tensor([box_to_model_pixels(rows[k][0].box, rows[k][1], scorer)
+        boxes = torch.tensor([box_to_model_pixels(rows[k][0].box, rows[k][1],
+                                                  scorer.geometry.size, scorer.preprocess)
                               for k in kept], dtype=torch.float64)
         masks = gold_masks(boxes, scorer.geometry).numpy()
     return TrustInputs(scorer, torch.stack([pixels[k] for k in kept]).numpy(),
