@@ -68,6 +68,12 @@ ALIGN_METHODS = MethodNames(with_plan_only=True)
 METHOD_LABELS = MethodLabels()
 
 
+def flat_map_reasons() -> dict[str, str]:
+    """Method name -> why its phrase map is flat by construction
+    (:attr:`~otviz.methods.base.AlignmentMethod.flat_map`), for the methods that say so."""
+    return {n: METHODS[n].flat_map for n in ALIGN_METHODS if METHODS[n].flat_map}
+
+
 def method_choices() -> list[tuple[str, str]]:
     """``(label, name)`` of every comparison method, for the views' method pickers."""
     return [(METHOD_LABELS[n], n) for n in ALIGN_METHODS]

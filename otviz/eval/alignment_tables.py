@@ -45,7 +45,7 @@ from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet
 from otviz.explainers import EXPLAINERS, explain_pairs, unavailable
 from otviz.methods.base import Alignment
-from otviz.suite import METHOD_LABELS, MethodSuite, SuiteMethod
+from otviz.suite import METHOD_LABELS, MethodSuite, SuiteMethod, flat_map_reasons
 from otviz.token_geometry import TokenGeometry
 from otviz.world import NEGATIVE_CATEGORIES
 
@@ -436,14 +436,17 @@ def grounding_table(
         table.notes.append("explainers (Grad-CAM, LeGrad, MaskCLIP, Chefer relevance): the "
                            "phrase's map from the image and the phrase's text embedding alone "
                            "(docs/explainers.md)")
-    table.notes.append(f"heatmap box: patches at >= {threshold} of the peak, enclosing "
-                       "envelope; a flat heatmap points nowhere (a miss)")
+    table.notes.append(f"heatmap box: the cells of the tokens at >= {threshold} of the peak, "
+                       "enclosing envelope; a flat heatmap points nowhere (a miss); the "
+                       "peak is where its token looks (the tower's token geometry)")
+    table.notes += [f"{_label(n)}: {why}" for n, why in flat_map_reasons().items()
+                    if n in suite.methods]
     if world:
         table.notes.append(f"colour not unique: the {int(q.shared_colour.sum())} phrases whose "
                            "object shares its colour with another object of the scene")
     else:
         table.notes.append(
-            "pointing game: the centre of the hottest patch inside any gold box of the phrase; "
+            "pointing game: where the hottest token looks inside any gold box of the phrase; "
             f"{TOLERANCE_PX:g} px tolerance: inside a gold box grown by {TOLERANCE_PX:g} "
             "source-image pixels on every side; box accuracy: IoU >= 0.5 between the heatmap "
             "box and the enclosing box of the phrase's gold boxes; each image resized to the "

@@ -284,6 +284,10 @@ class AlignmentMethod(nn.Module):
     uses_came: ClassVar[bool] = False
     #: What the plan view calls ``Alignment.row_reference``.
     reference_label: ClassVar[str] = "reference mu"
+    #: Why the method's phrase map is one value everywhere by construction (its plan does
+    #: not depend on the patches), said in words where its map would be drawn or scored;
+    #: empty for a method whose map can point.
+    flat_map: ClassVar[str] = ""
 
     @classmethod
     def display_label(cls) -> str:

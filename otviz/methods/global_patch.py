@@ -16,6 +16,9 @@ class GlobalPatch(ProjectedMethod):
     label = "Global+Patch"
     order = 10
     paper = "ConceptOT Sec. 3.2"
+    flat_map = ("flat by construction: its plan is the uniform product plan (the mean "
+                "patch-token cosine), every patch carries the same mass, so its map cannot "
+                "point")
 
     def align(self, batch: PairBatch) -> Alignment:
         z, y = self.project(batch)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from otviz.grounding import heatmap_boxes
-from otviz.suite import ALIGN_METHODS, METHOD_LABELS
+from otviz.suite import ALIGN_METHODS, METHOD_LABELS, flat_map_reasons
 from otviz.token_geometry import TokenGeometry
 from otviz.viz.mass import displayable_mass, negative_mass_note
 
@@ -54,8 +54,11 @@ def grid_layout(
     label and "own scale". The ``extra`` panels (title, ``[gh, gw]`` map: the explainers')
     follow the methods', their positive part drawn and stretched like the readouts; an
     ``extra`` entry whose map is a string is a note drawn in its panel instead of a map (an
-    explainer that cannot read this tower says so)."""
+    explainer that cannot read this tower says so). A method whose map is flat by
+    construction (:func:`~otviz.suite.flat_map_reasons`: Global+Patch's uniform plan) gets
+    its reason in words in its panel, not an empty map drawn as if it were a result."""
     relative = readouts or {}
+    flat = flat_map_reasons()
     shown = [displayable_mass(heats[n]) for n in ALIGN_METHODS]
     maps = [m for m, _ in shown]
     peak = max((float(m.max()) for n, m in zip(ALIGN_METHODS, maps, strict=True)
@@ -63,7 +66,8 @@ def grid_layout(
     for k, name in enumerate(ALIGN_METHODS):
         if name in relative and shared_scale and float(maps[k].max()) > 0:
             maps[k] = maps[k] * (peak / float(maps[k].max()))
-    notes = [None] * len(maps) + [m if isinstance(m, str) else None for _, m in extra]
+    notes = [flat.get(n) for n in ALIGN_METHODS] + [m if isinstance(m, str) else None
+                                                    for _, m in extra]
     added = [np.zeros(geometry.grid) if isinstance(m, str) else np.clip(m, 0.0, None)
              for _, m in extra]
     if shared_scale:
@@ -76,7 +80,8 @@ def grid_layout(
                    + negative_mass_note(neg)
                    for n, (_, neg) in zip(ALIGN_METHODS, shown, strict=True)]
         + [title for title, _ in extra],
-        "boxes": grounding_boxes(geometry, maps),
+        "boxes": [None if note else box
+                  for note, box in zip(notes, grounding_boxes(geometry, maps), strict=True)],
         "shared_scale": shared_scale,
         "panel_px": GRID_PANEL_PX,
         "colorbar_label": f'mass of "{phrase_text}"',

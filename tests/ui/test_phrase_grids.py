@@ -8,8 +8,11 @@ import base64
 
 import numpy as np
 import pytest
+import torch
 
-from otviz.suite import ALIGN_METHODS
+from otviz.methods import METHODS
+from otviz.methods.base import MethodConfig, PairBatch
+from otviz.suite import ALIGN_METHODS, flat_map_reasons
 from otviz.token_geometry import TokenGeometry
 from otviz.ui.phrase_grids import (
     GRID_QUALITY,
@@ -90,3 +93,26 @@ def test_idle_worker_draws_what_the_server_draws(layouts):
         assert drawer.draw(image, grid_layouts) == draw_grids(image, grid_layouts)
     finally:
         drawer.start().shutdown()
+
+
+def test_a_map_flat_by_construction_says_why_instead_of_drawing(layouts):
+    """Global+Patch's panel holds its reason in words and no grounding box; the reason is
+    true: its plan is the uniform product plan, the same mass on every patch."""
+    _, out, _ = layouts
+    reasons = flat_map_reasons()
+    assert set(reasons) == {"global_patch"}
+    k = list(ALIGN_METHODS).index("global_patch")
+    for layout in out:
+        assert layout["notes"][k] == reasons["global_patch"] and layout["boxes"][k] is None
+        others = [n for j, n in enumerate(layout["notes"][: len(ALIGN_METHODS)]) if j != k]
+        assert others == [None] * (len(ALIGN_METHODS) - 1)
+    method = METHODS["global_patch"](6, 6, MethodConfig(trainable=False))
+    g = torch.Generator().manual_seed(0)
+    batch = PairBatch(patches=torch.randn(1, 5, 6, generator=g),
+                      tokens=torch.randn(1, 3, 6, generator=g),
+                      patch_mask=torch.ones(1, 5, dtype=torch.bool),
+                      token_mask=torch.ones(1, 3, dtype=torch.bool),
+                      image_global=torch.randn(1, 6, generator=g),
+                      text_global=torch.randn(1, 6, generator=g), grid=(1, 5))
+    heat = method(batch).heatmap(torch.tensor([[True, False, True]]))
+    assert torch.allclose(heat, heat[:, :1].expand_as(heat))

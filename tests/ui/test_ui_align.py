@@ -24,7 +24,7 @@ from otviz.explain import InputError, NotComputedError
 from otviz.grounding import heatmap_boxes
 from otviz.methods import METHODS
 from otviz.methods.powerclip import EMPTY_SUBSET
-from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod
+from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod, flat_map_reasons
 from otviz.token_geometry import TokenGeometry
 from otviz.ui.align_tab import (
     SCORED_METHODS,
@@ -153,8 +153,12 @@ def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded, to
     maps = [view.heats[n] for n in ALIGN_METHODS]
     boxes = heatmap_boxes(torch.from_numpy(np.stack([m.reshape(-1) for m in maps])),
                           encoded.geometry).tolist()
-    # a box over (nearly) the whole image localises nothing and is not drawn
-    boxes = [None if (b[2] - b[0]) * (b[3] - b[1]) >= 0.9 * 224 * 224 else b for b in boxes]
+    # a box over (nearly) the whole image localises nothing and is not drawn; a map flat by
+    # construction (Global+Patch) says why in its panel, with no box
+    flat = flat_map_reasons()
+    notes = [flat.get(n) for n in ALIGN_METHODS]
+    boxes = [None if note or (b[2] - b[0]) * (b[3] - b[1]) >= 0.9 * 224 * 224 else b
+             for note, b in zip(notes, boxes, strict=True)]
     text = " ".join(encoded.words[k].text for k in resolve_phrase(encoded, view.phrase))
     # by default every panel on its own scale (QC-Align's Pi / (mu nu) as it is)
     shown = [np.clip(m, 0.0, None) for m in maps]
@@ -169,6 +173,7 @@ def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded, to
         shared_scale=False,
         panel_px=GRID_PANEL_PX,
         colorbar_label=f'mass of "{text}"',
+        notes=notes,
     )
     np.testing.assert_array_equal(view.grid, expected)
     # eight panels in two rows of four: each panel carries its box outline
@@ -187,7 +192,7 @@ def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded, to
     np.testing.assert_array_equal(shared, compose_heatmaps(
         encoded.image, shown, titles, geometry=encoded.geometry, boxes=boxes,
         panel_px=GRID_PANEL_PX,
-        colorbar_label=f'mass of "{text}"'))
+        colorbar_label=f'mass of "{text}"', notes=notes))
 
 
 def test_plan_matrix_is_the_alignment_plan_on_valid_tokens(view, tools, encoded):
