@@ -44,6 +44,7 @@ from otviz.explain import InputError
 from otviz.explainers import explainer_choices, explainers_needed
 from otviz.suite import method_choices
 from otviz.ui.align_tab import AlignLink
+from otviz.ui.budget import server_budget
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.events import on_edit
 from otviz.ui.inputs import CheckedFile, fit_image, user_errors
@@ -275,7 +276,7 @@ def build_browse_tab(
     frame = gr.Dataframe(label="Rows (click one to open it in Align)", interactive=False,
                          elem_id="browse-table")
     rows = gr.State([])
-    trusted = TrustValues()
+    trusted = TrustValues(server_budget())
     gr.Markdown(HOW_TO_READ)
 
     def show(checkpoint, src, n, spl, fls, meth, ma, mb, hf, kd, od, tm, tk, pg, pp):
@@ -283,6 +284,8 @@ def build_browse_tab(
         table = load_table(ctx, sources, checkpoint, src, n, spl, fls,
                            explainers_needed([*(meth or []), ma, mb]), notes)
         by_trust = trust_sort(trusted, ctx.suite(checkpoint), table, ma, tm, tk)
+        if by_trust is not None and by_trust.note:
+            notes.append(by_trust.note)
         v = browse_view(table, meth, ma, mb, hf, kd, od, pg, pp, notes,
                         by_trust and by_trust.reorder)
         frame = v.frame if by_trust is None else by_trust.annotate(v.frame, v.rows)

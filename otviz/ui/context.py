@@ -153,6 +153,14 @@ class HeadSet:
     heads: dict[str, Path]
 
 
+def unique_label(label: str, taken: set[str]) -> str:
+    """``label``, or ``"label #k"`` with the smallest ``k >= 2`` not in ``taken``."""
+    unique, k = label, 2
+    while unique in taken:
+        unique, k = f"{label} #{k}", k + 1
+    return unique
+
+
 @dataclass
 class SharedInputs:
     """The components at the top of the page that every view reads."""
@@ -253,12 +261,14 @@ class AppContext:
         the entry."""
         self.backbone_choice(backbone)
         with self._lock:
-            taken = {h.label for h in self.head_sets if h.backbone == backbone}
-            unique, k = label, 2
-            while unique in taken or unique in FREE_VARIANTS:
-                unique, k = f"{label} #{k}", k + 1
+            unique = unique_label(label, self.head_labels(backbone))
             self.head_sets.append(HeadSet(unique, backbone, dict(heads)))
             return f"{backbone}{SEPARATOR}{unique}"
+
+    def head_labels(self, backbone: str) -> set[str]:
+        """The labels taken on the backbone labelled ``backbone``: its head sets' and the
+        training-free entries'."""
+        return {h.label for h in self.head_sets if h.backbone == backbone} | set(FREE_VARIANTS)
 
     def backbone_choice(self, checkpoint: str) -> BackboneChoice:
         """The backbone of a picker entry (or of a backbone label)."""
