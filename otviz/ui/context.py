@@ -5,6 +5,7 @@ the shared input components every view reads."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import socket
@@ -98,7 +99,9 @@ def hub_reachable(timeout_s: float = 2.0) -> bool:
 def remote_models(probe: Callable[[], bool] = hub_reachable) -> list[tuple[str, str]]:
     """The real-CLIP picker entries: those of ``$OTVIZ_REMOTE_MODELS`` when set
     (``name/tag`` separated by commas; empty: none); none offline (``HF_HUB_OFFLINE``);
-    :data:`REMOTE_MODELS` on a Space or where ``probe`` reaches the hub."""
+    :data:`REMOTE_MODELS` where ``probe`` reaches the hub, on a Space too (a Space that
+    cannot reach it would offer entries that each fail only after the download's
+    timeouts)."""
     listed = os.environ.get(REMOTE_ENV)
     if listed is not None:
         pairs = [item.strip().split("/", 1) for item in listed.split(",") if item.strip()]
@@ -108,7 +111,17 @@ def remote_models(probe: Callable[[], bool] = hub_reachable) -> list[tuple[str, 
         return [(name, tag) for name, tag in pairs]
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return []
-    return list(REMOTE_MODELS) if on_space() or probe() else []
+    return list(REMOTE_MODELS) if probe() else []
+
+
+def load_remote(name: str, tag: str, probe: Callable[[], bool] = hub_reachable) -> Backbone:
+    """The open_clip model ``name`` with weights ``tag``, or at once (a 2 s probe, not the
+    download's timeouts) an :class:`InputError` when the hub cannot be reached now."""
+    if not probe():
+        raise InputError(f"{name} / {tag} downloads its weights from the Hugging Face hub, "
+                         "which this server cannot reach now: pick the embedded model, or "
+                         "try again later")
+    return Backbone.from_pretrained(name, tag)
 
 
 @dataclass
@@ -217,7 +230,7 @@ class AppContext:
             choices.append(
                 BackboneChoice(
                     f"{name} / {tag}" + (f" ({note}; downloaded at first pick)" if note else ""),
-                    lambda n=name, t=tag: Backbone.from_pretrained(n, t),
+                    functools.partial(load_remote, name, tag),
                     COMMON_CONCEPTS,
                     name,
                     tag,

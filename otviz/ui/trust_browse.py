@@ -6,6 +6,7 @@ picked (one Quantus call over all rows: seconds to a minute on 2 cores), then ke
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,9 @@ KEEP = (ALL, BETTER, WORSE)
 NO_BOXES = ("no {metric} values: localisation metrics need each phrase's gold box, which "
             "only the world splits carry; an uploaded folder is sorted by the model-based "
             "metrics only (faithfulness, randomisation, robustness, complexity)")
+#: What replaces the trust controls where Quantus is not installed.
+UNAVAILABLE = ("*Trust metrics are not offered on this server: they need Quantus, which its "
+               "install lacks (docs/trust.md).*")
 #: metric label (with its direction) -> key, in the order of the trust table.
 METRIC_CHOICES = {f"{m.label} {'↑' if m.higher else '↓'}": m.key for m in METRICS}
 
@@ -123,12 +127,24 @@ def trust_sort(cache: TrustValues, suite: MethodSuite, table: BrowseTable, name:
     return TrustSort(metric, values, trust_order(values, higher, keep or ALL), note)
 
 
+def trust_unavailable() -> str | None:
+    """Why this server offers no trust metrics (one line for the page), or ``None``: Quantus
+    is not installed (a Space's requirements file cannot install it; docs/trust.md)."""
+    if importlib.util.find_spec("quantus") is None:
+        return UNAVAILABLE
+    return None
+
+
 def trust_controls() -> tuple[gr.Dropdown, gr.Dropdown]:
     """The view's two controls: the metric (of Method A's map) to sort by, and which rows to
-    keep."""
+    keep; hidden where the server has no trust metrics (:func:`trust_unavailable`), whose
+    reason then takes their place."""
+    shown = trust_unavailable() is None
     metric = gr.Dropdown([NO_METRIC, *METRIC_CHOICES], value=NO_METRIC, scale=1,
                          label="Sort by trust metric of Method A (computed on first pick)",
-                         elem_id="browse-trust-metric")
+                         elem_id="browse-trust-metric", visible=shown)
     keep = gr.Dropdown(list(KEEP), value=ALL, label="Keep (by that metric)", scale=1,
-                       elem_id="browse-trust-keep")
+                       elem_id="browse-trust-keep", visible=shown)
+    if not shown:
+        gr.Markdown(trust_unavailable(), elem_id="browse-trust-unavailable")
     return metric, keep

@@ -56,6 +56,7 @@ from otviz.ui.budget import ComputeBudget, CostModel, server_budget, visitor
 from otviz.ui.context import AppContext
 from otviz.ui.examples import Example, load_examples
 from otviz.ui.inputs import user_errors
+from otviz.ui.trust_browse import trust_unavailable
 
 TITLE = "Trust: which heatmap can you trust? (explanation metrics, computed on demand)"
 #: Lighter than the table's (otviz eval --tables trust): half the deletion / insertion steps
@@ -306,9 +307,14 @@ def _cell(value: float | None) -> float | None:
 
 def build_trust_panel(ctx: AppContext, inputs: list[Any],
                       resolve: Callable[[Encoded, str | None], list[int]]) -> None:
-    """Add the panel (an accordion, closed) to the enclosing Align view. ``inputs``: the image,
-    caption, checkpoint, phrase and *Explainers too* components; ``resolve``: the phrase
-    value -> its caption words."""
+    """Add the panel (an accordion, closed) to the enclosing Align view, or the line saying
+    why this server has none (:func:`~otviz.ui.trust_browse.trust_unavailable`).
+    ``inputs``: the image, caption, checkpoint, phrase and *Explainers too* components;
+    ``resolve``: the phrase value -> its caption words."""
+    reason = trust_unavailable()
+    if reason is not None:  # no Quantus here: one line says so instead of the panel
+        gr.Markdown(reason, elem_id="align-trust-unavailable")
+        return
     cache = TrustCache()
     with gr.Accordion(TITLE, open=False, elem_id="align-trust"):
         run = gr.Button("Compute the trust metrics of this phrase's maps",

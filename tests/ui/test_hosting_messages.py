@@ -1,0 +1,81 @@
+"""Smaller defects of issue 35: the Probe's message for a caption with no letter or digit is
+every view's; Browse says why a localisation metric's column is blank on an upload; a
+server without Quantus hides the trust controls behind one line instead of offering them
+and answering "pip install"."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import gradio as gr
+import pytest
+
+from otviz.boundary.text import check_caption
+from otviz.explain import InputError
+from otviz.ui import trust_browse
+from otviz.ui.examples import load_examples
+from otviz.ui.probe_tab import run_probe
+
+EMOJI_ONLY = "🙂🐱 🌈"
+
+
+def test_probe_gives_every_views_message_for_an_emoji_only_caption(tools):
+    explainer, suite = tools
+    with pytest.raises(InputError) as expected:
+        check_caption(EMOJI_ONLY)
+    with pytest.raises(InputError) as align:
+        explainer.encode(load_examples()[0].image_path, EMOJI_ONLY)
+    with pytest.raises(InputError) as probe:
+        run_probe(explainer, suite, load_examples()[0].image_path, EMOJI_ONLY)
+    assert str(probe.value) == str(align.value) == str(expected.value)
+    assert "no letter or digit" in str(probe.value)
+
+
+def test_browse_says_why_a_localisation_column_is_blank_on_an_upload(tools, tmp_path):
+    from otviz.data.datasets import load_image_captions
+    from otviz.eval.browse import first_captions, folder_browse
+    from tests.helpers import write_caption_folder
+
+    _, suite = tools
+    folder = write_caption_folder(tmp_path / "upload", 2)
+    table = folder_browse(suite, first_captions(load_image_captions(folder), 2),
+                          tmp_path / "features")
+    assert table.gold is None
+    values = trust_browse.TrustValues()
+    pointing = next(label for label, key in trust_browse.METRIC_CHOICES.items()
+                    if key == "pointing")
+    sort = trust_browse.trust_sort(values, suite, table, "conceptot", pointing, "all rows")
+    assert bool(sort.values.isnan().all())  # blank: no gold boxes
+    assert sort.note == trust_browse.NO_BOXES.format(metric=pointing)
+    assert "gold box" in sort.note and "world splits" in sort.note
+
+
+@pytest.fixture()
+def without_quantus(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "quantus" else real(name, *a))
+
+
+def test_without_quantus_the_trust_controls_are_hidden_with_one_line(ctx, without_quantus):
+    from otviz.ui.trust_panel import build_trust_panel
+
+    with gr.Blocks() as blocks:
+        inputs = [gr.Image(), gr.Textbox(), gr.Textbox(), gr.Textbox(), gr.Checkbox()]
+        build_trust_panel(ctx, inputs, lambda encoded, phrase: [0])
+        metric, keep = trust_browse.trust_controls()
+    lines = [b for b in blocks.blocks.values() if isinstance(b, gr.Markdown)]
+    assert [line.elem_id for line in lines] == ["align-trust-unavailable",
+                                                "browse-trust-unavailable"]
+    assert all(line.value == trust_browse.UNAVAILABLE for line in lines)
+    assert "pip install" not in trust_browse.UNAVAILABLE
+    assert not metric.visible and not keep.visible
+    assert not any(isinstance(b, gr.Accordion) for b in blocks.blocks.values())
+    assert "align_trust" not in {fn.api_name for fn in blocks.fns.values()}
+
+
+def test_with_quantus_the_trust_controls_are_offered(ctx):
+    assert trust_browse.trust_unavailable() is None  # the test venv has Quantus
+    with gr.Blocks():
+        metric, keep = trust_browse.trust_controls()
+    assert metric.visible and keep.visible
