@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from torch import Tensor
 
+from otviz.boundary.images import check_headers
 from otviz.boundary.paths import NOT_FOUND
 from otviz.data.datasets import DatasetError, load_image_captions
 from otviz.data.upload_store import UploadStore
@@ -150,8 +151,9 @@ def load_table(
             except OSError:
                 raise InputError(f"cannot read the uploaded folder: a file is {NOT_FOUND}"
                                  ) from None
-            table = folder_browse(suite, first_captions(folder, sources.max_images),
-                                  sources.features_dir, explainers=explainers)
+            shown = first_captions(folder, sources.max_images)
+            check_headers(shown.image_paths)  # every bad image named at once
+            table = folder_browse(suite, shown, sources.features_dir, explainers=explainers)
         sources.roots[key] = root
         note = skipped_note(folder.n_images, sources.max_images)
         if note:

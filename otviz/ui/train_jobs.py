@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from otviz.boundary.images import ImageInputError, header_size
+from otviz.boundary.images import ImageInputError, check_headers
 from otviz.boundary.paths import NOT_FOUND, inside, unpack_uploads
 from otviz.data.datasets import CaptionFolder, DatasetError, load_image_captions
 from otviz.data.disk_lru import disk_bytes, evict_oldest
@@ -190,12 +190,11 @@ def data_folder(typed: str) -> Path:
 def _checked_folder(path: Path, split: str, root: Path | None) -> CaptionFolder:
     """The image-caption folder at ``path``, read confined to ``root``: its captions pass
     the text boxes' rule (the loaders check them) and every image's header the images'
-    (:func:`~otviz.boundary.images.header_size`: pixels, aspect ratio), so that a bad
-    folder is refused before training starts."""
+    (:func:`~otviz.boundary.images.check_headers`: pixels, aspect ratio; every bad image
+    named in one message), so that a bad folder is refused before training starts."""
     try:
         dataset = load_image_captions(path, split=split, root=root)
-        for image in dataset.image_paths:
-            header_size(image, image.name)
+        check_headers(dataset.image_paths)
     except (DatasetError, ImageInputError) as e:
         raise InputError(f"cannot train on this data: {e}") from None
     except OSError:

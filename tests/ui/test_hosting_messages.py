@@ -79,3 +79,36 @@ def test_with_quantus_the_trust_controls_are_offered(ctx):
     with gr.Blocks():
         metric, keep = trust_browse.trust_controls()
     assert metric.visible and keep.visible
+
+
+def test_a_folders_bad_images_are_reported_together(ctx, tmp_path):
+    """Browse on an upload with four bad images among good ones: one refusal names the
+    first three and counts the fourth (the old code needed four tries, one per image)."""
+    import shutil
+
+    import numpy as np
+    from PIL import Image
+
+    from otviz.eval.browse import BrowseCache
+    from otviz.ui.browse_tab import UPLOAD_SOURCE, BrowseSources, load_table
+    from tests.helpers import png_header
+
+    folder = tmp_path / "upload"
+    folder.mkdir()
+    good = load_examples()[0]
+    shutil.copy(good.image_path, folder / "good.png")
+    Image.fromarray(np.zeros((1, 400, 3), np.uint8)).save(folder / "thin.png")
+    (folder / "bomb.png").write_bytes(png_header(30_000, 30_000))
+    (folder / "text.png").write_text("not an image")
+    Image.fromarray(np.zeros((400, 2, 3), np.uint8)).save(folder / "tall.png")
+    names = ["good.png", "thin.png", "bomb.png", "text.png", "tall.png"]
+    (folder / "captions.csv").write_text(
+        "path,caption\n" + "".join(f"{n},a red circle\n" for n in names))
+    sources = BrowseSources(BrowseCache(), tmp_path / "features", tmp_path / "uploads")
+    files = [str(folder / n) for n in [*names, "captions.csv"]]
+    with pytest.raises(InputError) as refused:
+        load_table(ctx, sources, ctx.checkpoint_choices()[0], UPLOAD_SOURCE, files=files)
+    message = str(refused.value)
+    assert message.startswith("4 of 5 images cannot be used: thin.png is too thin")
+    assert "bomb.png is too large" in message and "text.png" in message
+    assert message.endswith("(and 1 more)") and "good.png" not in message
