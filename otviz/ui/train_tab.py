@@ -87,7 +87,8 @@ def train_request(
         data=data,
         n_train=_whole(n_train, "world samples"),
         folder=folder or "",
-        uploads=[str(getattr(f, "name", f)) for f in uploads or []],
+        uploads=[f if isinstance(f, str) else str(getattr(f, "name", f))  # keeps orig_name
+                 for f in uploads or []],
         split=(split or "train").strip() or "train",
         eps=_real(eps, "eps"),
         tau=_real(tau, "tau"),

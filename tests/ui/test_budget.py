@@ -170,3 +170,20 @@ def test_explainer_maps_are_admitted_by_the_budget(tools, full_budget):
     encoded = explainer.encode(e.image_path, e.caption)
     with pytest.raises(BudgetRefused, match="the explainer maps not started"):
         explainer_maps(explainer.backbone, encoded, "a phrase no one asked for")
+
+
+def test_browse_explainer_columns_are_admitted_by_the_budget(ctx, full_budget, monkeypatch,
+                                                             tmp_path):
+    from otviz.eval.browse import BrowseCache
+    from otviz.ui import browse_tab
+
+    computed = []
+    monkeypatch.setattr(browse_tab, "world_browse", lambda *a, **k: computed.append(a))
+    sources = browse_tab.BrowseSources(BrowseCache(), tmp_path / "f", tmp_path / "u")
+    with pytest.raises(BudgetRefused, match="the explainer columns not started"):
+        browse_tab.load_table(ctx, sources, ctx.checkpoint_choices()[0],
+                              browse_tab.WORLD_SOURCE, 8, "test", explainers=("chefer",))
+    assert computed == []
+    browse_tab.load_table(ctx, sources, ctx.checkpoint_choices()[0], browse_tab.WORLD_SOURCE,
+                          8, "test")  # no explainer column: no admission
+    assert len(computed) == 1

@@ -112,3 +112,41 @@ def test_a_folders_bad_images_are_reported_together(ctx, tmp_path):
     assert message.startswith("4 of 5 images cannot be used: thin.png is too thin")
     assert "bomb.png is too large" in message and "text.png" in message
     assert message.endswith("(and 1 more)") and "good.png" not in message
+
+
+HTML_NAMES = ["<b>bold<b>.png", "<img src=x onerror=alert(1)>.png"]
+
+
+def test_an_upload_keeps_the_name_it_was_uploaded_under():
+    from gradio.utils import NamedString
+
+    from otviz.boundary.paths import upload_name
+
+    def named(orig):
+        path = NamedString("/cache/abc/bboldb.png")
+        path.orig_name = orig
+        return path
+
+    assert upload_name(named("<b>bold<b>.png")) == "<b>bold<b>.png"
+    for bad in ("../x.png", "a/b.png", "a\\b.png", "..", "", "a\nb.png", None):
+        assert upload_name(named(bad)) == "bboldb.png"
+    assert upload_name("/cache/abc/plain.png") == "plain.png"
+
+
+@pytest.mark.parametrize("name", HTML_NAMES)
+def test_browse_reads_an_image_named_with_html_as_align_does(live_app, tmp_path, name):
+    """Gradio's cache stores ``<b>bold<b>.png`` as ``bboldb.png``: Browse, reading the
+    captions file's names, used to refuse the image Align, Words and Zero-shot accept."""
+    from tests.helpers import file_data, raw_api_call, upload
+
+    e = load_examples()[0]
+    url, checkpoint = live_app.url, live_app.ctx.checkpoint_choices()[0]
+    image = upload(url, name, e.image_path.read_bytes())
+    csv = upload(url, "captions.csv", f'path,caption\n"{name}",{e.caption}\n'.encode())
+    files = [file_data(image, name), file_data(csv, "captions.csv")]
+    browse = raw_api_call(url, "browse", [
+        checkpoint, "uploaded folder", 8, "test", files, ["conceptot"], "conceptot", "filip",
+        "all rows", [], "set order", "no trust metric", "all rows", 1, 4])
+    align = raw_api_call(url, "words", [file_data(image, name), e.caption, checkpoint])
+    assert "event: complete" in align, align
+    assert "event: complete" in browse, browse
