@@ -27,13 +27,8 @@ N_IMAGES, SIDE = 6, 600
 
 
 @pytest.fixture(scope="module")
-def ctx(tmp_path_factory) -> AppContext:
-    return AppContext.default(heads_root=tmp_path_factory.mktemp("no-heads"))
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("features")
+def ctx(own_ctx) -> AppContext:
+    return own_ctx
 
 
 def flat_bmp_zip(path: Path) -> Path:
