@@ -278,6 +278,14 @@ class AppContext:
             self.head_sets.append(HeadSet(unique, backbone, dict(heads)))
             return f"{backbone}{SEPARATOR}{unique}"
 
+    def remove_head_set(self, backbone: str, label: str) -> None:
+        """Take the entry ``label`` on ``backbone`` out of the picker (and its loaded
+        suite out of memory); a later pick of it is an unknown checkpoint."""
+        with self._lock:
+            self.head_sets = [h for h in self.head_sets
+                              if (h.backbone, h.label) != (backbone, label)]
+            self._suites.pop(f"{backbone}{SEPARATOR}{label}", None)
+
     def head_labels(self, backbone: str) -> set[str]:
         """The labels taken on the backbone labelled ``backbone``: its head sets' and the
         training-free entries'."""

@@ -88,26 +88,33 @@ def _write(runs_root: Path, sets: list[HeadSet]) -> None:
         raise
 
 
-def record_head_set(runs_root: Path, head_set: HeadSet, taken: Collection[str] = ()
-                    ) -> HeadSet:
+def record_head_set(runs_root: Path, head_set: HeadSet, taken: Collection[str] = (),
+                    keep: int | None = None) -> tuple[HeadSet, list[HeadSet]]:
     """Add ``head_set`` to the registry under ``runs_root`` under a label that no recorded set
     on its backbone (of any server sharing the folder) and nothing in ``taken`` has
     (:func:`~otviz.ui.context.unique_label`), so that a label never names two heads, across
-    restarts and servers; returns the set as recorded."""
+    restarts and servers. With ``keep``, only the newest ``keep`` sets stay recorded.
+    Returns the set as recorded and the sets retired to make room (oldest first)."""
     with _locked(runs_root):
         kept = load_head_sets(runs_root, complete_only=False)
         used = {s.label for s in kept if s.backbone == head_set.backbone} | set(taken)
         recorded = replace(head_set, label=unique_label(head_set.label, used))
-        _write(runs_root, [s for s in kept if _complete(s)] + [recorded])
-    return recorded
+        sets = [s for s in kept if _complete(s)] + [recorded]
+        cut = max(0, len(sets) - keep) if keep is not None else 0
+        _write(runs_root, sets[cut:])
+    return recorded, sets[:cut]
 
 
 def register_head_set(ctx: AppContext, runs_root: Path | None, backbone: str, label: str,
-                      heads: dict[str, Path]) -> str:
+                      heads: dict[str, Path], keep: int | None = None) -> str:
     """Offer ``heads`` on ``backbone`` as a picker entry of ``ctx``, recorded first in the
     registry under ``runs_root`` (when given) under a label unique there and in ``ctx``;
-    returns the picker entry."""
+    beyond ``keep`` recorded sets the oldest leave the registry and the picker (their run
+    directories may then be evicted). Returns the picker entry."""
     if runs_root is not None:
-        label = record_head_set(runs_root, HeadSet(label, backbone, heads),
-                                ctx.head_labels(backbone)).label
+        recorded, retired = record_head_set(runs_root, HeadSet(label, backbone, heads),
+                                            ctx.head_labels(backbone), keep)
+        label = recorded.label
+        for old in retired:
+            ctx.remove_head_set(old.backbone, old.label)
     return ctx.add_head_set(backbone, label, heads)

@@ -61,6 +61,9 @@ SPACE_CACHE_MB, LOCAL_CACHE_MB = 2048, 8192
 #: a run unpacks its upload and after every run, Space / elsewhere; ``OTVIZ_RUNS_MB``
 #: overrides. A run in progress may add one upload (at most the 500 MB unpack cap) on top.
 SPACE_RUNS_MB, LOCAL_RUNS_MB = 1024, 10240
+#: Head sets trained here that the picker keeps, Space / elsewhere (``OTVIZ_MAX_TRAINED_HEADS``
+#: overrides): beyond, the oldest leaves the picker and its run may be evicted.
+SPACE_MAX_HEAD_SETS, LOCAL_MAX_HEAD_SETS = 20, 200
 #: The folder of a run that holds its unpacked upload (removed when the run ends).
 UPLOAD_DIR = "data"
 
@@ -111,6 +114,13 @@ def cache_cap_bytes() -> int:
 def runs_cap_bytes() -> int:
     """The runs folder's size cap in bytes."""
     return _cap_bytes("OTVIZ_RUNS_MB", SPACE_RUNS_MB, LOCAL_RUNS_MB)
+
+
+def head_sets_cap() -> int:
+    """How many head sets trained here the picker keeps."""
+    env = os.environ.get("OTVIZ_MAX_TRAINED_HEADS")
+    cap = int(env) if env else (SPACE_MAX_HEAD_SETS if on_space() else LOCAL_MAX_HEAD_SETS)
+    return max(1, cap)
 
 
 @dataclass
@@ -399,7 +409,7 @@ class TrainingJob:
 
     def _register_and_probe(self, heads: dict[str, Path]) -> None:
         entry = register_head_set(self.ctx, self.registry, self.checkpoint,
-                                  "trained here: " + "+".join(heads), heads)
+                                  "trained here: " + "+".join(heads), heads, head_sets_cap())
         with self._lock:
             self._entry, self._phase = entry, "evaluating"
         if not self.evaluate or self.stop_event.is_set():

@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from otviz.data.disk_lru import disk_bytes
+from otviz.explain import InputError
 from otviz.ui import train_jobs
 from otviz.ui.budget import BudgetRefused, ComputeBudget
 from otviz.ui.context import AppContext, HeadSet
@@ -202,8 +203,35 @@ def test_a_label_taken_in_the_file_is_not_reused(tmp_path):
 
     head = tmp_path / "runs" / "r1" / "filip" / "head"
     head.mkdir(parents=True)
-    first = record_head_set(tmp_path / "runs", HeadSet("trained here: filip", "b", {"filip": head}))
-    second = record_head_set(tmp_path / "runs", HeadSet("trained here: filip", "b",
-                                                        {"filip": head}), taken={"x"})
+    first, _ = record_head_set(tmp_path / "runs",
+                               HeadSet("trained here: filip", "b", {"filip": head}))
+    second, retired = record_head_set(tmp_path / "runs", HeadSet("trained here: filip", "b",
+                                                                 {"filip": head}), taken={"x"})
+    assert retired == []
     assert (first.label, second.label) == ("trained here: filip", "trained here: filip #2")
     assert [s.label for s in load_head_sets(tmp_path / "runs")] == [first.label, second.label]
+
+
+def test_the_picker_keeps_the_newest_trained_heads_and_the_rest_can_go(
+        ctx, cache_dir, tmp_path, monkeypatch):
+    """Beyond the cap on trained head sets, the oldest leaves the registry and the picker,
+    and its run is then evicted like any finished run: the runs folder is bounded even
+    when every run finishes with a head."""
+    monkeypatch.setenv("OTVIZ_MAX_TRAINED_HEADS", "2")
+    monkeypatch.setenv("OTVIZ_RUNS_MB", "0")
+    server = AppContext.default(heads_root=tmp_path / "none")
+    jobs = TrainingJobs(server, tmp_path / "runs", cache_dir, evaluate=False)
+    entries = []
+    for _ in range(3):
+        status = wait(jobs.start(TrainRequest(methods=["filip"], n_train=8, **SMALL),
+                                 server.checkpoint_choices()[0]))
+        entries.append(status.picker_entry)
+    choices = server.checkpoint_choices()
+    assert entries[0] not in choices and entries[1] in choices and entries[2] in choices
+    with pytest.raises(InputError, match="unknown checkpoint"):
+        server.suite(entries[0])
+    jobs.trim_runs()
+    assert len(jobs.run_dirs()) == 2  # the two runs whose heads the picker offers
+    restarted = AppContext.default(heads_root=tmp_path / "none")
+    TrainingJobs(restarted, tmp_path / "runs", cache_dir, evaluate=False)
+    assert restarted.checkpoint_choices()[2:] == entries[1:]
