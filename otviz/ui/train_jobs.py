@@ -29,7 +29,7 @@ import torch
 from otviz.boundary.images import ImageInputError, check_headers
 from otviz.boundary.paths import NOT_FOUND, inside, unpack_uploads
 from otviz.data.datasets import CaptionFolder, DatasetError, load_image_captions
-from otviz.data.disk_lru import disk_bytes, evict_oldest
+from otviz.data.disk_lru import OWNER_FILE, disk_bytes, evict_oldest, owner_alive, write_owner
 from otviz.data.feature_cache import FeatureCache
 from otviz.errors import UserInputError
 from otviz.explain import InputError
@@ -427,6 +427,12 @@ class TrainingJob:
             }
 
 
+def _running_elsewhere(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is a run in progress of a live process (its owner file, which
+    the run's end removes)."""
+    return (run_dir / OWNER_FILE).is_file() and owner_alive(run_dir)
+
+
 def _subset(suite: MethodSuite, names: list[str], tag: str) -> MethodSuite:
     return MethodSuite(suite.backbone, {n: suite.methods[n] for n in names},
                        f"{suite.label} [{tag}]")
@@ -495,14 +501,16 @@ class TrainingJobs:
         runs = self.run_dirs()
         sizes = [disk_bytes(d, recursive=True) for d in runs]
         return evict_oldest(runs, sizes, runs_cap_bytes(),
-                            keep=[d.resolve() in kept for d in runs])
+                            keep=[d.resolve() in kept or _running_elsewhere(d) for d in runs])
 
     def _run_ended(self, job: TrainingJob, work: Work) -> None:
         """A run's end: its unpacked upload goes, and the resume state of each method that
-        finished (its head stays; a stopped method keeps its state), its budget slot is
-        freed, its measured time per step updates the budget's estimate, both caps are
-        applied."""
-        shutil.rmtree(Path(job.configs[0].out).parent / UPLOAD_DIR, ignore_errors=True)
+        finished (its head stays; a stopped method keeps its state), and its owner file
+        (another server may now evict it); its budget slot is freed, its measured time per
+        step updates the budget's estimate, both caps are applied."""
+        run_dir = Path(job.configs[0].out).parent
+        shutil.rmtree(run_dir / UPLOAD_DIR, ignore_errors=True)
+        (run_dir / OWNER_FILE).unlink(missing_ok=True)
         self.budget.release(work)
         for result in job.status().results.values():
             if result.status == "finished" and result.state_checkpoint:
@@ -535,6 +543,8 @@ class TrainingJobs:
             self.trim_runs()  # room for this run's upload
             run_dir = self.runs_root / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
             try:
+                run_dir.mkdir(parents=True)
+                write_owner(run_dir)  # in progress: no server sharing the folder evicts it
                 data, n_pairs = resolve_data(request, run_dir / UPLOAD_DIR)
                 configs, notes = train_configs(request, data, n_pairs, choice.train_backbone,
                                                run_dir, self.cache_dir)

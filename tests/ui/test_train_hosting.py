@@ -235,3 +235,21 @@ def test_the_picker_keeps_the_newest_trained_heads_and_the_rest_can_go(
     restarted = AppContext.default(heads_root=tmp_path / "none")
     TrainingJobs(restarted, tmp_path / "runs", cache_dir, evaluate=False)
     assert restarted.checkpoint_choices()[2:] == entries[1:]
+
+
+def test_another_servers_run_in_progress_is_never_evicted(ctx, cache_dir, tmp_path,
+                                                          monkeypatch):
+    """Two servers share a runs folder: a run in progress carries its owner (a live
+    process) until it ends, and no server evicts it; once ended, it can go."""
+    from otviz.data.disk_lru import OWNER_FILE, write_owner
+
+    monkeypatch.setenv("OTVIZ_RUNS_MB", "0")
+    jobs = TrainingJobs(ctx, tmp_path / "runs", cache_dir, evaluate=False)
+    elsewhere = _fake_run(jobs.runs_root, "20260101-000001-aaaaaa", 2**20)
+    write_owner(elsewhere)  # this process: alive
+    ended = _fake_run(jobs.runs_root, "20260101-000002-bbbbbb", 2**20)
+    assert jobs.trim_runs() == [ended] and elsewhere.is_dir()
+    status = wait(jobs.start(TrainRequest(methods=["filip"], n_train=8, **SMALL),
+                             ctx.checkpoint_choices()[0]))
+    run = Path(status.results["filip"].head_checkpoint).parent.parent
+    assert not (run / OWNER_FILE).exists()  # ended: evictable once its head leaves
