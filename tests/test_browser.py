@@ -347,6 +347,33 @@ def test_align_bad_input_is_a_message_in_the_page(browser, live_app):
     page.close()
 
 
+#: The page's visible elements whose whole text is a bare "Error", outside the toasts (whose
+#: title is "Error" above their message) and the screen readers' announcement (``sr-only``).
+BARE_ERRORS = """() => [...document.querySelectorAll('*')].filter(e => e.children.length === 0
+    && e.textContent.trim() === 'Error' && e.offsetParent !== null
+    && !e.closest('[class*="toast"], .sr-only')).length"""
+
+
+def test_a_refusal_is_its_message_without_bare_error_marks(browser, live_app, tmp_path):
+    """A refused Align and a refused upload each show their readable toast and no bare
+    "Error" beside it (Gradio marked all 11 outputs of the refused Align so)."""
+    truncated = tmp_path / "truncated.png"
+    truncated.write_bytes(Path(load_examples()[0].image_path).read_bytes()[:300])
+    page = browser.new_page(viewport=VIEWPORT)
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(live_app.url)
+    page.get_by_role("button", name="Align", exact=True).click()
+    page.locator(".toast-body").first.wait_for()
+    page.wait_for_timeout(500)
+    assert page.evaluate(BARE_ERRORS) == 0
+    page.locator("#shared-image input[type=file]").set_input_files(str(truncated))
+    page.wait_for_function("() => [...document.querySelectorAll('.toast-body')].some(t => "
+                           "t.innerText.includes('truncated.png is not an image'))")
+    page.wait_for_timeout(1000)  # the outputs' status settled
+    assert page.evaluate(BARE_ERRORS) == 0
+    page.close()
+
+
 def test_hostile_upload_and_caption_are_plain_messages(browser, live_app, tmp_path):
     """Through the browser: a truncated PNG and a caption carrying HTML give a readable
     message in which the caption's markup is shown as text, never rendered as elements."""

@@ -66,9 +66,25 @@ def unpack_uploads(files: Sequence[str | os.PathLike], target: Path) -> Path:
         return _unzip(paths[0], target)
     if sum(p.stat().st_size for p in paths) > MAX_UPLOAD_BYTES:
         raise InputError(f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB")
-    for p in paths:
-        shutil.copyfile(p, target / p.name)
+    for f, p in zip(files, paths, strict=True):
+        shutil.copyfile(p, target / upload_name(f))
     return target
+
+
+def upload_name(file: str | os.PathLike) -> str:
+    """The name an uploaded ``file`` is copied under: the name it had on the visitor's
+    machine (its ``orig_name``, set by the app's file inputs) when that is a plain file
+    name, else its name on the server. Gradio's upload cache strips characters such as
+    ``<>:"|?*$!{}`` from the names it stores, so a captions file naming ``<b>cat<b>.png``
+    would otherwise not find it, while a .zip's members keep their names."""
+    server = Path(file if isinstance(file, (str, os.PathLike)) else file.name).name
+    original = getattr(file, "orig_name", None)
+    if not isinstance(original, str) or original in ("", ".", ".."):
+        return server
+    plain = original == PurePosixPath(original).name == PureWindowsPath(original).name
+    if plain and original.isprintable() and len(original.encode()) <= 255:
+        return original
+    return server
 
 
 def _unzip(archive: Path, target: Path) -> Path:

@@ -76,16 +76,27 @@ def last_change_ns(directory: Path) -> int:
         return 0
 
 
+def evict_oldest(entries: Sequence[Path], sizes: Sequence[int], max_bytes: int,
+                 keep: Sequence[bool] | None = None) -> list[Path]:
+    """Discard ``entries`` (oldest first, with their ``sizes``) until all of them take at
+    most ``max_bytes``, skipping those marked in ``keep``. Returns the discarded entries."""
+    keep = keep if keep is not None else [False] * len(entries)
+    total, deleted = sum(sizes), []
+    for entry, size, kept in zip(entries, sizes, keep, strict=True):
+        if total <= max_bytes:
+            break
+        if kept:
+            continue
+        discard(entry)
+        total -= size
+        deleted.append(entry)
+    return deleted
+
+
 def evict_least_recent(entries: Sequence[Path], sizes: Sequence[int], max_bytes: int
                        ) -> list[Path]:
     """Discard ``entries`` (least recently used first, with their ``sizes``) until the rest
     take at most ``max_bytes``; the most recently used entry always stays. Returns the
     discarded entries."""
-    total, deleted = sum(sizes), []
-    for entry, size in zip(entries[:-1], sizes[:-1], strict=True):
-        if total <= max_bytes:
-            break
-        discard(entry)
-        total -= size
-        deleted.append(entry)
-    return deleted
+    return evict_oldest(entries, sizes, max_bytes,
+                        [k == len(entries) - 1 for k in range(len(entries))])

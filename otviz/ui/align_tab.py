@@ -817,7 +817,7 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
             encoded, runs = _encode_and_align(explainer, suite, img, text, reg, temp,
                                               compute=False)
             token_key = token_of(encoded, checkpoint, reg, temp, expl)
-            explained = explained_by(explainer.backbone, encoded, bool(expl))
+            explained = explained_by(explainer.backbone, encoded, bool(expl), prefetch=True)
             picks = [value for _, value in phrase_choices(encoded)][:PREFETCH_MAX]
             jpegs = {p: grids.get(token_key, p, scale) for p in picks}
             todo = [p for p, jpeg in jpegs.items() if jpeg is None]

@@ -54,8 +54,11 @@ CONCURRENCY, SPACE_CONCURRENCY, QUEUE_SIZE = 2, 1, 32
 MAX_UPLOAD = "50mb"
 MAX_UPLOAD_ENV = "OTVIZ_MAX_FILE_SIZE"
 #: Gradio floats a component's label badge over its top-left corner, on the figure's own
-#: title: the badge gets a line of its own above the figure instead.
-APP_CSS = 'label[data-testid="block-label"].float { position: static !important; }'
+#: title: the badge gets a line of its own above the figure instead. After a refused event
+#: Gradio also marks every output with a bare "Error" (its status tracker's ``span.error``)
+#: beside the toast that says what is wrong: those marks are hidden, the toast stays.
+APP_CSS = ('label[data-testid="block-label"].float { position: static !important; }\n'
+           '.wrap:has(> span.error) { display: none !important; }')
 
 
 def tab_id(title: str) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from torch import Tensor
 
+from otviz.boundary.images import check_headers
 from otviz.boundary.paths import NOT_FOUND
 from otviz.data.datasets import DatasetError, load_image_captions
 from otviz.data.grounding_sets import detect_layout
@@ -46,6 +47,7 @@ from otviz.explain import InputError
 from otviz.explainers import explainer_choices, explainers_needed
 from otviz.suite import method_choices
 from otviz.ui.align_tab import AlignLink
+from otviz.ui.budget import server_budget, visitor
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.events import on_edit
 from otviz.ui.inputs import CheckedFile, fit_image, user_errors
@@ -107,7 +109,9 @@ class AlignTarget:
 
 
 def _uploaded_paths(files: Any) -> list[str]:
-    return [str(getattr(f, "name", f)) for f in files or []]
+    """The uploads' paths; a path from the file input (a ``str``) kept as it is, with the
+    name it was uploaded under (:func:`otviz.boundary.paths.upload_name`)."""
+    return [f if isinstance(f, str) else str(getattr(f, "name", f)) for f in files or []]
 
 
 def load_table(
@@ -136,8 +140,9 @@ def load_table(
             raise InputError(f"the number of images must be in [1, {MAX_IMAGES}]")
         return sources.cache.get(
             (checkpoint, source, split, n, explainers),
-            lambda: world_browse(suite, n, split, cache_dir=sources.features_dir,
-                                 explainers=explainers),
+            lambda: with_explainers(lambda: world_browse(
+                suite, n, split, cache_dir=sources.features_dir, explainers=explainers),
+                n, explainers),
         )
     paths = _uploaded_paths(files)
     key = (checkpoint, source, tuple(paths), explainers)
@@ -159,8 +164,11 @@ def load_table(
             except OSError:
                 raise InputError(f"cannot read the uploaded folder: a file is {NOT_FOUND}"
                                  ) from None
-            table = folder_browse(suite, first_captions(folder, sources.max_images),
-                                  sources.features_dir, explainers=explainers)
+            shown = first_captions(folder, sources.max_images)
+            check_headers(shown.image_paths)  # every bad image named at once
+            table = with_explainers(lambda: folder_browse(
+                suite, shown, sources.features_dir, explainers=explainers),
+                len(shown.image_paths), explainers)
         sources.roots[key] = root
         note = skipped_note(folder.n_images, sources.max_images)
         if note:
@@ -176,6 +184,19 @@ def load_table(
     if notes is not None and key in sources.notes:
         notes.append(sources.notes[key])
     return table
+
+
+def with_explainers(compute: Callable[[], BrowseTable], n_images: int,
+                    explainers: tuple[str, ...]) -> BrowseTable:
+    """``compute()``, a table of ``n_images`` images; with ``explainers``' columns it draws
+    their maps of every image, which the server's compute budget admits first (estimated
+    from its cost of an explainer's map, which the Align view's explainer maps measure)."""
+    if not explainers:
+        return compute()
+    budget = server_budget()
+    cost = n_images * len(explainers) * budget.costs.unit("explainer")
+    with budget.admit(visitor(), "the explainer columns", cost):
+        return compute()
 
 
 def skipped_note(n_images: int, max_images: int) -> str | None:
@@ -285,7 +306,7 @@ def build_browse_tab(
     frame = gr.Dataframe(label="Rows (click one to open it in Align)", interactive=False,
                          elem_id="browse-table")
     rows = gr.State([])
-    trusted = TrustValues()
+    trusted = TrustValues(server_budget())
     gr.Markdown(HOW_TO_READ)
 
     def show(checkpoint, src, n, spl, fls, meth, ma, mb, hf, kd, od, tm, tk, pg, pp):
@@ -293,6 +314,8 @@ def build_browse_tab(
         table = load_table(ctx, sources, checkpoint, src, n, spl, fls,
                            explainers_needed([*(meth or []), ma, mb]), notes)
         by_trust = trust_sort(trusted, ctx.suite(checkpoint), table, ma, tm, tk)
+        if by_trust is not None and by_trust.note:
+            notes.append(by_trust.note)
         v = browse_view(table, meth, ma, mb, hf, kd, od, pg, pp, notes,
                         by_trust and by_trust.reorder)
         frame = v.frame if by_trust is None else by_trust.annotate(v.frame, v.rows)

@@ -5,6 +5,7 @@ the shared input components every view reads."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import socket
@@ -98,7 +99,9 @@ def hub_reachable(timeout_s: float = 2.0) -> bool:
 def remote_models(probe: Callable[[], bool] = hub_reachable) -> list[tuple[str, str]]:
     """The real-CLIP picker entries: those of ``$OTVIZ_REMOTE_MODELS`` when set
     (``name/tag`` separated by commas; empty: none); none offline (``HF_HUB_OFFLINE``);
-    :data:`REMOTE_MODELS` on a Space or where ``probe`` reaches the hub."""
+    :data:`REMOTE_MODELS` where ``probe`` reaches the hub, on a Space too (a Space that
+    cannot reach it would offer entries that each fail only after the download's
+    timeouts)."""
     listed = os.environ.get(REMOTE_ENV)
     if listed is not None:
         pairs = [item.strip().split("/", 1) for item in listed.split(",") if item.strip()]
@@ -108,7 +111,17 @@ def remote_models(probe: Callable[[], bool] = hub_reachable) -> list[tuple[str, 
         return [(name, tag) for name, tag in pairs]
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return []
-    return list(REMOTE_MODELS) if on_space() or probe() else []
+    return list(REMOTE_MODELS) if probe() else []
+
+
+def load_remote(name: str, tag: str, probe: Callable[[], bool] = hub_reachable) -> Backbone:
+    """The open_clip model ``name`` with weights ``tag``, or at once (a 2 s probe, not the
+    download's timeouts) an :class:`InputError` when the hub cannot be reached now."""
+    if not probe():
+        raise InputError(f"{name} / {tag} downloads its weights from the Hugging Face hub, "
+                         "which this server cannot reach now: pick the embedded model, or "
+                         "try again later")
+    return Backbone.from_pretrained(name, tag)
 
 
 @dataclass
@@ -151,6 +164,14 @@ class HeadSet:
     label: str
     backbone: str
     heads: dict[str, Path]
+
+
+def unique_label(label: str, taken: set[str]) -> str:
+    """``label``, or ``"label #k"`` with the smallest ``k >= 2`` not in ``taken``."""
+    unique, k = label, 2
+    while unique in taken:
+        unique, k = f"{label} #{k}", k + 1
+    return unique
 
 
 @dataclass
@@ -209,7 +230,7 @@ class AppContext:
             choices.append(
                 BackboneChoice(
                     f"{name} / {tag}" + (f" ({note}; downloaded at first pick)" if note else ""),
-                    lambda n=name, t=tag: Backbone.from_pretrained(n, t),
+                    functools.partial(load_remote, name, tag),
                     COMMON_CONCEPTS,
                     name,
                     tag,
@@ -253,12 +274,22 @@ class AppContext:
         the entry."""
         self.backbone_choice(backbone)
         with self._lock:
-            taken = {h.label for h in self.head_sets if h.backbone == backbone}
-            unique, k = label, 2
-            while unique in taken or unique in FREE_VARIANTS:
-                unique, k = f"{label} #{k}", k + 1
+            unique = unique_label(label, self.head_labels(backbone))
             self.head_sets.append(HeadSet(unique, backbone, dict(heads)))
             return f"{backbone}{SEPARATOR}{unique}"
+
+    def remove_head_set(self, backbone: str, label: str) -> None:
+        """Take the entry ``label`` on ``backbone`` out of the picker (and its loaded
+        suite out of memory); a later pick of it is an unknown checkpoint."""
+        with self._lock:
+            self.head_sets = [h for h in self.head_sets
+                              if (h.backbone, h.label) != (backbone, label)]
+            self._suites.pop(f"{backbone}{SEPARATOR}{label}", None)
+
+    def head_labels(self, backbone: str) -> set[str]:
+        """The labels taken on the backbone labelled ``backbone``: its head sets' and the
+        training-free entries'."""
+        return {h.label for h in self.head_sets if h.backbone == backbone} | set(FREE_VARIANTS)
 
     def backbone_choice(self, checkpoint: str) -> BackboneChoice:
         """The backbone of a picker entry (or of a backbone label)."""

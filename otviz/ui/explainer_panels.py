@@ -6,6 +6,7 @@ kept, drawn after the methods' panels. What each explainer computes: docs/explai
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import numpy as np
 from otviz.backbone import Backbone
 from otviz.explain import Encoded
 from otviz.explainers import EXPLAINERS, explain_pairs, unavailable
+from otviz.ui.budget import server_budget, visitor
 
 TOGGLE_LABEL = "Explainers too (Grad-CAM, LeGrad, MaskCLIP, Chefer: gradients / attention, no OT)"
 DEFAULT_ON = False
@@ -27,22 +29,33 @@ _MAPS: OrderedDict[tuple, dict[str, np.ndarray | str]] = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def explainer_maps(backbone: Backbone, encoded: Encoded, phrase: str
-                   ) -> dict[str, np.ndarray | str]:
+def explainer_maps(backbone: Backbone, encoded: Encoded, phrase: str,
+                   who: str | None = None) -> dict[str, np.ndarray | str]:
     """Each explainer's ``[gh, gw]`` map of ``phrase`` (the phrase's words) on the pair's
     image, or, for an explainer that cannot read this backbone's tower, its "not available
-    for <family> towers" note (:func:`~otviz.explainers.unavailable`) (cached)."""
+    for <family> towers" note (:func:`~otviz.explainers.unavailable`) (cached). Computing
+    them is admitted by the server's compute budget first, for ``who`` (default: the
+    event's visitor; :class:`~otviz.ui.budget.BudgetRefused` when it is full)."""
     key = (weakref.ref(backbone.model), encoded.key, phrase)
     with _LOCK:
         hit = _MAPS.get(key)
         if hit is not None:
             _MAPS.move_to_end(key)
             return hit
+    notes = {name: unavailable(backbone, name) for name in EXPLAINERS}
+    todo = [name for name, note in notes.items() if note is None]
+    budget = server_budget()
     maps: dict[str, np.ndarray | str] = {}
-    for name in EXPLAINERS:
-        note = unavailable(backbone, name)
-        maps[name] = note if note is not None else explain_pairs(
-            backbone, name, [encoded.image], [phrase]).maps[0].reshape(encoded.grid).numpy()
+    with budget.admit(who or visitor(), "the explainer maps",
+                      len(todo) * budget.costs.unit("explainer")):
+        for name, note in notes.items():
+            if note is not None:
+                maps[name] = note
+                continue
+            start = time.perf_counter()
+            maps[name] = explain_pairs(backbone, name, [encoded.image], [phrase]
+                                       ).maps[0].reshape(encoded.grid).numpy()
+            budget.costs.record("explainer", time.perf_counter() - start)
     with _LOCK:
         _MAPS[key] = maps
         while len(_MAPS) > CACHE_SIZE:
@@ -57,10 +70,15 @@ def explainer_panels(maps: dict[str, np.ndarray | str]) -> list[tuple[str, np.nd
              m) for name, m in maps.items()]
 
 
-def explained_by(backbone: Backbone, encoded: Encoded, on: bool
+def explained_by(backbone: Backbone, encoded: Encoded, on: bool, prefetch: bool = False
                  ) -> Callable[[str], dict[str, np.ndarray | str]] | None:
     """``phrase -> explainer_maps(...)`` for the pair, or ``None`` when ``on`` is off (the
-    grid then draws the methods alone, as without explainers)."""
+    grid then draws the methods alone, as without explainers). A ``prefetch`` (the grids of
+    phrases not picked yet) is admitted apart from the visitor's own clicks: it takes a
+    server slot but never makes the visitor's next pick wait for it."""
     if not on:
         return None
+    if prefetch:
+        return lambda phrase: explainer_maps(backbone, encoded, phrase,
+                                             f"{visitor()} (prefetch)")
     return lambda phrase: explainer_maps(backbone, encoded, phrase)

@@ -20,7 +20,7 @@ from typing import Any
 import gradio as gr
 import gradio.component_meta
 import numpy as np
-from gradio.data_classes import ListFiles
+from gradio.data_classes import FileData, ListFiles
 from gradio.utils import NamedString
 from gradio_client import utils as client_utils
 from PIL import Image
@@ -274,8 +274,16 @@ with no_type_stub():
                 if not Path(f.path).is_file():
                     raise user_error("file upload",
                                      gone(f.path, f.orig_name or Path(f.path).name))
-            paths = [NamedString(f.path) for f in files]
+            paths = [_named(f) for f in files]
             return paths[0] if self.file_count == "single" else paths
+
+
+def _named(file: FileData) -> NamedString:
+    """The cached path of an uploaded ``file`` carrying the name it was uploaded under
+    (``orig_name``: :func:`otviz.boundary.paths.upload_name` copies it under that name)."""
+    path = NamedString(file.path)
+    path.orig_name = file.orig_name  # type: ignore[attr-defined]
+    return path
 
 
 def truncation_note(encoded: Encoded) -> str | None:

@@ -110,10 +110,10 @@ def probe_captions(
     caption: str | None, custom: str | None = "", seed: int = 0
 ) -> tuple[list[ProbeCaption], list[CaptionEdit], list[str]]:
     """The true caption, its applied edits and the user's lines (one per line, repeats
-    dropped), the edits (skipped ones included) and notes on dropped lines."""
-    caption = (caption or "").strip()
-    if not caption:
-        raise InputError("the caption is empty: type what the image shows")
+    dropped), the edits (skipped ones included) and notes on dropped lines. The caption
+    passes :func:`~otviz.boundary.text.check_caption` first, with the message every view
+    gives (an emoji-only caption: "has no letter or digit")."""
+    caption = check_caption(caption)  # the one caption rule, as every view applies it
     edits = caption_edits(caption, EDIT_CATEGORIES, seed, pairs=SEEN_PAIRS)
     items = [ProbeCaption(TRUE, TRUE, caption)]
     items += [ProbeCaption(e.category, e.category, e.caption) for e in edits if e.caption]

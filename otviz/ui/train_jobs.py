@@ -11,6 +11,7 @@ method (fewer on a public Space), a bounded number of training pairs, bounded up
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -25,17 +26,19 @@ from typing import Any
 
 import torch
 
-from otviz.boundary.images import ImageInputError, header_size
+from otviz.boundary.images import ImageInputError, check_headers
 from otviz.boundary.paths import NOT_FOUND, inside, unpack_uploads
 from otviz.data.datasets import CaptionFolder, DatasetError, load_image_captions
+from otviz.data.disk_lru import OWNER_FILE, disk_bytes, evict_oldest, owner_alive, write_owner
 from otviz.data.feature_cache import FeatureCache
 from otviz.errors import UserInputError
 from otviz.explain import InputError
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
 from otviz.train.config import TrainConfig
 from otviz.train.loop import ENCODING, TrainResult, train_method
-from otviz.ui.context import SEPARATOR, AppContext, HeadSet, on_space
-from otviz.ui.head_registry import load_head_sets, record_head_set
+from otviz.ui.budget import ComputeBudget, Work, server_budget, visitor
+from otviz.ui.context import AppContext, on_space
+from otviz.ui.head_registry import load_head_sets, register_head_set
 from otviz.ui.probe_tab import run_batch_probe
 from otviz.ui.upload_cache import discarded_if_refused, lone_archive
 
@@ -54,6 +57,15 @@ DATA_ROOT_ENV = "OTVIZ_DATA_ROOT"
 #: The feature cache is cut back to this many MB (least recently used entries first) at
 #: start and after every run, Space / elsewhere; ``OTVIZ_FEATURE_CACHE_MB`` overrides.
 SPACE_CACHE_MB, LOCAL_CACHE_MB = 2048, 8192
+#: The runs folder is cut back to this many MB (oldest finished run first) at start, before
+#: a run unpacks its upload and after every run, Space / elsewhere; ``OTVIZ_RUNS_MB``
+#: overrides. A run in progress may add one upload (at most the 500 MB unpack cap) on top.
+SPACE_RUNS_MB, LOCAL_RUNS_MB = 1024, 10240
+#: Head sets trained here that the picker keeps, Space / elsewhere (``OTVIZ_MAX_TRAINED_HEADS``
+#: overrides): beyond, the oldest leaves the picker and its run may be evicted.
+SPACE_MAX_HEAD_SETS, LOCAL_MAX_HEAD_SETS = 20, 200
+#: The folder of a run that holds its unpacked upload (removed when the run ends).
+UPLOAD_DIR = "data"
 
 
 class TrainingBusyError(InputError):
@@ -88,11 +100,27 @@ def data_sources() -> list[str]:
     return [WORLD, UPLOAD] if data_root() is None else [WORLD, FOLDER, UPLOAD]
 
 
+def _cap_bytes(env_name: str, space_mb: int, local_mb: int) -> int:
+    env = os.environ.get(env_name)
+    mb = int(env) if env else (space_mb if on_space() else local_mb)
+    return max(0, mb) * 2**20
+
+
 def cache_cap_bytes() -> int:
     """The feature cache's size cap in bytes."""
-    env = os.environ.get("OTVIZ_FEATURE_CACHE_MB")
-    mb = int(env) if env else (SPACE_CACHE_MB if on_space() else LOCAL_CACHE_MB)
-    return max(0, mb) * 2**20
+    return _cap_bytes("OTVIZ_FEATURE_CACHE_MB", SPACE_CACHE_MB, LOCAL_CACHE_MB)
+
+
+def runs_cap_bytes() -> int:
+    """The runs folder's size cap in bytes."""
+    return _cap_bytes("OTVIZ_RUNS_MB", SPACE_RUNS_MB, LOCAL_RUNS_MB)
+
+
+def head_sets_cap() -> int:
+    """How many head sets trained here the picker keeps."""
+    env = os.environ.get("OTVIZ_MAX_TRAINED_HEADS")
+    cap = int(env) if env else (SPACE_MAX_HEAD_SETS if on_space() else LOCAL_MAX_HEAD_SETS)
+    return max(1, cap)
 
 
 @dataclass
@@ -172,12 +200,11 @@ def data_folder(typed: str) -> Path:
 def _checked_folder(path: Path, split: str, root: Path | None) -> CaptionFolder:
     """The image-caption folder at ``path``, read confined to ``root``: its captions pass
     the text boxes' rule (the loaders check them) and every image's header the images'
-    (:func:`~otviz.boundary.images.header_size`: pixels, aspect ratio), so that a bad
-    folder is refused before training starts."""
+    (:func:`~otviz.boundary.images.check_headers`: pixels, aspect ratio; every bad image
+    named in one message), so that a bad folder is refused before training starts."""
     try:
         dataset = load_image_captions(path, split=split, root=root)
-        for image in dataset.image_paths:
-            header_size(image, image.name)
+        check_headers(dataset.image_paths)
     except (DatasetError, ImageInputError) as e:
         raise InputError(f"cannot train on this data: {e}") from None
     except OSError:
@@ -328,10 +355,11 @@ class TrainingJob:
     def _run(self) -> None:
         try:
             heads = self._train_all()
-            if heads and not self.stop_event.is_set():
+            if heads:  # the methods that finished saved their heads: offered, Stop or not
                 self._register_and_probe(heads)
+            state = "stopped" if self._cut_short() else "finished"
             with self._lock:
-                self._state = "stopped" if self.stop_event.is_set() else "finished"
+                self._state = state
         except UserInputError as e:
             self._fail(str(e))
         except Exception as e:  # a failed run must end the job and say why, not hang it
@@ -344,6 +372,13 @@ class TrainingJob:
             if self.on_end is not None:
                 self.on_end()
             self.finished.set()
+
+    def _cut_short(self) -> bool:
+        """Whether Stop ended a method before its end (or before it began); a Stop that
+        came after the last step changed nothing."""
+        with self._lock:
+            results = [self._results.get(c.method) for c in self.configs]
+        return any(r is None or r.status == "stopped" for r in results)
 
     def _fail(self, message: str) -> None:
         """End the job as failed, leaving nothing behind: unless its heads are already in the
@@ -373,14 +408,11 @@ class TrainingJob:
         return heads
 
     def _register_and_probe(self, heads: dict[str, Path]) -> None:
-        label = "trained here: " + "+".join(heads)
-        entry = self.ctx.add_head_set(self.checkpoint, label, heads)
-        if self.registry is not None:
-            unique = entry[len(self.checkpoint) + len(SEPARATOR):]
-            record_head_set(self.registry, HeadSet(unique, self.checkpoint, heads))
+        entry = register_head_set(self.ctx, self.registry, self.checkpoint,
+                                  "trained here: " + "+".join(heads), heads, head_sets_cap())
         with self._lock:
             self._entry, self._phase = entry, "evaluating"
-        if not self.evaluate:
+        if not self.evaluate or self.stop_event.is_set():
             return
         free = self.ctx.suite(self.checkpoint)
         trained = self.ctx.suite(entry)
@@ -395,6 +427,12 @@ class TrainingJob:
             }
 
 
+def _running_elsewhere(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is a run in progress of a live process (its owner file, which
+    the run's end removes)."""
+    return (run_dir / OWNER_FILE).is_file() and owner_alive(run_dir)
+
+
 def _subset(suite: MethodSuite, names: list[str], tag: str) -> MethodSuite:
     return MethodSuite(suite.backbone, {n: suite.methods[n] for n in names},
                        f"{suite.label} [{tag}]")
@@ -403,7 +441,10 @@ def _subset(suite: MethodSuite, names: list[str], tag: str) -> MethodSuite:
 class TrainingJobs:
     """The one training slot of a server. At creation it offers again the heads trained
     here before (the registry under ``runs_root``), removes the feature cache's half-built
-    entries and cuts it to :func:`cache_cap_bytes`; the cap is applied again after each run.
+    entries and cuts it to :func:`cache_cap_bytes`, and cuts the runs folder to
+    :func:`runs_cap_bytes` (:meth:`trim_runs`). A run holds one slot of the server's compute
+    budget (:mod:`otviz.ui.budget`) while it runs; when it ends its unpacked upload goes and
+    both caps are applied again.
 
     Args:
         ctx: where finished heads are registered.
@@ -411,22 +452,26 @@ class TrainingJobs:
         cache_dir: the frozen-backbone feature cache (default: TrainConfig's; on a Space,
             in the temp dir).
         evaluate: score finished heads on the examples gallery's probe.
+        budget: the compute budget runs take a slot of (default: the server's).
     """
 
     def __init__(self, ctx: AppContext, runs_root: Path | None = None,
-                 cache_dir: Path | None = None, evaluate: bool = True) -> None:
+                 cache_dir: Path | None = None, evaluate: bool = True,
+                 budget: ComputeBudget | None = None) -> None:
         self.ctx = ctx
+        self.budget = budget or server_budget()
         tmp = Path(tempfile.gettempdir())
         self.runs_root = Path(runs_root or (tmp / "otviz-runs" if on_space() else RUNS_ROOT))
         self.cache_dir = cache_dir or (tmp / "otviz-features" if on_space() else None)
         self.evaluate = evaluate
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # start() trims the runs, which reads the job
         self._job: TrainingJob | None = None
         for head_set in load_head_sets(self.runs_root):
             if any(b.label == head_set.backbone for b in ctx.backbones):
                 ctx.add_head_set(head_set.backbone, head_set.label, head_set.heads)
         FeatureCache(self.feature_cache_dir).remove_stale_builds()
         self.trim_cache()
+        self.trim_runs()
 
     @property
     def feature_cache_dir(self) -> Path:
@@ -435,6 +480,45 @@ class TrainingJobs:
     def trim_cache(self) -> None:
         """Cut the feature cache to :func:`cache_cap_bytes` (least recently used first)."""
         FeatureCache(self.feature_cache_dir).evict(cache_cap_bytes())
+
+    def run_dirs(self) -> list[Path]:
+        """The run directories, oldest first (their names start with their start time)."""
+        if not self.runs_root.is_dir():
+            return []
+        return sorted(d for d in self.runs_root.iterdir()
+                      if d.is_dir() and not d.name.startswith("."))
+
+    def trim_runs(self) -> list[Path]:
+        """Cut the runs folder to :func:`runs_cap_bytes`: finished runs go oldest first; the
+        run in progress and the runs holding a head the picker offers stay. Returns the
+        removed run directories."""
+        job = self.current()
+        kept = set()
+        if job is not None and not job.finished.is_set():
+            kept.add(Path(job.configs[0].out).parent.resolve())
+        for head_set in self.ctx.head_sets:
+            kept.update(p.resolve().parent.parent for p in head_set.heads.values())
+        runs = self.run_dirs()
+        sizes = [disk_bytes(d, recursive=True) for d in runs]
+        return evict_oldest(runs, sizes, runs_cap_bytes(),
+                            keep=[d.resolve() in kept or _running_elsewhere(d) for d in runs])
+
+    def _run_ended(self, job: TrainingJob, work: Work) -> None:
+        """A run's end: its unpacked upload goes, and the resume state of each method that
+        finished (its head stays; a stopped method keeps its state), and its owner file
+        (another server may now evict it); its budget slot is freed, its measured time per
+        step updates the budget's estimate, both caps are applied."""
+        run_dir = Path(job.configs[0].out).parent
+        shutil.rmtree(run_dir / UPLOAD_DIR, ignore_errors=True)
+        (run_dir / OWNER_FILE).unlink(missing_ok=True)
+        self.budget.release(work)
+        for result in job.status().results.values():
+            if result.status == "finished" and result.state_checkpoint:
+                shutil.rmtree(result.state_checkpoint, ignore_errors=True)
+            if result.seconds_per_step:
+                self.budget.costs.record("train_step", result.seconds_per_step)
+        self.trim_cache()
+        self.trim_runs()
 
     def current(self) -> TrainingJob | None:
         with self._lock:
@@ -452,16 +536,25 @@ class TrainingJobs:
                 raise TrainingBusyError(self._busy_message(self._job.status()))
             check_request(request)
             choice = self.ctx.backbone_choice(checkpoint)
+            steps = min(request.max_steps or step_cap(), step_cap())
+            work = self.budget.acquire(
+                visitor(), "training", len(request.methods) * steps
+                * self.budget.costs.unit("train_step"), capped=False)
+            self.trim_runs()  # room for this run's upload
             run_dir = self.runs_root / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
             try:
-                data, n_pairs = resolve_data(request, run_dir / "data")
-            except BaseException:  # a refused request leaves no files
+                run_dir.mkdir(parents=True)
+                write_owner(run_dir)  # in progress: no server sharing the folder evicts it
+                data, n_pairs = resolve_data(request, run_dir / UPLOAD_DIR)
+                configs, notes = train_configs(request, data, n_pairs, choice.train_backbone,
+                                               run_dir, self.cache_dir)
+            except BaseException:  # a refused request leaves no files and frees its slot
                 shutil.rmtree(run_dir, ignore_errors=True)
+                self.budget.release(work)
                 raise
-            configs, notes = train_configs(request, data, n_pairs, choice.train_backbone,
-                                           run_dir, self.cache_dir)
             job = TrainingJob(self.ctx, choice.label, configs, notes, self.evaluate,
-                              self.runs_root, self.trim_cache)
+                              self.runs_root)
+            job.on_end = functools.partial(self._run_ended, job, work)
             self._job = job
             job.thread.start()
             return job

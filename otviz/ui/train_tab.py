@@ -87,7 +87,8 @@ def train_request(
         data=data,
         n_train=_whole(n_train, "world samples"),
         folder=folder or "",
-        uploads=[str(getattr(f, "name", f)) for f in uploads or []],
+        uploads=[f if isinstance(f, str) else str(getattr(f, "name", f))  # keeps orig_name
+                 for f in uploads or []],
         split=(split or "train").strip() or "train",
         eps=_real(eps, "eps"),
         tau=_real(tau, "tau"),
@@ -138,7 +139,12 @@ def status_markdown(status: JobStatus) -> str:
     if status.error:
         lines.append(f"**Training failed.** {html.escape(status.error)}")
     elif status.state == "stopped":
-        lines.append("**Stopped.** Runs stopped before the end save no head.")
+        lines.append("**Stopped.** Methods stopped before their end save no head.")
+        if status.picker_entry:
+            finished = [METHOD_LABELS.get(m, m) for m, r in status.results.items()
+                        if r.status == "finished"]
+            lines.append(f"The ones that had finished ({', '.join(finished)}) saved theirs: "
+                         f"the checkpoint picker now offers **{status.picker_entry}**.")
     elif status.state == "finished":
         lines.append(f"**Finished** in {status.seconds:.0f} s.")
         if status.picker_entry:

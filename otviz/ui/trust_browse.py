@@ -5,7 +5,10 @@ picked (one Quantus call over all rows: seconds to a minute on 2 cores), then ke
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,22 +19,33 @@ from torch import Tensor
 
 from otviz.eval.browse import BrowseTable
 from otviz.eval.trust.browse import browse_trust_values
-from otviz.eval.trust.metrics import METRICS
+from otviz.eval.trust.metrics import METRIC_BY_KEY, METRICS
 from otviz.explain import InputError
 from otviz.suite import MethodSuite
+from otviz.ui.budget import ComputeBudget, visitor
 
 NO_METRIC = "no trust metric"
 ALL, BETTER, WORSE = "all rows", "better half", "worse half"
 KEEP = (ALL, BETTER, WORSE)
+#: Why a localisation metric's column is blank on an uploaded folder (as the Trust panel
+#: says of an upload).
+NO_BOXES = ("no {metric} values: localisation metrics need each phrase's gold box, which "
+            "only the world splits carry; an uploaded folder is sorted by the model-based "
+            "metrics only (faithfulness, randomisation, robustness, complexity)")
+#: What replaces the trust controls where Quantus is not installed.
+UNAVAILABLE = ("*Trust metrics are not offered on this server: they need Quantus, which its "
+               "install lacks (docs/trust.md).*")
 #: metric label (with its direction) -> key, in the order of the trust table.
 METRIC_CHOICES = {f"{m.label} {'↑' if m.higher else '↓'}": m.key for m in METRICS}
 
 
 class TrustValues:
     """Computed per-row metric values by (table, map, metric); a table is known by its
-    identity, and only the tables still loaded are kept."""
+    identity, and only the tables still loaded are kept. With a ``budget``, a computation
+    is admitted by it first (the table's rows times the metric's measured cost per map)."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: ComputeBudget | None = None) -> None:
+        self.budget = budget
         self._values: dict[tuple[int, str, str], tuple[BrowseTable, Tensor]] = {}
         self._lock = threading.Lock()
 
@@ -41,7 +55,17 @@ class TrustValues:
             hit = self._values.get(key)
         if hit is not None and hit[0] is table:
             return hit[1]
-        values = browse_trust_values(suite, table, name, metric)
+        free = METRIC_BY_KEY[metric].needs_boxes and table.gold is None  # all NaN, no work
+        admitted = contextlib.nullcontext()
+        if self.budget is not None and not free:
+            cost = self.budget.costs.trust(len(table.items), [metric])
+            admitted = self.budget.admit(visitor(), "sorting by a trust metric", cost)
+        with admitted:
+            start = time.perf_counter()
+            values = browse_trust_values(suite, table, name, metric)
+        if self.budget is not None and not free and len(table.items):
+            self.budget.costs.record_trust(
+                {metric: 1000 * (time.perf_counter() - start)}, len(table.items))
         with self._lock:
             self._values = {k: v for k, v in self._values.items() if k[0] != id(table)
                             or v[0] is table}
@@ -77,6 +101,7 @@ class TrustSort:
     label: str
     values: Tensor
     reorder: Callable[[Tensor], Tensor]
+    note: str | None = None  # why the metric's column is blank, when it is
 
     def annotate(self, frame: pd.DataFrame, rows: list[int]) -> pd.DataFrame:
         """The page's table with the metric's value of each row as a last column."""
@@ -96,15 +121,30 @@ def trust_sort(cache: TrustValues, suite: MethodSuite, table: BrowseTable, name:
     key = METRIC_CHOICES[metric]
     higher = next(m.higher for m in METRICS if m.key == key)
     values = cache.get(suite, table, name, key)
-    return TrustSort(metric, values, trust_order(values, higher, keep or ALL))
+    note = None
+    if METRIC_BY_KEY[key].needs_boxes and table.gold is None:
+        note = NO_BOXES.format(metric=metric)
+    return TrustSort(metric, values, trust_order(values, higher, keep or ALL), note)
+
+
+def trust_unavailable() -> str | None:
+    """Why this server offers no trust metrics (one line for the page), or ``None``: Quantus
+    is not installed (a Space's requirements file cannot install it; docs/trust.md)."""
+    if importlib.util.find_spec("quantus") is None:
+        return UNAVAILABLE
+    return None
 
 
 def trust_controls() -> tuple[gr.Dropdown, gr.Dropdown]:
     """The view's two controls: the metric (of Method A's map) to sort by, and which rows to
-    keep."""
+    keep; hidden where the server has no trust metrics (:func:`trust_unavailable`), whose
+    reason then takes their place."""
+    shown = trust_unavailable() is None
     metric = gr.Dropdown([NO_METRIC, *METRIC_CHOICES], value=NO_METRIC, scale=1,
                          label="Sort by trust metric of Method A (computed on first pick)",
-                         elem_id="browse-trust-metric")
+                         elem_id="browse-trust-metric", visible=shown)
     keep = gr.Dropdown(list(KEEP), value=ALL, label="Keep (by that metric)", scale=1,
-                       elem_id="browse-trust-keep")
+                       elem_id="browse-trust-keep", visible=shown)
+    if not shown:
+        gr.Markdown(trust_unavailable(), elem_id="browse-trust-unavailable")
     return metric, keep

@@ -16,6 +16,7 @@ metrics only and says why.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import threading
@@ -52,9 +53,11 @@ from otviz.explain import Encoded, Explainer
 from otviz.explainers import EXPLAINERS, unavailable
 from otviz.suite import MethodSuite
 from otviz.text.tree import Tree
+from otviz.ui.budget import ComputeBudget, CostModel, server_budget, visitor
 from otviz.ui.context import AppContext
 from otviz.ui.examples import Example, load_examples
 from otviz.ui.inputs import user_errors
+from otviz.ui.trust_browse import trust_unavailable
 
 TITLE = "Trust: which heatmap can you trust? (explanation metrics, computed on demand)"
 #: Lighter than the table's (otviz eval --tables trust): half the deletion / insertion steps
@@ -188,27 +191,39 @@ def panel_row(explainer: Explainer, encoded: Encoded, phrases: Sequence[TrustPhr
 def trust_rows(
     explainer: Explainer, suite: MethodSuite, encoded: Encoded, words: Sequence[int],
     with_explainers: bool, cache: TrustCache, settings: TrustSettings = SETTINGS,
+    budget: ComputeBudget | None = None,
 ) -> Iterator[tuple[list[dict], str]]:
     """``(rows so far, status)`` before each computed part of the panel and once at the end
     (module docstring): first every map's fast metrics, one row per map as it is done, then
     every map's slow metrics (:attr:`~otviz.eval.trust.metrics.TrustMetric.slow`) filled into
     those rows. Each (map, pass) part is cached on its own, so a row is only ever shown as
-    complete when both of its parts are there; a second call computes nothing."""
+    complete when both of its parts are there; a second call computes nothing. With a
+    ``budget``, the parts not cached are admitted by it first (estimated from its measured
+    costs, which each computed part updates): refused, nothing is computed."""
     phrases, target = panel_phrases(encoded, words)
     row = panel_row(explainer, encoded, phrases, target, settings)
     sources, notes = panel_sources(explainer, suite, with_explainers)
     base = (*encoded.key, suite.label, tuple(words), row.masks is not None, settings)
     rows: list[dict] = []
     maps: dict[str, np.ndarray] = {}  # each map once for both passes
-    for name, keys in PASSES:
-        for k, source in enumerate(sources):
-            part = cache.get((*base, source.name, name))
-            if part is None:
-                yield list(rows), _progress(name, source, k, len(sources))
-                part = _score_part(row, source, keys, settings, maps)
-                cache.put((*base, source.name, name), part)
-            merged = _merge(rows[k] if k < len(rows) else None, source, part, settings)
-            rows[k:k + 1] = [merged]  # the fast pass appends row k, the slow one replaces it
+    missing = [keys for name, keys in PASSES for source in sources
+               if cache.get((*base, source.name, name)) is None]
+    admitted = contextlib.nullcontext()
+    if budget is not None and missing:
+        cost = sum(budget.costs.trust(1, keys) for keys in missing)
+        admitted = budget.admit(visitor(), "the trust metrics", cost)
+    with admitted:
+        for name, keys in PASSES:
+            for k, source in enumerate(sources):
+                part = cache.get((*base, source.name, name))
+                if part is None:
+                    yield list(rows), _progress(name, source, k, len(sources))
+                    part = _score_part(row, source, keys, settings, maps,
+                                       budget and budget.costs)
+                    cache.put((*base, source.name, name), part)
+                merged = _merge(rows[k] if k < len(rows) else None, source, part, settings)
+                rows[k:k + 1] = [merged]  # the fast pass appends row k, the slow one
+                # replaces it
     patch = PatchLattice.on_cells(explainer.backbone.image_tower.geometry, settings.patch).patch
     yield rows, _final_status(rows, phrases[target], len(phrases), row, notes, settings, patch)
 
@@ -223,11 +238,15 @@ def _progress(name: str, source: HeatmapSource, k: int, n: int) -> str:
 
 
 def _score_part(row: PanelRow, source: HeatmapSource, keys: Sequence[str],
-                settings: TrustSettings, maps: dict[str, np.ndarray]) -> dict:
+                settings: TrustSettings, maps: dict[str, np.ndarray],
+                costs: CostModel | None = None) -> dict:
     """The metrics ``keys`` of ``source``'s map of ``row`` (its map reused from ``maps`` when
-    there, and kept there), with their cost in ms and Quantus' refusals."""
+    there, and kept there), with their cost in ms (also recorded in ``costs``) and Quantus'
+    refusals."""
     scores = trust_scores(row.scorer, source, row.pixels, row.targets, row.masks, settings,
                           metrics=keys, maps=maps.get(source.name))
+    if costs is not None:
+        costs.record_trust(scores.ms, 1)
     if scores.maps is not None:
         maps[source.name] = scores.maps
     return {**{key: float(value[0]) for key, value in scores.values.items()},
@@ -289,9 +308,14 @@ def _cell(value: float | None) -> float | None:
 
 def build_trust_panel(ctx: AppContext, inputs: list[Any],
                       resolve: Callable[[Encoded, str | None], list[int]]) -> None:
-    """Add the panel (an accordion, closed) to the enclosing Align view. ``inputs``: the image,
-    caption, checkpoint, phrase and *Explainers too* components; ``resolve``: the phrase
-    value -> its caption words."""
+    """Add the panel (an accordion, closed) to the enclosing Align view, or the line saying
+    why this server has none (:func:`~otviz.ui.trust_browse.trust_unavailable`).
+    ``inputs``: the image, caption, checkpoint, phrase and *Explainers too* components;
+    ``resolve``: the phrase value -> its caption words."""
+    reason = trust_unavailable()
+    if reason is not None:  # no Quantus here: one line says so instead of the panel
+        gr.Markdown(reason, elem_id="align-trust-unavailable")
+        return
     cache = TrustCache()
     with gr.Accordion(TITLE, open=False, elem_id="align-trust"):
         run = gr.Button("Compute the trust metrics of this phrase's maps",
@@ -305,7 +329,11 @@ def build_trust_panel(ctx: AppContext, inputs: list[Any],
         explainer, suite = ctx.explainer(checkpoint), ctx.suite(checkpoint)
         encoded = explainer.encode(img, text)
         words = resolve(encoded, phr)
-        for rows, note in trust_rows(explainer, suite, encoded, words, bool(expl), cache):
+        for rows, note in trust_rows(explainer, suite, encoded, words, bool(expl), cache,
+                                     budget=server_budget()):
             yield trust_frame(rows), note
 
-    run.click(user_errors(on_trust), inputs, [table, status], api_name="align_trust")
+    # outside Gradio's per-event limits: the server's compute budget admits or refuses it at
+    # once, so it never waits in the queue that Align's events wait in
+    run.click(user_errors(on_trust), inputs, [table, status], api_name="align_trust",
+              concurrency_limit=None)

@@ -5,6 +5,8 @@ first shipped example."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from gradio_client import Client
 
@@ -42,3 +44,16 @@ def example() -> tuple[str, str]:
     """The first shipped example: its image path and caption."""
     e = load_examples()[0]
     return str(e.image_path), e.caption
+
+
+@pytest.fixture(scope="module")
+def own_ctx(tmp_path_factory) -> AppContext:
+    """A context of the module's own on the shipped checkpoint, without trained heads: for
+    the tests that add head sets (training)."""
+    return AppContext.default(heads_root=tmp_path_factory.mktemp("no-heads"))
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    """A feature cache of the module's own."""
+    return tmp_path_factory.mktemp("features")

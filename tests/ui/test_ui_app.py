@@ -18,6 +18,7 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 from otviz.checkpoints.heads import save_method_checkpoint
+from otviz.explain import InputError
 from otviz.methods import METHODS, MethodConfig
 from otviz.suite import ALIGN_METHODS
 from otviz.ui import context as context_module
@@ -262,8 +263,9 @@ def test_real_clip_entries_need_the_network(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_HUB_OFFLINE")
     assert remote_models(lambda: False) == []
     assert remote_models(lambda: True) == REMOTE_MODELS
-    monkeypatch.setenv("SPACE_ID", "someone/otviz")
-    assert remote_models(lambda: False) == REMOTE_MODELS
+    monkeypatch.setenv("SPACE_ID", "someone/otviz")  # a Space that cannot reach the hub
+    assert remote_models(lambda: False) == []  # offers none (each failed after 47 s)
+    assert remote_models(lambda: True) == REMOTE_MODELS
     monkeypatch.setenv(context_module.REMOTE_ENV, "ViT-B-32/laion2b_s34b_b79k, ViT-B-16/openai")
     assert remote_models() == [("ViT-B-32", "laion2b_s34b_b79k"), ("ViT-B-16", "openai")]
     monkeypatch.setenv(context_module.REMOTE_ENV, "")
@@ -276,6 +278,22 @@ def test_real_clip_entries_need_the_network(monkeypatch, tmp_path):
     assert choice.train_backbone == {"open_clip_model": "ViT-B-16", "pretrained": "openai"}
     assert choice.takes_heads_of({"name": "ViT-B-16", "tags": {"pretrained": "openai"}})
     assert not choice.takes_heads_of({"name": "otviz-tiny", "tags": {}})
+
+
+def test_a_real_clip_fails_fast_when_the_hub_is_unreachable(monkeypatch):
+    """Picked while the hub cannot be reached: a message at once, no download tried."""
+    import time
+
+    from otviz.backbone import Backbone
+
+    tried = []
+    monkeypatch.setattr(Backbone, "from_pretrained", lambda *a: tried.append(a))
+    start = time.perf_counter()
+    with pytest.raises(InputError, match="cannot reach now: pick the embedded model"):
+        context_module.load_remote("ViT-B-16", "openai", probe=lambda: False)
+    assert time.perf_counter() - start < 1 and tried == []
+    context_module.load_remote("ViT-B-16", "openai", probe=lambda: True)
+    assert tried == [("ViT-B-16", "openai")]
 
 
 def test_an_unreachable_real_clip_is_a_message(monkeypatch):

@@ -53,13 +53,8 @@ SMALL = {"n_train": 64, "batch_size": 32, "hard_negatives": 2}
 
 
 @pytest.fixture(scope="module")
-def ctx(tmp_path_factory) -> AppContext:
-    return AppContext.default(heads_root=tmp_path_factory.mktemp("no-heads"))
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("features")
+def ctx(own_ctx) -> AppContext:
+    return own_ctx
 
 
 def jobs_for(ctx, tmp_path, cache_dir, evaluate=False) -> TrainingJobs:

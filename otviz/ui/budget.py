@@ -1,0 +1,219 @@
+"""One compute budget per server for the app's expensive events: the Trust panel, Browse's
+trust sort, app training and the explainer maps (docs/hosting.md, "Compute budget").
+
+Work asks :class:`ComputeBudget` before it starts, with an estimate of its cost in seconds;
+the budget refuses it at once, with :class:`BudgetRefused` (a readable message saying when
+to try again), when
+
+* the estimate is over the per-request cap (the message says what to make smaller),
+* the visitor (Gradio's session of the page or API client) already has
+  :attr:`ComputeBudget.per_visitor` pieces of expensive work running, or
+* the server already runs :attr:`ComputeBudget.slots` of them, from any event.
+
+Nothing waits: expensive events run outside Gradio's per-event limits
+(``concurrency_limit=None``) and are answered at once when refused, so they never hold a
+place in the queue that cheap events (Align, a phrase change) wait in. Estimates come from
+:class:`CostModel`: seconds per map of each trust metric and of each explainer, seeded with
+the figures measured on the 2-core machine (docs/trust.md) and updated with every
+measurement the work reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from otviz.explain import InputError
+from otviz.ui.context import on_space
+
+#: Expensive pieces of work at once per server, on a Space / elsewhere
+#: (``OTVIZ_EXPENSIVE_SLOTS`` overrides).
+SPACE_SLOTS, LOCAL_SLOTS = 1, 2
+#: Expensive pieces of work at once per visitor.
+PER_VISITOR = 1
+#: Estimated seconds one request may cost at most, on a Space / elsewhere
+#: (``OTVIZ_MAX_REQUEST_S`` overrides).
+SPACE_MAX_REQUEST_S, LOCAL_MAX_REQUEST_S = 120.0, 600.0
+#: The soonest "try again in" a refusal names, in seconds.
+MIN_RETRY_S = 5
+#: Seconds per map, seeded from docs/trust.md's "background torch process" column (2 CPU
+#: cores, load 2.5-3.7): drawing the map, and each trust metric on it.
+SEED_MAP_S = 0.095
+SEED_METRIC_S = {
+    "pointing": 0.005, "mass": 0.005, "rank": 0.005, "auc": 0.005,
+    "sparseness": 0.005, "random_logit": 0.09, "deletion": 0.414, "insertion": 0.414,
+    "faith_corr": 0.414, "max_sensitivity": 0.273, "mprt": 0.762,
+}
+#: Seconds per map of an explainer: the dearest of the embedded model's, one map at a time,
+#: was 84 ms (Chefer; Grad-CAM 80, LeGrad 45, MaskCLIP 30) on the 2-core machine at load
+#: ~9.7; and per optimiser step of app training (a bound).
+SEED_EXPLAINER_S, SEED_STEP_S = 0.1, 0.5
+#: Weight of a new measurement in the running estimate.
+SMOOTHING = 0.3
+
+
+class BudgetRefused(InputError):
+    """Expensive work refused by the server's compute budget (the message says when to try
+    again)."""
+
+
+@dataclass
+class CostModel:
+    """Seconds per unit of each kind of work (a metric's map, an explainer's map, a training
+    step), seeded and then a running average of what was measured."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: {
+        "map": SEED_MAP_S, "explainer": SEED_EXPLAINER_S, "train_step": SEED_STEP_S,
+        **{f"metric:{k}": v for k, v in SEED_METRIC_S.items()}})
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def unit(self, kind: str) -> float:
+        with self._lock:
+            return self.seconds.get(kind, max(self.seconds.values()))
+
+    def record(self, kind: str, seconds_per_unit: float) -> None:
+        """Fold one measurement (seconds per unit of ``kind``) into the estimate."""
+        if not math.isfinite(seconds_per_unit) or seconds_per_unit < 0:
+            return
+        with self._lock:
+            old = self.seconds.get(kind, seconds_per_unit)
+            self.seconds[kind] = (1 - SMOOTHING) * old + SMOOTHING * seconds_per_unit
+
+    def trust(self, n_maps: int, metrics: Iterable[str]) -> float:
+        """Seconds to draw ``n_maps`` maps and score each with ``metrics`` (keys)."""
+        per_map = self.unit("map") + sum(self.unit(f"metric:{k}") for k in metrics)
+        return n_maps * per_map
+
+    def record_trust(self, ms: dict[str, float], n_maps: int) -> None:
+        """Fold a trust computation's measured ms (:attr:`TrustScores.ms`: per metric key,
+        ``"maps"`` for the maps) over ``n_maps`` maps into the estimates."""
+        for key, total in ms.items():
+            self.record("map" if key == "maps" else f"metric:{key}",
+                        total / 1000 / max(1, n_maps))
+
+
+@dataclass(frozen=True)
+class Work:
+    """One admitted piece of expensive work."""
+
+    visitor: str
+    what: str
+    cost_s: float
+    started: float
+
+
+def _env_number(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, "").strip() or default)
+    except ValueError:
+        return default
+
+
+class ComputeBudget:
+    """At most ``slots`` pieces of expensive work at once on the server, ``per_visitor`` per
+    visitor, each estimated at most ``max_request_s`` seconds (module docstring)."""
+
+    def __init__(self, slots: int, per_visitor: int = PER_VISITOR,
+                 max_request_s: float = LOCAL_MAX_REQUEST_S, clock=time.monotonic) -> None:
+        self.slots, self.per_visitor, self.max_request_s = slots, per_visitor, max_request_s
+        self.costs = CostModel()
+        self._clock = clock
+        self._running: list[Work] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_server(cls) -> ComputeBudget:
+        """The budget of this server: :data:`SPACE_SLOTS` or :data:`LOCAL_SLOTS`, and the
+        per-request cap, unless the environment overrides them."""
+        slots = SPACE_SLOTS if on_space() else LOCAL_SLOTS
+        cap = SPACE_MAX_REQUEST_S if on_space() else LOCAL_MAX_REQUEST_S
+        return cls(max(1, int(_env_number("OTVIZ_EXPENSIVE_SLOTS", slots))),
+                   max_request_s=_env_number("OTVIZ_MAX_REQUEST_S", cap))
+
+    def running(self) -> list[Work]:
+        with self._lock:
+            return list(self._running)
+
+    def retry_after_s(self) -> int:
+        """Seconds until the soonest running work is expected to end (at least
+        :data:`MIN_RETRY_S`)."""
+        now = self._clock()
+        with self._lock:
+            left = [w.started + w.cost_s - now for w in self._running]
+        return max(MIN_RETRY_S, math.ceil(min(left, default=0.0)))
+
+    def acquire(self, visitor: str, what: str, cost_s: float,
+                capped: bool = True) -> Work:
+        """Admit ``what`` (estimated ``cost_s`` seconds) for ``visitor`` or raise
+        :class:`BudgetRefused`; ``capped=False`` skips the per-request cap (work bounded
+        otherwise: training by its step cap). Release it with :meth:`release`."""
+        if capped and cost_s > self.max_request_s:
+            raise BudgetRefused(
+                f"{what} would take about {cost_s:.0f} s of computing, more than the "
+                f"{self.max_request_s:.0f} s this server allows for one request: ask for "
+                "less (fewer images or maps)")
+        with self._lock:
+            mine = sum(w.visitor == visitor for w in self._running)
+            busy = len(self._running) >= self.slots
+            if mine < self.per_visitor and not busy:
+                work = Work(visitor, what, cost_s, self._clock())
+                self._running.append(work)
+                return work
+        wait = self.retry_after_s()
+        if mine >= self.per_visitor:
+            raise BudgetRefused(
+                f"{what} not started: your previous expensive computation is still running "
+                f"(at most {self.per_visitor} at a time per visitor); try again in about "
+                f"{wait} s")
+        raise BudgetRefused(
+            f"{what} not started: the server is busy with {self.slots} expensive "
+            f"computation(s) (trust metrics, training, explainers); try again in about "
+            f"{wait} s")
+
+    def release(self, work: Work) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._running.remove(work)
+
+    @contextlib.contextmanager
+    def admit(self, visitor: str, what: str, cost_s: float) -> Iterator[Work]:
+        """:meth:`acquire` for the ``with`` block, released when it ends."""
+        work = self.acquire(visitor, what, cost_s)
+        try:
+            yield work
+        finally:
+            self.release(work)
+
+
+_SERVER: ComputeBudget | None = None
+_SERVER_LOCK = threading.Lock()
+
+
+def server_budget() -> ComputeBudget:
+    """The one budget of this server process (built on first use)."""
+    global _SERVER
+    with _SERVER_LOCK:
+        if _SERVER is None:
+            _SERVER = ComputeBudget.for_server()
+        return _SERVER
+
+
+def visitor() -> str:
+    """Who sent the event being run: its Gradio session (one per page load or API client);
+    ``"local"`` outside an event (a direct call)."""
+    from gradio.context import LocalContext
+
+    request = LocalContext.request.get(None)
+    session = getattr(request, "session_hash", None)
+    return f"session:{session}" if session else "local"
+
+
+@contextlib.contextmanager
+def expensive(what: str, cost_s: float) -> Iterator[Work]:
+    """The server budget's admission of ``what`` for the visitor of the running event."""
+    with server_budget().admit(visitor(), what, cost_s) as work:
+        yield work
