@@ -51,7 +51,7 @@ from otviz.eval.trust.metrics import (
 from otviz.eval.trust.table import verdict
 from otviz.explain import Encoded, Explainer
 from otviz.explainers import EXPLAINERS, unavailable
-from otviz.suite import MethodSuite
+from otviz.suite import METHOD_LABELS, MethodSuite, flat_map_reasons
 from otviz.text.tree import Tree
 from otviz.ui.budget import ComputeBudget, CostModel, server_budget, visitor
 from otviz.ui.context import AppContext
@@ -277,6 +277,8 @@ def _final_status(rows: Sequence[dict], phrase: TrustPhrase, n_phrases: int, row
     if flat:
         status.append(f"no scores for {', '.join(flat)}: the map is flat (one value "
                       "everywhere), nothing to order or perturb")
+    why = {METHOD_LABELS[n]: reason for n, reason in flat_map_reasons().items()}
+    status += [f"{label}: {why[label]}" for label in flat if label in why]
     refused = [f"{r['Map']}: {', '.join(r['refused'])}" for r in rows
                if r["refused"] and r["Map"] not in flat]
     if refused:

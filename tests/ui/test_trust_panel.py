@@ -12,7 +12,7 @@ from PIL import Image
 from otviz.backbone import Backbone
 from otviz.eval.trust.metrics import METRICS, TrustSettings
 from otviz.explain import Explainer
-from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
+from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, flat_map_reasons
 from otviz.ui.examples import load_examples
 from otviz.ui.trust_panel import (
     NO_BOXES,
@@ -98,3 +98,19 @@ def test_upload_gets_the_model_based_metrics_and_says_why(tools) -> None:
     local = {m.key for m in METRICS if m.needs_boxes}
     assert all(not (local & set(r)) for r in rows)
     assert all("deletion" in r and "mprt" in r for r in rows)
+
+
+def test_a_map_flat_by_construction_gets_no_scores_and_its_reason(tools) -> None:
+    """Global+Patch's map is one value everywhere: the panel scores nothing for it and says
+    why in words (its uniform plan), not just that Quantus refused it."""
+    explainer, _ = tools
+    suite = MethodSuite.training_free(explainer.backbone, WORLD_FIT_CAPTIONS[:20],
+                                      ("global_patch",))
+    example = load_examples()[0]
+    encoded = explainer.encode(np.asarray(Image.open(example.image_path).convert("RGB")),
+                               example.caption)
+    _, (rows, status) = _last(trust_rows(explainer, suite, encoded, [0, 1, 2, 3], False,
+                                         TrustCache(), FAST))
+    flat = next(r for r in rows if r["Map"] == "Global+Patch")
+    assert all(np.isnan(flat[m.key]) and m.key in flat["refused"] for m in METRICS)
+    assert f"Global+Patch: {flat_map_reasons()['global_patch']}" in status
