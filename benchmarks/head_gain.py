@@ -9,7 +9,7 @@ configurations score the same phrases, so the difference is the heads' alone.
 Usage::
 
     python benchmarks/head_gain.py [--seeds 7301,7302] [--n-test 500] [--heads DIR]
-        [--out benchmarks/head_gain]
+        [--methods A,B] [--out benchmarks/head_gain]
 
 writes ``OUT.json`` and ``OUT.md``.
 """
@@ -60,10 +60,11 @@ def train_time(heads: Path, name: str) -> dict:
             "train_s": entry.get("wall_time_s")}
 
 
-def measure(seeds: list[int], n_test: int, heads: str, cache: str) -> dict:
+def measure(seeds: list[int], n_test: int, heads: str, cache: str,
+            names: tuple[str, ...] = tuple(ALIGN_METHODS)) -> dict:
     backbone = Backbone.from_checkpoint()
-    suites = {"trained": build_suite(backbone, heads, ALIGN_METHODS),
-              "free": build_suite(backbone, "training-free", ALIGN_METHODS)}
+    suites = {"trained": build_suite(backbone, heads, names),
+              "free": build_suite(backbone, "training-free", names)}
     hits: dict[str, dict[str, list[np.ndarray]]] = {}
     shared: list[np.ndarray] = []
     groups: list[np.ndarray] = []
@@ -74,7 +75,7 @@ def measure(seeds: list[int], n_test: int, heads: str, cache: str) -> dict:
         groups.append(q.image.numpy() + seed * 10**6)
         shared.append(q.shared_colour.numpy())
         for config, suite in suites.items():
-            for name in ALIGN_METHODS:
+            for name in names:
                 entry = suite.methods[name]
                 heat = phrase_heatmaps(entry, data, q.image, data.positives[q.image], q.select)
                 got = pointing_hits(heat, data.grid, q.boxes, size).double().numpy()
@@ -123,12 +124,14 @@ def main() -> None:
     parser.add_argument("--n-test", type=int, default=500)
     parser.add_argument("--heads", default=str(assets.path("heads")))
     parser.add_argument("--cache-dir", default=".cache/otviz-features")
+    parser.add_argument("--methods", default="", help="comma list (default: all eight)")
     parser.add_argument("--out", default="benchmarks/head_gain")
     args = parser.parse_args()
+    names = tuple(args.methods.split(",")) if args.methods else tuple(ALIGN_METHODS)
     torch.set_num_threads(2)
     start = time.perf_counter()
     result = measure([int(s) for s in args.seeds.split(",")], args.n_test, args.heads,
-                     args.cache_dir)
+                     args.cache_dir, names)
     result["seconds"] = round(time.perf_counter() - start, 1)
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
