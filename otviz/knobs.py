@@ -53,6 +53,8 @@ OTCLIP_LOSSES = ("infonce", "entropic_ot", "dbot", "unbalanced_ot", "fgw_ot", "u
 LOWRANK_VARIANTS = ("faithful", "positive")
 #: PowerCLIP's triplet negatives (:data:`otviz.methods.powerclip.TRIPLET_NEGATIVES`).
 TRIPLET_NEGATIVES = ("hardest", "all")
+#: Where a trainable head's projections start (:mod:`otviz.methods.start`).
+HEAD_STARTS = ("backbone", "random")
 #: The tiny CLIP's image pooling (:func:`otviz.tiny_clip.tiny_clip_config`).
 VISION_POOLS = ("tok", "avg")
 #: The tiny CLIP's patch embedding (:mod:`otviz.conv_stem`).
@@ -75,3 +77,4 @@ OTCLIPLosses = Annotated[str, ListOf(OTCLIP_LOSSES)]
 VisionPool = Annotated[str, OneOf(VISION_POOLS)]
 PosEmbed = Annotated[str, OneOf(POS_EMBEDS)]
 VisionStem = Annotated[str, OneOf(VISION_STEMS)]
+HeadStart = Annotated[str, OneOf(HEAD_STARTS)]

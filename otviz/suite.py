@@ -133,7 +133,7 @@ class MethodSuite:
             config = MethodConfig(trainable=False, lowrank_variant=conceptot_variant)
             method = METHODS[name](dim, dim, config).eval()
             if type(method).fit_training_free is not AlignmentMethod.fit_training_free:
-                fit_batch = fit_batch or _text_batch(backbone, fit_captions)
+                fit_batch = fit_batch or text_batch(backbone, fit_captions)
                 method.fit_training_free(fit_batch)
             methods[name] = SuiteMethod(method, "projected", "training-free")
         variant = "" if conceptot_variant == "faithful" else f", ConceptOT {conceptot_variant}"
@@ -203,10 +203,10 @@ def load_head(path: str | os.PathLike, backbone: Backbone | dict) -> SuiteMethod
     return SuiteMethod(method, "width", str(path), float(weight))
 
 
-def _text_batch(backbone: Backbone, captions: list[str]) -> PairBatch:
-    """A :class:`PairBatch` carrying the projected token features of ``captions`` (the
+def text_batch(backbone: Backbone, captions: list[str], space: Space = "projected") -> PairBatch:
+    """A :class:`PairBatch` carrying the token features of ``captions`` in ``space`` (the
     image side is a placeholder: training-free fitting reads tokens only)."""
-    tokens, mask = backbone.encode_text(captions, space="projected")
+    tokens, mask = backbone.encode_text(captions, space=space)
     b = tokens.shape[0]
     n = backbone.grid[0] * backbone.grid[1]
     empty = torch.zeros(b, n, tokens.shape[-1], dtype=tokens.dtype)

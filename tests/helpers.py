@@ -72,7 +72,8 @@ def write_caption_folder(folder: Path, n: int, captions: dict[int, str] | None =
 
 
 def tiny_train_config(tmp_path: Path, **overrides) -> TrainConfig:
-    """A training config small enough for a test (a few steps, one thread)."""
+    """A training config small enough for a test (a few steps, one thread), with the
+    papers' random start (in-memory pairs carry no backbone projection to start from)."""
     from otviz.train.config import TrainConfig
 
     values = dict(
@@ -87,6 +88,7 @@ def tiny_train_config(tmp_path: Path, **overrides) -> TrainConfig:
         warmup_frac=0.0,
         out=str(tmp_path / "run"),
         log_every=0,
+        start="random",
     )
     values.update(overrides)
     return TrainConfig(**values)

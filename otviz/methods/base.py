@@ -215,6 +215,10 @@ class MethodConfig:
     kpp_reg: float = 1e-2  # lambda added to K_PP before factorising
     lowrank_variant: str = "faithful"  # ConceptOT low-rank solver variant, chosen by name
     trainable: bool = True  # False: training-free configuration (identity projections)
+    # where a trainable head's projections start (otviz.methods.start): "random", a new
+    # concept_dim-wide projection; "backbone", the model's own projection plus a zero update
+    start: str = "random"
+    start_rank: int = 0  # rank of the "backbone" start's update (0: a full residual)
     extra: dict[str, Any] = field(default_factory=dict)  # method-specific settings
 
 
@@ -229,10 +233,12 @@ class Projection(nn.Module):
             nn.Linear(in_dim, out_dim, bias=False) if trainable else None
         )
 
+    def raw(self, x: Tensor) -> Tensor:
+        """The projected features before normalisation."""
+        return x if self.linear is None else self.linear(x)
+
     def forward(self, x: Tensor) -> Tensor:
-        if self.linear is not None:
-            x = self.linear(x)
-        return F.normalize(x, dim=-1)
+        return F.normalize(self.raw(x), dim=-1)
 
 
 #: The local training losses a method can declare (:attr:`AlignmentMethod.local_objective`;
@@ -335,6 +341,11 @@ class AlignmentMethod(nn.Module):
     def fit_training_free(self, batch: PairBatch) -> None:
         """Initialise the training-free configuration from features of a frozen model
         (e.g. anchors by k-means of token embeddings). Default: nothing to fit."""
+
+    def start_from_backbone(self, start: Any) -> None:
+        """Put a head with ``config.start == "backbone"`` at the training-free configuration
+        of the backbone ``start`` (a :class:`otviz.methods.start.BackboneStart`) before
+        training. Default: nothing to set (a method without projections)."""
 
     def _device(self) -> torch.device:
         for p in self.parameters():

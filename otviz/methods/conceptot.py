@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from otviz.methods.base import Alignment, MethodConfig, PairBatch, register
 from otviz.methods.masses import ReferenceMasses
 from otviz.methods.projected import ProjectedMethod, build_alignment
+from otviz.methods.start import BackboneStart
 from otviz.ot.lowrank import lowrank_uot, stabilised_score
 
 
@@ -38,7 +39,8 @@ class ConceptOT(ProjectedMethod):
     ``transported_mass``.
 
     Training-free (``config.trainable=False``): identity projections, uniform masses and
-    anchors from k-means of token embeddings (:meth:`fit_training_free`).
+    anchors from k-means of token embeddings (:meth:`fit_training_free`); a head started
+    from the backbone starts there too (:meth:`start_from_backbone`).
     """
 
     name = "conceptot"
@@ -110,6 +112,13 @@ class ConceptOT(ProjectedMethod):
     def regulariser(self) -> Tensor:
         """The anchor diversity penalty ``Omega_div(P)`` (Eq. 10 weights it by beta)."""
         return anchor_diversity(self.unit_anchors())
+
+    def start_from_backbone(self, start: BackboneStart) -> None:
+        """Projections at the model's own and anchors fitted as the training-free
+        configuration fits them (:meth:`fit_training_free` on ``start.fit_batch``)."""
+        super().start_from_backbone(start)
+        if start.fit_batch is not None:
+            self.fit_training_free(start.fit_batch)
 
     @torch.no_grad()
     def fit_training_free(self, batch: PairBatch) -> None:

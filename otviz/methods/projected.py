@@ -21,6 +21,7 @@ from otviz.methods.base import (
     global_cosine,
 )
 from otviz.methods.masses import uniform_masses
+from otviz.methods.start import BACKBONE, HEAD_STARTS, BackboneStart, StartedProjection
 from otviz.ot import SolverResult
 from otviz.ot.costs import cosine_similarity
 
@@ -29,19 +30,45 @@ class ProjectedMethod(AlignmentMethod):
     """A method that maps patches and tokens into the concept space (ConceptOT Sec. 2.1):
     ``z_i = W_v^T v_i / ||.||``, ``y_j = W_t^T t_j / ||.||``. In the training-free
     configuration (``config.trainable=False``) both maps are the identity followed by L2
-    normalisation, so the caller passes features already in one space (equal widths)."""
+    normalisation, so the caller passes features already in one space (equal widths). A
+    trainable head with ``config.start == "backbone"`` starts at that configuration: each map
+    is the model's own projection plus a zero-initialised update
+    (:class:`otviz.methods.start.StartedProjection`, set by :meth:`start_from_backbone`), and
+    ``config.concept_dim`` is the model's joint width."""
+
+    proj_v: Projection | StartedProjection
+    proj_t: Projection | StartedProjection
 
     def __init__(self, patch_dim: int, token_dim: int, config: MethodConfig | None = None):
         super().__init__(patch_dim, token_dim, config)
-        trainable = self.config.trainable
-        if not trainable and patch_dim != token_dim:
+        cfg = self.config
+        if not cfg.trainable and patch_dim != token_dim:
             raise ValueError(
                 f"training-free {self.name or type(self).__name__} needs patch and token "
                 f"features in one space; got widths {patch_dim} and {token_dim}"
             )
-        self.concept_dim = self.config.concept_dim if trainable else patch_dim
-        self.proj_v = Projection(patch_dim, self.concept_dim, trainable)
-        self.proj_t = Projection(token_dim, self.concept_dim, trainable)
+        if cfg.start not in HEAD_STARTS:
+            raise ValueError(f"unknown head start {cfg.start!r}; known: {HEAD_STARTS}")
+        self.concept_dim = cfg.concept_dim if cfg.trainable else patch_dim
+        if cfg.trainable and cfg.start == BACKBONE:
+            self.proj_v = StartedProjection(patch_dim, self.concept_dim, cfg.start_rank)
+            self.proj_t = StartedProjection(token_dim, self.concept_dim, cfg.start_rank)
+        else:
+            self.proj_v = Projection(patch_dim, self.concept_dim, cfg.trainable)
+            self.proj_t = Projection(token_dim, self.concept_dim, cfg.trainable)
+
+    @property
+    def projects(self) -> bool:
+        """False in the training-free configuration (identity projections)."""
+        return not (isinstance(self.proj_v, Projection) and self.proj_v.linear is None)
+
+    def start_from_backbone(self, start: BackboneStart) -> None:
+        """Both projections at the model's own (:class:`StartedProjection.start_at`)."""
+        if not isinstance(self.proj_v, StartedProjection):
+            raise ValueError(f"{self.name}: only a head configured with start='backbone' "
+                             "can start from the backbone")
+        self.proj_v.start_at(start.patch_map)
+        self.proj_t.start_at(start.token_map)  # type: ignore[union-attr]
 
     def project(self, batch: PairBatch) -> tuple[Tensor, Tensor]:
         """``(z [B, N, d_c], y [B, M, d_c])`` unit-norm concept features (each distinct image
@@ -60,7 +87,7 @@ class ProjectedMethod(AlignmentMethod):
         z_raw, z_scale, y, sides = self.project_distinct(batch)
         if sides is None:
             return z_raw, z_scale, y
-        z_raw = batch.patches if self.proj_v.linear is None else z_raw[sides.image]
+        z_raw = z_raw[sides.image] if self.projects else batch.patches
         return z_raw, z_scale[sides.image], y[sides.text]
 
     def project_distinct(self, batch: PairBatch) -> tuple[Tensor, Tensor, Tensor, PairSides | None]:
@@ -71,11 +98,9 @@ class ProjectedMethod(AlignmentMethod):
         batch of ``B`` items makes ``B (1 + 2 K_h)`` pairs but has only ``B`` of each."""
         sides = batch.sides
         source = batch if sides is None else sides
-        patches, tokens = source.patches, source.tokens
-        linear = self.proj_v.linear
-        z_raw = patches if linear is None else linear(patches)
+        z_raw = self.proj_v.raw(source.patches)
         z_scale = 1.0 / torch.linalg.vector_norm(z_raw, dim=-1).clamp_min(1e-12)
-        return z_raw, z_scale, self.proj_t(tokens), sides
+        return z_raw, z_scale, self.proj_t(source.tokens), sides
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from otviz.knobs import (
     DEFAULT_LAMBDA,
     Count,
+    HeadStart,
     LowRankVariant,
     MethodName,
     NonNegative,
@@ -78,7 +79,11 @@ class TrainConfig:
     tau_t: NonNegative = 0.2  # unbalanced relaxation tau_t on the word side
     n_iters: Count = 5  # Sinkhorn iterations L
     rank: Count = 32  # concept anchors r
-    concept_dim: Count = 256  # d_c
+    concept_dim: Count = 256  # d_c of a "random" start ("backbone": the model's joint width)
+    start: HeadStart = "backbone"  # where the projections start: "backbone", the model's own
+    # projection plus a zero update (step 0 = the training-free configuration); "random", a
+    # new d_c-wide random projection (ConceptOT's recipe)
+    start_rank: NonNegativeInt = 0  # rank of the "backbone" start's update (0: full residual)
     kpp_reg: NonNegative = 1e-2  # regulariser of the k-means++ anchor initialisation
     lowrank_variant: LowRankVariant = "faithful"  # low-rank solver (otviz.ot.lowrank)
     # ---------------------------------------------------------------- local loss (Eq. 9-10)
@@ -124,6 +129,8 @@ class TrainConfig:
             kpp_reg=self.kpp_reg,
             lowrank_variant=self.lowrank_variant,
             trainable=True,
+            start=self.start,
+            start_rank=self.start_rank,
         )
         return dataclasses.replace(shared, **method_class(self.method).train_settings(self))
 

@@ -26,6 +26,7 @@ Command line (flags are the :class:`TrainConfig` fields)::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
@@ -40,7 +41,8 @@ from torch import Tensor
 
 import otviz.methods  # noqa: F401  (importing the package registers every method)
 from otviz.checkpoints.heads import save_method_checkpoint
-from otviz.methods.base import METHODS, build_method
+from otviz.methods.base import METHODS, AlignmentMethod, build_method
+from otviz.methods.start import BACKBONE
 from otviz.regions import random_boxes
 from otviz.train import distributed as D
 from otviz.train.config import TrainConfig
@@ -284,6 +286,25 @@ def _load_source(
     return built
 
 
+def _start_method(config: TrainConfig, data: PairSource) -> AlignmentMethod:
+    """The method to train, at its start: with ``config.start == "backbone"`` its
+    projections at the backbone's own and its concept space the backbone's joint space
+    (:mod:`otviz.methods.start`: step 0 is the training-free configuration), else the
+    papers' random start."""
+    method_config = config.method_config()
+    if config.start != BACKBONE:
+        return build_method(config.method, data.patch_dim, data.token_dim, method_config)
+    start = data.start
+    if start is None:
+        raise ValueError("these training pairs carry no backbone projection to start the "
+                         "head from; train with --start random")
+    joint = int(start.patch_map.weight.shape[0])
+    method = build_method(config.method, data.patch_dim, data.token_dim,
+                          dataclasses.replace(method_config, concept_dim=joint))
+    method.start_from_backbone(start)
+    return method
+
+
 class _Run:
     """The state of one training run on this process: the trainable objective, optimiser,
     schedule, data order, progress and history."""
@@ -297,8 +318,7 @@ class _Run:
         self.state_dir = Path(config.out) / STATE_DIR
         self.head_dir = Path(config.out) / HEAD_DIR
         torch.manual_seed(config.seed)
-        method = build_method(config.method, data.patch_dim, data.token_dim,
-                              config.method_config())
+        method = _start_method(config, data)
         head = GlobalHead(data.embed_dim, data.logit_scale) if config.train_global_head else None
         self.objective = TrainObjective(method, config, data.logit_scale, head, info.world_size)
         self.objective.to(info.device)

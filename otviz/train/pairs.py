@@ -3,7 +3,9 @@
 A :class:`PairSource` is what the loop needs: ``pair_batch(indices)`` (matched pairs, with
 parse-tree nodes where the data has trees), the image and caption identity of every pair
 (for excluding false negatives), the feature widths, the backbone's logit scale and its
-identity (for checkpoints). Two implementations:
+identity (for checkpoints), and what a head needs to start from the backbone
+(:class:`~otviz.methods.start.BackboneStart`, ``None`` where the source has no backbone).
+Two implementations:
 
 * :class:`CachedPairs`: a :class:`~otviz.data.feature_cache.CachedFeatures` entry (the
   synthetic world or an image-caption folder encoded once by the frozen backbone), built by
@@ -21,6 +23,7 @@ import torch
 from torch import Tensor
 
 from otviz.methods.base import PairBatch, method_class
+from otviz.methods.start import BACKBONE, BackboneStart, affine_map
 from otviz.text.parse import batch_node_masks, parse_caption
 from otviz.text.tree import Tree
 from otviz.train.config import TrainConfig
@@ -38,6 +41,7 @@ class PairSource(Protocol):
     identity: dict[str, Any]
     image_ids: Tensor  # [n_pairs] long: the image of each pair
     text_ids: Tensor  # [n_pairs] long: equal for identical caption texts
+    start: BackboneStart | None  # the backbone's projections (heads started from it)
 
     def pair_batch(self, indices: Tensor, device: torch.device | str) -> PairBatch: ...
 
@@ -50,7 +54,8 @@ class TensorPairs:
         patches: ``[n_images, N, Dv]``; tokens: ``[n, M, Dt]``; token_mask: ``[n, M]``;
         image_global: ``[n_images, E]``; text_global: ``[n, E]``; pair_image: ``[n]`` long;
         captions: ``n`` caption texts; grid: patch grid; nodes / node_mask: optional
-        ``[n, K, M]`` / ``[n, K]`` parse-tree nodes; logit_scale, identity: of the backbone.
+        ``[n, K, M]`` / ``[n, K]`` parse-tree nodes; logit_scale, identity: of the backbone;
+        start: its projections, for heads started from it (None: no backbone behind them).
     """
 
     patches: Tensor
@@ -65,6 +70,7 @@ class TensorPairs:
     node_mask: Tensor | None = None
     logit_scale: float = 1.0 / 0.07
     identity: dict[str, Any] = field(default_factory=lambda: {"name": "in-memory"})
+    start: BackboneStart | None = None
 
     def __post_init__(self) -> None:
         self.image_ids = self.pair_image.long()
@@ -153,6 +159,7 @@ class CachedPairs:
             (:func:`otviz.data.feature_cache.backbone_fingerprint`).
         logit_scale: the backbone's logit scale.
         trees: one constituency tree per pair (PowerCLIP), or None.
+        start: the backbone's projections, for heads started from it (:func:`backbone_start`).
     """
 
     def __init__(
@@ -161,10 +168,12 @@ class CachedPairs:
         identity: dict[str, Any],
         logit_scale: float,
         trees: list[Tree] | None = None,
+        start: BackboneStart | None = None,
     ) -> None:
         self.features = features
         self.identity = identity
         self.logit_scale = logit_scale
+        self.start = start
         self.image_ids = torch.from_numpy(features.pair_image.astype("int64"))
         self.text_ids = caption_ids(features.captions)
         self.nodes = self.node_mask = None
@@ -237,4 +246,23 @@ def build_source(
         else:
             trees = [parse_caption(c).tree for c in features.captions]
     scale = float(backbone.model.logit_scale.detach().exp())
-    return CachedPairs(features, backbone_fingerprint(backbone), scale, trees)
+    start = None
+    if config.start == BACKBONE and not validation:
+        start = backbone_start(backbone, config.data == "world")
+    return CachedPairs(features, backbone_fingerprint(backbone), scale, trees, start)
+
+
+def backbone_start(backbone: Any, world: bool) -> BackboneStart:
+    """The projections of ``backbone``'s towers as affine maps
+    (:func:`otviz.methods.start.affine_map`) and, for the ``world``, the width-space tokens
+    of the captions its training-free configuration fits ConceptOT's anchors on
+    (:data:`otviz.suite.WORLD_FIT_CAPTIONS`; other data: none, the anchors start random)."""
+    from otviz.suite import WORLD_FIT_CAPTIONS, text_batch
+
+    like = backbone.model.logit_scale.detach()
+    image, text = backbone.image_tower, backbone.text_tower
+    return BackboneStart(
+        patch_map=affine_map(image.project, image.width, like),
+        token_map=affine_map(text.project, text.width, like),
+        fit_batch=text_batch(backbone, WORLD_FIT_CAPTIONS, "width") if world else None,
+    )

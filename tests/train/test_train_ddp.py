@@ -48,6 +48,7 @@ def config(out: Path, method: str, **overrides) -> TrainConfig:
         device="cpu",
         log_every=0,
         out=str(out / method),
+        start="random",  # in-memory pairs: no backbone projection to start from
     )
     values.update(overrides)
     return TrainConfig(**values)

@@ -1,0 +1,143 @@
+"""What the trained heads add over the training-free configuration: pointing per method,
+trained (shipped heads) vs training-free, paired per phrase, with 95 % bootstrap intervals
+over images, and each shipped head's training time from its checkpoint.
+
+The heatmaps are the grounding table's own (:func:`otviz.eval.alignment_tables.phrase_heatmaps`,
+:func:`otviz.eval.grounding_metrics.pointing_hits`) on world test draws; both
+configurations score the same phrases, so the difference is the heads' alone.
+
+Usage::
+
+    python benchmarks/head_gain.py [--seeds 7301,7302] [--n-test 500] [--heads DIR]
+        [--methods A,B] [--out benchmarks/head_gain]
+
+writes ``OUT.json`` and ``OUT.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from otviz import assets
+from otviz.backbone import Backbone
+from otviz.checkpoints.heads import head_meta
+from otviz.checkpoints.manifest import read_manifest
+from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries
+from otviz.eval.grounding_metrics import pointing_hits
+from otviz.eval.runner import build_suite
+from otviz.eval.world_set import EvalSet
+from otviz.suite import ALIGN_METHODS, METHOD_LABELS
+
+BOOTSTRAP = 2000
+CONFIGS = ("trained", "free")
+
+
+def bootstrap(values: np.ndarray, groups: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile interval of the mean of ``values``, resampling whole ``groups``
+    (images: the phrases of one image move together)."""
+    rng = np.random.default_rng(seed)
+    ids, inverse = np.unique(groups, return_inverse=True)
+    sums = np.bincount(inverse, weights=values, minlength=len(ids))
+    counts = np.bincount(inverse, minlength=len(ids))
+    draws = rng.integers(0, len(ids), (BOOTSTRAP, len(ids)))
+    means = sums[draws].sum(1) / counts[draws].sum(1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def train_time(heads: Path, name: str) -> dict:
+    """Learning rate and steps of the head (its checkpoint) and the wall time of its
+    training run (the manifest next to the heads folder; None when it has no entry)."""
+    meta = head_meta(heads / name)
+    entry = read_manifest(heads.parent / "manifest.json")["checkpoints"].get(
+        f"{heads.name}/{name}", {})
+    return {"steps": int(meta["metrics"].get("steps", 0)), "lr": meta["train_config"]["lr"],
+            "train_s": entry.get("wall_time_s")}
+
+
+def measure(seeds: list[int], n_test: int, heads: str, cache: str,
+            names: tuple[str, ...] = tuple(ALIGN_METHODS)) -> dict:
+    backbone = Backbone.from_checkpoint()
+    suites = {"trained": build_suite(backbone, heads, names),
+              "free": build_suite(backbone, "training-free", names)}
+    hits: dict[str, dict[str, list[np.ndarray]]] = {}
+    shared: list[np.ndarray] = []
+    groups: list[np.ndarray] = []
+    for seed in seeds:
+        data = EvalSet.build(backbone, n_test, "test", seed, cache)
+        q = phrase_queries(data)
+        size = data.samples[0].image.shape[1], data.samples[0].image.shape[0]
+        groups.append(q.image.numpy() + seed * 10**6)
+        shared.append(q.shared_colour.numpy())
+        for config, suite in suites.items():
+            for name in names:
+                entry = suite.methods[name]
+                heat = phrase_heatmaps(entry, data, q.image, data.positives[q.image], q.select)
+                got = pointing_hits(heat, data.grid, q.boxes, size).double().numpy()
+                hits.setdefault(name, {c: [] for c in CONFIGS})[config].append(got)
+    group, colour = np.concatenate(groups), np.concatenate(shared)
+    rows = []
+    for name, row in hits.items():
+        trained, free = (np.concatenate(row[c]) for c in CONFIGS)
+        diff = trained - free
+        rows.append({
+            "method": name, "label": METHOD_LABELS[name], "n": len(trained),
+            "trained": 100 * trained.mean(),
+            "trained_ci": [100 * v for v in bootstrap(trained, group)],
+            "trained_shared_colour": 100 * trained[colour].mean(),
+            "free": 100 * free.mean(),
+            "free_ci": [100 * v for v in bootstrap(free, group)],
+            "free_shared_colour": 100 * free[colour].mean(),
+            "difference": 100 * diff.mean(),
+            "difference_ci": [100 * v for v in bootstrap(diff, group)],
+            **train_time(Path(heads), name),
+        })
+    return {"seeds": seeds, "n_test": n_test, "heads": heads, "rows": rows}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"**Trained heads vs the training-free configuration** (heads: {result['heads']}; "
+             f"world test seeds {', '.join(map(str, result['seeds']))}, {result['n_test']} "
+             "images each; pointing in %, 95 % bootstrap intervals over images)", "",
+             "| method | phrases | trained | training-free | trained - free | trained, colour "
+             "not unique | free, colour not unique | head: lr, steps, train s |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in result["rows"]:
+        ci = {k: "[{:.1f}, {:.1f}]".format(*r[k + "_ci"])
+              for k in ("trained", "free", "difference")}
+        seconds = "?" if r["train_s"] is None else f"{r['train_s']:.0f}"
+        lines.append(f"| {r['label']} | {r['n']} | {r['trained']:.1f} {ci['trained']} | "
+                     f"{r['free']:.1f} {ci['free']} | {r['difference']:+.1f} "
+                     f"{ci['difference']} | {r['trained_shared_colour']:.1f} | "
+                     f"{r['free_shared_colour']:.1f} | {r['lr']:g}, {r['steps']}, {seconds} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="7301,7302")
+    parser.add_argument("--n-test", type=int, default=500)
+    parser.add_argument("--heads", default=str(assets.path("heads")))
+    parser.add_argument("--cache-dir", default=".cache/otviz-features")
+    parser.add_argument("--methods", default="", help="comma list (default: all eight)")
+    parser.add_argument("--out", default="benchmarks/head_gain")
+    args = parser.parse_args()
+    names = tuple(args.methods.split(",")) if args.methods else tuple(ALIGN_METHODS)
+    torch.set_num_threads(2)
+    start = time.perf_counter()
+    result = measure([int(s) for s in args.seeds.split(",")], args.n_test, args.heads,
+                     args.cache_dir, names)
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
