@@ -30,24 +30,10 @@ from otviz.backbone import Backbone
 from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries
 from otviz.eval.grounding_metrics import pointing_hits
 from otviz.eval.runner import build_suite
+from otviz.eval.seeds import group_bootstrap
 from otviz.eval.world_set import EvalSet
 from otviz.suite import ALIGN_METHODS
 from otviz.token_geometry import TokenGeometry
-
-BOOTSTRAP = 2000
-
-
-def bootstrap(values: np.ndarray, groups: np.ndarray, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile interval of the mean of ``values``, resampling whole ``groups``
-    (images: the phrases of one image move together)."""
-    rng = np.random.default_rng(seed)
-    ids = np.unique(groups)
-    members = [np.flatnonzero(groups == g) for g in ids]
-    sums = np.array([values[m].sum() for m in members])
-    counts = np.array([len(m) for m in members])
-    draws = rng.integers(0, len(ids), (BOOTSTRAP, len(ids)))
-    means = sums[draws].sum(1) / counts[draws].sum(1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 def measure(seeds: list[int], n_test: int, heads: str, cache: str) -> dict:
@@ -76,11 +62,11 @@ def measure(seeds: list[int], n_test: int, heads: str, cache: str) -> dict:
         rows.append({
             "method": name, "n": len(new),
             "cell_centred": 100 * old.mean(),
-            "cell_centred_ci": [100 * v for v in bootstrap(old, group)],
+            "cell_centred_ci": [100 * v for v in group_bootstrap(old, group)],
             "tower_geometry": 100 * new.mean(),
-            "tower_geometry_ci": [100 * v for v in bootstrap(new, group)],
+            "tower_geometry_ci": [100 * v for v in group_bootstrap(new, group)],
             "difference": 100 * (new - old).mean(),
-            "difference_ci": [100 * v for v in bootstrap(new - old, group)],
+            "difference_ci": [100 * v for v in group_bootstrap(new - old, group)],
         })
     assert tower is not None
     return {"seeds": seeds, "n_test": n_test, "heads": heads or "shipped",

@@ -31,23 +31,11 @@ from otviz.checkpoints.manifest import read_manifest
 from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries
 from otviz.eval.grounding_metrics import pointing_hits
 from otviz.eval.runner import build_suite
+from otviz.eval.seeds import group_bootstrap
 from otviz.eval.world_set import EvalSet
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS
 
-BOOTSTRAP = 2000
 CONFIGS = ("trained", "free")
-
-
-def bootstrap(values: np.ndarray, groups: np.ndarray, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile interval of the mean of ``values``, resampling whole ``groups``
-    (images: the phrases of one image move together)."""
-    rng = np.random.default_rng(seed)
-    ids, inverse = np.unique(groups, return_inverse=True)
-    sums = np.bincount(inverse, weights=values, minlength=len(ids))
-    counts = np.bincount(inverse, minlength=len(ids))
-    draws = rng.integers(0, len(ids), (BOOTSTRAP, len(ids)))
-    means = sums[draws].sum(1) / counts[draws].sum(1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 def train_time(heads: Path, name: str) -> dict:
@@ -71,14 +59,13 @@ def measure(seeds: list[int], n_test: int, heads: str, cache: str,
     for seed in seeds:
         data = EvalSet.build(backbone, n_test, "test", seed, cache)
         q = phrase_queries(data)
-        size = data.samples[0].image.shape[1], data.samples[0].image.shape[0]
         groups.append(q.image.numpy() + seed * 10**6)
         shared.append(q.shared_colour.numpy())
         for config, suite in suites.items():
             for name in names:
                 entry = suite.methods[name]
                 heat = phrase_heatmaps(entry, data, q.image, data.positives[q.image], q.select)
-                got = pointing_hits(heat, data.grid, q.boxes, size).double().numpy()
+                got = pointing_hits(heat, data.geometry, q.boxes).double().numpy()
                 hits.setdefault(name, {c: [] for c in CONFIGS})[config].append(got)
     group, colour = np.concatenate(groups), np.concatenate(shared)
     rows = []
@@ -88,13 +75,13 @@ def measure(seeds: list[int], n_test: int, heads: str, cache: str,
         rows.append({
             "method": name, "label": METHOD_LABELS[name], "n": len(trained),
             "trained": 100 * trained.mean(),
-            "trained_ci": [100 * v for v in bootstrap(trained, group)],
+            "trained_ci": [100 * v for v in group_bootstrap(trained, group)],
             "trained_shared_colour": 100 * trained[colour].mean(),
             "free": 100 * free.mean(),
-            "free_ci": [100 * v for v in bootstrap(free, group)],
+            "free_ci": [100 * v for v in group_bootstrap(free, group)],
             "free_shared_colour": 100 * free[colour].mean(),
             "difference": 100 * diff.mean(),
-            "difference_ci": [100 * v for v in bootstrap(diff, group)],
+            "difference_ci": [100 * v for v in group_bootstrap(diff, group)],
             **train_time(Path(heads), name),
         })
     return {"seeds": seeds, "n_test": n_test, "heads": heads, "rows": rows}

@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from scipy import stats
 
 from otviz.eval.table import Column, Table
@@ -51,6 +52,21 @@ def seed_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n)
+
+
+def group_bootstrap(values: np.ndarray, groups: np.ndarray, level: float = LEVEL,
+                    draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile interval (two-sided ``level``) of the mean of per-item ``values`` over
+    ``draws`` bootstrap resamples of whole ``groups`` (e.g. images: the phrases of one image
+    move together), for a paired per-item comparison within one run."""
+    rng = np.random.default_rng(seed)
+    ids, inverse = np.unique(groups, return_inverse=True)
+    sums = np.bincount(inverse, weights=values, minlength=len(ids))
+    counts = np.bincount(inverse, minlength=len(ids))
+    pick = rng.integers(0, len(ids), (draws, len(ids)))
+    means = sums[pick].sum(1) / counts[pick].sum(1)
+    tail = 100 * (1 - level) / 2
+    return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
 
 
 def judge(difference: Interval) -> str:

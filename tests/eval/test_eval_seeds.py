@@ -118,3 +118,23 @@ def test_report_bars_carry_the_seed_intervals() -> None:
     expected = sorted(100 * v for row in table.rows for v in row["r1_ci"]) * 3  # 3 series
     got = [float(y) for seg in spans for _, y in seg]
     assert sorted(got) == pytest.approx(sorted(expected))
+
+
+def test_group_bootstrap_against_the_normal_interval_and_whole_groups() -> None:
+    """One item per group: the percentile interval of the mean is close to the normal one,
+    mean +- 1.96 sd / sqrt(n); constant values give a point; groups move whole (two groups
+    of opposite constants: every resample mean is a mix of whole groups)."""
+    import numpy as np
+
+    from otviz.eval.seeds import group_bootstrap
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(0.3, 1.0, 400)
+    lo, hi = group_bootstrap(x, np.arange(400), draws=4000)
+    half = 1.96 * x.std(ddof=1) / np.sqrt(400)
+    assert lo == pytest.approx(x.mean() - half, abs=0.02)
+    assert hi == pytest.approx(x.mean() + half, abs=0.02)
+    assert group_bootstrap(np.full(10, 0.7), np.arange(10)) == pytest.approx((0.7, 0.7))
+    values = np.array([1.0] * 5 + [0.0] * 5)
+    lo, hi = group_bootstrap(values, np.array([0] * 5 + [1] * 5), draws=200)
+    assert lo == 0.0 and hi == 1.0  # two groups: resamples are 0, 0.5 or 1
