@@ -110,7 +110,7 @@ HEAD_RECIPES := \
 	"balanced_ot --start backbone --lr 3e-4 --max-steps 62" \
 	"dense_uot --start backbone --lr 3e-5 --max-steps 62" \
 	"conceptot --start random --lr 2e-3 --epochs 3" \
-	"qc_align --start backbone --lr 1e-3 --max-steps 62" \
+	"qc_align --start backbone --lr 3e-3 --max-steps 62" \
 	"powerclip --start random --lr 2e-3 --epochs 3"
 remake: install
 	for s in 0 1 2; do \
