@@ -18,22 +18,25 @@ writes ``OUT.json`` and ``OUT.md``.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from otviz import assets
-from otviz.backbone import Backbone
-from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries
-from otviz.eval.grounding_metrics import pointing_hits
-from otviz.eval.runner import build_suite
-from otviz.eval.seeds import group_bootstrap
-from otviz.eval.world_set import EvalSet
-from otviz.suite import ALIGN_METHODS
-from otviz.token_geometry import TokenGeometry
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from head_gain import save  # noqa: E402
+
+from otviz import assets  # noqa: E402
+from otviz.backbone import Backbone  # noqa: E402
+from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries  # noqa: E402
+from otviz.eval.grounding_metrics import pointing_hits  # noqa: E402
+from otviz.eval.runner import build_suite  # noqa: E402
+from otviz.eval.seeds import group_bootstrap  # noqa: E402
+from otviz.eval.world_set import EvalSet  # noqa: E402
+from otviz.suite import ALIGN_METHODS  # noqa: E402
+from otviz.token_geometry import TokenGeometry  # noqa: E402
 
 
 def measure(seeds: list[int], n_test: int, heads: str, cache: str) -> dict:
@@ -104,10 +107,7 @@ def main() -> None:
     result = measure([int(s) for s in args.seeds.split(",")], args.n_test, args.heads,
                      args.cache_dir)
     result["seconds"] = round(time.perf_counter() - start, 1)
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    save(Path(args.out), result, markdown(result))
 
 
 if __name__ == "__main__":

@@ -105,6 +105,13 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def save(out: Path, result: dict, text: str) -> None:
+    """``OUT.json`` (the result) and ``OUT.md`` (its table ``text``), and the table printed."""
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="7301,7302")
@@ -120,10 +127,7 @@ def main() -> None:
     result = measure([int(s) for s in args.seeds.split(",")], args.n_test, args.heads,
                      args.cache_dir, names)
     result["seconds"] = round(time.perf_counter() - start, 1)
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    save(Path(args.out), result, markdown(result))
 
 
 if __name__ == "__main__":
