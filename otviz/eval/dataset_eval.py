@@ -12,6 +12,10 @@ shards already written and goes on; nothing computed is lost. The table is the p
 weighted mean of the shards' rows (every metric is a mean over phrases, so this is the
 mean over the whole set).
 
+Several processes: ``torchrun --nproc-per-node N -m otviz.cli eval --dataset ...`` shares
+the shards among the processes (shard ``k`` to rank ``k % N``), each on its own device; rank
+0 gathers the rows from the shard files (:func:`run_dataset_eval`).
+
 Outputs in ``out``: ``<stem>.json`` (the table, the stamp: model, pretrained tag, package
 versions, the data set's digest and source, seed, what the readers skipped and why),
 ``<stem>.md`` and ``<stem>.csv`` (one row per phrase and method: hit, hit with tolerance).
@@ -58,6 +62,7 @@ from otviz.eval.world_set import (
     model_input_size,
 )
 from otviz.explainers import explainer_names
+from otviz.process_group import barrier, setup, teardown
 from otviz.suite import MethodSuite
 
 StageProgress = Callable[[str, int, int], None]
@@ -75,11 +80,10 @@ def dataset_backbone(config: EvalConfig) -> Backbone:
     return Backbone.from_pretrained(config.model, config.pretrained or None)
 
 
-def to_device(backbone: Backbone, config: EvalConfig) -> None:
-    """The backbone's model moved to ``config.device`` (default: the GPU when there is one),
-    where it encodes the images and captions and the explainers run."""
-    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    backbone.model.to(device)
+def to_device(backbone: Backbone, device: str) -> None:
+    """The backbone's model moved to ``device`` (``""``: the GPU when there is one), where it
+    encodes the images and captions and the explainers run."""
+    backbone.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def dataset_suite(backbone: Backbone, config: EvalConfig, data: GroundingSet
@@ -115,16 +119,27 @@ def package_versions() -> dict[str, str]:
 def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
                      ) -> tuple[Table, dict[str, Any]]:
     """The grounding table of ``config.dataset`` (see the module docstring) and its stamp;
-    written to ``config.out`` unless it is empty."""
+    written to ``config.out`` unless it is empty.
+
+    Under ``torchrun`` (:mod:`otviz.process_group`) each of the ``W`` processes computes the
+    shards ``k`` with ``k % W`` equal to its rank, on ``cuda:LOCAL_RANK`` when there is a GPU
+    (else the CPU, gloo), and writes them to ``out/shards`` as one process would; the
+    processes meet at a barrier, every one reads the table back from the shard files, and
+    rank 0 writes the outputs. A stopped job started again resumes from the shards written."""
     kind, path = parse_dataset_spec(config.dataset)
     split = config.split or DEFAULT_SPLITS[kind]
-    data = load_grounding_set(kind, path, split, config.images or None, config.limit)
+    info = setup(config.device or "auto")
+    if info.distributed and not config.out:
+        teardown(info)
+        raise ValueError("otviz eval --dataset under torchrun needs --out: the processes "
+                         "gather the rows from the shard files written there")
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, config.threads))
     try:
+        data = load_grounding_set(kind, path, split, config.images or None, config.limit)
         backbone = dataset_backbone(config)
         suite, suite_note = dataset_suite(backbone, config, data)
-        to_device(backbone, config)
+        to_device(backbone, str(info.device) if info.distributed else config.device)
         spaces = {entry.space for entry in suite.methods.values()}
         if len(spaces) == 1:  # one feature space for all: the images are encoded once
             backbone = backbone_in_space(backbone, spaces.pop())
@@ -132,15 +147,20 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
         identity = {"backbone": backbone_fingerprint(backbone), "suite": suite.label,
                     "methods": list(suite.methods), "explainers": config.explainers,
                     "seed": config.seed, "frame": list(frame)}
-        shards = [list(range(s, min(s + config.shard, len(data))))
+        shards = [data.subset(range(s, min(s + config.shard, len(data))))
                   for s in range(0, len(data), config.shard)]
-        results = []
-        for k, idx in enumerate(shards):
-            results.append(_shard(data.subset(idx), k, identity, backbone, suite, config,
-                                  frame, progress))
-            if progress is not None:
+        results: list[dict[str, Any]] = []
+        for k in range(info.rank, len(shards), info.world_size):
+            results.append(_shard(shards[k], k, identity, backbone, suite, config, frame,
+                                  progress if info.is_main else None))
+            if progress is not None and info.is_main:
                 progress("shards", k + 1, len(shards))
+        if info.distributed:  # every shard is on disk once all processes are here
+            barrier(info)
+            results = [json.loads(_shard_file(part, identity, config.out).read_text(
+                encoding="utf-8")) for part in shards]
     finally:
+        teardown(info)
         torch.set_num_threads(threads)
     table = _combined(results, data, split)
     table.notes.append(f"methods: {suite.label}; {suite_note}")
@@ -150,21 +170,27 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
                                                          "path": Path(path).name},
              "skipped": data.skipped.as_dict(),
              "undecodable": [m for r in results for m in r["unreadable"]],
-             "seed": config.seed, "shards": len(shards),
+             "seed": config.seed, "shards": len(shards), "processes": info.world_size,
              "config": asdict(config)}
-    if config.out:
+    if config.out and info.is_main:
         write_tables([table], config.out, {"stamp": stamp}, stem="grounding")
         _atomic_write(Path(config.out) / "grounding.csv", _phrase_csv(results, data))
     return table, stamp
+
+
+def _shard_file(data: GroundingSet, identity: dict[str, Any], out: str) -> Path:
+    """Where a shard's rows are kept: ``out/shards/<key>.json``, the key a digest of what
+    they depend on (the backbone, methods, seed, frame and the shard's items)."""
+    key = hashlib.sha256(json.dumps({**identity, "data": data.digest()}, sort_keys=True,
+                                    default=str).encode()).hexdigest()[:24]
+    return Path(out) / "shards" / f"{key}.json"
 
 
 def _shard(data: GroundingSet, k: int, identity: dict[str, Any], backbone: Backbone,
            suite: MethodSuite, config: EvalConfig, frame: tuple[int, int],
            progress: StageProgress | None) -> dict[str, Any]:
     """One shard's rows and per-phrase hits, read back when an earlier run wrote them."""
-    key = hashlib.sha256(json.dumps({**identity, "data": data.digest()}, sort_keys=True,
-                                    default=str).encode()).hexdigest()[:24]
-    done = Path(config.out) / "shards" / f"{key}.json" if config.out else None
+    done = _shard_file(data, identity, config.out) if config.out else None
     if done is not None and done.is_file():
         return json.loads(done.read_text(encoding="utf-8"))
 
