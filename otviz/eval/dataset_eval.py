@@ -53,8 +53,10 @@ from otviz.eval.alignment_tables import (
     phrase_queries,
 )
 from otviz.eval.config import TRAINING_FREE, EvalConfig
+from otviz.eval.dataset_trust import dataset_trust_table, shard_trust
 from otviz.eval.runner import _atomic_write, load_backbone, write_tables
 from otviz.eval.table import Table
+from otviz.eval.trust.metrics import TrustSettings, require_quantus
 from otviz.eval.world_set import (
     EvalSet,
     GroundingProbeDataset,
@@ -68,6 +70,7 @@ from otviz.suite import MethodSuite
 StageProgress = Callable[[str, int, int], None]
 #: Row values that are means over phrases (combined across shards weighted by phrases).
 _MEANS = ("pointing", "pointing_tol", "mean_iou", "hit@0.5", "ms_per_phrase")
+_TRUST_SUFFIX = ".trust.json"  # a shard's trust values, beside its rows
 _FIT_CAPTIONS = 2000  # captions the training-free ConceptOT anchors are fitted on, at most
 
 
@@ -117,9 +120,11 @@ def package_versions() -> dict[str, str]:
 
 
 def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
-                     ) -> tuple[Table, dict[str, Any]]:
-    """The grounding table of ``config.dataset`` (see the module docstring) and its stamp;
-    written to ``config.out`` unless it is empty.
+                     ) -> tuple[list[Table], dict[str, Any]]:
+    """The grounding table of ``config.dataset`` (see the module docstring), then with
+    ``--tables grounding,trust`` the trust table's localisation metrics
+    (:mod:`otviz.eval.dataset_trust`), and their stamp; written to ``config.out`` unless it
+    is empty (``grounding.*``, ``trust.json`` and ``trust.md``).
 
     Under ``torchrun`` (:mod:`otviz.process_group`) each of the ``W`` processes computes the
     shards ``k`` with ``k % W`` equal to its rank, on ``cuda:LOCAL_RANK`` when there is a GPU
@@ -128,6 +133,10 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
     rank 0 writes the outputs. A stopped job started again resumes from the shards written."""
     kind, path = parse_dataset_spec(config.dataset)
     split = config.split or DEFAULT_SPLITS[kind]
+    trust = None
+    if "trust" in config.dataset_table_names():
+        require_quantus()  # before any shard is computed
+        trust = TrustSettings(seed=config.seed)
     info = setup(config.device or "auto")
     if info.distributed and not config.out:
         teardown(info)
@@ -152,18 +161,23 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
         results: list[dict[str, Any]] = []
         for k in range(info.rank, len(shards), info.world_size):
             results.append(_shard(shards[k], k, identity, backbone, suite, config, frame,
-                                  progress if info.is_main else None))
+                                  progress if info.is_main else None, trust))
             if progress is not None and info.is_main:
                 progress("shards", k + 1, len(shards))
         if info.distributed:  # every shard is on disk once all processes are here
             barrier(info)
-            results = [json.loads(_shard_file(part, identity, config.out).read_text(
-                encoding="utf-8")) for part in shards]
+            results = [_stored(_shard_file(part, identity, config.out), trust is not None)
+                       for part in shards]
     finally:
         teardown(info)
         torch.set_num_threads(threads)
     table = _combined(results, data, split)
     table.notes.append(f"methods: {suite.label}; {suite_note}")
+    tables = [table]
+    if trust is not None:
+        tables.append(dataset_trust_table(
+            [r["trust"] for r in results], f"{data.source['format']} {split}", trust))
+        tables[1].notes.append(f"methods: {suite.label}; {suite_note}")
     stamp = {"model": backbone.name, "pretrained": backbone.info.get("pretrained"),
              "backbone_weights": identity["backbone"]["weights"],
              "versions": package_versions(), "dataset": {**data.source, "digest": data.digest(),
@@ -175,7 +189,9 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
     if config.out and info.is_main:
         write_tables([table], config.out, {"stamp": stamp}, stem="grounding")
         _atomic_write(Path(config.out) / "grounding.csv", _phrase_csv(results, data))
-    return table, stamp
+        if trust is not None:
+            write_tables(tables[1:], config.out, {"stamp": stamp}, stem="trust")
+    return tables, stamp
 
 
 def _shard_file(data: GroundingSet, identity: dict[str, Any], out: str) -> Path:
@@ -186,13 +202,30 @@ def _shard_file(data: GroundingSet, identity: dict[str, Any], out: str) -> Path:
     return Path(out) / "shards" / f"{key}.json"
 
 
+def _stored(done: Path | None, trust: bool) -> dict[str, Any] | None:
+    """A shard's result as an earlier run wrote it (with its trust values under ``"trust"``
+    when ``trust``; kept beside it in ``<key>.trust.json``), or ``None``."""
+    if done is None or not done.is_file():
+        return None
+    result = json.loads(done.read_text(encoding="utf-8"))
+    if trust:
+        values = done.with_suffix(_TRUST_SUFFIX)
+        if not values.is_file():
+            return None
+        result["trust"] = json.loads(values.read_text(encoding="utf-8"))
+    return result
+
+
 def _shard(data: GroundingSet, k: int, identity: dict[str, Any], backbone: Backbone,
            suite: MethodSuite, config: EvalConfig, frame: tuple[int, int],
-           progress: StageProgress | None) -> dict[str, Any]:
-    """One shard's rows and per-phrase hits, read back when an earlier run wrote them."""
+           progress: StageProgress | None, trust: TrustSettings | None) -> dict[str, Any]:
+    """One shard's rows and per-phrase hits (and with ``trust`` its localisation values per
+    phrase), each read back when an earlier run wrote it."""
     done = _shard_file(data, identity, config.out) if config.out else None
-    if done is not None and done.is_file():
-        return json.loads(done.read_text(encoding="utf-8"))
+    stored = _stored(done, trust is not None)
+    if stored is not None:
+        return stored
+    grounding = _stored(done, False)
 
     def encoding(n: int, total: int) -> None:
         if progress is not None:
@@ -202,9 +235,35 @@ def _shard(data: GroundingSet, k: int, identity: dict[str, Any], backbone: Backb
     if data is None:
         result: dict[str, Any] = {"rows": [], "hits": {}, "phrases": [], "notes": [],
                                   "unreadable": unreadable}
-        return _kept(result, done)
-    evalset = EvalSet(GroundingProbeDataset(data, frame), backbone,
-                      FeatureCache(config.cache_dir), encoding)
+        _kept(result, done)
+        if trust is not None:
+            result["trust"] = _kept({"rows": {}, "phrases": 0, "images": 0},
+                                    _trust_file(done))
+        return result
+    probe = GroundingProbeDataset(data, frame)
+    if grounding is None:
+        grounding = _grounding_shard(probe, k, backbone, suite, config, unreadable, progress,
+                                     encoding, done)
+    if trust is None:
+        return grounding
+    if progress is not None:
+        progress(f"trust shard {k + 1}", 0, 1)
+    values = shard_trust(probe, suite, explainer_names(config.explainers), trust)
+    return {**grounding, "trust": _kept(values, _trust_file(done))}
+
+
+def _trust_file(done: Path | None) -> Path | None:
+    """Where a shard's trust values are kept: beside its rows, ``<key>.trust.json``."""
+    return None if done is None else done.with_suffix(_TRUST_SUFFIX)
+
+
+def _grounding_shard(probe: GroundingProbeDataset, k: int, backbone: Backbone,
+                     suite: MethodSuite, config: EvalConfig, unreadable: list[str],
+                     progress: StageProgress | None, encoding: Callable[[int, int], None],
+                     done: Path | None) -> dict[str, Any]:
+    """The grounding table's rows and per-phrase hits of one shard, kept in ``done``."""
+    data = probe.data
+    evalset = EvalSet(probe, backbone, FeatureCache(config.cache_dir), encoding)
     hits: dict[str, dict] = {}
     table = grounding_table(suite, evalset, chunk=config.chunk, progress=progress,
                             explainers=explainer_names(config.explainers),

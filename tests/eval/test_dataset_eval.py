@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,9 @@ from otviz.data.grounding_sets.export import (
 from otviz.eval import dataset_eval
 from otviz.eval.alignment_tables import grounding_table
 from otviz.eval.config import EvalConfig
+from otviz.eval.dataset_trust import DATASET_TRUST_METRICS
 from otviz.eval.runner import build_suite, load_backbone
+from otviz.eval.trust.table import trust_tables
 from otviz.eval.world_set import EvalSet, world_config_of
 
 N = 6
@@ -40,7 +43,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     hits: dict[str, dict] = {}
     grounding_table(suite, EvalSet.build(backbone, N, "test", 0, str(root / "cache")),
                     phrase_hits=hits)
-    return {"root": root, "samples": samples, "config": config, "hits": hits}
+    return {"root": root, "samples": samples, "config": config, "hits": hits, "suite": suite}
 
 
 def _csv_hits(out: Path) -> dict[str, list[float]]:
@@ -51,10 +54,9 @@ def _csv_hits(out: Path) -> dict[str, list[float]]:
 
 
 def _run(world: dict, spec: str, out: Path, **kw) -> tuple:
-    from dataclasses import replace
-
-    return dataset_eval.run_dataset_eval(replace(world["config"], dataset=spec, out=str(out),
-                                                 **kw))
+    tables, stamp = dataset_eval.run_dataset_eval(replace(world["config"], dataset=spec,
+                                                          out=str(out), **kw))
+    return tables[0], stamp
 
 
 def test_flickr30k_export_points_like_the_world_phrase_by_phrase(world: dict) -> None:
@@ -133,3 +135,26 @@ def test_an_image_that_does_not_decode_is_skipped_and_counted(world: dict) -> No
     assert stamp["undecodable"][0].startswith("1001#0: 1001.jpg is not an image")
     n = sum(len(s.phrases) for k, s in enumerate(world["samples"]) if k != 1)
     assert {len(v) for v in _csv_hits(world["root"] / "out-cut").values()} == {n}
+
+
+def test_trust_localisation_on_the_export_equals_the_world_trust_table(world: dict) -> None:
+    """``--tables grounding,trust``: pointing, relevance mass, rank and AUC of every row on
+    the Flickr30k Entities export, its 2 shards pooled, equal the world trust table's on the
+    same phrases (the image already at the model's input, the boxes pass through)."""
+    root = export_flickr30k(world["samples"], world["root"] / "flickr-trust", lossless=True)
+    out = world["root"] / "out-trust"
+    tables, _ = dataset_eval.run_dataset_eval(replace(
+        world["config"], dataset=f"flickr30k:{root}", out=str(out), tables="grounding,trust"))
+    trust = {r["name"]: r for r in tables[1].rows}
+    reference, _ = trust_tables(world["suite"], N, seed=0, metrics=DATASET_TRUST_METRICS)
+    want = {r["name"]: r for r in reference.rows if r["name"] != "colour_oracle"}
+    assert trust.keys() == want.keys() >= {"dense_uot", "filip", "centre_prior", "uniform"}
+    for name, row in want.items():
+        for key in DATASET_TRUST_METRICS:
+            # float32 maps of a batch of 4 or 6 images: equal to rounding
+            assert trust[name][key] == pytest.approx(row[key], rel=1e-6), (name, key)
+    assert 0 < trust["filip"]["pointing"] < 1  # hits and misses: the equality says something
+    assert "randomisation" not in trust["filip"] and "deletion" not in trust["filip"]
+    record = json.loads((out / "trust.json").read_text())
+    assert set(record["tables"]) == {"trust"} and record["stamp"]["seed"] == 0
+    assert len(list((out / "shards").glob("*.trust.json"))) == 2
