@@ -85,10 +85,10 @@ def main(argv: list[str] | None = None, prog: str = "otviz train") -> int:
     state (a second Ctrl-C aborts)."""
     from tqdm.auto import tqdm
 
-    from otviz.process_group import is_main_process
-
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(prog).parse_args(argv)
+    from otviz.process_group import is_main_process  # after parsing: --help loads no torch
+
     command = shlex.join([*shlex.split(prog), *argv])
     command_logging()
     stop = threading.Event()
