@@ -158,3 +158,34 @@ def test_trust_localisation_on_the_export_equals_the_world_trust_table(world: di
     record = json.loads((out / "trust.json").read_text())
     assert set(record["tables"]) == {"trust"} and record["stamp"]["seed"] == 0
     assert len(list((out / "shards").glob("*.trust.json"))) == 2
+
+
+def test_under_torchrun_a_rank_computes_its_own_shards(world: dict, monkeypatch) -> None:
+    """Rank 1 of 2 computes the shards ``k`` with ``k % 2 == 1`` (of 3: shard 1) and no
+    other, then waits at the barrier for the rest (the 2-process run itself:
+    test_dataset_eval_ddp.py)."""
+    from otviz.process_group import DistInfo
+
+    root = export_flickr30k(world["samples"], world["root"] / "flickr-rank", lossless=True)
+    out = world["root"] / "out-rank"
+    computed = []
+    real = dataset_eval.grounding_table
+
+    def counted(suite, evalset, **kw):
+        computed.append([s.caption for s in evalset.dataset.samples])
+        return real(suite, evalset, **kw)
+
+    class AtTheBarrier(Exception):
+        pass
+
+    def barrier(info: DistInfo) -> None:
+        raise AtTheBarrier
+
+    monkeypatch.setattr(dataset_eval, "grounding_table", counted)
+    monkeypatch.setattr(dataset_eval, "setup", lambda device: DistInfo(1, 2))
+    monkeypatch.setattr(dataset_eval, "barrier", barrier)
+    with pytest.raises(AtTheBarrier):
+        _run(world, f"flickr30k:{root}", out, shard=2)
+    captions = [s.caption for s in world["samples"]]
+    assert computed == [captions[2:4]]  # 3 shards of 2 captions: rank 1 has shard 1 only
+    assert len(list((out / "shards").glob("*.json"))) == 1

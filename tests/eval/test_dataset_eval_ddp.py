@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +15,7 @@ from otviz.cli import evaluate
 from otviz.data.grounding_sets.export import export_flickr30k, world_draw
 from otviz.eval.runner import load_backbone
 from otviz.eval.world_set import world_config_of
-from tests.helpers import ROOT
+from tests.helpers import torchrun
 
 N = 4  # world test images, one caption each: 4 shards of 1, 2 per process
 
@@ -27,26 +23,6 @@ N = 4  # world test images, one caption each: 4 shards of 1, 2 per process
 def _flags(root: Path, out: str, cache: str) -> list[str]:
     return ["--dataset", f"flickr30k:{root}", "--methods", "dense_uot,filip", "--shard", "1",
             "--threads", "1", "--device", "cpu", "--quiet", "--cache-dir", cache, "--out", out]
-
-
-def _torchrun(args: list[str]) -> str:
-    """``torchrun --standalone --nproc-per-node 2 -m otviz.cli eval <args>``; its output.
-    torchrun and its workers run in a session of their own, killed together on timeout (a
-    hung process group never outlives the test)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "2", "-m", "otviz.cli", "eval", *args]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    return stdout
 
 
 def _phrases(out: Path) -> list[dict[str, str]]:
@@ -58,7 +34,9 @@ def test_two_processes_gather_the_one_process_table(tmp_path: Path) -> None:
     samples = world_draw(N, "test", 0, world_config_of(load_backbone()))
     root = export_flickr30k(samples, tmp_path / "flickr", lossless=True)
 
-    stdout = _torchrun(_flags(root, str(tmp_path / "two"), str(tmp_path / "cache-two")))
+    # a few seconds per process alone; the limit only guards against a hung process group
+    flags = _flags(root, str(tmp_path / "two"), str(tmp_path / "cache-two"))
+    stdout = torchrun(["-m", "otviz.cli", "eval", *flags], timeout=600)
     assert stdout.count("Weak grounding of") == 1  # rank 0 alone prints the table
     assert evaluate.main(_flags(root, str(tmp_path / "one"), str(tmp_path / "cache-one"))) == 0
 
