@@ -78,6 +78,15 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
+def gathered(value: object, info: DistInfo) -> list[object]:
+    """``value`` of every process, by rank (picklable values; ``[value]`` alone)."""
+    if not info.distributed:
+        return [value]
+    out: list[object] = [None] * info.world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
 def is_main_process() -> bool:
     """Rank 0 of a torchrun job, or a process alone (read from ``RANK``; no group needed)."""
     return int(os.environ.get("RANK", "0")) == 0

@@ -64,7 +64,7 @@ from otviz.eval.world_set import (
     model_input_size,
 )
 from otviz.explainers import explainer_names
-from otviz.process_group import barrier, setup, teardown
+from otviz.process_group import barrier, gathered, setup, teardown
 from otviz.suite import MethodSuite
 
 StageProgress = Callable[[str, int, int], None]
@@ -156,6 +156,11 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
         identity = {"backbone": backbone_fingerprint(backbone), "suite": suite.label,
                     "methods": list(suite.methods), "explainers": config.explainers,
                     "seed": config.seed, "frame": list(frame)}
+        if len({json.dumps(i, sort_keys=True, default=str)
+                for i in gathered(identity, info)}) > 1:
+            raise ValueError("the processes of this torchrun job do not load the same model "
+                             "(random weights: no --pretrained?); each would score the shards "
+                             "with its own")
         shards = [data.subset(range(s, min(s + config.shard, len(data))))
                   for s in range(0, len(data), config.shard)]
         results: list[dict[str, Any]] = []

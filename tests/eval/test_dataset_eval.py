@@ -192,8 +192,20 @@ def test_under_torchrun_a_rank_computes_its_own_shards(world: dict, monkeypatch)
     monkeypatch.setattr(dataset_eval, "grounding_table", counted)
     monkeypatch.setattr(dataset_eval, "setup", lambda device: DistInfo(1, 2))
     monkeypatch.setattr(dataset_eval, "barrier", barrier)
+    monkeypatch.setattr(dataset_eval, "gathered", lambda value, info: [value, value])
     with pytest.raises(AtTheBarrier):
         _run(world, f"flickr30k:{root}", out, shard=2)
     captions = [s.caption for s in world["samples"]]
     assert computed == [captions[2:4]]  # 3 shards of 2 captions: rank 1 has shard 1 only
     assert len(list((out / "shards").glob("*.json"))) == 1
+
+
+def test_processes_that_load_different_models_are_refused(world: dict, monkeypatch) -> None:
+    """Two processes whose models differ (random weights drawn in each) would each score
+    their shards with their own: refused before any shard, with the reason."""
+    root = export_flickr30k(world["samples"][:1], world["root"] / "flickr-differ")
+    monkeypatch.setattr(dataset_eval, "gathered",
+                        lambda value, info: [value, {**value, "backbone": "another"}])
+    with pytest.raises(ValueError, match="do not load the same model"):
+        _run(world, f"flickr30k:{root}", world["root"] / "out-differ")
+    assert not (world["root"] / "out-differ" / "shards").exists()
