@@ -171,8 +171,7 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
                 progress("shards", k + 1, len(shards))
         if info.distributed:  # every shard is on disk once all processes are here
             barrier(info)
-            results = [_stored(_shard_file(part, identity, config.out), trust is not None)
-                       for part in shards]
+            results = _gathered(shards, identity, config.out, trust is not None)
     finally:
         teardown(info)
         torch.set_num_threads(threads)
@@ -205,6 +204,17 @@ def _shard_file(data: GroundingSet, identity: dict[str, Any], out: str) -> Path:
     key = hashlib.sha256(json.dumps({**identity, "data": data.digest()}, sort_keys=True,
                                     default=str).encode()).hexdigest()[:24]
     return Path(out) / "shards" / f"{key}.json"
+
+
+def _gathered(shards: list[GroundingSet], identity: dict[str, Any], out: str, trust: bool
+              ) -> list[dict[str, Any]]:
+    """Every shard's result, read from the files the processes wrote."""
+    results = [_stored(_shard_file(part, identity, out), trust) for part in shards]
+    missing = [k for k, r in enumerate(results) if r is None]
+    if missing:
+        raise RuntimeError(f"shards {missing} were not written to {Path(out).name}/shards by "
+                           "the processes of this job")
+    return [r for r in results if r is not None]
 
 
 def _stored(done: Path | None, trust: bool) -> dict[str, Any] | None:
