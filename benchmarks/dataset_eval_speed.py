@@ -35,7 +35,7 @@ from otviz.eval.dataset_eval import run_dataset_eval  # noqa: E402
 
 def timed(config: EvalConfig) -> tuple[float, int]:
     start = time.perf_counter()
-    table, _ = run_dataset_eval(config)
+    (table, *_), _ = run_dataset_eval(config)
     return time.perf_counter() - start, int(table.rows[0].get("n", 0))
 
 

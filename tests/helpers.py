@@ -28,6 +28,31 @@ def child_env() -> dict[str, str]:
             "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 
 
+def torchrun(args: list[str], timeout: float) -> str:
+    """Run ``torchrun --standalone --nproc-per-node 2 <args>`` on the CPU; its output (a
+    failure shows the tails of both streams). torchrun and its workers run in a session of
+    their own, killed together on timeout (killing torchrun alone once left its workers
+    blocked for good), so a hung process group never outlives the test."""
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", *args]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return stdout
+
+
 def random_tiny_clip(path: Path, seed: int) -> Path:
     """A randomly initialised small tiny-CLIP checkpoint (no shipped weights needed)."""
     from otviz.tiny_clip import create_tiny_clip, save_tiny_clip, tiny_clip_config

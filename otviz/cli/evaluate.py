@@ -48,11 +48,18 @@ def main(argv: list[str], prog: str = "otviz eval") -> int:
     config = dataclass_from_args(EvalConfig, args)
     if config.dataset:
         from otviz.eval.dataset_eval import run_dataset_eval
+        from otviz.process_group import is_main_process
 
-        table, _ = with_bars(args.quiet, lambda bars: run_dataset_eval(config, bars))
-        print(table.markdown())
-        if config.out:
-            print(f"wrote grounding.json, grounding.md and grounding.csv in {config.out}")
+        main_process = is_main_process()  # under torchrun, rank 0 draws and prints
+        tables, _ = with_bars(args.quiet or not main_process,
+                              lambda bars: run_dataset_eval(config, bars))
+        if main_process:
+            for table in tables:
+                print(table.markdown())
+            if config.out:
+                trust = ", trust.json and trust.md" if len(tables) > 1 else ""
+                print(f"wrote grounding.json, grounding.md, grounding.csv{trust} in "
+                      f"{config.out}")
         return 0
     tables = with_bars(args.quiet, lambda bars: run_eval(config, bars))
     for table in tables:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import shlex
 import signal
 import sys
@@ -56,10 +55,6 @@ def run_configs(config: TrainConfig) -> list[TrainConfig]:
             for name in ALIGN_METHODS]
 
 
-def _is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 def _publish(result: TrainResult, config: TrainConfig, args: argparse.Namespace,
              command: str, wall: float) -> None:
     from otviz.checkpoints.heads import head_meta
@@ -92,6 +87,8 @@ def main(argv: list[str] | None = None, prog: str = "otviz train") -> int:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(prog).parse_args(argv)
+    from otviz.process_group import is_main_process  # after parsing: --help loads no torch
+
     command = shlex.join([*shlex.split(prog), *argv])
     command_logging()
     stop = threading.Event()
@@ -115,7 +112,7 @@ def main(argv: list[str] | None = None, prog: str = "otviz train") -> int:
                 print(f"{result.seconds_per_step:.3f} s/step")
             if result.head_checkpoint:
                 print(f"method head: {result.head_checkpoint}")
-                if args.publish and _is_main_process():
+                if args.publish and is_main_process():
                     _publish(result, config, args, command, time.perf_counter() - t0)
             if result.status == "stopped":
                 break

@@ -18,6 +18,9 @@ CLASSIFICATION_TABLES = ("zero_shot", "long_tailed", "selective")
 TABLES = ALIGNMENT_TABLES + CLASSIFICATION_TABLES
 #: Tables made only when named (not part of "all"): the trust metrics (Quantus) cost minutes.
 ON_REQUEST_TABLES = ("trust",)
+#: The tables of a real data set (--dataset): the grounding table, and on request the trust
+#: table's localisation metrics.
+DATASET_TABLES = ("grounding", "trust")
 TRAINING_FREE = "training-free"
 Tables = Annotated[str, ListOf(TABLES + ON_REQUEST_TABLES, ("all",))]
 
@@ -41,7 +44,8 @@ class EvalConfig:
     methods: str = ""  # comma list of comparison methods ("" : all eight)
     explainers: str = ""  # comma list of explainers in the grounding table ("all", "" : none)
     tables: Tables = "all"  # the tables to compute: a comma list, or "all" (every table but
-    # "trust", the Quantus metrics, which is made only when named)
+    # "trust", the Quantus metrics, which is made only when named); with --dataset: grounding
+    # (always) and trust (its localisation metrics: pointing, mass, rank, AUC)
     n_test: Count = 1000  # world test images (retrieval, probe, grounding)
     n_compositional: NonNegativeInt = 500  # compositional-split images (held-out probe column)
     seed: NonNegativeInt = 0  # world seed of the test and compositional splits
@@ -73,6 +77,13 @@ class EvalConfig:
         if self.tables == "all":
             return list(TABLES)
         return known_names(self.tables, TABLES + ON_REQUEST_TABLES, "tables")
+
+    def dataset_table_names(self) -> list[str]:
+        """With ``dataset``: ``["grounding"]``, plus ``"trust"`` when named."""
+        if self.tables == "all":
+            return ["grounding"]
+        names = known_names(self.tables, DATASET_TABLES, "tables with --dataset")
+        return ["grounding"] + (["trust"] if "trust" in names else [])
 
     def seed_list(self) -> list[int]:
         return [int(s) for s in self.seeds.split(",") if s.strip()]

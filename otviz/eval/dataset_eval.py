@@ -12,6 +12,10 @@ shards already written and goes on; nothing computed is lost. The table is the p
 weighted mean of the shards' rows (every metric is a mean over phrases, so this is the
 mean over the whole set).
 
+Several processes: ``torchrun --nproc-per-node N -m otviz.cli eval --dataset ...`` shares
+the shards among the processes (shard ``k`` to rank ``k % N``), each on its own device; rank
+0 gathers the rows from the shard files (:func:`run_dataset_eval`).
+
 Outputs in ``out``: ``<stem>.json`` (the table, the stamp: model, pretrained tag, package
 versions, the data set's digest and source, seed, what the readers skipped and why),
 ``<stem>.md`` and ``<stem>.csv`` (one row per phrase and method: hit, hit with tolerance).
@@ -49,8 +53,10 @@ from otviz.eval.alignment_tables import (
     phrase_queries,
 )
 from otviz.eval.config import TRAINING_FREE, EvalConfig
+from otviz.eval.dataset_trust import dataset_trust_table, shard_trust
 from otviz.eval.runner import _atomic_write, load_backbone, write_tables
 from otviz.eval.table import Table
+from otviz.eval.trust.metrics import TrustSettings, require_quantus
 from otviz.eval.world_set import (
     EvalSet,
     GroundingProbeDataset,
@@ -58,11 +64,13 @@ from otviz.eval.world_set import (
     model_input_size,
 )
 from otviz.explainers import explainer_names
+from otviz.process_group import barrier, gathered, setup, teardown
 from otviz.suite import MethodSuite
 
 StageProgress = Callable[[str, int, int], None]
 #: Row values that are means over phrases (combined across shards weighted by phrases).
 _MEANS = ("pointing", "pointing_tol", "mean_iou", "hit@0.5", "ms_per_phrase")
+_TRUST_SUFFIX = ".trust.json"  # a shard's trust values, beside its rows
 _FIT_CAPTIONS = 2000  # captions the training-free ConceptOT anchors are fitted on, at most
 
 
@@ -75,11 +83,10 @@ def dataset_backbone(config: EvalConfig) -> Backbone:
     return Backbone.from_pretrained(config.model, config.pretrained or None)
 
 
-def to_device(backbone: Backbone, config: EvalConfig) -> None:
-    """The backbone's model moved to ``config.device`` (default: the GPU when there is one),
-    where it encodes the images and captions and the explainers run."""
-    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    backbone.model.to(device)
+def to_device(backbone: Backbone, device: str) -> None:
+    """The backbone's model moved to ``device`` (``""``: the GPU when there is one), where it
+    encodes the images and captions and the explainers run."""
+    backbone.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def dataset_suite(backbone: Backbone, config: EvalConfig, data: GroundingSet
@@ -113,18 +120,35 @@ def package_versions() -> dict[str, str]:
 
 
 def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
-                     ) -> tuple[Table, dict[str, Any]]:
-    """The grounding table of ``config.dataset`` (see the module docstring) and its stamp;
-    written to ``config.out`` unless it is empty."""
+                     ) -> tuple[list[Table], dict[str, Any]]:
+    """The grounding table of ``config.dataset`` (see the module docstring), then with
+    ``--tables grounding,trust`` the trust table's localisation metrics
+    (:mod:`otviz.eval.dataset_trust`), and their stamp; written to ``config.out`` unless it
+    is empty (``grounding.*``, ``trust.json`` and ``trust.md``).
+
+    Under ``torchrun`` (:mod:`otviz.process_group`) each of the ``W`` processes computes the
+    shards ``k`` with ``k % W`` equal to its rank, on ``cuda:LOCAL_RANK`` when there is a GPU
+    (else the CPU, gloo), and writes them to ``out/shards`` as one process would; the
+    processes meet at a barrier, every one reads the table back from the shard files, and
+    rank 0 writes the outputs. A stopped job started again resumes from the shards written."""
     kind, path = parse_dataset_spec(config.dataset)
     split = config.split or DEFAULT_SPLITS[kind]
-    data = load_grounding_set(kind, path, split, config.images or None, config.limit)
+    trust = None
+    if "trust" in config.dataset_table_names():
+        require_quantus()  # before any shard is computed
+        trust = TrustSettings(seed=config.seed)
+    info = setup(config.device or "auto")
+    if info.distributed and not config.out:
+        teardown(info)
+        raise ValueError("otviz eval --dataset under torchrun needs --out: the processes "
+                         "gather the rows from the shard files written there")
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, config.threads))
     try:
+        data = load_grounding_set(kind, path, split, config.images or None, config.limit)
         backbone = dataset_backbone(config)
         suite, suite_note = dataset_suite(backbone, config, data)
-        to_device(backbone, config)
+        to_device(backbone, str(info.device) if info.distributed else config.device)
         spaces = {entry.space for entry in suite.methods.values()}
         if len(spaces) == 1:  # one feature space for all: the images are encoded once
             backbone = backbone_in_space(backbone, spaces.pop())
@@ -132,41 +156,91 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
         identity = {"backbone": backbone_fingerprint(backbone), "suite": suite.label,
                     "methods": list(suite.methods), "explainers": config.explainers,
                     "seed": config.seed, "frame": list(frame)}
-        shards = [list(range(s, min(s + config.shard, len(data))))
+        if len({json.dumps(i, sort_keys=True, default=str)
+                for i in gathered(identity, info)}) > 1:
+            raise ValueError("the processes of this torchrun job do not load the same model "
+                             "(random weights: no --pretrained?); each would score the shards "
+                             "with its own")
+        shards = [data.subset(range(s, min(s + config.shard, len(data))))
                   for s in range(0, len(data), config.shard)]
-        results = []
-        for k, idx in enumerate(shards):
-            results.append(_shard(data.subset(idx), k, identity, backbone, suite, config,
-                                  frame, progress))
-            if progress is not None:
+        results: list[dict[str, Any]] = []
+        for k in range(info.rank, len(shards), info.world_size):
+            results.append(_shard(shards[k], k, identity, backbone, suite, config, frame,
+                                  progress if info.is_main else None, trust))
+            if progress is not None and info.is_main:
                 progress("shards", k + 1, len(shards))
+        if info.distributed:  # every shard is on disk once all processes are here
+            barrier(info)
+            results = _gathered(shards, identity, config.out, trust is not None)
     finally:
+        teardown(info)
         torch.set_num_threads(threads)
     table = _combined(results, data, split)
     table.notes.append(f"methods: {suite.label}; {suite_note}")
+    tables = [table]
+    if trust is not None:
+        tables.append(dataset_trust_table(
+            [r["trust"] for r in results], f"{data.source['format']} {split}", trust))
+        tables[1].notes.append(f"methods: {suite.label}; {suite_note}")
     stamp = {"model": backbone.name, "pretrained": backbone.info.get("pretrained"),
              "backbone_weights": identity["backbone"]["weights"],
              "versions": package_versions(), "dataset": {**data.source, "digest": data.digest(),
                                                          "path": Path(path).name},
              "skipped": data.skipped.as_dict(),
              "undecodable": [m for r in results for m in r["unreadable"]],
-             "seed": config.seed, "shards": len(shards),
+             "seed": config.seed, "shards": len(shards), "processes": info.world_size,
              "config": asdict(config)}
-    if config.out:
+    if config.out and info.is_main:
         write_tables([table], config.out, {"stamp": stamp}, stem="grounding")
         _atomic_write(Path(config.out) / "grounding.csv", _phrase_csv(results, data))
-    return table, stamp
+        if trust is not None:
+            write_tables(tables[1:], config.out, {"stamp": stamp}, stem="trust")
+    return tables, stamp
+
+
+def _shard_file(data: GroundingSet, identity: dict[str, Any], out: str) -> Path:
+    """Where a shard's rows are kept: ``out/shards/<key>.json``, the key a digest of what
+    they depend on (the backbone, methods, seed, frame and the shard's items)."""
+    key = hashlib.sha256(json.dumps({**identity, "data": data.digest()}, sort_keys=True,
+                                    default=str).encode()).hexdigest()[:24]
+    return Path(out) / "shards" / f"{key}.json"
+
+
+def _gathered(shards: list[GroundingSet], identity: dict[str, Any], out: str, trust: bool
+              ) -> list[dict[str, Any]]:
+    """Every shard's result, read from the files the processes wrote."""
+    results = [_stored(_shard_file(part, identity, out), trust) for part in shards]
+    missing = [k for k, r in enumerate(results) if r is None]
+    if missing:
+        raise RuntimeError(f"shards {missing} were not written to {Path(out).name}/shards by "
+                           "the processes of this job")
+    return [r for r in results if r is not None]
+
+
+def _stored(done: Path | None, trust: bool) -> dict[str, Any] | None:
+    """A shard's result as an earlier run wrote it (with its trust values under ``"trust"``
+    when ``trust``; kept beside it in ``<key>.trust.json``), or ``None``."""
+    if done is None or not done.is_file():
+        return None
+    result = json.loads(done.read_text(encoding="utf-8"))
+    if trust:
+        values = done.with_suffix(_TRUST_SUFFIX)
+        if not values.is_file():
+            return None
+        result["trust"] = json.loads(values.read_text(encoding="utf-8"))
+    return result
 
 
 def _shard(data: GroundingSet, k: int, identity: dict[str, Any], backbone: Backbone,
            suite: MethodSuite, config: EvalConfig, frame: tuple[int, int],
-           progress: StageProgress | None) -> dict[str, Any]:
-    """One shard's rows and per-phrase hits, read back when an earlier run wrote them."""
-    key = hashlib.sha256(json.dumps({**identity, "data": data.digest()}, sort_keys=True,
-                                    default=str).encode()).hexdigest()[:24]
-    done = Path(config.out) / "shards" / f"{key}.json" if config.out else None
-    if done is not None and done.is_file():
-        return json.loads(done.read_text(encoding="utf-8"))
+           progress: StageProgress | None, trust: TrustSettings | None) -> dict[str, Any]:
+    """One shard's rows and per-phrase hits (and with ``trust`` its localisation values per
+    phrase), each read back when an earlier run wrote it."""
+    done = _shard_file(data, identity, config.out) if config.out else None
+    stored = _stored(done, trust is not None)
+    if stored is not None:
+        return stored
+    grounding = _stored(done, False)
 
     def encoding(n: int, total: int) -> None:
         if progress is not None:
@@ -176,9 +250,35 @@ def _shard(data: GroundingSet, k: int, identity: dict[str, Any], backbone: Backb
     if data is None:
         result: dict[str, Any] = {"rows": [], "hits": {}, "phrases": [], "notes": [],
                                   "unreadable": unreadable}
-        return _kept(result, done)
-    evalset = EvalSet(GroundingProbeDataset(data, frame), backbone,
-                      FeatureCache(config.cache_dir), encoding)
+        _kept(result, done)
+        if trust is not None:
+            result["trust"] = _kept({"rows": {}, "phrases": 0, "images": 0},
+                                    _trust_file(done))
+        return result
+    probe = GroundingProbeDataset(data, frame)
+    if grounding is None:
+        grounding = _grounding_shard(probe, k, backbone, suite, config, unreadable, progress,
+                                     encoding, done)
+    if trust is None:
+        return grounding
+    if progress is not None:
+        progress(f"trust shard {k + 1}", 0, 1)
+    values = shard_trust(probe, suite, explainer_names(config.explainers), trust)
+    return {**grounding, "trust": _kept(values, _trust_file(done))}
+
+
+def _trust_file(done: Path | None) -> Path | None:
+    """Where a shard's trust values are kept: beside its rows, ``<key>.trust.json``."""
+    return None if done is None else done.with_suffix(_TRUST_SUFFIX)
+
+
+def _grounding_shard(probe: GroundingProbeDataset, k: int, backbone: Backbone,
+                     suite: MethodSuite, config: EvalConfig, unreadable: list[str],
+                     progress: StageProgress | None, encoding: Callable[[int, int], None],
+                     done: Path | None) -> dict[str, Any]:
+    """The grounding table's rows and per-phrase hits of one shard, kept in ``done``."""
+    data = probe.data
+    evalset = EvalSet(probe, backbone, FeatureCache(config.cache_dir), encoding)
     hits: dict[str, dict] = {}
     table = grounding_table(suite, evalset, chunk=config.chunk, progress=progress,
                             explainers=explainer_names(config.explainers),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,9 @@ from otviz.data.grounding_sets.export import (
 from otviz.eval import dataset_eval
 from otviz.eval.alignment_tables import grounding_table
 from otviz.eval.config import EvalConfig
+from otviz.eval.dataset_trust import DATASET_TRUST_METRICS
 from otviz.eval.runner import build_suite, load_backbone
+from otviz.eval.trust.table import trust_tables
 from otviz.eval.world_set import EvalSet, world_config_of
 
 N = 6
@@ -40,7 +43,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     hits: dict[str, dict] = {}
     grounding_table(suite, EvalSet.build(backbone, N, "test", 0, str(root / "cache")),
                     phrase_hits=hits)
-    return {"root": root, "samples": samples, "config": config, "hits": hits}
+    return {"root": root, "samples": samples, "config": config, "hits": hits, "suite": suite}
 
 
 def _csv_hits(out: Path) -> dict[str, list[float]]:
@@ -51,10 +54,9 @@ def _csv_hits(out: Path) -> dict[str, list[float]]:
 
 
 def _run(world: dict, spec: str, out: Path, **kw) -> tuple:
-    from dataclasses import replace
-
-    return dataset_eval.run_dataset_eval(replace(world["config"], dataset=spec, out=str(out),
-                                                 **kw))
+    tables, stamp = dataset_eval.run_dataset_eval(replace(world["config"], dataset=spec,
+                                                          out=str(out), **kw))
+    return tables[0], stamp
 
 
 def test_flickr30k_export_points_like_the_world_phrase_by_phrase(world: dict) -> None:
@@ -133,3 +135,77 @@ def test_an_image_that_does_not_decode_is_skipped_and_counted(world: dict) -> No
     assert stamp["undecodable"][0].startswith("1001#0: 1001.jpg is not an image")
     n = sum(len(s.phrases) for k, s in enumerate(world["samples"]) if k != 1)
     assert {len(v) for v in _csv_hits(world["root"] / "out-cut").values()} == {n}
+
+
+def test_trust_localisation_on_the_export_equals_the_world_trust_table(
+        world: dict, monkeypatch) -> None:
+    """``--tables grounding,trust``: pointing, relevance mass, rank and AUC of every row on
+    the Flickr30k Entities export, its 2 shards pooled, equal the world trust table's on the
+    same phrases (the image already at the model's input, the boxes pass through); added to
+    a finished grounding run, only the trust values are computed."""
+    root = export_flickr30k(world["samples"], world["root"] / "flickr-trust", lossless=True)
+    out = world["root"] / "out-trust"
+    _run(world, f"flickr30k:{root}", out)
+
+    def not_again(*args, **kw):
+        raise AssertionError("the grounding rows were computed again")
+
+    monkeypatch.setattr(dataset_eval, "grounding_table", not_again)
+    tables, _ = dataset_eval.run_dataset_eval(replace(
+        world["config"], dataset=f"flickr30k:{root}", out=str(out), tables="grounding,trust"))
+    trust = {r["name"]: r for r in tables[1].rows}
+    reference, _ = trust_tables(world["suite"], N, seed=0, metrics=DATASET_TRUST_METRICS)
+    want = {r["name"]: r for r in reference.rows if r["name"] != "colour_oracle"}
+    assert trust.keys() == want.keys() >= {"dense_uot", "filip", "centre_prior", "uniform"}
+    for name, row in want.items():
+        for key in DATASET_TRUST_METRICS:
+            # float32 maps of a batch of 4 or 6 images: equal to rounding
+            assert trust[name][key] == pytest.approx(row[key], rel=1e-6), (name, key)
+    assert 0 < trust["filip"]["pointing"] < 1  # hits and misses: the equality says something
+    assert "randomisation" not in trust["filip"] and "deletion" not in trust["filip"]
+    record = json.loads((out / "trust.json").read_text())
+    assert set(record["tables"]) == {"trust"} and record["stamp"]["seed"] == 0
+    assert len(list((out / "shards").glob("*.trust.json"))) == 2
+
+
+def test_under_torchrun_a_rank_computes_its_own_shards(world: dict, monkeypatch) -> None:
+    """Rank 1 of 2 computes the shards ``k`` with ``k % 2 == 1`` (of 3: shard 1) and no
+    other, then waits at the barrier for the rest (the 2-process run itself:
+    test_dataset_eval_ddp.py)."""
+    from otviz.process_group import DistInfo
+
+    root = export_flickr30k(world["samples"], world["root"] / "flickr-rank", lossless=True)
+    out = world["root"] / "out-rank"
+    computed = []
+    real = dataset_eval.grounding_table
+
+    def counted(suite, evalset, **kw):
+        computed.append([s.caption for s in evalset.dataset.samples])
+        return real(suite, evalset, **kw)
+
+    class AtTheBarrier(Exception):
+        pass
+
+    def barrier(info: DistInfo) -> None:
+        raise AtTheBarrier
+
+    monkeypatch.setattr(dataset_eval, "grounding_table", counted)
+    monkeypatch.setattr(dataset_eval, "setup", lambda device: DistInfo(1, 2))
+    monkeypatch.setattr(dataset_eval, "barrier", barrier)
+    monkeypatch.setattr(dataset_eval, "gathered", lambda value, info: [value, value])
+    with pytest.raises(AtTheBarrier):
+        _run(world, f"flickr30k:{root}", out, shard=2)
+    captions = [s.caption for s in world["samples"]]
+    assert computed == [captions[2:4]]  # 3 shards of 2 captions: rank 1 has shard 1 only
+    assert len(list((out / "shards").glob("*.json"))) == 1
+
+
+def test_processes_that_load_different_models_are_refused(world: dict, monkeypatch) -> None:
+    """Two processes whose models differ (random weights drawn in each) would each score
+    their shards with their own: refused before any shard, with the reason."""
+    root = export_flickr30k(world["samples"][:1], world["root"] / "flickr-differ")
+    monkeypatch.setattr(dataset_eval, "gathered",
+                        lambda value, info: [value, {**value, "backbone": "another"}])
+    with pytest.raises(ValueError, match="do not load the same model"):
+        _run(world, f"flickr30k:{root}", world["root"] / "out-differ")
+    assert not (world["root"] / "out-differ" / "shards").exists()

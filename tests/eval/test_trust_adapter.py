@@ -131,3 +131,19 @@ def test_box_to_model_pixels_follows_the_centre_crop() -> None:
     # 160 x 80 image -> 160 x 80 at scale 1, the centre 80 x 80 cut from x = 40
     assert T.box_to_model_pixels((40, 0, 60, 10), (160, 80), (80, 80), shortest) == (
         0, 0, 20, 10)
+
+
+def test_a_phrase_with_several_boxes_has_their_union_as_gold_region(backbone) -> None:
+    """A Flickr30k Entities phrase naming two objects: its gold region is the union of the
+    two boxes' regions (each box alone gives a part of it)."""
+    from dataclasses import replace
+
+    sample = World(WorldConfig(), "test", 0).sample(0)
+    phrase = T.world_phrases(sample)[0]
+    a, b = (tuple(float(v) for v in o.box) for o in sample.objects[:2])
+    masks = T.trust_inputs(backbone, [sample.image] * 3, [
+        [replace(phrase, box=a)], [replace(phrase, box=b)],
+        [replace(phrase, box=None, boxes=(a, b))]]).masks
+    assert masks is not None and masks[0].any() and masks[1].any()
+    assert not np.array_equal(masks[0], masks[1])
+    np.testing.assert_array_equal(masks[2], np.maximum(masks[0], masks[1]))

@@ -11,9 +11,6 @@ tiny-CLIP backbone and the feature cache.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +20,7 @@ import torch
 from otviz.train.config import TrainConfig
 from otviz.train.loop import train_method
 from otviz.train.pairs import TensorPairs
-from tests.helpers import ROOT
+from tests import helpers
 
 # (method, overrides): Eq. 9-10 with mined negatives and a trainable global head (sharded
 # positives, gathered mining), QC-Align (sharded QCT), PowerCLIP (replicated C x C loss)
@@ -98,30 +95,10 @@ def worker(out: str, part: str) -> None:
 
 
 def torchrun(*args: str) -> str:
-    """Run ``torchrun --standalone --nproc-per-node 2 <args>``; its output."""
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", "2", *args]
-    # ~20 s on a quiet 2-core machine; the limit only guards against a hung process group
-    # (it took over 180 s once while other training jobs shared the two cores). torchrun and
-    # its workers run in a session of their own, killed together on timeout (killing
-    # torchrun alone once left its workers blocked for good).
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    return stdout
+    """``torchrun --standalone --nproc-per-node 2 <args>``; its output. ~20 s on a quiet
+    2-core machine; the limit only guards against a hung process group (it took over 180 s
+    once while other training jobs shared the two cores)."""
+    return helpers.torchrun(list(args), timeout=900)
 
 
 def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:

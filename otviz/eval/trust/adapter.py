@@ -56,8 +56,10 @@ Box = tuple[float, float, float, float]
 class TrustPhrase:
     """One phrase to explain: the caption it belongs to, its caption words, its own text,
     its gold pixel box in the image's own pixels (``None``: no box, e.g. an upload), the
-    colour word it names (for the colour oracle) and the caption's parse tree (``None``:
-    parse the caption)."""
+    colour word it names (for the colour oracle), the caption's parse tree (``None``:
+    parse the caption) and, for a phrase of a real data set with several gold boxes (a
+    Flickr30k Entities entity), all of them: its gold region is their union (empty:
+    ``(box,)``)."""
 
     caption: str
     words: tuple[int, ...]
@@ -65,6 +67,12 @@ class TrustPhrase:
     box: Box | None = None
     colour: str | None = None
     tree: Tree | None = None
+    boxes: tuple[Box, ...] = ()
+
+    @property
+    def gold_boxes(self) -> tuple[Box, ...]:
+        """Every gold box (none without a box)."""
+        return self.boxes or (() if self.box is None else (self.box,))
 
 
 def phrase_colour(text: str) -> str | None:
@@ -425,13 +433,19 @@ def trust_inputs(
         raise ValueError("no phrase has a word the model reads")
     scorer = scorer.restricted(kept) if len(kept) < len(rows) else scorer
     masks = None
-    if kept and all(rows[k][0].box is not None for k in kept):
-        boxes = torch.tensor([box_to_model_pixels(rows[k][0].box, rows[k][1],
-                                                  scorer.geometry.size, scorer.preprocess)
-                              for k in kept], dtype=torch.float64)
-        masks = gold_masks(boxes, scorer.geometry).numpy()
+    if kept and all(rows[k][0].gold_boxes for k in kept):
+        masks = np.stack([_gold_region(*rows[k], scorer) for k in kept])
     return TrustInputs(scorer, torch.stack([pixels[k] for k in kept]).numpy(),
                        np.arange(len(kept)), masks, [image_of[k] for k in kept])
+
+
+def _gold_region(phrase: TrustPhrase, size: tuple[int, int], scorer: PhraseScorer
+                 ) -> np.ndarray:
+    """``[1, H, W]`` the union of the gold regions of ``phrase``'s boxes (pixels of an image
+    of ``size``) on the tower input."""
+    boxes = torch.tensor([box_to_model_pixels(b, size, scorer.geometry.size, scorer.preprocess)
+                          for b in phrase.gold_boxes], dtype=torch.float64)
+    return gold_masks(boxes, scorer.geometry).amax(0).numpy()
 
 
 def _size(image: ImageInput) -> tuple[int, int]:

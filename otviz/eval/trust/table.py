@@ -27,6 +27,14 @@ MODEL_FREE = "does not depend on the model"
 #: Metrics shown as percentages (shares of phrases or of relevance); the others as numbers.
 PERCENT = ("pointing", "mass", "rank")
 KINDS = ("method", "explainer", "baseline")
+MAPS_NOTE = (
+    "maps: each row's token map (negative heat as none) repeated over each token's cell "
+    "(the pixels nearer to where it looks than to where any other token looks); "
+    "gold region: the cells of the tokens whose centre lies in the phrase's box, so the "
+    "pointing game is otviz's own (tests/eval/test_trust_metrics.py) but for ties: "
+    "Quantus counts a tie for the peak as a hit when any tied pixel is in the box, so a "
+    "flat map points everywhere (uniform map: 100 %)")
+QUANTUS_NOTE = "↑ higher is better, ↓ lower is better; Quantus 0.6.0 (Hedström et al., JMLR 2023)"
 
 
 def verdict(mprt: float, settings: TrustSettings) -> str:
@@ -46,12 +54,16 @@ def refresh_verdicts(tables: Sequence[Table], settings: TrustSettings | None = N
                 row["randomisation"] = verdict(row.get("mprt", float("nan")), settings)
 
 
-def trust_columns() -> list[Column]:
+def trust_columns(metrics: Sequence[str] | None = None) -> list[Column]:
+    """The trust table's columns for ``metrics`` (default: all of :data:`METRICS`); the
+    randomisation verdict only with MPRT."""
+    shown = [m for m in METRICS if metrics is None or m.key in metrics]
     return ([Column("method", "Method", "text")]
             + [Column(m.key, f"{m.label} {'↑' if m.higher else '↓'}",
-                      "pct" if m.key in PERCENT else "num") for m in METRICS]
-            + [Column("randomisation", "Randomisation", "text"),
-               Column("ms_per_image", "ms / image", "ms")])
+                      "pct" if m.key in PERCENT else "num") for m in shown]
+            + ([Column("randomisation", "Randomisation", "text")]
+               if any(m.key == "mprt" for m in shown) else [])
+            + [Column("ms_per_image", "ms / image", "ms")])
 
 
 def trust_tables(
@@ -62,10 +74,11 @@ def trust_tables(
     settings: TrustSettings | None = None,
     progress: StageProgress | None = None,
     split: str = "test",
+    metrics: Sequence[str] | None = None,
 ) -> tuple[Table, Table]:
     """``(trust, trust_cost)`` tables on images ``0..n_images-1`` of the world ``split`` drawn
     with ``seed`` (module docstring); ``settings`` default to :class:`TrustSettings` with
-    ``seed``."""
+    ``seed``; ``metrics``: the keys of :data:`METRICS` to compute (default: all)."""
     settings = settings or TrustSettings(seed=seed)
     backbone = suite.backbone
     world = World(world_config_of(backbone, negatives=False), split, seed)
@@ -75,46 +88,53 @@ def trust_tables(
     sources = heatmap_sources(suite.methods, explainers)
     n_rows = len(inputs.targets)
     table = Table("trust", f"Which heatmap can you trust? {n_rows} gold noun phrases of "
-                  f"{n_images} world {split} images (Quantus)", trust_columns())
+                  f"{n_images} world {split} images (Quantus)", trust_columns(metrics))
     cost: dict[str, dict[str, list[float]]] = {k: {} for k in KINDS}
     for k, source in enumerate(sources, start=1):
         scores = trust_scores(inputs.scorer, source, inputs.pixels, inputs.targets,
-                              inputs.masks, settings)
-        table.rows.append(_row(source.label, source.name, source.kind, scores, n_images,
-                               settings))
+                              inputs.masks, settings, metrics)
+        table.rows.append(trust_row(source.label, source.name, source.kind, scores, n_images,
+                                    settings))
         for key, ms in scores.ms.items():
             cost[source.kind].setdefault(key, []).append(ms / n_images)
         if progress is not None:
             progress("trust", k, len(sources))
     patch = PatchLattice.on_cells(inputs.scorer.geometry, settings.patch).patch
-    table.notes += [
+    table.notes += trust_notes(settings, patch) + refusal_notes(table)
+    return table, _cost_table(cost, n_images, settings, patch)
+
+
+def trust_notes(settings: TrustSettings, patch: int) -> list[str]:
+    """What a trust table's maps, gold regions, model and metrics are (its notes)."""
+    return [
         f"settings: {settings.describe(patch)}",
-        "maps: each row's token map (negative heat as none) repeated over each token's cell "
-        "(the pixels nearer to where it looks than to where any other token looks); "
-        "gold region: the cells of the tokens whose centre lies in the phrase's box, so the "
-        "pointing game is otviz's own (tests/eval/test_trust_metrics.py) but for ties: "
-        "Quantus counts a tie for the peak as a hit when any tied pixel is in the box, so a "
-        "flat map points everywhere (uniform map: 100 %)",
+        MAPS_NOTE,
         "model: the backbone's cosine similarity of the image with each phrase of the set "
         "(one class per phrase); deletion / insertion: mean drop / gain of the shown "
         "phrase's similarity over the steps (AOPC); randomisation: Spearman similarity of "
         "the map to the map after randomising (MPRT) or to another phrase's map of the same "
         "caption (random logit), identical or both flat maps count 1",
-        "↑ higher is better, ↓ lower is better; Quantus 0.6.0 (Hedström et al., JMLR 2023)",
+        QUANTUS_NOTE,
     ]
+
+
+def refusal_notes(table: Table) -> list[str]:
+    """Which rows got no value, and why (Quantus refused their maps)."""
+    notes = []
     flat = [r["name"] for r in table.rows if set(r.get("refused", {}).values()) == {FLAT}]
     if flat:
-        table.notes.append(f"no value for {', '.join(flat)}: {FLAT}")
+        notes.append(f"no value for {', '.join(flat)}: {FLAT}")
     refused = [f"{r['name']}: {', '.join(r['refused'])}" for r in table.rows
                if r.get("refused") and r["name"] not in flat]
     if refused:
-        table.notes.append("refused by Quantus' checks of the maps (no value): "
-                           + "; ".join(refused))
-    return table, _cost_table(cost, n_images, settings, patch)
+        notes.append("refused by Quantus' checks of the maps (no value): " + "; ".join(refused))
+    return notes
 
 
-def _row(label: str, name: str, kind: str, scores: TrustScores, n_images: int,
-         settings: TrustSettings) -> dict:
+def trust_row(label: str, name: str, kind: str, scores: TrustScores, n_images: int,
+              settings: TrustSettings) -> dict:
+    """A trust table's row of a heatmap source: each metric's mean over the phrases where it
+    has a value, the randomisation verdict, the wall time per image."""
     row: dict = {"method": label, "name": name, "kind": kind}
     for key, values in scores.values.items():
         finite = values[np.isfinite(values)]
