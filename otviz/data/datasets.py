@@ -540,17 +540,17 @@ def _find_annotation(folder: Path, split: str | Sequence[str],
     if len(found) == 1:
         return found[0]
     shown = _shown(folder, root)
-    where = "the folder" if shown == "." else shown
+    where = "" if shown == "." else f"{shown}: "  # the folder given itself: no name needed
     if found:
         several = [p.relative_to(folder).as_posix() for p in found]
-        raise DatasetError(f"{where}: {len(found)} caption annotation files found "
+        raise DatasetError(f"{where}{len(found)} caption annotation files found "
                            f"({listed(several)}); pass the file itself")
     others = sorted({p.relative_to(folder).as_posix() for pattern in _ANNOTATION_LIKE
                      for p in folder.glob(pattern) if p.is_file()})
     instead = (f"found instead {len(others)} other .json/.csv file(s): {listed(others)}"
                if others else "found no .json or .csv file")
     raise DatasetError(
-        f"{where}: no caption annotation file found; accepted: a *.csv of path,caption rows, "
+        f"{where}no caption annotation file found; accepted: a *.csv of path,caption rows, "
         f"{' or '.join(coco)} (COCO captions of split {', '.join(names)}), or a "
         f"dataset_*.json (Karpathy split); {instead}")
 
