@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from otviz.boundary.paths import NOT_FOUND
+from otviz.boundary.problems import listed
 from otviz.errors import InputError
 
 ImageInput = Image.Image | np.ndarray | str | os.PathLike | bytes
@@ -108,16 +109,12 @@ def header_size(source: str | os.PathLike | bytes | bytearray,
     return width, height
 
 
-#: The problems :func:`check_headers` names at most (the others are counted).
-SHOWN_PROBLEMS = 3
-
-
 def check_headers(paths: Sequence[Path]) -> None:
     """Every image file's header checked (:func:`header_size`), the problems reported
-    together: one :class:`ImageInputError` naming the first :data:`SHOWN_PROBLEMS` and
-    counting the others, so that a folder with several bad images is refused once, not
-    once per image (a single problem is its own message). A file that cannot be opened is
-    a problem like the others."""
+    together: one :class:`ImageInputError` naming the first few and counting the others
+    (:func:`~otviz.boundary.problems.listed`), so that a folder with several bad images is
+    refused once, not once per image (a single problem is its own message). A file that
+    cannot be opened is a problem like the others."""
     problems = []
     for path in paths:
         try:
@@ -130,11 +127,8 @@ def check_headers(paths: Sequence[Path]) -> None:
         return
     if len(problems) == 1:
         raise ImageInputError(problems[0])
-    shown = "; ".join(problems[:SHOWN_PROBLEMS])
-    more = len(problems) - SHOWN_PROBLEMS
-    rest = f" (and {more} more)" if more > 0 else ""
     raise ImageInputError(f"{len(problems)} of {len(paths)} images cannot be used: "
-                          f"{shown}{rest}")
+                          f"{listed(problems)}")
 
 
 def decode_image(source: str | os.PathLike | bytes | bytearray,

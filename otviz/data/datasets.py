@@ -16,7 +16,10 @@ has five captions per image). Images with no caption are dropped. Pairs are orde
 image, so an image's captions are contiguous. Loaders check that every image file exists
 (:class:`MissingFilesError` lists the first few that do not), that the annotation file
 parses (:class:`MalformedDatasetError` says where it does not), and that something is left
-(:class:`EmptyDatasetError`). Messages name files and fields, never quote their values.
+(:class:`EmptyDatasetError`). Messages name files and fields, never quote their values. The
+problems of a file's entries (a bad caption, a row of three fields, an entry lacking a field)
+and its missing images are reported together, in one message that names the first few and
+counts the others, so that a folder with several bad entries is refused once.
 
 Confinement: given a ``root``, a loader reads only files inside it. The annotation file and
 every image path must resolve (symlinks followed) inside ``root``; image paths written
@@ -42,6 +45,7 @@ from PIL import Image
 
 from otviz.boundary.images import to_rgb
 from otviz.boundary.paths import NOT_FOUND, confine, inside
+from otviz.boundary.problems import listed
 from otviz.boundary.text import MAX_CAPTION_CHARS, check_caption
 from otviz.errors import InputError, UserInputError
 from otviz.world import Sample, World, WorldConfig
@@ -49,6 +53,8 @@ from otviz.world import Sample, World, WorldConfig
 _SHOWN = 5  # missing paths listed in an error message
 _PATH_HEADERS = {"path", "image", "file", "filename", "filepath", "image_path"}
 _CAPTION_HEADERS = {"caption", "text", "sentence"}
+#: Where :func:`_find_annotation` looks for the files it names when it finds no annotation.
+_ANNOTATION_LIKE = ("*.json", "*.csv", "*/*.json", "*/*.csv")
 #: What the csv module says of a field over :func:`csv.field_size_limit`.
 _FIELD_LIMIT = "field larger than field limit"
 
@@ -209,6 +215,7 @@ def load_coco_captions(
     path = Path(annotation_file)
     shown = _annotation(path, root)
     data = _read_json(path, shown)
+    problems: list[str] = []
     if image_dir is None:
         image_dir = _coco_image_dir(path, shown)
     image_dir = Path(image_dir)
@@ -217,17 +224,22 @@ def load_coco_captions(
     order: dict[Any, int] = {}
     files: list[str] = []
     for k, im in enumerate(images):
-        im_id, name = _fields(im, ("id", "file_name"), shown, f"images[{k}]")
-        order[im_id] = len(files)
-        files.append(str(name))
+        fields = _fields(im, ("id", "file_name"), f"images[{k}]", problems)
+        if fields is not None:
+            order[fields[0]] = len(files)
+            files.append(str(fields[1]))
     by_image: dict[int, list[str]] = {}
     for k, ann in enumerate(annotations):
-        im_id, caption = _fields(ann, ("image_id", "caption"), shown, f"annotations[{k}]")
-        if im_id not in order:
-            raise MalformedDatasetError(
-                f"{shown}: annotations[{k}].image_id is not the id of any entry of images"
-            )
-        by_image.setdefault(order[im_id], []).append(_caption(caption, shown, f"annotations[{k}]"))
+        where = f"annotations[{k}]"
+        fields = _fields(ann, ("image_id", "caption"), where, problems)
+        if fields is None:
+            continue
+        if fields[0] not in order:
+            problems.append(f"{where}.image_id is not the id of any entry of images")
+            continue
+        caption = _caption(fields[1], where, problems)
+        if caption is not None:
+            by_image.setdefault(order[fields[0]], []).append(caption)
     kept = sorted(by_image)
     return _build(
         [(files[j], _image(root, image_dir, files[j])) for j in kept],
@@ -235,6 +247,7 @@ def load_coco_captions(
         {"format": "coco", "file": str(path.resolve()), "image_dir": str(image_dir.resolve())},
         check_files,
         root,
+        (shown, problems),
     )
 
 
@@ -256,22 +269,25 @@ def load_karpathy(
     data = _read_json(path, shown)
     images = _list_field(data, "images", shown)
     paths, captions = [], []
+    problems: list[str] = []
     for k, im in enumerate(images):
         where = f"images[{k}]"
-        im_split, name, sentences = _fields(im, ("split", "filename", "sentences"), shown, where)
-        if im_split not in splits:
+        fields = _fields(im, ("split", "filename", "sentences"), where, problems)
+        if fields is None or fields[0] not in splits:
             continue
+        _, name, sentences = fields
         if not isinstance(sentences, list):
-            raise MalformedDatasetError(f"{shown}: {where}.sentences is not a list")
-        texts = [
-            _caption(_fields(s, ("raw",), shown, f"{where}.sentences[{n}]")[0], shown, where)
-            for n, s in enumerate(sentences)
-        ]
+            problems.append(f"{where}.sentences is not a list")
+            continue
+        raws = (_fields(s, ("raw",), f"{where}.sentences[{n}]", problems)
+                for n, s in enumerate(sentences))
+        texts = [t for t in (_caption(r[0], where, problems) for r in raws if r is not None)
+                 if t is not None]
         if texts:
             relative = str(PurePosixPath(str(im.get("filepath", ""))) / str(name))
             paths.append((relative, _image(root, images_at, relative)))
             captions.append(texts)
-    if not paths:
+    if not paths and not problems:
         raise EmptyDatasetError(f"{shown}: no captioned image in split(s) {list(splits)}")
     source = {
         "format": "karpathy",
@@ -279,7 +295,7 @@ def load_karpathy(
         "image_root": str(images_at.resolve()),
         "split": list(splits),
     }
-    return _build(paths, captions, source, check_files, root)
+    return _build(paths, captions, source, check_files, root, (shown, problems))
 
 
 def load_caption_csv(
@@ -297,23 +313,26 @@ def load_caption_csv(
     index: dict[Path | str, int] = {}
     paths: list[tuple[str, Path | None]] = []
     captions: list[list[str]] = []
+    problems: list[str] = []
     for n, row in rows:
         if len(row) != 2:
-            raise MalformedDatasetError(
-                f"{shown}, line {n}: expected 2 fields (path,caption), got {len(row)}"
-            )
+            problems.append(f"line {n}: expected 2 fields (path,caption), got {len(row)}")
+            continue
         name = row[0].strip()
+        caption = _caption(row[1], f"line {n}", problems)
         if not name:
-            raise MalformedDatasetError(f"{shown}, line {n}: empty image path")
+            problems.append(f"line {n}: empty image path")
+        if not name or caption is None:
+            continue
         image = _image(root, path.parent, name)
         key = image.resolve() if image is not None else name
         if key not in index:
             index[key] = len(paths)
             paths.append((name, image))
             captions.append([])
-        captions[index[key]].append(_caption(row[1], shown, f"line {n}"))
+        captions[index[key]].append(caption)
     source = {"format": "csv", "file": str(path.resolve())}
-    return _build(paths, captions, source, check_files, root)
+    return _build(paths, captions, source, check_files, root, (shown, problems))
 
 
 def load_image_captions(
@@ -402,12 +421,24 @@ def _build(
     source: dict[str, Any],
     check_files: bool,
     root: str | os.PathLike | None,
+    problems: tuple[str, list[str]],
 ) -> CaptionFolder:
-    """The folder of ``images`` (``(name as written, path or None where refused)``)."""
+    """The folder of ``images`` (``(name as written, path or None where refused)``), or
+    one error for all the problems of the annotation file's entries (``(its shown name,
+    the problems)``) and its missing images together."""
     missing = [name for name, p in images if p is None or (check_files and not p.is_file())]
+    missing_error = None
     if missing:
         what = "images" if root is not None else f"images of {source.get('file', source)}"
-        raise MissingFilesError(what, missing, confined=root is not None)
+        missing_error = MissingFilesError(what, missing, confined=root is not None)
+    shown, found = problems
+    if found:
+        text = (f"{shown}, {found[0]}" if len(found) == 1
+                else f"{shown}: {len(found)} problems: {listed(found)}")
+        also = f"; and {missing_error}" if missing_error is not None else ""
+        raise MalformedDatasetError(text + also)
+    if missing_error is not None:
+        raise missing_error
     flat = [c for group in captions for c in group]
     pair_image = [j for j, group in enumerate(captions) for _ in group]
     return CaptionFolder([p for _, p in images if p is not None], flat, pair_image, source)
@@ -430,25 +461,32 @@ def _list_field(data: Any, key: str, shown: str) -> list[Any]:
     return data[key]
 
 
-def _fields(entry: Any, keys: tuple[str, ...], shown: str, where: str) -> tuple[Any, ...]:
+def _fields(entry: Any, keys: tuple[str, ...], where: str,
+            problems: list[str]) -> tuple[Any, ...] | None:
+    """``entry[k]`` for each of ``keys``, or None with the problem added to ``problems``."""
     if not isinstance(entry, dict):
-        raise MalformedDatasetError(f"{shown}: {where} is not an object")
+        problems.append(f"{where} is not an object")
+        return None
     missing = [k for k in keys if k not in entry]
     if missing:
-        raise MalformedDatasetError(f"{shown}: {where} lacks {missing}")
+        problems.append(f"{where} lacks {missing}")
+        return None
     return tuple(entry[k] for k in keys)
 
 
-def _caption(value: Any, shown: str, where: str) -> str:
+def _caption(value: Any, where: str, problems: list[str]) -> str | None:
     """A caption of an annotation file, checked by the text boxes' rule
     (:func:`~otviz.boundary.text.check_caption`: not empty, at most
-    :data:`~otviz.boundary.text.MAX_CAPTION_CHARS` characters, a letter or digit)."""
+    :data:`~otviz.boundary.text.MAX_CAPTION_CHARS` characters, a letter or digit), or None
+    with the problem added to ``problems``."""
     if not isinstance(value, str):
-        raise MalformedDatasetError(f"{shown}, {where}: the caption is not text")
+        problems.append(f"{where}: the caption is not text")
+        return None
     try:
-        return check_caption(value, f"{shown}, {where}: the caption")
+        return check_caption(value, f"{where}: the caption")
     except InputError as e:
-        raise MalformedDatasetError(str(e)) from None
+        problems.append(str(e))
+        return None
 
 
 def _csv_rows(path: Path, shown: str) -> list[tuple[int, list[str]]]:
@@ -492,17 +530,29 @@ def _coco_image_dir(annotation_file: Path, shown: str) -> Path:
 
 def _find_annotation(folder: Path, split: str | Sequence[str],
                      root: str | os.PathLike | None) -> Path:
+    """The one annotation file of ``folder`` (see :func:`load_image_captions`); where there
+    is none or several, a message that says which files are accepted and which were found
+    (named relative to ``folder``, never by a server path)."""
     names = [split] if isinstance(split, str) else list(split)
-    found = [folder / "annotations" / f"captions_{s}.json" for s in names]
-    found = [p for p in found if p.is_file()]
+    coco = [f"annotations/captions_{s}.json" for s in names]
+    found = [folder / c for c in coco if (folder / c).is_file()]
     found += sorted(folder.glob("dataset_*.json")) + sorted(folder.glob("*.csv"))
-    if len(found) != 1:
-        what = "no" if not found else "several"
-        raise DatasetError(
-            f"{_shown(folder, root)}: {what} caption annotation file(s) found "
-            f"{[str(p.relative_to(folder)) for p in found]}; pass the file itself"
-        )
-    return found[0]
+    if len(found) == 1:
+        return found[0]
+    shown = _shown(folder, root)
+    where = "" if shown == "." else f"{shown}: "  # the folder given itself: no name needed
+    if found:
+        several = [p.relative_to(folder).as_posix() for p in found]
+        raise DatasetError(f"{where}{len(found)} caption annotation files found "
+                           f"({listed(several)}); pass the file itself")
+    others = sorted({p.relative_to(folder).as_posix() for pattern in _ANNOTATION_LIKE
+                     for p in folder.glob(pattern) if p.is_file()})
+    instead = (f"found instead {len(others)} other .json/.csv file(s): {listed(others)}"
+               if others else "found no .json or .csv file")
+    raise DatasetError(
+        f"{where}no caption annotation file found; accepted: a *.csv of path,caption rows, "
+        f"{' or '.join(coco)} (COCO captions of split {', '.join(names)}), or a "
+        f"dataset_*.json (Karpathy split); {instead}")
 
 
 @functools.cache

@@ -1,7 +1,8 @@
 """Browse by trust: the rows passing Browse's filters sorted by a trust metric (Quantus,
 :mod:`otviz.eval.trust`) of Method A's map, best first, optionally keeping the better or the
 worse half. A metric is computed for every row of the loaded table the first time it is
-picked (one Quantus call over all rows: seconds to a minute on 2 cores), then kept."""
+picked (Quantus calls over chunks of the rows, so its memory is a chunk's whatever the
+number of rows: :mod:`otviz.eval.trust.browse`; seconds to minutes on 2 cores), then kept."""
 
 from __future__ import annotations
 

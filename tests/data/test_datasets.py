@@ -11,6 +11,7 @@ from PIL import Image
 
 from otviz.data.datasets import (
     CaptionFolder,
+    DatasetError,
     EmptyDatasetError,
     ImageCaptionDataset,
     MalformedDatasetError,
@@ -137,6 +138,66 @@ def test_malformed_files(tmp_path):
     bad.write_text("a.png,ok\nb.png,two,three\n")
     with pytest.raises(MalformedDatasetError, match="line 2: expected 2 fields"):
         load_caption_csv(bad, check_files=False)
+
+
+def test_entry_problems_reported_together(tmp_path):
+    """Every bad row of a CSV and every bad entry of a COCO or Karpathy file, and the missing
+    images, come in one message: the first three named, the rest counted (the loaders used
+    to stop at the first)."""
+    write_png(tmp_path / "ok.png", 1)
+    bad = tmp_path / "captions.csv"
+    bad.write_text('ok.png,fine\na.png,"  "\nb.png,two,three\n,no path\nc.png,!!!\n'
+                   'gone.png,present caption\n')
+    assert refusal(lambda: load_caption_csv(bad, root=tmp_path)) == (
+        "captions.csv: 4 problems: line 2: the caption is empty: type what the image shows; "
+        "line 3: expected 2 fields (path,caption), got 3; line 4: empty image path (and 1 more)"
+        "; and images: 1 file(s) not found or not allowed: gone.png")
+    ann = coco_folder(tmp_path / "coco")
+    good = json.loads(ann.read_text())
+    ann.write_text(json.dumps({**good, "annotations": [
+        {"image_id": 3}, {"image_id": 99, "caption": "x"}, {"image_id": 3, "caption": 5}]}))
+    assert refusal(lambda: load_coco_captions(ann, root=tmp_path)) == (
+        "coco/annotations/captions_val2017.json: 3 problems: annotations[0] lacks ['caption']; "
+        "annotations[1].image_id is not the id of any entry of images; annotations[2]: the "
+        "caption is not text")
+    karpathy = tmp_path / "dataset_x.json"
+    karpathy.write_text(json.dumps({"images": [
+        {"split": "test", "filename": "ok.png", "sentences": [{"raw": " "}, {}]},
+        {"split": "test", "filename": "ok.png", "sentences": 3}, "no object"]}))
+    message = refusal(lambda: load_karpathy(karpathy, tmp_path, root=tmp_path))
+    assert message.startswith("dataset_x.json: 4 problems: images[0]: the caption is empty")
+    assert message.endswith("(and 1 more)")
+
+
+def refusal(load) -> str:
+    """The message of the :class:`DatasetError` ``load()`` raises."""
+    with pytest.raises(DatasetError) as caught:
+        load()
+    return str(caught.value)
+
+
+def test_no_annotation_file_says_what_is_accepted(tmp_path):
+    """An annotations-only COCO folder: the message lists the accepted files and the ones
+    found instead, relative to the folder (it used to say "found []")."""
+    folder = tmp_path / "upload"
+    for name in ("captions_train2017.json", "captions_val2017.json", "instances_val2017.json",
+                 "person_keypoints_val2017.json"):
+        (folder / "annotations").mkdir(parents=True, exist_ok=True)
+        (folder / "annotations" / name).write_text("{}")
+    message = refusal(lambda: load_image_captions(folder, root=folder))
+    assert message == (
+        "no caption annotation file found; accepted: a *.csv of path,caption rows, "
+        "annotations/captions_test.json (COCO captions of split test), or a dataset_*.json "
+        "(Karpathy split); found instead 4 other .json/.csv file(s): "
+        "annotations/captions_train2017.json; annotations/captions_val2017.json; "
+        "annotations/instances_val2017.json (and 1 more)")
+    assert str(tmp_path) not in message
+    empty = tmp_path / "images_only"
+    write_png(empty / "a.png", 1)
+    assert refusal(lambda: load_image_captions(empty, root=tmp_path)).startswith(
+        "images_only: no caption annotation file found; accepted")
+    assert refusal(lambda: load_image_captions(empty, root=tmp_path)).endswith(
+        "; found no .json or .csv file")
 
 
 def test_empty_dataset(tmp_path):

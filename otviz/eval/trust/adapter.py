@@ -398,6 +398,10 @@ def heatmap_sources(
 
 
 # ----------------------------------------------------------------------- Quantus' inputs
+class UnreadPhrasesError(ValueError):
+    """None of the phrases has a word the model reads (all cut by its context)."""
+
+
 @dataclass
 class TrustInputs:
     """Quantus' inputs for (image, phrase) rows: the model, ``pixels`` ``[P, 3, S, S]``
@@ -430,7 +434,7 @@ def trust_inputs(
     scorer = PhraseScorer(backbone, [p for p, _ in rows], blocks)
     kept = scorer.select.any(1).nonzero().flatten().tolist()
     if not kept:
-        raise ValueError("no phrase has a word the model reads")
+        raise UnreadPhrasesError("no phrase has a word the model reads")
     scorer = scorer.restricted(kept) if len(kept) < len(rows) else scorer
     masks = None
     if kept and all(rows[k][0].gold_boxes for k in kept):

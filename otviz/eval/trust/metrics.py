@@ -17,6 +17,7 @@ per row and metric plus each metric's wall time. Groups (Hedström et al., JMLR 
 
 from __future__ import annotations
 
+import hashlib
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -169,6 +170,33 @@ def restore_from(arr: np.ndarray, indices: np.ndarray, original: np.ndarray,
     return out
 
 
+class RowNoise:
+    """Max-sensitivity's perturbation (a Quantus ``perturb_func``; Yeh et al. 2019): uniform
+    noise in ``[-lower_bound, lower_bound]`` added to each row of ``[B, D]`` pixels, drawn
+    from a generator seeded by ``seed``, the row's pixels and the sample's step (the call's
+    number modulo ``samples``: Quantus calls it ``samples`` times per batch). Quantus' own
+    draws one stream for the whole batch, so that a row's noise, and its value, depended on
+    the rows before it; here a row's value is the same in any batch (Browse scores its rows
+    in chunks, :mod:`otviz.eval.trust.browse`)."""
+
+    def __init__(self, seed: int, samples: int) -> None:
+        self.seed = seed
+        self.samples = samples
+        self.calls = 0
+
+    def __call__(self, arr: np.ndarray, indices: np.ndarray, lower_bound: float,
+                 **_: object) -> np.ndarray:
+        step = self.calls % self.samples
+        self.calls += 1
+        out = arr.copy()
+        for r, row in enumerate(arr):
+            key = int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little")
+            noise = np.random.default_rng([self.seed, key, step]).uniform(
+                -lower_bound, lower_bound, row.shape)
+            out[r, indices[r]] = (row + noise)[indices[r]]
+        return out
+
+
 @dataclass
 class TrustScores:
     """Per-row values ``values[key]`` ``[P]`` (NaN where a metric does not apply), each
@@ -236,6 +264,7 @@ def trust_scores(
         "random_logit": lambda: _random_logit(scorer, source, pixels, targets, maps, settings),
         "max_sensitivity": lambda: quantus.MaxSensitivity(
             nr_samples=settings.ms_samples, lower_bound=settings.noise, normalise=True,
+            perturb_func=RowNoise(settings.seed, settings.ms_samples),
             **QUIET)(**common, explain_func=source),
         "sparseness": lambda: quantus.Sparseness(**QUIET)(**common),
     }
