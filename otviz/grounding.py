@@ -56,5 +56,8 @@ def heatmap_boxes(heat: Tensor, geometry: Geometries, threshold: float = 0.5) ->
     if isinstance(geometry, TokenGeometry):
         return geometry.envelope(keep)
     rows = per_row(geometry, keep.shape[0])
-    return torch.cat([g.envelope(k[None]) for g, k in zip(rows, keep, strict=True)]) \
-        if rows else torch.zeros(0, 4, dtype=torch.float64)
+    boxes = torch.zeros(len(rows), 4, dtype=torch.float64)
+    for g in dict.fromkeys(rows):  # one envelope call per distinct geometry (picture size)
+        same = torch.tensor([r == g for r in rows])
+        boxes[same] = g.envelope(keep[same])
+    return boxes

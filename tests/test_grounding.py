@@ -33,3 +33,15 @@ def test_box_is_the_envelope_of_cells_in_pixels():
     heat[0, 4 * 10 + 2] = 1.0  # row 4, col 2
     box = heatmap_boxes(heat, TokenGeometry.cell_centred((10, 10), (80, 40)))
     assert box.tolist() == [[8.0, 8.0, 24.0, 20.0]]
+
+
+def test_boxes_with_one_geometry_per_row_equal_each_rows_own():
+    """Rows on pictures of two sizes, interleaved: each row's box is the one its own
+    geometry gives."""
+    small = TokenGeometry.cell_centred((5, 6), (60, 50))
+    large = TokenGeometry((5, 6), (240, 200), (40.0, 40.0), (2.0, 2.0))
+    heat = torch.rand(5, 30, generator=torch.Generator().manual_seed(1))
+    rows = [small, large, small, large, large]
+    boxes = heatmap_boxes(heat, rows)
+    expected = torch.cat([heatmap_boxes(heat[k : k + 1], g) for k, g in enumerate(rows)])
+    assert torch.equal(boxes, expected)
