@@ -9,15 +9,19 @@ while parsing, before anything runs or is written, and lists the choices in ``--
 
 The registries themselves (:data:`otviz.methods.METHODS`, the OT-CLIP losses of
 :mod:`otviz.train.otclip_losses`, the low-rank variants of :mod:`otviz.ot.lowrank`) live in
-modules that import torch; they take their names from here (the methods' registry is
-checked against :data:`METHOD_NAMES` by a test), so the command line lists them without
-loading a model.
+modules that import torch, so the command line lists them without loading a model from here:
+the methods' names are read from the sources of ``otviz/methods/`` (a new method module is
+listed with no edit here), the others take their names from here; tests check that each
+agrees with its registry.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
+
+from otviz.registry import declared_classes
 
 
 @dataclass(frozen=True)
@@ -43,10 +47,12 @@ class AtLeast:
 
 
 #: Every alignment method of the package's registry :data:`otviz.methods.METHODS`, in display
-#: order (:attr:`otviz.methods.base.AlignmentMethod.order`); tests/cli/test_flags.py checks
-#: that the two agree (a method registered from a user's own code is not listed here).
-METHOD_NAMES = ("global_only", "global_patch", "filip", "text_attn", "balanced_ot", "dense_uot",
-                "conceptot", "qc_align", "powerclip")
+#: order (:attr:`otviz.methods.base.AlignmentMethod.order`, ties in registration order), read
+#: from the ``@register``-ed classes of ``otviz/methods/*.py`` without importing them;
+#: tests/cli/test_flags.py checks that the two agree (a method registered from a user's own
+#: code is not listed here).
+METHOD_NAMES = tuple(c["name"] for c in sorted(
+    declared_classes(Path(__file__).parent / "methods", "register"), key=lambda c: c["order"]))
 #: OT-CLIP's global losses (:data:`otviz.train.otclip_losses.KINDS`).
 OTCLIP_LOSSES = ("infonce", "entropic_ot", "dbot", "unbalanced_ot", "fgw_ot", "ufg_ot")
 #: The low-rank solver's variants (:data:`otviz.ot.lowrank.VARIANTS`).

@@ -20,7 +20,7 @@ PACKAGE = ROOT / "otviz"
 #: Lowest first: a module may import modules of its own layer or of a layer before it
 #: (the first dotted part after ``otviz``: a subpackage or a top-level module).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "assets", "knobs", "worker_processes", "process_group"),
+    ("errors", "assets", "knobs", "registry", "worker_processes", "process_group"),
     ("boundary",),
     ("ot", "regions", "token_geometry"),
     ("methods",),

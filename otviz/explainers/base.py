@@ -17,6 +17,7 @@ from typing import ClassVar
 from torch import Tensor, nn
 
 from otviz.errors import UserInputError
+from otviz.registry import Registry
 from otviz.token_geometry import TokenGeometry
 
 
@@ -74,16 +75,13 @@ class PhraseExplainer(ABC):
 
 
 #: name -> explainer class, in registration order (the order of the tables and panels).
-EXPLAINERS: dict[str, type[PhraseExplainer]] = {}
+EXPLAINERS: Registry[str, type[PhraseExplainer]] = Registry("explainer")
 
 
 def register_explainer(cls: type[PhraseExplainer]) -> type[PhraseExplainer]:
     """Class decorator: add ``cls`` to :data:`EXPLAINERS` under ``cls.name`` (a name taken
     twice is an error, not a silent overwrite)."""
-    if cls.name in EXPLAINERS:
-        raise ValueError(f"explainer {cls.name!r} is registered twice")
-    EXPLAINERS[cls.name] = cls
-    return cls
+    return EXPLAINERS.add(cls.name, cls)
 
 
 def get_explainer(name: str, model: nn.Module) -> PhraseExplainer:

@@ -17,6 +17,7 @@ from open_clip.transformer import VisionTransformer
 from torch import Tensor, nn
 
 from otviz.explainers.base import ExplainerUnsupportedError
+from otviz.registry import Registry
 
 Reshape = Callable[[Tensor], Tensor]
 
@@ -30,18 +31,16 @@ class CamTarget:
     reshape: Reshape | None
 
 
-#: tower type -> its Grad-CAM target (the first ``isinstance`` match wins).
-CAM_TARGETS: dict[type[nn.Module], Callable[[nn.Module], CamTarget]] = {}
+#: tower type -> its Grad-CAM target (the first ``isinstance`` match wins); a type
+#: registered twice is an error.
+CAM_TARGETS: Registry[type[nn.Module], Callable[[nn.Module], CamTarget]] = Registry(
+    "Grad-CAM target of the tower")
 
 
 def register_cam_target(tower: type[nn.Module]) -> Callable:
-    """Decorator: ``fn(visual) -> CamTarget`` is the target of towers of type ``tower``."""
-
-    def add(fn: Callable[[nn.Module], CamTarget]) -> Callable[[nn.Module], CamTarget]:
-        CAM_TARGETS[tower] = fn
-        return fn
-
-    return add
+    """Decorator: ``fn(visual) -> CamTarget`` is the target of towers of type ``tower``
+    (``ValueError`` when ``tower`` has one already)."""
+    return CAM_TARGETS.under(tower)
 
 
 def cam_target(visual: nn.Module) -> CamTarget:

@@ -4,7 +4,7 @@
 A method is an ``nn.Module`` whose learnable parts (projections W_v/W_t into the concept
 space, mass heads, anchors) are its state dict, which is what a checkpoint stores. Every
 method, OT or not, answers the same calls, so the UI, training and evaluation treat them
-alike and a new method is one module plus one :func:`register` line.
+alike and a new method is one module whose class carries the :func:`register` decorator.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any, ClassVar, Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from otviz.registry import Registry
 
 
 class TransportPlan(Protocol):
@@ -360,15 +362,20 @@ def global_cosine(batch: PairBatch) -> Tensor:
     )
 
 
-METHODS: dict[str, type[AlignmentMethod]] = {}
+#: name -> method class, in registration order (:func:`registered_methods` gives the display
+#: order); a name registered twice is an error.
+METHODS: Registry[str, type[AlignmentMethod]] = Registry("method")
 
 
 def register(cls: type[AlignmentMethod]) -> type[AlignmentMethod]:
-    """Class decorator adding a method to :data:`METHODS` under ``cls.name``."""
+    """Class decorator adding a method to :data:`METHODS` under ``cls.name`` (``ValueError``
+    for a class without a name or a name already taken). A module of ``otviz/methods/``
+    whose class carries this decorator is all a new method needs: the package imports every
+    such module, and :data:`otviz.knobs.METHOD_NAMES` reads the class's ``name`` and
+    ``order`` from its source for the command line."""
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name")
-    METHODS[cls.name] = cls
-    return cls
+    return METHODS.add(cls.name, cls)
 
 
 def registered_methods(with_plan_only: bool = False) -> tuple[str, ...]:

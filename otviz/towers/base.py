@@ -11,12 +11,13 @@ class (:func:`image_tower`, :func:`text_tower`), so no caller branches on the fa
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from otviz.errors import UserInputError
+from otviz.registry import Registry
 from otviz.token_geometry import TokenGeometry
 from otviz.towers.geometry import trace_geometry
 
@@ -135,32 +136,24 @@ class TextTower:
         raise NotImplementedError
 
 
+ImageAdapter = type[ImageTower]
+TextAdapter = type[TextTower]
 #: Image-tower class -> adapter; filled by :func:`register_image_tower`.
-IMAGE_TOWERS: dict[type[nn.Module], type[ImageTower]] = {}
+IMAGE_TOWERS: Registry[type[nn.Module], ImageAdapter] = Registry("adapter of the image tower")
 #: Text-tower class -> adapter; filled by :func:`register_text_tower`.
-TEXT_TOWERS: dict[type[nn.Module], type[TextTower]] = {}
-
-A = TypeVar("A", bound=type)
+TEXT_TOWERS: Registry[type[nn.Module], TextAdapter] = Registry("adapter of the text tower")
 
 
-def _register(table: dict[Any, Any], tower_class: type[nn.Module]):
-    def deco(adapter: A) -> A:
-        if tower_class in table:
-            raise ValueError(f"{tower_class.__name__} already has an adapter: {table[tower_class]}")
-        table[tower_class] = adapter
-        return adapter
-
-    return deco
+def register_image_tower(tower_class: type[nn.Module]) -> Callable[[ImageAdapter], ImageAdapter]:
+    """Class decorator: ``adapter`` serves image towers of exactly ``tower_class``
+    (``ValueError`` when that class has an adapter already)."""
+    return IMAGE_TOWERS.under(tower_class)
 
 
-def register_image_tower(tower_class: type[nn.Module]):
-    """Class decorator: ``adapter`` serves image towers of exactly ``tower_class``."""
-    return _register(IMAGE_TOWERS, tower_class)
-
-
-def register_text_tower(tower_class: type[nn.Module]):
-    """Class decorator: ``adapter`` serves text towers of exactly ``tower_class``."""
-    return _register(TEXT_TOWERS, tower_class)
+def register_text_tower(tower_class: type[nn.Module]) -> Callable[[TextAdapter], TextAdapter]:
+    """Class decorator: ``adapter`` serves text towers of exactly ``tower_class``
+    (``ValueError`` when that class has an adapter already)."""
+    return TEXT_TOWERS.under(tower_class)
 
 
 def _lookup(table: dict[Any, Any], tower: nn.Module, side: str) -> Any:

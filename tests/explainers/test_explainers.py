@@ -21,7 +21,7 @@ from otviz.explainers.gradcam import GradCamExplainer, ImageEmbedding, Similarit
 from otviz.explainers.legrad import LeGradExplainer
 from otviz.explainers.maskclip import MaskClipExplainer
 from otviz.explainers.relevance import CheferExplainer
-from otviz.explainers.towers import cam_target
+from otviz.explainers.towers import CAM_TARGETS, cam_target, register_cam_target
 from otviz.token_geometry import TokenGeometry
 
 TEXT = CLIPTextCfg(context_length=8, vocab_size=64, width=32, heads=2, layers=1)
@@ -209,8 +209,17 @@ def test_registry_names_and_refuses_duplicates():
         def explain(self, pixels, text):
             return pixels
 
-    with pytest.raises(ValueError, match="twice"):
+    with pytest.raises(ValueError, match="explainer 'gradcam' is registered twice"):
         register_explainer(Twin)
+    assert EXPLAINERS["gradcam"] is GradCamExplainer
+
+
+def test_a_tower_family_given_a_second_cam_target_is_refused():
+    first = dict(CAM_TARGETS)
+    with pytest.raises(ValueError, match="Grad-CAM target of the tower VisionTransformer is "
+                                         "registered twice"):
+        register_cam_target(open_clip.transformer.VisionTransformer)(lambda visual: None)
+    assert CAM_TARGETS == first
 
 
 @pytest.mark.parametrize("pool", ["tok", "avg"])

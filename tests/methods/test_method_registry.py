@@ -16,7 +16,14 @@ from otviz.bench import runners
 from otviz.eval.alignment_tables import grounding_table
 from otviz.eval.world_set import EvalSet
 from otviz.methods import METHODS
-from otviz.methods.base import Alignment, AlignmentMethod, MethodConfig, PairBatch, Projection
+from otviz.methods.base import (
+    Alignment,
+    AlignmentMethod,
+    MethodConfig,
+    PairBatch,
+    Projection,
+    register,
+)
 from otviz.methods.projected import dense_plan_alignment, masked_similarity
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, WORLD_FIT_CAPTIONS, MethodSuite
 from otviz.train.config import paper_recipe
@@ -52,6 +59,18 @@ class ToyMethod(AlignmentMethod):
 def toy(monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setitem(METHODS, ToyMethod.name, ToyMethod)  # the one registry line
     return ToyMethod.name
+
+
+def test_a_name_taken_twice_is_refused() -> None:
+    first = METHODS["filip"]
+
+    class Twin(ToyMethod):
+        name = "filip"
+
+    with pytest.raises(ValueError, match=r"method 'filip' is registered twice: "
+                                         r"otviz\.methods\.filip\.Filip and .*Twin"):
+        register(Twin)
+    assert METHODS["filip"] is first
 
 
 def test_toy_method_trains(toy: str, tmp_path: Path) -> None:

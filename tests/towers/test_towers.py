@@ -16,6 +16,7 @@ from otviz.backbone import Backbone, BackboneLoadError
 from otviz.explain import Explainer
 from otviz.suite import SCORED_METHODS, MethodSuite
 from otviz.towers import IMAGE_TOWERS, ImageTower, image_tower
+from otviz.towers.base import register_image_tower
 from otviz.towers.resnet import ResNetTower
 from otviz.towers.timm_tower import TimmTower
 from otviz.towers.vit import VitTower
@@ -145,3 +146,11 @@ def test_an_unknown_tower_names_the_known_ones():
         image_tower(model)
     for tower_class in IMAGE_TOWERS:
         assert tower_class.__name__ in str(info.value)
+
+
+def test_a_tower_class_given_a_second_adapter_is_refused():
+    vit = next(c for c, adapter in IMAGE_TOWERS.items() if adapter is VitTower)
+    with pytest.raises(ValueError, match=f"adapter of the image tower {vit.__name__} is "
+                                         "registered twice: .*VitTower and .*ResNetTower"):
+        register_image_tower(vit)(ResNetTower)
+    assert IMAGE_TOWERS[vit] is VitTower
