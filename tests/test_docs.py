@@ -2,17 +2,20 @@
 a process of its own that starts as a fresh interpreter does (a page may register a method;
 it must not leak into other tests; :mod:`tests.preloaded`), from a folder outside the
 checkout. A block that cannot run here is marked on the line above it
-with ``<!-- docs-test: skip (reason) -->`` and reported as a skipped test with that reason."""
+with ``<!-- docs-test: skip (reason) -->`` and reported as a skipped test with that reason.
+The built API page shows the docstrings' Sphinx roles as links or code, never raw."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, child_env
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP_MARK = re.compile(r"<!-- docs-test: skip \((?P<reason>[^)]+)\) -->")
@@ -78,3 +81,33 @@ def test_python_blocks_of_the_page_run(page: Path, tmp_path: Path, preloaded_pyt
                          ids=lambda b: b.where)
 def test_marked_blocks_are_reported_skipped(block: Block):
     pytest.skip(f"{block.where}: {block.skip_reason}")
+
+
+#: A Sphinx role as the site would show it raw: ``:class:`` before a backtick or before the
+#: ``<code>`` the backticks became.
+RAW_ROLE = re.compile(r":(?:py:)?[a-z]+:(?:`|<code>)")
+#: A role become a link: its target's anchor on the page and the code it shows.
+ROLE_LINK = re.compile(r'<a class="autorefs autorefs-internal"[^>]* href="#(?P<anchor>[^"]+)">'
+                       r"<code>(?P<shown>[^<]*)</code></a>")
+
+
+@pytest.mark.slow
+def test_the_api_page_shows_roles_as_links_or_code(tmp_path: Path) -> None:
+    pytest.importorskip("mkdocstrings", reason="the site is built with the [docs] extra")
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+                           "--site-dir", str(site)], cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    html = (site / "api" / "index.html").read_text()
+    raw = [html[m.start() - 40:m.end() + 40] for m in RAW_ROLE.finditer(html)]
+    assert raw == []
+    links = {(m["anchor"], m["shown"]) for m in ROLE_LINK.finditer(html)}
+    assert {anchor for anchor, _ in links} <= set(re.findall(r'id="([^"]+)"', html))
+    assert {
+        ("otviz.backbone.Backbone", "Backbone"),  # :class:`Backbone` in otviz/backbone.py
+        ("otviz.methods.base.PairBatch", "PairBatch"),  # imported: otviz/suite.py
+        ("otviz.checkpoints.store.CheckpointError", "otviz.checkpoints.store.CheckpointError"),
+    } <= links
+    # a target no page renders is code, "~" showing its last name (otviz/checkpoints/heads.py)
+    assert '<span title="otviz.train.global_head.GlobalHead"><code>GlobalHead</code></span>' in html
