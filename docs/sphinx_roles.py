@@ -5,10 +5,10 @@ otherwise, never the raw role.
 
 A role's target is resolved as Python would resolve the name in the docstring's scope (the
 object, then its class and module, following imports: :meth:`griffe.Object.resolve`); a
-leading ``~`` shows only the last part of the path, leading dots are relative to the
-enclosing scope. The role becomes an optional autorefs reference (``<autoref optional>``):
-mkdocs-autorefs turns it into a link to the target's anchor when some page renders the
-target, and leaves the code unlinked, without a warning, when none does.
+leading ``~`` shows only the last part of the path, leading dots are not shown. The role
+becomes an optional autorefs reference (``<autoref optional>``): mkdocs-autorefs turns it
+into a link to the target's anchor when some page renders the target, and leaves the code
+unlinked, without a warning, when none does.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def identifier(scope: Object, target: str) -> str:
 def reference(scope: Object, match: re.Match[str]) -> str:
     """The optional autorefs reference replacing one role of ``scope``'s docstring."""
     target = match["target"]
-    shown = target.lstrip("~")
-    path = identifier(scope, shown)
+    shown = target.lstrip("~").lstrip(".")  # as Sphinx shows it
+    path = identifier(scope, target.lstrip("~"))
     if target.startswith("~"):
         shown = shown.rpartition(".")[2]
     return f'<autoref identifier="{escape(path)}" optional><code>{escape(shown)}</code></autoref>'

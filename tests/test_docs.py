@@ -83,6 +83,33 @@ def test_marked_blocks_are_reported_skipped(block: Block):
     pytest.skip(f"{block.where}: {block.skip_reason}")
 
 
+ROLES_PACKAGE = {
+    "__init__.py": '"""See :mod:`.core`."""',
+    "core.py": (
+        "from pkg.other import Thing\n\n\nclass Box:\n"
+        '    """Holds a :class:`Thing`, :meth:`open` it; :func:`~pkg.other.make`, '
+        ':class:`Nowhere`."""\n\n'
+        "    def open(self):\n        pass\n"),
+    "other.py": "class Thing:\n    pass\n\n\ndef make():\n    pass\n",
+}
+
+
+def test_a_role_becomes_an_optional_reference_to_the_name_it_resolves_to() -> None:
+    griffe = pytest.importorskip("griffe", reason="the [docs] extra renders the API page")
+    roles = griffe.load_extensions(f"{ROOT / 'docs' / 'sphinx_roles.py'}:SphinxRoles")
+    with griffe.temporary_visited_package("pkg", ROLES_PACKAGE, extensions=roles) as pkg:
+        package, box = pkg.docstring.value, pkg["core.Box"].docstring.value
+
+    def ref(path: str, shown: str) -> str:
+        return f'<autoref identifier="{path}" optional><code>{shown}</code></autoref>'
+
+    assert package == f"See {ref('pkg.core', 'core')}."  # relative, shown as Sphinx does
+    assert box == (f"Holds a {ref('pkg.other.Thing', 'Thing')}, "  # through the import
+                   f"{ref('pkg.core.Box.open', 'open')} it; "  # the class's own member
+                   f"{ref('pkg.other.make', 'make')}, "  # "~": the last name shown
+                   f"{ref('Nowhere', 'Nowhere')}.")  # unresolved: as written
+
+
 #: A Sphinx role as the site would show it raw: ``:class:`` before a backtick or before the
 #: ``<code>`` the backticks became.
 RAW_ROLE = re.compile(r":(?:py:)?[a-z]+:(?:`|<code>)")
