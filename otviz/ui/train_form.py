@@ -13,6 +13,7 @@ The values come back by name and become a ``TrainConfig`` directly
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -102,6 +103,8 @@ def _value(spec: FormField, value: Any) -> Any:
     if spec.kind in (int, float):
         if value is None or value != value:
             raise InputError(f"{spec.name} is empty")
+        if not math.isfinite(float(value)):
+            raise InputError(f"{spec.name} must be a finite number, got {value}")
         return round(float(value)) if spec.kind is int else float(value)
     if spec.kind is bool:
         return bool(value)

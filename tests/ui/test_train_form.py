@@ -14,6 +14,7 @@ import gradio as gr
 import pytest
 
 from otviz.cli.train import build_parser
+from otviz.explain import InputError
 from otviz.field_docs import field_rules
 from otviz.knobs import HEAD_STARTS, AtLeast, OneOf
 from otviz.train.config import TrainConfig
@@ -91,6 +92,14 @@ def test_the_whole_form_round_trips():
     read = {name: box.preprocess(values[name]) for name, box in components.items()}
     assert config_from_form(read) == replace(app_config(), **values)
     assert config_from_form(read).method_config().start == values["start"]
+
+
+@pytest.mark.parametrize(("value", "message"), [(None, "hard_negatives is empty"),
+                                              (float("nan"), "hard_negatives is empty"),
+                                              (float("inf"), "must be a finite number")])
+def test_a_number_that_is_none_is_a_message(value, message):
+    with pytest.raises(InputError, match=message):
+        config_from_form({"hard_negatives": value})
 
 
 def test_a_name_that_is_no_field_is_refused():
