@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from otviz.train.config import TrainConfig
     from otviz.ui.context import AppContext
+    from otviz.ui.train_policy import TrainRequest
 
 #: The repository's root folder.
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,3 +227,34 @@ def raw_api_call(url: str, api_name: str, data: list) -> str:
     post.raise_for_status()
     return httpx.get(f"{url}gradio_api/call/{api_name}/{post.json()['event_id']}",
                      timeout=300, **PLAIN_HTTP).text
+
+
+def train_request_of(methods: list[str], source: str = "world", folder: str = "",
+                     uploads: list[str] | None = None, **recipe) -> TrainRequest:
+    """A Train request of ``methods`` on the app's recipe changed where ``recipe`` says
+    (TrainConfig fields)."""
+    from dataclasses import replace
+
+    from otviz.ui.train_policy import TrainRequest, app_config
+
+    return TrainRequest(list(methods), replace(app_config(), **recipe), source, folder,
+                        list(uploads or []))
+
+
+#: A one-step recipe on two-pair batches for ``/train`` requests (the form's other fields at
+#: their defaults).
+TINY_TRAIN_RECIPE = {"n_train": 64, "eps": 0.05, "tau_v": 0.1, "tau_t": 0.1, "tau_local": 0.05,
+                     "rank": 16, "n_iters": 10, "lambda_local": 0.5, "hard_negatives": 1,
+                     "epochs": 1, "max_steps": 1, "batch_size": 2, "lr": 1e-3}
+
+
+def train_api_args(checkpoint: str, source: str, folder: str, uploads: list,
+                   methods: list[str], **recipe) -> list:
+    """The ``/train`` endpoint's arguments: the data and methods, then the form's recipe
+    in its order (its defaults, changed where ``recipe`` says)."""
+    from otviz.ui.train_form import form_fields
+
+    specs = form_fields()
+    assert set(recipe) <= {s.name for s in specs}, set(recipe)
+    return [checkpoint, source, folder, uploads, methods,
+            *(recipe.get(s.name, s.default) for s in specs)]

@@ -438,8 +438,8 @@ def test_phrases_and_regions_view(page, shots):
 def test_train_view_trains_a_few_steps(page, live_app, shots):
     open_tab(page, "Train small model")
     panel = page.locator("#tab-train")
-    for label, value in (("World samples (train split)", "64"), ("batch size", "32"),
-                         ("K_h (hard neg.)", "2"), ("max steps (0: epochs)", "3")):
+    for label, value in (("n_train", "64"), ("batch_size", "32"), ("hard_negatives", "2"),
+                         ("max_steps", "3")):  # the form's boxes: TrainConfig's fields
         panel.get_by_label(label, exact=True).fill(value)
     panel.get_by_role("button", name="Start training").click()
     page.wait_for_selector('#train-progress [data-state="finished"]', timeout=240_000)

@@ -20,7 +20,7 @@ PACKAGE = ROOT / "otviz"
 #: Lowest first: a module may import modules of its own layer or of a layer before it
 #: (the first dotted part after ``otviz``: a subpackage or a top-level module).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "assets", "knobs", "registry", "worker_processes", "process_group"),
+    ("errors", "assets", "knobs", "registry", "field_docs", "worker_processes", "process_group"),
     ("boundary",),
     ("ot", "regions", "token_geometry"),
     ("methods",),
@@ -45,6 +45,8 @@ RUN_TRAINING = frozenset(
     {
         "otviz.ui.train_tab",  # the Train view
         "otviz.ui.train_jobs",  # its background training jobs
+        "otviz.ui.train_form",  # its form, generated from the training config
+        "otviz.ui.train_policy",  # what a run may do on this server, as training configs
         "otviz.eval.ablation",  # trains the ConceptOT variants it compares
         "otviz.eval.otclip_table",  # pre-trains one tiny CLIP per OT-CLIP loss
     }

@@ -10,17 +10,12 @@ lines just below). A comment rule ``# ---- title`` starts a group of flags in ``
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import inspect
-import io
-import textwrap
-import tokenize
-import types
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from otviz.field_docs import FieldDoc, field_docs, field_rules
 from otviz.knobs import AtLeast, ListOf, OneOf
 
 T = TypeVar("T")
@@ -95,76 +90,20 @@ def _kind_name(kind: type) -> str:
     return {int: "an integer", float: "a number"}.get(kind, kind.__name__)
 
 
-@dataclasses.dataclass(frozen=True)
-class FieldDoc:
-    """A field's help (its comment) and the group it is listed under (``""``: none)."""
-
-    help: str
-    section: str
-
-
-def _is_rule(comment: str) -> bool:
-    return comment.lstrip("# ").startswith("---")
-
-
-def field_docs(cls: type) -> dict[str, FieldDoc]:
-    """Each field of dataclass ``cls``: the comment on its line plus the comment-only lines
-    right below it, and the title of the last ``# ---- title`` rule above it. Empty when the
-    source cannot be read."""
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
-    comments = {tok.start[0]: tok.string for tok in
-                tokenize.generate_tokens(io.StringIO(source).readline)
-                if tok.type == tokenize.COMMENT}
-    lines = source.splitlines()
-    body = typing.cast(ast.ClassDef, ast.parse(source).body[0]).body
-    fields = [(n.target.id, n.lineno, n.end_lineno or n.lineno) for n in body
-              if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
-    docs, section = {}, ""
-    for i, (name, start, end) in enumerate(fields):
-        rules = [comments[n] for n in range(fields[i - 1][2] + 1 if i else 1, start)
-                 if n in comments and _is_rule(comments[n])]
-        if rules:
-            section = rules[-1].lstrip("# ").lstrip("-").strip()
-        parts = [comments.get(end, "")]
-        n = end + 1
-        while n in comments and lines[n - 1].strip().startswith("#") and not _is_rule(
-                comments[n]):
-            parts.append(comments[n])
-            n += 1
-        text = " ".join(p.lstrip("#").strip() for p in parts if p)
-        docs[name] = FieldDoc(text.replace("%", "%%"), section)  # argparse expands %
-    return docs
-
-
-def _rule(tp: Any) -> tuple[Any, AtLeast | OneOf | ListOf | None]:
-    """``(base type, rule)`` of an annotation: ``Annotated[int, AtLeast(1)]`` ->
-    ``(int, AtLeast(1))``, ``X | None`` -> ``(X, None)``."""
-    rule = None
-    if typing.get_origin(tp) is typing.Annotated:
-        tp, *extras = typing.get_args(tp)
-        rule = next((e for e in extras if isinstance(e, (AtLeast, OneOf, ListOf))), None)
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
-        tp = args[0]
-    return tp, rule
-
-
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type,
                         also: dict[str, tuple[str, ...]] | None = None) -> None:
     """Add ``--field-name`` for every ``int``/``float``/``str``/``bool`` field of dataclass
     ``cls`` (structured fields are set from Python). ``also`` adds choices to a field's
     (``{"method": ("all",)}``)."""
-    hints = typing.get_type_hints(cls, include_extras=True)
+    rules = field_rules(cls)
     docs = field_docs(cls)
     groups: dict[str, argparse._ActionsContainer] = {}
     for f in dataclasses.fields(cls):
-        tp, rule = _rule(hints[f.name])
+        tp, rule = rules[f.name]
         if tp not in (int, float, str, bool):
             continue
         doc = docs.get(f.name, FieldDoc("", ""))
+        text = doc.help.replace("%", "%%")  # argparse expands %
         if doc.section and doc.section not in groups:
             groups[doc.section] = parser.add_argument_group(doc.section)
         target = groups.get(doc.section, parser)
@@ -172,9 +111,9 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type,
         default = f.default if f.default is not dataclasses.MISSING else None
         if tp is bool:
             target.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                                help=doc.help)
+                                help=text)
             continue
-        kw: dict[str, Any] = {"type": tp, "default": default, "help": doc.help,
+        kw: dict[str, Any] = {"type": tp, "default": default, "help": text,
                               "metavar": METAVARS.get(tp)}
         if isinstance(rule, AtLeast):
             kw["type"] = at_least(tp, rule.low)

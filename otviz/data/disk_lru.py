@@ -1,10 +1,11 @@
-"""Directories on disk with an owner and a last use: the housekeeping that the feature cache
-and the store of unpacked uploads share.
+"""Directories on disk with an owner and a last use: the housekeeping that the feature cache,
+the store of unpacked uploads and the app's training runs share.
 
 An entry records the process that is writing or using it (:data:`OWNER_FILE`), so a later
 server can tell leftovers of a process that is gone from entries in use
 (:func:`owner_alive`); entries are discarded by an atomic rename first (:func:`discard`), and
-:func:`evict_least_recent` deletes the least recently used ones beyond a size cap.
+:func:`evict_least_recent` deletes the least recently used ones beyond a size cap,
+:func:`evict_oldest_dirs` the oldest folders of a root that no one holds.
 """
 
 from __future__ import annotations
@@ -100,3 +101,22 @@ def evict_least_recent(entries: Sequence[Path], sizes: Sequence[int], max_bytes:
     discarded entries."""
     return evict_oldest(entries, sizes, max_bytes,
                         [k == len(entries) - 1 for k in range(len(entries))])
+
+
+def dated_dirs(root: Path) -> list[Path]:
+    """The folders under ``root`` whose names start with their creation time, oldest first
+    (hidden ones, e.g. :func:`discard`'s, left out); none when ``root`` does not exist."""
+    if not root.is_dir():
+        return []
+    return sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+def evict_oldest_dirs(root: Path, max_bytes: int, keep: set[Path]) -> list[Path]:
+    """Cut :func:`dated_dirs` of ``root`` to ``max_bytes``, oldest first; the folders in
+    ``keep`` (resolved paths) stay, and so do those a live process owns (:data:`OWNER_FILE`,
+    which their owner removes when it is done with them). Returns the discarded folders."""
+    dirs = dated_dirs(root)
+    sizes = [disk_bytes(d, recursive=True) for d in dirs]
+    kept = [d.resolve() in keep or ((d / OWNER_FILE).is_file() and owner_alive(d))
+            for d in dirs]
+    return evict_oldest(dirs, sizes, max_bytes, kept)

@@ -6,7 +6,7 @@ IoU; a click on a row opens its image and phrase in Align.
 The view composes: tables come from :mod:`otviz.eval.browse` (computed once per checkpoint
 and source, kept in memory, features from the on-disk feature cache), the page picture and
 table from :mod:`otviz.viz.browse`; uploads go through the Train view's validated unpacking
-(:func:`otviz.ui.train_jobs.unpack_uploads`).
+(:func:`otviz.boundary.paths.unpack_uploads`).
 """
 
 from __future__ import annotations

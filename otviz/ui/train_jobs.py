@@ -1,286 +1,60 @@
-"""Training method heads from the app: the form's request checked and turned into
-:class:`~otviz.train.config.TrainConfig` s, one run at a time per server in a background
-thread, through the same :func:`otviz.train.loop.train_method` the command line uses.
+"""Training method heads from the app: one run at a time per server in a background thread,
+through the same :func:`otviz.train.loop.train_method` the command line uses, on the
+:class:`~otviz.train.config.TrainConfig` s that :mod:`otviz.ui.train_policy` makes of the
+form's request (checked, capped).
 
 A job trains its methods one after the other, records every progress report, registers the
 finished heads in the :class:`~otviz.ui.context.AppContext` (a new checkpoint-picker
 entry) and scores them on the examples gallery's compositional probe next to their
-training-free configuration. Runs are bounded: at most :func:`step_cap` optimiser steps per
-method (fewer on a public Space), a bounded number of training pairs, bounded uploads.
+training-free configuration; Stop ends it after the current step. When a run ends its
+unpacked upload goes and the feature cache and the runs folder are cut back to their caps.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import shutil
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from otviz.boundary.images import ImageInputError, check_headers
-from otviz.boundary.paths import NOT_FOUND, inside, unpack_uploads
-from otviz.data.datasets import CaptionFolder, DatasetError, load_image_captions
-from otviz.data.disk_lru import OWNER_FILE, disk_bytes, evict_oldest, owner_alive, write_owner
+from otviz.data.disk_lru import OWNER_FILE, evict_oldest_dirs, write_owner
 from otviz.data.feature_cache import FeatureCache
 from otviz.errors import UserInputError
 from otviz.explain import InputError
-from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
+from otviz.suite import METHOD_LABELS, MethodSuite
 from otviz.train.config import TrainConfig
 from otviz.train.loop import ENCODING, TrainResult, train_method
 from otviz.ui.budget import ComputeBudget, Work, server_budget, visitor
 from otviz.ui.context import AppContext, on_space
 from otviz.ui.head_registry import load_head_sets, register_head_set
 from otviz.ui.probe_tab import run_batch_probe
-from otviz.ui.upload_cache import discarded_if_refused, lone_archive
+from otviz.ui.train_policy import (
+    TrainRequest,
+    cache_cap_bytes,
+    check_request,
+    head_sets_cap,
+    resolve_data,
+    runs_cap_bytes,
+    step_cap,
+    train_configs,
+)
 
 log = logging.getLogger("otviz.ui.train_jobs")
 
-WORLD, FOLDER, UPLOAD = "world", "local folder", "upload"
-#: Optimiser steps per method at most, on a public Space and elsewhere;
-#: ``OTVIZ_TRAIN_MAX_STEPS`` overrides.
-SPACE_MAX_STEPS, LOCAL_MAX_STEPS = 200, 5000
-#: Training pairs at most (world samples or a folder's captions), Space / elsewhere.
-SPACE_MAX_PAIRS, LOCAL_MAX_PAIRS = 5000, 200_000
-MAX_EPOCHS = 100
 RUNS_ROOT = Path("runs") / "app"
-#: The only server folder the "local folder" data source may read (unset: no such source).
-DATA_ROOT_ENV = "OTVIZ_DATA_ROOT"
-#: The feature cache is cut back to this many MB (least recently used entries first) at
-#: start and after every run, Space / elsewhere; ``OTVIZ_FEATURE_CACHE_MB`` overrides.
-SPACE_CACHE_MB, LOCAL_CACHE_MB = 2048, 8192
-#: The runs folder is cut back to this many MB (oldest finished run first) at start, before
-#: a run unpacks its upload and after every run, Space / elsewhere; ``OTVIZ_RUNS_MB``
-#: overrides. A run in progress may add one upload (at most the 500 MB unpack cap) on top.
-SPACE_RUNS_MB, LOCAL_RUNS_MB = 1024, 10240
-#: Head sets trained here that the picker keeps, Space / elsewhere (``OTVIZ_MAX_TRAINED_HEADS``
-#: overrides): beyond, the oldest leaves the picker and its run may be evicted.
-SPACE_MAX_HEAD_SETS, LOCAL_MAX_HEAD_SETS = 20, 200
 #: The folder of a run that holds its unpacked upload (removed when the run ends).
 UPLOAD_DIR = "data"
 
 
 class TrainingBusyError(InputError):
     """Another training run holds this server."""
-
-
-def step_cap() -> int:
-    """The most optimiser steps a method may take here."""
-    env = os.environ.get("OTVIZ_TRAIN_MAX_STEPS")
-    if env:
-        return max(1, int(env))
-    return SPACE_MAX_STEPS if on_space() else LOCAL_MAX_STEPS
-
-
-def pair_cap() -> int:
-    """The most training pairs a run may use here."""
-    return SPACE_MAX_PAIRS if on_space() else LOCAL_MAX_PAIRS
-
-
-def data_root() -> Path | None:
-    """The folder whose contents the "local folder" source may read: ``$OTVIZ_DATA_ROOT``
-    if it is a folder, never on a Space."""
-    root = os.environ.get(DATA_ROOT_ENV, "").strip()
-    if on_space() or not root or not Path(root).is_dir():
-        return None
-    return Path(root).resolve()
-
-
-def data_sources() -> list[str]:
-    """The data choices: server folders only under a configured data root (never on a
-    Space)."""
-    return [WORLD, UPLOAD] if data_root() is None else [WORLD, FOLDER, UPLOAD]
-
-
-def _cap_bytes(env_name: str, space_mb: int, local_mb: int) -> int:
-    env = os.environ.get(env_name)
-    mb = int(env) if env else (space_mb if on_space() else local_mb)
-    return max(0, mb) * 2**20
-
-
-def cache_cap_bytes() -> int:
-    """The feature cache's size cap in bytes."""
-    return _cap_bytes("OTVIZ_FEATURE_CACHE_MB", SPACE_CACHE_MB, LOCAL_CACHE_MB)
-
-
-def runs_cap_bytes() -> int:
-    """The runs folder's size cap in bytes."""
-    return _cap_bytes("OTVIZ_RUNS_MB", SPACE_RUNS_MB, LOCAL_RUNS_MB)
-
-
-def head_sets_cap() -> int:
-    """How many head sets trained here the picker keeps."""
-    env = os.environ.get("OTVIZ_MAX_TRAINED_HEADS")
-    cap = int(env) if env else (SPACE_MAX_HEAD_SETS if on_space() else LOCAL_MAX_HEAD_SETS)
-    return max(1, cap)
-
-
-@dataclass
-class TrainRequest:
-    """What the Train form asks for (the papers' hyperparameters by their symbols).
-
-    ``tau`` is the mass temperature of both sides (tau_v = tau_t, ConceptOT Eq. 3),
-    ``tau_local`` the local loss temperature tau_l (Eq. 9), ``max_steps`` 0 means
-    ``epochs`` full passes."""
-
-    methods: list[str]
-    data: str = WORLD
-    n_train: int = 2000
-    folder: str = ""
-    uploads: list[str] = field(default_factory=list)
-    split: str = "train"
-    eps: float = TrainConfig.eps
-    tau: float = TrainConfig.tau_v
-    tau_local: float = TrainConfig.tau_local
-    rank: int = TrainConfig.rank
-    n_iters: int = TrainConfig.n_iters
-    lambda_local: float = TrainConfig.lambda_local
-    hard_negatives: int = TrainConfig.hard_negatives
-    epochs: int = TrainConfig.epochs
-    max_steps: int = 0
-    batch_size: int = TrainConfig.batch_size
-    lr: float = TrainConfig.lr
-
-
-def _check_range(name: str, value: float, low: float, high: float, low_open: bool = False):
-    bad = value <= low if low_open else value < low
-    if bad or value > high or value != value:
-        lo = "(" if low_open else "["
-        raise InputError(f"{name} must be in {lo}{low:g}, {high:g}], got {value:g}")
-
-
-def check_request(request: TrainRequest) -> None:
-    """Raise :class:`InputError` for a request no run should start with."""
-    if not request.methods:
-        raise InputError("pick at least one method to train")
-    unknown = [m for m in request.methods if m not in ALIGN_METHODS]
-    if unknown:
-        raise InputError(f"unknown method(s) {unknown}; choose from {list(ALIGN_METHODS)}")
-    if request.data not in data_sources():
-        raise InputError(f"unknown data source {request.data!r}; choose one of {data_sources()}")
-    _check_range("eps", request.eps, 0.0, 10.0, low_open=True)
-    _check_range("tau", request.tau, 0.0, 10.0, low_open=True)
-    _check_range("tau_l", request.tau_local, 0.0, 10.0, low_open=True)
-    _check_range("r (anchors)", request.rank, 1, 1024)
-    _check_range("L (Sinkhorn iterations)", request.n_iters, 1, 200)
-    _check_range("lambda_l", request.lambda_local, 0.0, 100.0)
-    _check_range("batch size", request.batch_size, 2, 1024)
-    _check_range("K_h (hard negatives)", request.hard_negatives, 1, request.batch_size - 1)
-    _check_range("epochs", request.epochs, 1, MAX_EPOCHS)
-    _check_range("max steps", request.max_steps, 0, 10**7)
-    _check_range("learning rate", request.lr, 0.0, 1.0, low_open=True)
-
-
-# --------------------------------------------------------------------- data
-def data_folder(typed: str) -> Path:
-    """The folder (or annotation file) ``typed`` in the form, under :func:`data_root`:
-    relative to it, or absolute inside it; no ``..``. Anything else, and what does not
-    exist, is "not found or not allowed" alike."""
-    root = data_root()
-    if root is None:
-        raise InputError("this server reads no local folders: upload the data instead")
-    typed = typed.strip()
-    if not typed:
-        raise InputError("type the path of an image-caption folder (or its CSV / JSON) under "
-                         "the server's data root")
-    path = root / typed  # an absolute ``typed`` replaces the root, then must be inside it
-    if ".." in Path(typed).parts or not inside(root, path) or not path.exists():
-        raise InputError(f"{typed}: {NOT_FOUND} (give a path under the server's data root)")
-    return path
-
-
-def _checked_folder(path: Path, split: str, root: Path | None) -> CaptionFolder:
-    """The image-caption folder at ``path``, read confined to ``root``: its captions pass
-    the text boxes' rule (the loaders check them) and every image's header the images'
-    (:func:`~otviz.boundary.images.check_headers`: pixels, aspect ratio; every bad image
-    named in one message), so that a bad folder is refused before training starts."""
-    try:
-        dataset = load_image_captions(path, split=split, root=root)
-        check_headers(dataset.image_paths)
-    except (DatasetError, ImageInputError) as e:
-        raise InputError(f"cannot train on this data: {e}") from None
-    except OSError:
-        raise InputError(f"cannot train on this data: a file is {NOT_FOUND}") from None
-    return dataset
-
-
-def resolve_data(request: TrainRequest, upload_dir: Path) -> tuple[str, int]:
-    """``(TrainConfig.data, number of training pairs)`` of the request, the folder read and
-    checked (every image present) now, so that a bad folder fails before training. Only
-    files under the data root (local folder) or among the uploads are read."""
-    cap = pair_cap()
-    if request.data == WORLD:
-        _check_range("world samples", request.n_train, request.batch_size, cap)
-        return WORLD, int(request.n_train)
-    if request.data == FOLDER:
-        path = data_folder(request.folder or "")
-        dataset = _checked_folder(path, request.split, data_root())
-    else:
-        with discarded_if_refused(lone_archive(request.uploads)):  # a refused .zip goes
-            path = unpack_uploads(request.uploads, upload_dir)
-            dataset = _checked_folder(path, request.split, upload_dir)
-    if len(dataset) > cap:
-        raise InputError(f"the data has {len(dataset)} pairs; at most {cap} here")
-    if len(dataset) < request.batch_size:
-        raise InputError(
-            f"the data has {len(dataset)} pairs, fewer than one batch of {request.batch_size}: "
-            "lower the batch size"
-        )
-    return str(path), len(dataset)
-
-
-def train_configs(
-    request: TrainRequest,
-    data: str,
-    n_pairs: int,
-    backbone: dict[str, str],
-    out: Path,
-    cache_dir: str | None = None,
-) -> tuple[list[TrainConfig], list[str]]:
-    """One :class:`TrainConfig` per method (run directory ``out/<method>``, fresh, on
-    ``backbone``'s TrainConfig fields, features cached in ``cache_dir``, default
-    TrainConfig's), with the step cap applied, and notes on the caps."""
-    cap = step_cap()
-    steps_per_epoch = max(1, n_pairs // request.batch_size)
-    planned = request.max_steps or request.epochs * steps_per_epoch
-    notes = []
-    max_steps = request.max_steps
-    if planned > cap:
-        max_steps = cap
-        notes.append(f"capped at {cap} steps per method on this server (asked: {planned})")
-    base = TrainConfig(
-        data=data,
-        split=request.split,
-        n_train=n_pairs if data == WORLD else TrainConfig.n_train,
-        epochs=request.epochs,
-        max_steps=max_steps,
-        batch_size=request.batch_size,
-        lr=request.lr,
-        eps=request.eps,
-        tau_v=request.tau,
-        tau_t=request.tau,
-        n_iters=request.n_iters,
-        rank=request.rank,
-        lambda_local=request.lambda_local,
-        tau_local=request.tau_local,
-        hard_negatives=request.hard_negatives,
-        resume=False,
-        threads=torch.get_num_threads(),  # the server's setting stays as it is
-        log_every=0,
-        **backbone,
-    )
-    if cache_dir:
-        base = replace(base, cache_dir=str(cache_dir))
-    configs = [replace(base, method=m, out=str(out / m)) for m in request.methods]
-    return configs, notes
 
 
 # --------------------------------------------------------------------- jobs
@@ -427,12 +201,6 @@ class TrainingJob:
             }
 
 
-def _running_elsewhere(run_dir: Path) -> bool:
-    """Whether ``run_dir`` is a run in progress of a live process (its owner file, which
-    the run's end removes)."""
-    return (run_dir / OWNER_FILE).is_file() and owner_alive(run_dir)
-
-
 def _subset(suite: MethodSuite, names: list[str], tag: str) -> MethodSuite:
     return MethodSuite(suite.backbone, {n: suite.methods[n] for n in names},
                        f"{suite.label} [{tag}]")
@@ -481,27 +249,17 @@ class TrainingJobs:
         """Cut the feature cache to :func:`cache_cap_bytes` (least recently used first)."""
         FeatureCache(self.feature_cache_dir).evict(cache_cap_bytes())
 
-    def run_dirs(self) -> list[Path]:
-        """The run directories, oldest first (their names start with their start time)."""
-        if not self.runs_root.is_dir():
-            return []
-        return sorted(d for d in self.runs_root.iterdir()
-                      if d.is_dir() and not d.name.startswith("."))
-
     def trim_runs(self) -> list[Path]:
-        """Cut the runs folder to :func:`runs_cap_bytes`: finished runs go oldest first; the
-        run in progress and the runs holding a head the picker offers stay. Returns the
-        removed run directories."""
+        """Cut the runs folder to :func:`~otviz.ui.train_policy.runs_cap_bytes`: finished
+        runs go oldest first; the run in progress (here or in another live process) and the
+        runs holding a head the picker offers stay. Returns the removed run directories."""
         job = self.current()
         kept = set()
         if job is not None and not job.finished.is_set():
             kept.add(Path(job.configs[0].out).parent.resolve())
         for head_set in self.ctx.head_sets:
             kept.update(p.resolve().parent.parent for p in head_set.heads.values())
-        runs = self.run_dirs()
-        sizes = [disk_bytes(d, recursive=True) for d in runs]
-        return evict_oldest(runs, sizes, runs_cap_bytes(),
-                            keep=[d.resolve() in kept or _running_elsewhere(d) for d in runs])
+        return evict_oldest_dirs(self.runs_root, runs_cap_bytes(), kept)
 
     def _run_ended(self, job: TrainingJob, work: Work) -> None:
         """A run's end: its unpacked upload goes, and the resume state of each method that
@@ -536,7 +294,7 @@ class TrainingJobs:
                 raise TrainingBusyError(self._busy_message(self._job.status()))
             check_request(request)
             choice = self.ctx.backbone_choice(checkpoint)
-            steps = min(request.max_steps or step_cap(), step_cap())
+            steps = min(request.config.max_steps or step_cap(), step_cap())
             work = self.budget.acquire(
                 visitor(), "training", len(request.methods) * steps
                 * self.budget.costs.unit("train_step"), capped=False)

@@ -5,13 +5,16 @@ when you like, and compare each finished head with its training-free configurati
 heads appear at once in the checkpoint picker.
 
 Callbacks are plain functions of plain values (testable without a browser); the builder
-only wires them to components. The run itself is :mod:`otviz.ui.train_jobs`.
+only wires them to components. The recipe's components are generated from TrainConfig
+(:mod:`otviz.ui.train_form`), the server's caps are :mod:`otviz.ui.train_policy`, the run
+itself is :mod:`otviz.ui.train_jobs`.
 """
 
 from __future__ import annotations
 
 import html
 from collections.abc import Iterator
+from typing import Any
 
 import gradio as gr
 import numpy as np
@@ -25,16 +28,14 @@ from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.inputs import CheckedFile, user_errors
 from otviz.ui.plots import FigurePlot
-from otviz.ui.train_jobs import (
+from otviz.ui.train_form import build_form, config_from_form
+from otviz.ui.train_jobs import JobStatus, TrainingJob, TrainingJobs, status_record
+from otviz.ui.train_policy import (
     FOLDER,
     WORLD,
-    JobStatus,
-    TrainingJob,
-    TrainingJobs,
     TrainRequest,
     data_sources,
     pair_cap,
-    status_record,
     step_cap,
 )
 from otviz.viz.training import before_after_figure, loss_curves_figure
@@ -62,45 +63,17 @@ a time per server; runs are capped at {cap} steps per method and {pairs} trainin
 here."""
 
 
-def _whole(value: float | None, name: str) -> int:
-    if value is None or value != value:
-        raise InputError(f"{name} is empty")
-    return round(float(value))
-
-
-def _real(value: float | None, name: str) -> float:
-    if value is None or value != value:
-        raise InputError(f"{name} is empty")
-    return float(value)
-
-
-def train_request(
-    data: str, n_train: float | None, folder: str | None, uploads: list | None,
-    split: str | None, methods: list[str] | None, eps: float | None, tau: float | None,
-    tau_local: float | None, rank: float | None, n_iters: float | None,
-    lambda_local: float | None, hard_negatives: float | None, epochs: float | None,
-    max_steps: float | None, batch_size: float | None, lr: float | None,
-) -> TrainRequest:
-    """The form's values as a :class:`TrainRequest` (range checks come when it starts)."""
+def train_request(source: str, folder: str | None, uploads: list | None,
+                  methods: list[str] | None, recipe: dict[str, Any]) -> TrainRequest:
+    """The form's values as a :class:`TrainRequest`: the recipe's by TrainConfig field name
+    (range checks come when it starts)."""
     return TrainRequest(
         methods=list(methods or []),
-        data=data,
-        n_train=_whole(n_train, "world samples"),
+        config=config_from_form(recipe),
+        source=source,
         folder=folder or "",
         uploads=[f if isinstance(f, str) else str(getattr(f, "name", f))  # keeps orig_name
                  for f in uploads or []],
-        split=(split or "train").strip() or "train",
-        eps=_real(eps, "eps"),
-        tau=_real(tau, "tau"),
-        tau_local=_real(tau_local, "tau_l"),
-        rank=_whole(rank, "r"),
-        n_iters=_whole(n_iters, "L"),
-        lambda_local=_real(lambda_local, "lambda_l"),
-        hard_negatives=_whole(hard_negatives, "K_h"),
-        epochs=_whole(epochs, "epochs"),
-        max_steps=_whole(max_steps or 0, "max steps"),
-        batch_size=_whole(batch_size, "batch size"),
-        lr=_real(lr, "learning rate"),
     )
 
 
@@ -230,41 +203,22 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
     """Add the Train view to the enclosing ``gr.Blocks`` (inside its tab); returns the
     server's training slot."""
     jobs = jobs or TrainingJobs(ctx)
-    defaults = TrainRequest(methods=["conceptot"])
     with gr.Row():
         with gr.Column(scale=1):
-            data = gr.Radio(data_sources(), value=WORLD, label="Training data")
-            n_train = gr.Number(defaults.n_train, precision=0, minimum=2, maximum=pair_cap(),
-                                label="World samples (train split)")
+            source = gr.Radio(data_sources(), value=WORLD, label="Training data")
             folder = gr.Textbox(label="Folder under the server's data root (OTVIZ_DATA_ROOT), "
                                 "or its COCO / Karpathy JSON or CSV",
                                 placeholder="coco (annotations/captions_train.json)",
                                 visible=FOLDER in data_sources())
             uploads = CheckedFile(file_count="multiple", label="Upload: a .zip of the folder, "
                                   "or the images and their captions file (CSV path,caption)")
-            split = gr.Textbox(defaults.split, label="Split (COCO / Karpathy)")
-            methods = gr.CheckboxGroup(method_choices(), value=defaults.methods,
+            methods = gr.CheckboxGroup(method_choices(), value=["conceptot"],
                                        label="Methods (trained one after the other)")
-        with gr.Column(scale=1):
-            with gr.Row():
-                eps = gr.Number(defaults.eps, label="eps (Sinkhorn entropy)")
-                tau = gr.Number(defaults.tau, label="tau (mass temperature)")
-            with gr.Row():
-                tau_local = gr.Number(defaults.tau_local, label="tau_l (local loss)")
-                lambda_local = gr.Number(defaults.lambda_local, label="lambda_l")
-            with gr.Row():
-                rank = gr.Number(defaults.rank, precision=0, label="r (concept anchors)")
-                n_iters = gr.Number(defaults.n_iters, precision=0, label="L (Sinkhorn iters)")
-            with gr.Row():
-                hard = gr.Number(defaults.hard_negatives, precision=0, label="K_h (hard neg.)")
-                batch = gr.Number(defaults.batch_size, precision=0, label="batch size")
-            with gr.Row():
-                epochs = gr.Number(defaults.epochs, precision=0, label="epochs")
-                max_steps = gr.Number(0, precision=0, label="max steps (0: epochs)")
-            lr = gr.Number(defaults.lr, label="learning rate")
             with gr.Row():
                 start = gr.Button("Start training", variant="primary")
                 stop = gr.Button("Stop", variant="stop")
+        with gr.Column(scale=1):
+            recipe = build_form()
         with gr.Column(scale=2):
             bar = gr.HTML(elem_id="train-progress")
             status = gr.Markdown()
@@ -278,12 +232,8 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
     job_id = gr.State(None)
 
     @user_errors
-    def on_start(checkpoint, data_v, n_v, folder_v, uploads_v, split_v, methods_v, eps_v,
-                 tau_v, tau_l_v, rank_v, iters_v, lam_v, hard_v, epochs_v, steps_v, batch_v,
-                 lr_v):
-        request = train_request(data_v, n_v, folder_v, uploads_v, split_v, methods_v, eps_v,
-                                tau_v, tau_l_v, rank_v, iters_v, lam_v, hard_v, epochs_v,
-                                steps_v, batch_v, lr_v)
+    def on_start(checkpoint, source_v, folder_v, uploads_v, methods_v, **recipe_v):
+        request = train_request(source_v, folder_v, uploads_v, methods_v, recipe_v)
         job = jobs.start(request, checkpoint)
         for update in follow_job(ctx, job):
             yield (job.id, *update)
@@ -294,12 +244,11 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
             raise InputError("no run of yours is in progress")
         return "**Stopping** after the current step ..."
 
-    inputs = [shared.checkpoint, data, n_train, folder, uploads, split, methods, eps, tau,
-              tau_local, rank, n_iters, lambda_local, hard, epochs, max_steps, batch, lr]
+    inputs = [shared.checkpoint, source, folder, uploads, methods]
     outputs = [job_id, bar, status, curves, metrics, metrics_plot, files, shared.checkpoint]
     # its own concurrency group: a second requester is answered at once (busy), not queued
-    start.click(on_start, inputs, outputs, api_name="train", concurrency_id="train",
-                concurrency_limit=4)
+    start.click(on_start, inputs, outputs, inputs_kwargs=recipe, api_name="train",
+                concurrency_id="train", concurrency_limit=4)
     stop.click(on_stop, job_id, status, api_name="train_stop", concurrency_limit=None)
     return jobs
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import pytest
 
 from otviz.cli import COMMANDS
-from otviz.cli.args import HelpFormatter, add_dataclass_flags, field_docs, parser
+from otviz.cli.args import HelpFormatter, add_dataclass_flags, parser
+from otviz.field_docs import field_docs
 from otviz.knobs import METHOD_NAMES, OTCLIP_LOSSES, Count, MethodName
 from otviz.methods.base import METHODS, registered_methods
 from otviz.train.otclip_losses import KINDS
@@ -67,7 +68,7 @@ class Knobs:
 def test_field_docs_read_comments_their_continuations_and_rules() -> None:
     docs = field_docs(Knobs)
     assert {k: (d.help, d.section) for k, d in docs.items()} == {
-        "method": ("the method", ""), "n": ("how many, at 100 %% most", "sizes"),
+        "method": ("the method", ""), "n": ("how many, at 100 % most", "sizes"),
         "name": ("a name", "naming"), "rate": ("", "naming")}
     p = parser("knobs", "test")
     add_dataclass_flags(p, Knobs)

@@ -50,11 +50,13 @@ from otviz.boundary.images import UNREADABLE_IMAGE
 from otviz.ui.app import MAX_UPLOAD
 from tests.helpers import (
     PLAIN_HTTP,
+    TINY_TRAIN_RECIPE,
     api_client,
     file_data,
     gradio_cache_files,
     png_header,
     raw_api_call,
+    train_api_args,
     upload,
 )
 
@@ -635,8 +637,8 @@ def test_odd_checkpoints_are_messages(client, example, picked):
 # ----------------------------------------------------------------------- training data
 def _train(client: Client, checkpoint: str, data: str, folder: str, uploads: list) -> str:
     """The message of a refused /train request (the form's other fields at defaults)."""
-    message = outcome(client, "/train", checkpoint, data, 64, folder, uploads, "train",
-                      ["filip"], 0.05, 0.1, 0.05, 16, 10, 0.5, 1, 1, 1, 2, 1e-3)
+    message = outcome(client, "/train", *train_api_args(
+        checkpoint, data, folder, uploads, ["filip"], **TINY_TRAIN_RECIPE))
     assert message is not None
     return message
 
@@ -689,8 +691,7 @@ def test_a_server_path_posing_as_an_upload_is_refused(live_app, checkpoint, secr
     """A request naming a server file as if it were an upload (never sent through the
     upload endpoint) is refused before any callback opens it."""
     posing = {"path": str(secret), "meta": {"_type": "gradio.FileData"}}
-    train = [checkpoint, "upload", 64, "", [posing], "train", ["filip"], 0.05, 0.1, 0.05, 16,
-             10, 0.5, 1, 1, 1, 2, 1e-3]
+    train = train_api_args(checkpoint, "upload", "", [posing], ["filip"], **TINY_TRAIN_RECIPE)
     with _OPENED.watch() as opened:
         streams = [raw_api_call(live_app.url, "words", [posing, "a red circle", checkpoint]),
                    raw_api_call(live_app.url, "train", train)]

@@ -15,9 +15,10 @@ from otviz.boundary.images import MAX_ASPECT_RATIO
 from otviz.explain import InputError
 from otviz.token_geometry import TokenGeometry
 from otviz.ui.inputs import MAX_IMAGE_SIDE, fit_image
-from otviz.ui.train_jobs import FOLDER, TrainRequest, resolve_data
+from otviz.ui.train_policy import FOLDER, resolve_data
 from otviz.ui.zeroshot_tab import load_images
 from otviz.viz.panels import compose_heatmaps
+from tests.helpers import train_request_of
 
 #: The longest side WebP (the gallery's format) encodes.
 WEBP_MAX_SIDE = 16383
@@ -91,8 +92,8 @@ def test_train_refuses_a_thin_image_before_training(tmp_path, monkeypatch):
     Image.fromarray(_noise(1, 400)).save(folder / "strip.png")
     rows.append("strip.png,a blue star")
     (folder / "captions.csv").write_text("\n".join(rows) + "\n")
-    request = TrainRequest(methods=["filip"], data=FOLDER, folder="pairs", batch_size=4,
-                           hard_negatives=2)
+    request = train_request_of(["filip"], source=FOLDER, folder="pairs", batch_size=4,
+                               hard_negatives=2)
     with pytest.raises(InputError) as refused:
         resolve_data(request, tmp_path / "run")
     assert str(refused.value) == (

@@ -26,7 +26,14 @@ from otviz.data.disk_lru import disk_bytes
 from otviz.ui import budget as budget_module
 from otviz.ui.align_tab import phrase_choices
 from otviz.ui.budget import ComputeBudget
-from tests.helpers import api_client, file_data, raw_api_call, upload
+from tests.helpers import (
+    TINY_TRAIN_RECIPE,
+    api_client,
+    file_data,
+    raw_api_call,
+    train_api_args,
+    upload,
+)
 from tests.ui.test_train_hosting import N_IMAGES, SIDE, flat_bmp_zip
 
 N_EXPENSIVE = 10
@@ -108,8 +115,8 @@ def test_expensive_load_is_bounded_and_align_keeps_its_time(live_app, example, t
              for k, p in enumerate(images)]
     archive = flat_bmp_zip(tmp_path / "flat.zip")
     zipped = upload(url, "flat.zip", archive.read_bytes())
-    train = [checkpoint, "upload", 64, "", [file_data(zipped, "flat.zip")], "train", ["filip"],
-             0.05, 0.1, 0.05, 16, 10, 0.5, 1, 1, 1, 2, 1e-3]
+    train = train_api_args(checkpoint, "upload", "", [file_data(zipped, "flat.zip")],
+                           ["filip"], **TINY_TRAIN_RECIPE)
     runs = live_app.jobs.runs_root
     runs_before = disk_bytes(runs, recursive=True)
     memory = RssPeak()

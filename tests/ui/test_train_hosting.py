@@ -14,13 +14,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from otviz.data.disk_lru import disk_bytes
+from otviz.data.disk_lru import dated_dirs, disk_bytes
 from otviz.explain import InputError
 from otviz.ui import train_jobs
 from otviz.ui.budget import BudgetRefused, ComputeBudget
 from otviz.ui.context import AppContext, HeadSet
-from otviz.ui.train_jobs import UPLOAD, TrainingJobs, TrainRequest
+from otviz.ui.train_jobs import TrainingJobs
+from otviz.ui.train_policy import UPLOAD
 from otviz.ui.train_tab import status_markdown
+from tests.helpers import train_request_of
 
 SMALL = {"batch_size": 2, "hard_negatives": 1, "max_steps": 1}
 #: The issue's upload scaled down: flat BMPs that compress to almost nothing.
@@ -64,8 +66,8 @@ def test_upload_runs_leave_the_runs_folder_bounded(ctx, cache_dir, tmp_path, mon
     checkpoint = ctx.checkpoint_choices()[0]
     sizes = []
     for _ in range(3):
-        job = jobs.start(TrainRequest(methods=["filip"], data=UPLOAD, uploads=[str(upload)],
-                                      **SMALL), checkpoint)
+        job = jobs.start(train_request_of(["filip"], source=UPLOAD, uploads=[str(upload)],
+                                          **SMALL), checkpoint)
         status = wait(job)
         assert status.state == "finished", status.error
         run = Path(status.results["filip"].head_checkpoint).parent.parent
@@ -117,8 +119,8 @@ def test_a_run_in_progress_is_never_evicted(ctx, cache_dir, tmp_path, monkeypatc
     real = train_jobs.train_method
     monkeypatch.setattr(train_jobs, "train_method", checked)
     upload = flat_bmp_zip(tmp_path / "flat.zip")
-    status = wait(jobs.start(TrainRequest(methods=["filip"], data=UPLOAD,
-                                          uploads=[str(upload)], **SMALL),
+    status = wait(jobs.start(train_request_of(["filip"], source=UPLOAD,
+                                              uploads=[str(upload)], **SMALL),
                              ctx.checkpoint_choices()[0]))
     assert status.state == "finished", status.error
 
@@ -128,9 +130,9 @@ def test_a_run_holds_a_budget_slot(ctx, cache_dir, tmp_path):
     jobs = TrainingJobs(ctx, tmp_path / "runs", cache_dir, evaluate=False, budget=budget)
     budget.acquire("someone else", "the trust metrics", 30)
     with pytest.raises(BudgetRefused, match="training not started: the server is busy"):
-        jobs.start(TrainRequest(methods=["filip"], n_train=8, **SMALL),
+        jobs.start(train_request_of(["filip"], n_train=8, **SMALL),
                    ctx.checkpoint_choices()[0])
-    assert not (tmp_path / "runs").exists() or not jobs.run_dirs()
+    assert not (tmp_path / "runs").exists() or not dated_dirs(jobs.runs_root)
 
 
 def test_stop_as_the_run_ends_tells_the_truth(ctx, cache_dir, tmp_path, monkeypatch):
@@ -146,7 +148,7 @@ def test_stop_as_the_run_ends_tells_the_truth(ctx, cache_dir, tmp_path, monkeypa
 
     monkeypatch.setattr(train_jobs, "train_method", then_stop)
     jobs = TrainingJobs(ctx, tmp_path / "runs", cache_dir, evaluate=False)
-    status = wait(jobs.start(TrainRequest(methods=["filip"], n_train=8, **SMALL),
+    status = wait(jobs.start(train_request_of(["filip"], n_train=8, **SMALL),
                              ctx.checkpoint_choices()[0]))
     assert status.state == "finished"
     assert status.picker_entry in ctx.checkpoint_choices()
@@ -165,8 +167,8 @@ def test_a_stop_mid_way_offers_the_methods_that_finished(ctx, cache_dir, tmp_pat
 
     monkeypatch.setattr(train_jobs, "train_method", stop_after_first)
     jobs = TrainingJobs(ctx, tmp_path / "runs", cache_dir, evaluate=False)
-    status = wait(jobs.start(TrainRequest(methods=["filip", "conceptot"], n_train=8,
-                                          **SMALL), ctx.checkpoint_choices()[0]))
+    status = wait(jobs.start(train_request_of(["filip", "conceptot"], n_train=8,
+                                              **SMALL), ctx.checkpoint_choices()[0]))
     assert status.state == "stopped" and list(status.results) == ["filip"]
     assert status.picker_entry is not None
     label = status.picker_entry.split(" · ", 1)[1]
@@ -184,7 +186,7 @@ def test_head_labels_are_stable_across_servers_and_restarts(cache_dir, tmp_path)
     trained = []
     for server in servers:
         jobs = TrainingJobs(server, runs, cache_dir, evaluate=False)
-        status = wait(jobs.start(TrainRequest(methods=["filip"], n_train=8, **SMALL),
+        status = wait(jobs.start(train_request_of(["filip"], n_train=8, **SMALL),
                                  server.checkpoint_choices()[0]))
         trained.append((status.picker_entry, status.results["filip"].head_checkpoint))
     assert trained[0][0] != trained[1][0]
@@ -223,7 +225,7 @@ def test_the_picker_keeps_the_newest_trained_heads_and_the_rest_can_go(
     jobs = TrainingJobs(server, tmp_path / "runs", cache_dir, evaluate=False)
     entries = []
     for _ in range(3):
-        status = wait(jobs.start(TrainRequest(methods=["filip"], n_train=8, **SMALL),
+        status = wait(jobs.start(train_request_of(["filip"], n_train=8, **SMALL),
                                  server.checkpoint_choices()[0]))
         entries.append(status.picker_entry)
     choices = server.checkpoint_choices()
@@ -231,7 +233,7 @@ def test_the_picker_keeps_the_newest_trained_heads_and_the_rest_can_go(
     with pytest.raises(InputError, match="unknown checkpoint"):
         server.suite(entries[0])
     jobs.trim_runs()
-    assert len(jobs.run_dirs()) == 2  # the two runs whose heads the picker offers
+    assert len(dated_dirs(jobs.runs_root)) == 2  # the two runs whose heads the picker offers
     restarted = AppContext.default(heads_root=tmp_path / "none")
     TrainingJobs(restarted, tmp_path / "runs", cache_dir, evaluate=False)
     assert restarted.checkpoint_choices()[2:] == entries[1:]
@@ -249,7 +251,7 @@ def test_another_servers_run_in_progress_is_never_evicted(ctx, cache_dir, tmp_pa
     write_owner(elsewhere)  # this process: alive
     ended = _fake_run(jobs.runs_root, "20260101-000002-bbbbbb", 2**20)
     assert jobs.trim_runs() == [ended] and elsewhere.is_dir()
-    status = wait(jobs.start(TrainRequest(methods=["filip"], n_train=8, **SMALL),
+    status = wait(jobs.start(train_request_of(["filip"], n_train=8, **SMALL),
                              ctx.checkpoint_choices()[0]))
     run = Path(status.results["filip"].head_checkpoint).parent.parent
     assert not (run / OWNER_FILE).exists()  # ended: evictable once its head leaves

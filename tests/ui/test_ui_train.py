@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from otviz.boundary.paths import unpack_uploads
 from otviz.checkpoints.heads import head_meta, load_method_checkpoint
 from otviz.explain import InputError
 from otviz.suite import MethodSuite
@@ -24,20 +25,17 @@ from otviz.ui.context import EMBEDDED, TRAINING_FREE, AppContext
 from otviz.ui.examples import load_examples
 from otviz.ui.inputs import user_errors
 from otviz.ui.probe_tab import run_batch_probe
-from otviz.ui.train_jobs import (
+from otviz.ui.train_jobs import TrainingBusyError, TrainingJobs
+from otviz.ui.train_policy import (
     FOLDER,
     SPACE_MAX_STEPS,
     UPLOAD,
     WORLD,
-    TrainingBusyError,
-    TrainingJobs,
-    TrainRequest,
     check_request,
     data_sources,
     resolve_data,
     step_cap,
     train_configs,
-    unpack_uploads,
 )
 from otviz.ui.train_tab import (
     HISTORY_COLUMNS,
@@ -47,7 +45,7 @@ from otviz.ui.train_tab import (
     progress_html,
     train_request,
 )
-from tests.helpers import write_caption_folder
+from tests.helpers import train_request_of, write_caption_folder
 
 SMALL = {"n_train": 64, "batch_size": 32, "hard_negatives": 2}
 
@@ -78,40 +76,47 @@ def caption_folder(tmp_path) -> Path:
     [
         ({"methods": []}, "at least one method"),
         ({"methods": ["sparse_magic"]}, "unknown method"),
-        ({"data": "the cloud"}, "unknown data source"),
+        ({"source": "the cloud"}, "unknown data source"),
         ({"eps": 0.0}, "eps must be in"),
-        ({"tau": -1.0}, "tau must be in"),
-        ({"rank": 0}, "r \\(anchors\\) must be in"),
-        ({"n_iters": 0}, "L \\(Sinkhorn iterations\\)"),
-        ({"hard_negatives": 64}, "K_h"),
-        ({"epochs": 0}, "epochs must be in"),
-        ({"lr": 0.0}, "learning rate"),
-        ({"lambda_local": float("nan")}, "lambda_l"),
+        ({"tau_t": -1.0}, "tau_t must be at least 0"),
+        ({"tau_v": 11.0}, "tau_v must be in"),
+        ({"rank": 0}, "rank must be at least 1"),
+        ({"rank": 2000}, "rank must be in \\[1, 1024\\]"),
+        ({"n_iters": 0}, "n_iters must be at least 1"),
+        ({"hard_negatives": 64}, "hard_negatives must be in \\[1, 31\\]"),
+        ({"epochs": 101}, "epochs must be in"),
+        ({"lr": 0.0}, "lr must be in"),
+        ({"lambda_local": float("nan")}, "lambda_local must be at least 0"),
+        ({"start": "elsewhere"}, "start must be one of backbone, random"),
     ],
 )
 def test_bad_requests_are_refused(change, message):
-    request = TrainRequest(**{"methods": ["conceptot"], **SMALL, **change})
+    request = train_request_of(**{"methods": ["conceptot"], **SMALL, **change})
     with pytest.raises(InputError, match=message):
         check_request(request)
 
 
 def test_form_values_become_a_request():
-    request = train_request(WORLD, 64.0, "", None, "", ["filip"], 0.1, 0.3, 0.05, 16.0, 7.0,
-                            0.4, 3.0, 2.0, 5.0, 32.0, 2e-4)
-    assert request == TrainRequest(methods=["filip"], n_train=64, eps=0.1, tau=0.3,
-                                   tau_local=0.05, rank=16, n_iters=7, lambda_local=0.4,
-                                   hard_negatives=3, epochs=2, max_steps=5, batch_size=32,
-                                   lr=2e-4)
+    """The form's values by field name become the request's TrainConfig: numbers read as
+    their fields' types, an emptied text box its default, an empty number a message."""
+    recipe = {"n_train": 64.0, "split": " ", "eps": 0.1, "tau_v": 0.3, "tau_t": 0.2,
+              "rank": 16.0, "start": "random", "max_steps": 5.0, "batch_size": 32.0,
+              "lr": 2e-4}
+    request = train_request(WORLD, "", None, ["filip"], recipe)
+    assert request == train_request_of(["filip"], n_train=64, eps=0.1, tau_v=0.3, tau_t=0.2,
+                                       rank=16, start="random", max_steps=5, batch_size=32,
+                                       lr=2e-4)
+    assert type(request.config.n_train) is int and request.config.split == "train"
     with pytest.raises(gr.Error, match="eps is empty"):
-        user_errors(train_request)(WORLD, 64, "", None, "", ["filip"], None, 0.3, 0.05, 16, 7,
-                                   0.4, 3, 2, 5, 32, 2e-4)
+        user_errors(train_request)(WORLD, "", None, ["filip"], {**recipe, "eps": None})
 
 
 def test_configs_carry_the_hyperparameters_and_the_step_cap(tmp_path, monkeypatch):
     monkeypatch.delenv("SPACE_ID", raising=False)
     monkeypatch.delenv("OTVIZ_TRAIN_MAX_STEPS", raising=False)
-    request = TrainRequest(methods=["conceptot", "qc_align"], eps=0.1, tau=0.3, rank=8,
-                           n_iters=4, lambda_local=0.7, tau_local=0.05, epochs=2, **SMALL)
+    request = train_request_of(["conceptot", "qc_align"], eps=0.1, tau_v=0.3, tau_t=0.3,
+                               rank=8, n_iters=4, lambda_local=0.7, tau_local=0.05, epochs=2,
+                               **SMALL)
     configs, notes = train_configs(request, WORLD, 64, {"backbone": "ckpt"}, tmp_path)
     assert [c.method for c in configs] == ["conceptot", "qc_align"]
     c = configs[0]
@@ -135,22 +140,22 @@ def test_a_space_caps_runs_and_reads_no_server_folder(monkeypatch, caption_folde
     assert FOLDER in data_sources() and step_cap() > SPACE_MAX_STEPS
     monkeypatch.setenv("SPACE_ID", "someone/otviz")
     assert data_sources() == [WORLD, UPLOAD] and step_cap() == SPACE_MAX_STEPS
-    request = TrainRequest(methods=["filip"], data=FOLDER, folder=str(caption_folder), **SMALL)
+    request = train_request_of(["filip"], source=FOLDER, folder=str(caption_folder), **SMALL)
     with pytest.raises(InputError, match="unknown data source"):
         check_request(request)
-    with pytest.raises(InputError, match="world samples must be in"):
-        resolve_data(TrainRequest(methods=["filip"], n_train=10**6), tmp_path)
+    with pytest.raises(InputError, match="n_train must be in"):
+        resolve_data(train_request_of(["filip"], n_train=10**6), tmp_path)
 
 
 # ----------------------------------------------------------------------- data
 def test_csv_folder_is_read_and_checked(caption_folder, tmp_path, monkeypatch):
     monkeypatch.setenv("OTVIZ_DATA_ROOT", str(tmp_path))
-    small = TrainRequest(methods=["filip"], data=FOLDER, folder="pairs",
-                         batch_size=4, hard_negatives=2)
+    small = train_request_of(["filip"], source=FOLDER, folder="pairs",
+                             batch_size=4, hard_negatives=2)
     assert resolve_data(small, tmp_path) == (str(caption_folder.resolve()), 8)
     with pytest.raises(InputError, match="fewer than one batch of 32"):
-        resolve_data(TrainRequest(methods=["filip"], data=FOLDER, folder=str(caption_folder),
-                                  **SMALL), tmp_path)
+        resolve_data(train_request_of(["filip"], source=FOLDER, folder=str(caption_folder),
+                                      **SMALL), tmp_path)
     (caption_folder / "test_0_00000.png").unlink()
     with pytest.raises(InputError, match="1 file\\(s\\) not found or not allowed: "
                                          "test_0_00000.png"):
@@ -171,12 +176,12 @@ def test_bad_folders_are_messages(tmp_path, make, message, monkeypatch):
     folder = tmp_path / "bad"
     folder.mkdir()
     make(folder)
-    request = TrainRequest(methods=["filip"], data=FOLDER, folder=str(folder), batch_size=4,
-                           hard_negatives=2)
+    request = train_request_of(["filip"], source=FOLDER, folder=str(folder), batch_size=4,
+                               hard_negatives=2)
     with pytest.raises(InputError, match=message):
         resolve_data(request, tmp_path / "x")
     with pytest.raises(InputError, match="no: not found or not allowed"):
-        resolve_data(TrainRequest(methods=["filip"], data=FOLDER, folder="no"), tmp_path / "x")
+        resolve_data(train_request_of(["filip"], source=FOLDER, folder="no"), tmp_path / "x")
 
 
 def test_uploads_zip_or_flat(caption_folder, tmp_path):
@@ -189,8 +194,8 @@ def test_uploads_zip_or_flat(caption_folder, tmp_path):
     assert sorted(p.name for p in root.iterdir()) == sorted(
         p.name for p in caption_folder.iterdir())
     flat = unpack_uploads([str(p) for p in caption_folder.iterdir()], tmp_path / "flat")
-    request = TrainRequest(methods=["filip"], data=UPLOAD, batch_size=4, hard_negatives=2,
-                           uploads=[str(p) for p in caption_folder.iterdir()])
+    request = train_request_of(["filip"], source=UPLOAD, batch_size=4, hard_negatives=2,
+                               uploads=[str(p) for p in caption_folder.iterdir()])
     assert resolve_data(request, tmp_path / "flat2")[1] == 8
     assert (flat / "captions.csv").is_file()
     evil = tmp_path / "evil.zip"
@@ -211,7 +216,7 @@ def test_the_app_trains_what_train_method_trains(ctx, cache_dir, tmp_path):
     """The job runs ``train_method`` on the same config: the head, its metadata and the
     loss history equal a direct call's; the head joins the picker and its suite."""
     jobs = jobs_for(ctx, tmp_path, cache_dir)
-    request = TrainRequest(methods=["conceptot"], max_steps=3, **SMALL)
+    request = train_request_of(["conceptot"], max_steps=3, **SMALL)
     job = jobs.start(request, ctx.checkpoint_choices()[0])
     status = wait(job)
     assert status.state == "finished", status.error
@@ -223,7 +228,7 @@ def test_the_app_trains_what_train_method_trains(ctx, cache_dir, tmp_path):
     assert direct.losses() == pytest.approx(
         [r["loss"] for r in status.histories["conceptot"]], rel=1e-5)
     head = Path(status.results["conceptot"].head_checkpoint)
-    assert head_meta(head)["train_config"]["eps"] == request.eps
+    assert head_meta(head)["train_config"]["eps"] == request.config.eps
     backbone = ctx.explainer(status.picker_entry).backbone
     app_head = load_method_checkpoint(head, backbone)
     cli_head = load_method_checkpoint(direct.head_checkpoint, backbone)
@@ -242,12 +247,12 @@ def test_the_app_trains_what_train_method_trains(ctx, cache_dir, tmp_path):
 def test_one_run_at_a_time_and_stop(ctx, cache_dir, tmp_path):
     jobs = jobs_for(ctx, tmp_path, cache_dir)
     checkpoint = ctx.checkpoint_choices()[0]
-    job = jobs.start(TrainRequest(methods=["filip"], max_steps=400, **SMALL), checkpoint)
+    job = jobs.start(train_request_of(["filip"], max_steps=400, **SMALL), checkpoint)
     deadline = time.monotonic() + 120
     while job.status().step < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     with pytest.raises(TrainingBusyError, match="already in progress on this server"):
-        jobs.start(TrainRequest(methods=["conceptot"], max_steps=2, **SMALL), checkpoint)
+        jobs.start(train_request_of(["conceptot"], max_steps=2, **SMALL), checkpoint)
     assert not jobs.stop("someone else's run")
     assert jobs.stop(job.id)
     status = wait(job)
@@ -257,7 +262,7 @@ def test_one_run_at_a_time_and_stop(ctx, cache_dir, tmp_path):
     assert 'data-state="stopped"' in bar and "stopped: FILIP" in bar
     assert not jobs.stop(job.id)  # over
     before = ctx.checkpoint_choices()
-    again = jobs.start(TrainRequest(methods=["filip"], max_steps=1, **SMALL), checkpoint)
+    again = jobs.start(train_request_of(["filip"], max_steps=1, **SMALL), checkpoint)
     assert wait(again).state == "finished"
     assert len(ctx.checkpoint_choices()) == len(before) + 1
     # a restarted server (a fresh context on the same runs folder) offers the head again
@@ -273,7 +278,7 @@ def test_live_updates_end_with_metrics_files_and_the_picker(ctx, cache_dir, tmp_
     and last loss of the history and the probe accuracy of the head and of the
     training-free method, as ``run_batch_probe`` gives them."""
     jobs = jobs_for(ctx, tmp_path, cache_dir, evaluate=True)
-    job = jobs.start(TrainRequest(methods=["dense_uot"], max_steps=2, **SMALL),
+    job = jobs.start(train_request_of(["dense_uot"], max_steps=2, **SMALL),
                      ctx.checkpoint_choices()[0])
     updates = list(follow_job(ctx, job, poll_s=0.05))
     *live, last = updates
@@ -316,7 +321,7 @@ def test_a_failing_run_ends_with_its_message(ctx, cache_dir, tmp_path, monkeypat
 
     monkeypatch.setattr(training, "train_method", broken)
     jobs = jobs_for(ctx, tmp_path, cache_dir)
-    status = wait(jobs.start(TrainRequest(methods=["filip"], max_steps=1, **SMALL),
+    status = wait(jobs.start(train_request_of(["filip"], max_steps=1, **SMALL),
                              ctx.checkpoint_choices()[0]))
     assert status.state == "failed"
     assert re.fullmatch(r"training failed: FloatingPointError: non-finite loss at step 1 "
@@ -345,8 +350,8 @@ def test_uploaded_annotations_read_only_the_uploads(tmp_path, row):
     secret = tmp_path / "secret.png"
     shutil.copy(load_examples()[1].image_path, secret)
     row = row.format(secret=secret)
-    request = TrainRequest(methods=["filip"], data=UPLOAD, batch_size=2, hard_negatives=1,
-                           uploads=_upload_csv(tmp_path, row + "\n"))
+    request = train_request_of(["filip"], source=UPLOAD, batch_size=2, hard_negatives=1,
+                               uploads=_upload_csv(tmp_path, row + "\n"))
     with pytest.raises(InputError) as caught:
         resolve_data(request, tmp_path / "run" / "data")
     name = row.split(",")[0]  # the row's path as written, nothing read from the server
@@ -358,8 +363,8 @@ def test_existence_probes_learn_nothing(tmp_path):
     """A file outside the upload that exists and one that does not get the same answer."""
     answers = []
     for name in ("/etc/hostname", "/etc/no-such-file-here"):
-        request = TrainRequest(methods=["filip"], data=UPLOAD, batch_size=2, hard_negatives=1,
-                               uploads=_upload_csv(tmp_path, f"{name},x\n"))
+        request = train_request_of(["filip"], source=UPLOAD, batch_size=2, hard_negatives=1,
+                                   uploads=_upload_csv(tmp_path, f"{name},x\n"))
         with pytest.raises(InputError) as caught:
             resolve_data(request, tmp_path / name.replace("/", "_"))
         answers.append(str(caught.value).replace(name, "NAME"))
@@ -373,8 +378,8 @@ def test_zip_members_and_symlinks_cannot_reach_outside(tmp_path, monkeypatch):
     with zipfile.ZipFile(archive, "w") as z:
         z.write(load_examples()[0].image_path, "pairs/ok.png")
         z.writestr("pairs/captions.csv", f"ok.png,a\n../../secret.png,b\n{secret},c\n")
-    request = TrainRequest(methods=["filip"], data=UPLOAD, batch_size=2, hard_negatives=1,
-                           uploads=[str(archive)])
+    request = train_request_of(["filip"], source=UPLOAD, batch_size=2, hard_negatives=1,
+                               uploads=[str(archive)])
     with pytest.raises(InputError, match="2 file\\(s\\) not found or not allowed"):
         resolve_data(request, tmp_path / "run" / "data")
     # the data root: a symlink leaving it is refused like a missing file, and so is the
@@ -387,8 +392,8 @@ def test_zip_members_and_symlinks_cannot_reach_outside(tmp_path, monkeypatch):
     (root / "escape").symlink_to(tmp_path)
     monkeypatch.delenv("SPACE_ID", raising=False)
     monkeypatch.setenv("OTVIZ_DATA_ROOT", str(root))
-    folder = TrainRequest(methods=["filip"], data=FOLDER, folder="pairs", batch_size=2,
-                          hard_negatives=1)
+    folder = train_request_of(["filip"], source=FOLDER, folder="pairs", batch_size=2,
+                              hard_negatives=1)
     with pytest.raises(InputError, match="images: 1 file\\(s\\) not found or not allowed: "
                                          "out.png$"):
         resolve_data(folder, tmp_path / "x")
@@ -399,8 +404,8 @@ def test_zip_members_and_symlinks_cannot_reach_outside(tmp_path, monkeypatch):
 
 def test_rejected_requests_leave_no_files(ctx, cache_dir, tmp_path):
     jobs = jobs_for(ctx, tmp_path, cache_dir)
-    request = TrainRequest(methods=["filip"], data=UPLOAD, batch_size=2, hard_negatives=1,
-                           uploads=_upload_csv(tmp_path, "/etc/passwd,x\n"))
+    request = train_request_of(["filip"], source=UPLOAD, batch_size=2, hard_negatives=1,
+                               uploads=_upload_csv(tmp_path, "/etc/passwd,x\n"))
     with pytest.raises(InputError, match="not found or not allowed"):
         jobs.start(request, ctx.checkpoint_choices()[0])
     assert not any((tmp_path / "runs").rglob("*"))
