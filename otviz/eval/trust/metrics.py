@@ -69,7 +69,9 @@ class TrustMetric:
     fast ones 2-14 ms (random logit the dearest) and the slow ones 38-41 ms (deletion,
     insertion, faithfulness correlation, max-sensitivity) and 359 ms (MPRT); under another
     process's load (up to ~7), the fast ones 2-104 ms and the slow ones 0.7-3.6 s, i.e. any
-    slow one summed over 10 maps takes 8-26 s.
+    slow one summed over 10 maps takes 8-26 s. MPRT has cost 3-42 ms a map (load 5-6) since
+    the maps of a request share its randomised model (:func:`randomised_model`); its first
+    map pays the drawing (not measured apart), and it is kept among the slow ones.
     """
 
     key: str
