@@ -46,9 +46,9 @@ SPACE_MAX_REQUEST_S, LOCAL_MAX_REQUEST_S = 120.0, 600.0
 #: The soonest "try again in" a refusal names, in seconds.
 MIN_RETRY_S = 5
 #: Resident memory (MB) of the server process above which expensive work is not started, on
-#: a Space (``OTVIZ_MAX_RSS_MB`` overrides): a free CPU Space has 16 GB, and one piece of
-#: expensive work grew the served app by 0.3-1.1 GB in the load test and the trust-sort
-#: measurements (docs/hosting.md), so 4 GB stay for the work admitted below the cap.
+#: a Space (``OTVIZ_MAX_RSS_MB`` overrides): a free CPU Space has 16 GB, and the served app
+#: grew by 0.1-0.3 GB in the load test and Browse's chunked trust sort by 0.26-0.37 GB
+#: (docs/hosting.md), so the 4 GB left cover the work admitted just under the cap.
 SPACE_MAX_RSS_MB = 12 * 1024
 #: Elsewhere: this share of the machine's physical memory.
 LOCAL_MAX_RSS_SHARE = 0.75
