@@ -71,7 +71,7 @@ class TrustMetric:
     process's load (up to ~7), the fast ones 2-104 ms and the slow ones 0.7-3.6 s, i.e. any
     slow one summed over 10 maps takes 8-26 s. MPRT has cost 3-42 ms a map (load 5-6) since
     the maps of a request share its randomised model (:func:`randomised_model`); its first
-    map pays the drawing (not measured apart), and it is kept among the slow ones.
+    map pays the drawing (388-650 ms), so it is kept among the slow ones.
     """
 
     key: str
