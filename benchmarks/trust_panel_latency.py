@@ -16,7 +16,10 @@ Usage: ``python benchmarks/trust_panel_latency.py panel [--runs 3] [--explainers
 again for another); each merges its figures into ``benchmarks/trust_panel_latency.json`` and
 rewrites the Markdown report next to it (``.md``), with the load average (1/5/15 min) before
 and after each measurement. ``--under TEXT`` names the condition of a panel measurement (e.g.
-a background load) and keeps it apart from the plain one.
+a background load, or ``before round 2: main``) and keeps it apart from the plain one (by
+its words before a colon). For a before/after comparison run the panel alternately with
+``PYTHONPATH`` at each tree (``OTVIZ_COMMIT`` names a tree outside git); on shared cores
+compare the CPU time, which other processes' load sways far less than the wall time.
 """
 
 from __future__ import annotations
@@ -94,13 +97,15 @@ def metric_costs(explainer, suite, encoded, words, with_explainers: bool, runs: 
 
 def panel_times(explainer, suite, encoded, words, with_explainers: bool, runs: int) -> dict:
     """Seconds from the click to the first table with every map's fast metrics and to the
-    complete table, each run with a fresh cache; their median and the runs."""
+    complete table, and the process's CPU seconds to the complete table (what a request
+    costs the server, less swayed by other processes' load than the wall time), each run
+    with a fresh cache; their median and the runs."""
     from otviz.ui.trust_panel import TrustCache, panel_sources, trust_rows
 
     n = len(panel_sources(explainer, suite, with_explainers)[0])
-    fast, full = [], []
+    fast, full, cpu = [], [], []
     for _ in range(runs):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         first = None
         for rows, _note in trust_rows(explainer, suite, encoded, words, with_explainers,
                                       TrustCache()):
@@ -108,9 +113,11 @@ def panel_times(explainer, suite, encoded, words, with_explainers: bool, runs: i
                 first = time.perf_counter() - start
         fast.append(first)
         full.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     return {"maps": n, "fast_table_s": float(np.median(fast)),
             "complete_table_s": float(np.median(full)), "fast_runs_s": fast,
-            "complete_runs_s": full}
+            "complete_runs_s": full, "complete_cpu_s": float(np.median(cpu)),
+            "complete_cpu_runs_s": cpu}
 
 
 def panel(runs: int, with_explainers: bool) -> dict:
@@ -201,7 +208,10 @@ def _panel_markdown(p: dict) -> list[str]:
              f"- **time to the table of fast metrics for every map: {p['fast_table_s']:.1f} s** "
              f"(runs: {', '.join(f'{x:.1f}' for x in p['fast_runs_s'])}; bar {BAR_S:.0f} s)",
              f"- **time to the complete table: {p['complete_table_s']:.1f} s** (runs: "
-             f"{', '.join(f'{x:.1f}' for x in p['complete_runs_s'])})", "",
+             f"{', '.join(f'{x:.1f}' for x in p['complete_runs_s'])})",
+             *([f"- **CPU time of the complete table: {p['complete_cpu_s']:.1f} s** (runs: "
+                f"{', '.join(f'{x:.1f}' for x in p['complete_cpu_runs_s'])})"]
+               if "complete_cpu_s" in p else []), "",
              "ms per map of each metric (median of the runs; blank: the map is flat and "
              "Quantus refuses it, nothing computed):", "",
              "| metric | " + " | ".join(maps) + " | median | sum over maps |",
@@ -227,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     result = json.loads(OUT.read_text()) if OUT.exists() else {}
     if args.what == "panel":
         name = "_".join(["panel"] + ["explainers"] * args.explainers
-                        + [w.strip(":,;") for w in args.under.split()[:1]])
+                        + args.under.split(":")[0].split()[:3])
         result[name] = {**panel(args.runs or 3, args.explainers), "under": args.under}
     else:
         result.setdefault("align", {}).setdefault(args.label, []).append(align(args.runs or 5))

@@ -1,6 +1,6 @@
 """Hugging Face Space readiness: requirements.txt (what a Space installs) carries every
-dependency of pyproject.toml and its ``hf`` extra, with CPU-only torch, and app.py is a thin
-entry point."""
+dependency of pyproject.toml and its ``hf`` extra, and Quantus, with CPU-only torch;
+packages.txt gives Quantus' cv2 its libGL; app.py is a thin entry point."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from otviz.eval.trust.metrics import QUANTUS
 from tests.helpers import ROOT
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
@@ -34,9 +35,16 @@ def test_requirements_cover_the_package_dependencies_from_pypi_alone():
     lines = _lines("requirements.txt")
     requirements = [line for line in lines if not line.startswith("-")]
     wanted = [*project["dependencies"], *project["optional-dependencies"]["hf"]]  # SigLIP's
-    assert {_name(r) for r in requirements} == {_name(d) for d in wanted}
+    assert {_name(r) for r in requirements} == {_name(d) for d in wanted} | {"quantus"}
+    assert QUANTUS in requirements  # the release the trust metrics were written against
     assert requirements == lines  # no --index-url / --extra-index-url / --find-links
     assert _torch_pins() <= set(requirements)  # torch pinned as `make` does
+
+
+def test_the_space_image_gets_libgl_for_quantus_cv2():
+    """Quantus requires the full opencv-python, whose cv2 loads only with the system's
+    libGL: the Space installs packages.txt with apt."""
+    assert _lines("packages.txt") == ["libgl1"]
 
 
 def test_cpu_torch_comes_from_the_pre_install():

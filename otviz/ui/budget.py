@@ -8,7 +8,9 @@ to try again), when
 * the estimate is over the per-request cap (the message says what to make smaller),
 * the visitor (Gradio's session of the page or API client) already has
   :attr:`ComputeBudget.per_visitor` pieces of expensive work running, or
-* the server already runs :attr:`ComputeBudget.slots` of them, from any event.
+* the server already runs :attr:`ComputeBudget.slots` of them, from any event, or
+* the server process's resident memory is over :attr:`ComputeBudget.max_rss_mb` (after a
+  garbage collection): the work running, or caches, hold it.
 
 Nothing waits: expensive events run outside Gradio's per-event limits
 (``concurrency_limit=None``) and are answered at once when refused, so they never hold a
@@ -21,12 +23,14 @@ measurement the work reports.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from otviz.explain import InputError
 from otviz.ui.context import on_space
@@ -41,6 +45,16 @@ PER_VISITOR = 1
 SPACE_MAX_REQUEST_S, LOCAL_MAX_REQUEST_S = 120.0, 600.0
 #: The soonest "try again in" a refusal names, in seconds.
 MIN_RETRY_S = 5
+#: Resident memory (MB) of the server process above which expensive work is not started, on
+#: a Space (``OTVIZ_MAX_RSS_MB`` overrides): a free CPU Space has 16 GB, and the served app
+#: grew by 0.1-0.3 GB in the load test and Browse's chunked trust sort by 0.26-0.37 GB
+#: (docs/hosting.md), so the 4 GB left cover the work admitted just under the cap.
+SPACE_MAX_RSS_MB = 12 * 1024
+#: Elsewhere: this share of the machine's physical memory.
+LOCAL_MAX_RSS_SHARE = 0.75
+#: "Try again in" of a memory refusal when no expensive work is running (caches hold the
+#: memory; nothing is expected to free it soon).
+IDLE_MEMORY_RETRY_S = 300
 #: Seconds per map, seeded from docs/trust.md's "background torch process" column (2 CPU
 #: cores, load 2.5-3.7): drawing the map, and each trust metric on it.
 SEED_MAP_S = 0.095
@@ -107,6 +121,28 @@ class Work:
     started: float
 
 
+def resident_mb() -> float | None:
+    """This process's resident memory in MB (``/proc/self/statm``; ``None`` where there is
+    no such file, e.g. macOS: no memory cap is enforced there)."""
+    try:
+        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def physical_mb() -> float | None:
+    """The machine's physical memory in MB, where the OS tells."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _megabytes(mb: float) -> str:
+    return f"{mb / 1024:.1f} GB" if mb >= 1024 else f"{mb:.0f} MB"
+
+
 def _env_number(name: str, default: float) -> float:
     try:
         return float(os.environ.get(name, "").strip() or default)
@@ -116,11 +152,16 @@ def _env_number(name: str, default: float) -> float:
 
 class ComputeBudget:
     """At most ``slots`` pieces of expensive work at once on the server, ``per_visitor`` per
-    visitor, each estimated at most ``max_request_s`` seconds (module docstring)."""
+    visitor, each estimated at most ``max_request_s`` seconds, none started while the
+    process's resident memory (``memory()``, MB) is over ``max_rss_mb`` (``None``: no memory
+    cap) (module docstring)."""
 
     def __init__(self, slots: int, per_visitor: int = PER_VISITOR,
-                 max_request_s: float = LOCAL_MAX_REQUEST_S, clock=time.monotonic) -> None:
+                 max_request_s: float = LOCAL_MAX_REQUEST_S, clock=time.monotonic,
+                 max_rss_mb: float | None = None,
+                 memory: Callable[[], float | None] = resident_mb) -> None:
         self.slots, self.per_visitor, self.max_request_s = slots, per_visitor, max_request_s
+        self.max_rss_mb, self._memory = max_rss_mb, memory
         self.costs = CostModel()
         self._clock = clock
         self._running: list[Work] = []
@@ -128,12 +169,18 @@ class ComputeBudget:
 
     @classmethod
     def for_server(cls) -> ComputeBudget:
-        """The budget of this server: :data:`SPACE_SLOTS` or :data:`LOCAL_SLOTS`, and the
-        per-request cap, unless the environment overrides them."""
+        """The budget of this server: :data:`SPACE_SLOTS` or :data:`LOCAL_SLOTS`, the
+        per-request cap and the memory cap (:data:`SPACE_MAX_RSS_MB`, or
+        :data:`LOCAL_MAX_RSS_SHARE` of the machine's memory), unless the environment
+        overrides them."""
         slots = SPACE_SLOTS if on_space() else LOCAL_SLOTS
         cap = SPACE_MAX_REQUEST_S if on_space() else LOCAL_MAX_REQUEST_S
+        physical = physical_mb()
+        rss = SPACE_MAX_RSS_MB if on_space() or physical is None else (
+            LOCAL_MAX_RSS_SHARE * physical)
         return cls(max(1, int(_env_number("OTVIZ_EXPENSIVE_SLOTS", slots))),
-                   max_request_s=_env_number("OTVIZ_MAX_REQUEST_S", cap))
+                   max_request_s=_env_number("OTVIZ_MAX_REQUEST_S", cap),
+                   max_rss_mb=_env_number("OTVIZ_MAX_RSS_MB", rss))
 
     def running(self) -> list[Work]:
         with self._lock:
@@ -157,6 +204,7 @@ class ComputeBudget:
                 f"{what} would take about {cost_s:.0f} s of computing, more than the "
                 f"{self.max_request_s:.0f} s this server allows for one request: ask for "
                 "less (fewer images or maps)")
+        self._check_memory(what)
         with self._lock:
             mine = sum(w.visitor == visitor for w in self._running)
             busy = len(self._running) >= self.slots
@@ -174,6 +222,24 @@ class ComputeBudget:
             f"{what} not started: the server is busy with {self.slots} expensive "
             f"computation(s) (trust metrics, training, explainers); try again in about "
             f"{wait} s")
+
+    def _check_memory(self, what: str) -> None:
+        """Raise :class:`BudgetRefused` when the process's resident memory is over the cap
+        after a garbage collection."""
+        if self.max_rss_mb is None or (self._memory() or 0.0) <= self.max_rss_mb:
+            return
+        gc.collect()
+        used = self._memory() or 0.0
+        if used <= self.max_rss_mb:
+            return
+        busy = bool(self.running())
+        wait = self.retry_after_s() if busy else IDLE_MEMORY_RETRY_S
+        why = ("the expensive work running now holds memory" if busy else
+               "caches hold it and nothing expensive is running to free it sooner")
+        raise BudgetRefused(
+            f"{what} not started: the server is using {_megabytes(used)} of memory, over "
+            f"the {_megabytes(self.max_rss_mb)} at which it starts no more expensive work "
+            f"({why}); try again in about {wait} s")
 
     def release(self, work: Work) -> None:
         with self._lock, contextlib.suppress(ValueError):

@@ -36,6 +36,9 @@ NO_BOXES = ("no {metric} values: localisation metrics need each phrase's gold bo
 #: What replaces the trust controls where Quantus is not installed.
 UNAVAILABLE = ("*Trust metrics are not offered on this server: they need Quantus, which its "
                "install lacks (docs/trust.md).*")
+#: What replaces them where Quantus is installed but OpenCV (which it imports) fails to load.
+NO_CV2 = ("*Trust metrics are not offered on this server: Quantus is installed but OpenCV, "
+          "which it imports, does not load ({why}); docs/trust.md, \"Installing Quantus\".*")
 #: metric label (with its direction) -> key, in the order of the trust table.
 METRIC_CHOICES = {f"{m.label} {'↑' if m.higher else '↓'}": m.key for m in METRICS}
 
@@ -130,9 +133,15 @@ def trust_sort(cache: TrustValues, suite: MethodSuite, table: BrowseTable, name:
 
 def trust_unavailable() -> str | None:
     """Why this server offers no trust metrics (one line for the page), or ``None``: Quantus
-    is not installed (a Space's requirements file cannot install it; docs/trust.md)."""
+    is not installed (:data:`UNAVAILABLE`), or it is but its ``cv2`` does not load here
+    (:data:`NO_CV2`: e.g. the full ``opencv-python`` wheel Quantus requires, without the
+    system's libGL; docs/trust.md). Quantus itself is not imported here (~3 s at start)."""
     if importlib.util.find_spec("quantus") is None:
         return UNAVAILABLE
+    try:
+        import cv2  # noqa: F401  (Quantus' perturbations import it)
+    except ImportError as e:
+        return NO_CV2.format(why=str(e).splitlines()[0] if str(e) else type(e).__name__)
     return None
 
 

@@ -142,3 +142,36 @@ def test_eval_names_the_trust_table_only_on_request() -> None:
     assert "trust" not in EvalConfig(tables="all").table_names()
     with pytest.raises(ValueError, match="trust"):
         EvalConfig(tables="trusty").table_names()
+
+
+def test_mprt_shares_one_randomised_model_and_keeps_quantus_values(backbone, monkeypatch
+                                                                    ) -> None:
+    """MPRT draws the randomised model once per model for all its maps and scores each map
+    exactly as Quantus' own ``MPRT(return_last_correlation=True)`` call, which draws it per
+    map (the old path)."""
+    import quantus
+
+    from otviz.eval.trust.metrics import QUIET
+
+    inputs = world_trust_inputs(backbone, seed=2, n=2)  # a model no other test randomised
+    suite = MethodSuite.training_free(backbone, WORLD_FIT_CAPTIONS[:20], ("filip",))
+    n = backbone.grid[0] * backbone.grid[1]
+    sources = [*T.heatmap_sources(suite.methods, ("legrad",))[:2],
+               FixedMaps(torch.rand(len(inputs.targets), n, dtype=torch.float64,
+                                    generator=torch.Generator().manual_seed(0)))]
+    resets = []
+    reset = T.RandomisedBlock.reset_parameters
+    monkeypatch.setattr(T.RandomisedBlock, "reset_parameters",
+                        lambda self: (resets.append(self), reset(self))[1])
+    settings = TrustSettings(seed=3)
+    ours = [trust_scores(inputs.scorer, s, inputs.pixels, inputs.targets, None, settings,
+                         metrics=["mprt"]) for s in sources]
+    assert len(resets) == len(inputs.scorer.units) >= 1  # once for the three maps
+    for source, scores in zip(sources, ours, strict=True):
+        reference = quantus.MPRT(similarity_func=rank_similarity, layer_order="top_down",
+                                 seed=settings.seed, return_last_correlation=True, **QUIET)(
+            model=inputs.scorer, x_batch=inputs.pixels, y_batch=inputs.targets,
+            a_batch=scores.maps, channel_first=True, softmax=False, explain_func=source)
+        assert np.array_equal(scores.values["mprt"], np.asarray(reference)), source.name
+    assert len(resets) == 4 * len(inputs.scorer.units)  # Quantus: once per map
+    assert not np.allclose(ours[0].values["mprt"], 1.0)  # a map that does change

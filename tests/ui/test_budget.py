@@ -6,6 +6,7 @@ explainers) refuse at once instead of computing."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -116,6 +117,64 @@ def test_the_server_budget_follows_the_space_and_the_environment(monkeypatch):
     monkeypatch.setenv("OTVIZ_MAX_REQUEST_S", "7")
     local = ComputeBudget.for_server()
     assert (local.slots, local.max_request_s) == (5, 7.0)
+
+
+def test_the_memory_cap_follows_the_space_the_machine_and_the_environment(monkeypatch):
+    monkeypatch.delenv("OTVIZ_MAX_RSS_MB", raising=False)
+    monkeypatch.setenv("SPACE_ID", "someone/otviz")
+    assert ComputeBudget.for_server().max_rss_mb == budget_module.SPACE_MAX_RSS_MB
+    monkeypatch.delenv("SPACE_ID")
+    monkeypatch.setattr(budget_module, "physical_mb", lambda: 8000.0)
+    assert ComputeBudget.for_server().max_rss_mb == 6000.0
+    monkeypatch.setenv("OTVIZ_MAX_RSS_MB", "1500")
+    assert ComputeBudget.for_server().max_rss_mb == 1500.0
+
+
+@pytest.mark.skipif(budget_module.resident_mb() is None, reason="reads /proc for memory")
+def test_resident_memory_is_the_kernels_figure():
+    status = dict(line.split(":", 1) for line in
+                  Path("/proc/self/status").read_text().splitlines())
+    kernel_mb = int(status["VmRSS"].split()[0]) / 1024
+    assert budget_module.resident_mb() == pytest.approx(kernel_mb, abs=8)
+
+
+def test_no_expensive_work_starts_over_the_memory_cap():
+    clock, used = Clock(), {"mb": 900.0}
+    budget = ComputeBudget(slots=2, clock=clock, max_rss_mb=1000,
+                           memory=lambda: used["mb"])
+    with budget.admit("a", "training", 40):  # under the cap
+        used["mb"] = 1300.0
+        clock.now += 10
+        with pytest.raises(BudgetRefused, match=r"the trust metrics not started: the server is "
+                           r"using 1\.3 GB of memory, over the 1000 MB .*\(the expensive work "
+                           r"running now holds memory\); try again in about 30 s"):
+            budget.acquire("b", "the trust metrics", 1)
+    with pytest.raises(BudgetRefused, match="nothing expensive is running to free it sooner"
+                       r"\); try again in about 300 s"):
+        budget.acquire("b", "the trust metrics", 1)
+    used["mb"] = 999.0
+    with budget.admit("b", "the trust metrics", 1):
+        assert len(budget.running()) == 1
+
+
+def test_the_trust_panel_refuses_over_a_tiny_memory_cap(tools, monkeypatch):
+    from otviz.ui import trust_panel
+    from otviz.ui.examples import load_examples
+
+    if budget_module.resident_mb() is None:
+        pytest.skip("reads /proc for memory")
+    computed = []
+    monkeypatch.setattr(trust_panel, "_score_part", lambda *a, **k: computed.append(a))
+    explainer, suite = tools
+    e = load_examples()[0]
+    encoded = explainer.encode(e.image_path, e.caption)
+    budget = ComputeBudget(slots=1, max_rss_mb=1)  # the process's own memory is over it
+    rows = trust_panel.trust_rows(explainer, suite, encoded, [0], False,
+                                  trust_panel.TrustCache(), budget=budget)
+    with pytest.raises(BudgetRefused, match="the trust metrics not started: the server is "
+                                            "using .* of memory, over the 1 MB"):
+        next(rows)
+    assert computed == [] and budget.running() == []
 
 
 # ------------------------------------------------------------------ the events that use it

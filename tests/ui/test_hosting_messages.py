@@ -6,6 +6,7 @@ and answering "pip install"."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import gradio as gr
 import pytest
@@ -72,6 +73,13 @@ def test_without_quantus_the_trust_controls_are_hidden_with_one_line(ctx, withou
     assert not metric.visible and not keep.visible
     assert not any(isinstance(b, gr.Accordion) for b in blocks.blocks.values())
     assert "align_trust" not in {fn.api_name for fn in blocks.fns.values()}
+
+
+def test_a_quantus_whose_cv2_does_not_load_is_said_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cv2", None)  # `import cv2` raises ImportError
+    line = trust_browse.trust_unavailable()
+    assert line is not None and line.startswith("*Trust metrics are not offered")
+    assert "Quantus is installed but OpenCV" in line and "cv2" in line
 
 
 def test_with_quantus_the_trust_controls_are_offered(ctx):

@@ -17,14 +17,18 @@ per row and metric plus each metric's wall time. Groups (Hedström et al., JMLR 
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from types import ModuleType
 
 import numpy as np
+from torch import nn
 
 from otviz.errors import UserInputError
 from otviz.eval.trust.adapter import HeatmapSource, PhraseScorer
@@ -65,7 +69,9 @@ class TrustMetric:
     fast ones 2-14 ms (random logit the dearest) and the slow ones 38-41 ms (deletion,
     insertion, faithfulness correlation, max-sensitivity) and 359 ms (MPRT); under another
     process's load (up to ~7), the fast ones 2-104 ms and the slow ones 0.7-3.6 s, i.e. any
-    slow one summed over 10 maps takes 8-26 s.
+    slow one summed over 10 maps takes 8-26 s. MPRT has cost 3-42 ms a map (load 5-6) since
+    the maps of a request share its randomised model (:func:`randomised_model`); its first
+    map pays the drawing (388-650 ms), so it is kept among the slow ones.
     """
 
     key: str
@@ -339,13 +345,55 @@ def _insertion(common: dict, settings: TrustSettings, lattice: PatchLattice) -> 
 
 def _mprt(common: dict, source: HeatmapSource, settings: TrustSettings) -> np.ndarray:
     """Rank similarity of each map to its map once the chosen top blocks of the image tower
-    are all re-initialised, cascading from the top (MPRT, Adebayo et al. 2018)."""
+    are all re-initialised, cascading from the top (MPRT, Adebayo et al. 2018).
+
+    Quantus' ``MPRT(return_last_correlation=True)`` keeps only the similarity to the fully
+    randomised model's map; it draws that model (a copy of the model, its layers reset top
+    down, each after ``torch.manual_seed(seed + 1)``) for every call, and the maps of every
+    step before it, which it then drops. Here the fully randomised model is drawn once per
+    model and seed by Quantus' own generator (:func:`randomised_model`) and shared by every
+    map scored on that model, and only its maps are computed: the same values, one copy and
+    one explanation per map instead of a copy and a map per block
+    (tests/eval/test_trust_metrics.py compares the two)."""
     quantus = require_quantus()
 
-    scores = quantus.MPRT(
-        similarity_func=rank_similarity, layer_order="top_down", seed=settings.seed,
-        return_last_correlation=True, **QUIET)(**common, explain_func=source)
+    metric = quantus.MPRT(similarity_func=rank_similarity, layer_order="top_down",
+                          seed=settings.seed, return_last_correlation=True, **QUIET)
+    data = metric.general_preprocess(  # Quantus' own handling of the maps (normalise, abs)
+        model=common["model"], x_batch=common["x_batch"], y_batch=common["y_batch"],
+        a_batch=common["a_batch"], s_batch=None, custom_batch=None, channel_first=True,
+        explain_func=source, explain_func_kwargs=None, model_predict_kwargs=None,
+        softmax=False, device=None)
+    model = randomised_model(data["model"], metric.layer_order, metric.seed)
+    x, y, maps = data["x_batch"], data["y_batch"], data["a_batch"]
+    scores: list[float] = []
+    for start in range(0, len(x), QUANTUS_BATCH):  # Quantus' batches: a map may read its batch
+        rows = slice(start, start + QUANTUS_BATCH)
+        perturbed = metric.explain_batch(model, x[rows], y[rows])
+        scores += metric.similarity_func(maps[rows].reshape(len(perturbed), -1),
+                                         perturbed.reshape(len(perturbed), -1), batched=True
+                                         ).tolist()
     return np.asarray(scores, dtype=np.float64)
+
+
+#: A Quantus metric call's default ``batch_size``.
+QUANTUS_BATCH = 64
+_RANDOMISED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_RANDOMISED_LOCK = threading.Lock()
+
+
+def randomised_model(wrapped: object, order: str, seed: int) -> nn.Module:
+    """The model of Quantus' wrapper ``wrapped`` with every layer it randomises reset, in
+    ``order`` from ``seed`` (the last model of Quantus'
+    ``get_random_layer_generator(order, seed)``), drawn once per model object and kept as
+    long as that model lives."""
+    model = wrapped.get_model()
+    with _RANDOMISED_LOCK:
+        drawn = _RANDOMISED.setdefault(model, {})
+        if (order, seed) not in drawn:
+            steps = wrapped.get_random_layer_generator(order=order, seed=seed)
+            drawn[(order, seed)] = collections.deque(steps, maxlen=1)[0][1]  # the last step
+        return drawn[(order, seed)]
 
 
 def _random_logit(scorer: PhraseScorer, source: HeatmapSource, pixels: np.ndarray,
