@@ -56,12 +56,14 @@ LOCAL_MAX_RSS_SHARE = 0.75
 #: memory; nothing is expected to free it soon).
 IDLE_MEMORY_RETRY_S = 300
 #: Seconds per map, seeded from docs/trust.md's "background torch process" column (2 CPU
-#: cores, load 2.5-3.7): drawing the map, and each trust metric on it.
+#: cores, load 2.5-3.7): drawing the map, and each trust metric on it. MPRT's randomised
+#: model is drawn once per request and shared (0.39-0.65 s, then 3-42 ms a map at load 5-6,
+#: benchmarks/trust_panel_latency.md): 0.1 s a map over a panel of 10.
 SEED_MAP_S = 0.095
 SEED_METRIC_S = {
     "pointing": 0.005, "mass": 0.005, "rank": 0.005, "auc": 0.005,
     "sparseness": 0.005, "random_logit": 0.09, "deletion": 0.414, "insertion": 0.414,
-    "faith_corr": 0.414, "max_sensitivity": 0.273, "mprt": 0.762,
+    "faith_corr": 0.414, "max_sensitivity": 0.273, "mprt": 0.1,
 }
 #: Seconds per map of an explainer: the dearest of the embedded model's, one map at a time,
 #: was 84 ms (Chefer; Grad-CAM 80, LeGrad 45, MaskCLIP 30) on the 2-core machine at load
