@@ -74,7 +74,7 @@ def cli_args(root: Path) -> list[str]:
 def worker(out: str, part: str) -> None:
     """One torchrun process. ``part == "cases"``: every case trains data-parallel in a
     process group created here (train_method joins it); ``"cli"``: the command-line entry
-    runs as ``torchrun -m otviz.train.loop`` would run it, creating its own group (rank 0
+    runs as ``torchrun -m otviz train`` would run it, creating its own group (rank 0
     builds the feature cache while the other waits). Each part gets fresh processes: a
     second gloo group in the same processes, on the same torchrun store, can read the
     first group's stale addresses and wait forever to connect."""
