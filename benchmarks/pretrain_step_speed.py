@@ -19,9 +19,10 @@ import time
 
 import torch
 
+from otviz.process_group import DistInfo
 from otviz.tiny_clip import DEFAULT_CHECKPOINT, load_tiny_clip
 from otviz.train.local_alignment import EOT_TOKEN, SOT_TOKEN
-from otviz.train.pretrain import _Group, batch_loss
+from otviz.train.pretrain import batch_loss
 from otviz.train.pretrain_config import PretrainConfig
 
 VARIANTS = {"fp32": (False, 0.0), "bf16": (True, 0.0), "fp32+filip": (False, 1.0),
@@ -49,7 +50,7 @@ def main() -> dict[str, float]:
             config = PretrainConfig(local_weight=weight, bf16=bf16)
             t0 = time.perf_counter()
             with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
-                loss = batch_loss(model, images, ids, config, _Group(), b)
+                loss = batch_loss(model, images, ids, config, DistInfo(), b)
             loss.backward()
             model.zero_grad(set_to_none=True)
             times[name].append(time.perf_counter() - t0)

@@ -138,7 +138,7 @@ def curve(checkpoint: Path, out: Path) -> None:
         right.axhline(100 * ceiling, ls="--", c="grey", label="ties-against ceiling (T->I)")
     right.set(xlabel="step", ylabel="R@1 on 1,000 held-out pairs (%)", ylim=(0, 100))
     right.legend(loc="lower right")
-    fig.suptitle(textwrap.fill(meta["cli_command"], 150), fontsize=7)
+    fig.suptitle(textwrap.fill(meta["command"], 150), fontsize=7)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

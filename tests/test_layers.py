@@ -4,16 +4,20 @@ import graph has no cycle, the text layer knows nothing of the synthetic world, 
 loads heads, datasets or runs evaluations never imports the training code, except the
 modules whose job is to run training.
 
-An ``if __name__ == "__main__":`` block is a script's entry (``python -m otviz.train.loop``
-runs the ``otviz train`` command), not an import of the library, and is left out.
+Every import counts, under an ``if __name__ == "__main__":`` guard too: the package's one
+script entry is ``otviz/__main__.py`` (``python -m otviz``, ``torchrun -m otviz``), in the
+command line's layer, so no library module runs a command (which made ``otviz.cli`` and
+``otviz.train`` import each other).
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, child_env
 
 PACKAGE = ROOT / "otviz"
 
@@ -35,7 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("viz",),
     ("report",),
     ("ui",),
-    ("cli",),
+    ("cli", "__main__"),
 )
 
 #: Layers that load heads and datasets or evaluate them: no ``otviz.train`` imports...
@@ -56,19 +60,10 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_main_guard(node: ast.AST) -> bool:
-    return (
-        isinstance(node, ast.If)
-        and isinstance(node.test, ast.Compare)
-        and isinstance(node.test.left, ast.Name)
-        and node.test.left.id == "__name__"
-    )
-
-
 def _imported(tree: ast.Module, module: str, is_package: bool) -> set[str]:
     """Dotted names of the ``otviz`` modules (or module attributes) ``tree`` imports."""
     found: set[str] = set()
-    stack: list[ast.AST] = [n for n in tree.body if not _is_main_guard(n)]
+    stack: list[ast.AST] = list(tree.body)
     while stack:
         node = stack.pop()
         if isinstance(node, ast.Import):
@@ -179,3 +174,13 @@ def test_the_graph_sees_imports_inside_functions() -> None:
 def test_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_training_modules_load_without_the_command_line() -> None:
+    """Importing the training engines loads no ``otviz.cli`` module (checked in a fresh
+    interpreter, where nothing else imported it first)."""
+    code = ("import sys, otviz.train.loop, otviz.train.pretrain\n"
+            "print(sorted(m for m in sys.modules if m.startswith('otviz.cli')))")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(), cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,4 +1,4 @@
-"""``python -m otviz.cli``: the ``otviz`` command."""
+"""``python -m otviz.cli``: the ``otviz`` command (as ``python -m otviz``)."""
 
 import sys
 

@@ -1,7 +1,7 @@
 """``otviz train``: flags from :class:`~otviz.train.config.TrainConfig`; ``--method all``
 trains every comparison method in turn, ``--publish`` ships each finished head with a
-manifest entry. Also run as ``python -m otviz.train.loop`` and, data-parallel, as
-``torchrun --nproc-per-node 2 -m otviz.train.loop``.
+manifest entry. Data-parallel under ``torchrun --nproc-per-node 2 -m otviz train ...``
+(:mod:`otviz.train.distributed`).
 """
 
 from __future__ import annotations

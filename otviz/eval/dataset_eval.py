@@ -12,7 +12,7 @@ shards already written and goes on; nothing computed is lost. The table is the p
 weighted mean of the shards' rows (every metric is a mean over phrases, so this is the
 mean over the whole set).
 
-Several processes: ``torchrun --nproc-per-node N -m otviz.cli eval --dataset ...`` shares
+Several processes: ``torchrun --nproc-per-node N -m otviz eval --dataset ...`` shares
 the shards among the processes (shard ``k`` to rank ``k % N``), each on its own device; rank
 0 gathers the rows from the shard files (:func:`run_dataset_eval`).
 

@@ -18,6 +18,7 @@ from otviz.backbone import Backbone
 from otviz.eval.classification_metrics import accuracy
 from otviz.eval.classification_tables import classification_sets, temperature
 from otviz.eval.config import OTCLIPTableConfig
+from otviz.eval.held_out import HeldOutRetrieval
 from otviz.eval.table import Column, Table
 from otviz.ot.zeroshot import zero_shot_predict
 from otviz.train.pretrain import pretrain
@@ -77,7 +78,8 @@ def otclip_loss_table(
         pre = pretrain_config(config, loss)
         t0 = time.perf_counter()
         metrics = pretrain(pre, None if progress is None else (
-            lambda step, total, entry, loss=loss: progress(f"pretrain {loss}", step, total)))
+            lambda step, total, entry, loss=loss: progress(f"pretrain {loss}", step, total)),
+            held_out=HeldOutRetrieval)
         backbone = Backbone.from_checkpoint(pre.out)
         zs = zero_shot_accuracies(backbone, config.otclip_n_classify, config.otclip_seed)
         logs[loss] = [{k: e[k] for k in ("step", "loss")} for e in backbone.info["log"]]

@@ -73,7 +73,7 @@ def filip_loss(patches: Tensor, tokens: Tensor, token_mask: Tensor, logit_scale:
     matched pairs on the diagonal: the image->text cross-entropy over ``logit_scale * s^I``
     and the text->image one over ``logit_scale * s^T``, averaged. Caption rows beyond the
     ``B`` images are extra negatives for image->text only (as in
-    :func:`otviz.train.pretrain.infonce_loss`)."""
+    :func:`otviz.train.losses.infonce_loss`)."""
     n = patches.shape[0]
     s_image, s_text = token_max_similarities(patches, tokens, token_mask)
     target = torch.arange(n, device=patches.device)

@@ -19,9 +19,9 @@ continues from it. Under ``torchrun`` the same entry point trains data-parallel
 
 Command line (flags are the :class:`TrainConfig` fields)::
 
-    python -m otviz.train.loop --method conceptot --epochs 3 --out runs/conceptot
+    otviz train --method conceptot --epochs 3 --out runs/conceptot
     otviz train --method all --out runs/heads --publish checkpoints/heads
-    torchrun --nproc-per-node 2 -m otviz.train.loop --method dense_uot
+    torchrun --nproc-per-node 2 -m otviz train --method dense_uot
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -512,9 +511,3 @@ def _train(
         return run.result("finished", f"trained {config.method} for {run.step} steps")
     return run.result("finished", f"trained {config.method} for {run.step} steps; the head is "
                       f"step {run.validation.best_step}'s (best validation loss)")
-
-
-if __name__ == "__main__":  # python -m / torchrun -m otviz.train.loop: the ``otviz train`` command
-    from otviz.cli.train import main
-
-    sys.exit(main())

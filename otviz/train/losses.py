@@ -1,4 +1,13 @@
-"""The training objective of a method head: Eq. 10 of ConceptOT and its per-method variants.
+"""The training losses: tiny-CLIP pre-training's global contrastive loss
+(:func:`contrastive_loss`) and the training objective of a method head, Eq. 10 of ConceptOT
+and its per-method variants (:class:`TrainObjective`).
+
+Pre-training: CLIP's symmetric InfoNCE (OT-CLIP Eq. 3-4, :func:`infonce_loss`), with the
+world's hard-negative captions as extra image->text negatives, or another member of
+OT-CLIP's family (:func:`otviz.train.otclip_losses.otclip_loss`, Eq. 7-10); FILIP's
+token-wise local term beside it lives in :mod:`otviz.train.local_alignment`.
+
+Method heads:
 
 ``L = L_global + lambda * L_local + beta * method.regulariser()`` where ``L_local`` depends on
 the method (:func:`local_objective`):
@@ -47,6 +56,26 @@ from otviz.methods.base import (
 from otviz.train.config import TrainConfig
 from otviz.train.global_head import GlobalHead, global_term
 from otviz.train.negatives import HardNegatives, mine_hard_negatives
+from otviz.train.otclip_losses import otclip_loss
+
+
+def infonce_loss(image_emb: Tensor, text_emb: Tensor, logit_scale: Tensor) -> Tensor:
+    """Symmetric InfoNCE of CLIP (OT-CLIP Eq. 3-4) on L2-normalised embeddings, matched pairs
+    on the diagonal: the mean of the image->text and text->image cross-entropies. Text rows
+    beyond the B images are extra negatives for image->text only (NegCLIP's hard-negative
+    captions)."""
+    n = image_emb.shape[0]
+    logits = logit_scale * image_emb @ text_emb.T  # [B, B + extra]
+    target = torch.arange(n, device=logits.device)
+    return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits[:, :n].T, target))
+
+
+def contrastive_loss(image_emb: Tensor, text_emb: Tensor, logit_scale: Tensor, kind: str) -> Tensor:
+    """Pre-training's batch loss ``kind``: :func:`infonce_loss` for ``"infonce"``, any other
+    kind from OT-CLIP's family (:func:`otviz.train.otclip_losses.otclip_loss`)."""
+    if kind == "infonce":
+        return infonce_loss(image_emb, text_emb, logit_scale)
+    return otclip_loss(image_emb, text_emb, logit_scale, kind)
 
 
 def local_weight(config: TrainConfig) -> float:

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
+from otviz.process_group import DistInfo, barrier
 from otviz.train.pretrain_config import PretrainConfig
 
 _OPERATIONAL = ("out", "save_every", "resume", "threads", "eval_every", "device", "data_cache",
@@ -62,9 +62,9 @@ class SavedState:
 class TrainingState:
     """The resumable state of one run in ``path`` (``None``: nothing is saved)."""
 
-    def __init__(self, path: Path | None, group: Any) -> None:
+    def __init__(self, path: Path | None, info: DistInfo) -> None:
         self.path = path
-        self.group = group
+        self.info = info
 
     def _file(self, rank: int, step: int) -> Path:
         assert self.path is not None
@@ -81,7 +81,7 @@ class TrainingState:
                 "pass --no-resume to start afresh"
             )
         step = int(info["step"])
-        payload = torch.load(self._file(self.group.rank, step), weights_only=False,
+        payload = torch.load(self._file(self.info.rank, step), weights_only=False,
                              map_location="cpu")  # a run may move between CPU and GPU
         return SavedState(step, payload)
 
@@ -94,7 +94,7 @@ class TrainingState:
         """Write this process's state at ``step``; rank 0 commits the step once all have."""
         assert self.path is not None
         self.path.mkdir(parents=True, exist_ok=True)
-        is_main = self.group.rank == 0
+        is_main = self.info.is_main
         payload = {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
@@ -105,12 +105,11 @@ class TrainingState:
             "log": log if is_main else [],
             "metrics": metrics if is_main else {},
         }
-        target = self._file(self.group.rank, step)
+        target = self._file(self.info.rank, step)
         tmp = target.with_suffix(".tmp")
         torch.save(payload, tmp)
         os.replace(tmp, target)
-        if self.group.size > 1:
-            dist.barrier()
+        barrier(self.info)
         if is_main:
             info = {"step": step, "recipe": _recipe(config)}
             tmp_json = self.path / "state.json.tmp"

@@ -1,4 +1,4 @@
-"""``torchrun --nproc-per-node 2 -m otviz.cli eval --dataset ...`` on the CPU (gloo): the two
+"""``torchrun --nproc-per-node 2 -m otviz eval --dataset ...`` on the CPU (gloo): the two
 processes share the shards (shard ``k`` to rank ``k % 2``), rank 0 gathers the rows from the
 shard files, and the table and every phrase's hit equal those of one process."""
 
@@ -36,7 +36,7 @@ def test_two_processes_gather_the_one_process_table(tmp_path: Path) -> None:
 
     # a few seconds per process alone; the limit only guards against a hung process group
     flags = _flags(root, str(tmp_path / "two"), str(tmp_path / "cache-two"))
-    stdout = torchrun(["-m", "otviz.cli", "eval", *flags], timeout=600)
+    stdout = torchrun(["-m", "otviz", "eval", *flags], timeout=600)
     assert stdout.count("Weak grounding of") == 1  # rank 0 alone prints the table
     assert evaluate.main(_flags(root, str(tmp_path / "one"), str(tmp_path / "cache-one"))) == 0
 

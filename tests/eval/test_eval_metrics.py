@@ -31,7 +31,6 @@ from otviz.eval.retrieval import (
     two_stage_rerank,
 )
 from otviz.token_geometry import TokenGeometry
-from otviz.train.pretrain import retrieval_recalls
 from otviz.world import World, WorldConfig
 
 INF = float("inf")
@@ -84,10 +83,18 @@ def test_recall_matches_sorting_reference_and_pretrain_recall():
     for k in (1, 5, 10):
         assert r[f"i2t_r{k}"] == pytest.approx(sum(x < k for x in i2t_rank) / n_img)
         assert r[f"t2i_r{k}"] == pytest.approx(sum(x < k for x in t2i_rank) / (n_img * per))
-    sq = torch.randn(9, 9, generator=g)
-    assert recall_at_k(sq) == pytest.approx(retrieval_recalls(sq))
     rel = relevance(gt, n_img, n_img * per)
     assert torch.equal(match_ranks(s, rel, chunk=2), match_ranks(s, rel))
+
+
+def test_recall_of_square_scores_by_hand():
+    sim = torch.tensor([[0.9, 0.1, 0.0], [0.8, 0.7, 0.0], [0.0, 0.95, 0.5]])
+    r = recall_at_k(sim, ks=(1, 2))
+    # image ranks of their captions: 0, 1 (0.8 > 0.7), 1 (0.95 > 0.5)
+    assert r["i2t_r1"] == pytest.approx(1 / 3) and r["i2t_r2"] == 1.0
+    # caption ranks of their images: col 0 -> 0, col 1 -> 1 (0.95 > 0.7), col 2 -> 0
+    assert r["t2i_r1"] == pytest.approx(2 / 3) and r["t2i_r2"] == 1.0
+    assert recall_at_k(torch.ones(3, 3), ks=(1,))["i2t_r1"] == 0.0  # ties count against
 
 
 def test_recall_rejects_bad_ground_truth_and_nan():

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from open_clip.tokenizer import SimpleTokenizer
 
 from otviz.backbone import Backbone
+from otviz.process_group import DistInfo
 from otviz.tiny_clip import create_tiny_clip, load_tiny_clip, tiny_clip_config
 from otviz.train.local_alignment import (
     EOT_TOKEN,
@@ -21,7 +22,8 @@ from otviz.train.local_alignment import (
     filip_loss,
     token_max_similarities,
 )
-from otviz.train.pretrain import _Group, batch_loss, contrastive_loss, pretrain
+from otviz.train.losses import contrastive_loss
+from otviz.train.pretrain import batch_loss, pretrain
 from otviz.train.pretrain_config import PretrainConfig
 from tests.train.test_pretrain import SMOKE
 
@@ -119,16 +121,16 @@ def test_batch_loss_adds_the_weighted_local_term():
     ids = _captions(5, seed=10)  # 3 captions + 2 hard negatives
     config = PretrainConfig(local_weight=0.25)
     with torch.no_grad():
-        total = batch_loss(model, images, ids, config, _Group(), 3)
+        total = batch_loss(model, images, ids, config, DistInfo(), 3)
         plain = batch_loss(model, images, ids, dataclasses.replace(config, local_weight=0.0),
-                            _Group(), 3)
+                            DistInfo(), 3)
         img, txt, patches, tokens = encode_with_tokens(model, images, ids)
         scale = model.logit_scale.exp()
         torch.testing.assert_close(plain, contrastive_loss(img, txt, scale, "infonce"))
         local = filip_loss(patches, tokens[:3], content_mask(ids[:3]), scale)
         torch.testing.assert_close(total, plain + 0.25 * local)
         with torch.autocast("cpu", torch.bfloat16):
-            low = batch_loss(model, images, ids, config, _Group(), 3)
+            low = batch_loss(model, images, ids, config, DistInfo(), 3)
     assert abs(float(low) - float(total)) < 0.05 * float(total)
 
 

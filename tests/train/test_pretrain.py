@@ -1,5 +1,8 @@
-"""Tiny-CLIP pre-training: the loss, the schedule, the retrieval metric, the CLI, and a
-smoke run that lowers the loss and writes a loadable checkpoint."""
+"""Tiny-CLIP pre-training: the loss, the schedule, the CLI, a smoke run that lowers the loss
+and writes a loadable checkpoint with its held-out retrieval, and the data-parallel engine
+(:mod:`otviz.train.distributed`): a step over two processes is the full-batch step
+(``tests/train/test_train_ddp.py``: ``--processes 2`` and a ``torchrun`` job train the same
+run)."""
 
 from __future__ import annotations
 
@@ -17,16 +20,11 @@ import torch.nn.functional as F
 from otviz.backbone import Backbone
 from otviz.checkpoints.store import load_meta
 from otviz.cli import main as cli_main
+from otviz.eval.held_out import HeldOutRetrieval, embed_split
+from otviz.eval.retrieval import recall_at_k
 from otviz.tiny_clip import load_tiny_clip
-from otviz.train.pretrain import (
-    _lr_lambda,
-    command_line,
-    contrastive_loss,
-    infonce_loss,
-    pretrain,
-    retrieval_recalls,
-    world_version,
-)
+from otviz.train.losses import contrastive_loss, infonce_loss
+from otviz.train.pretrain import _lr_lambda, command_line, pretrain, world_version
 from otviz.train.pretrain_config import PretrainConfig
 from otviz.world import WorldConfig
 
@@ -135,20 +133,10 @@ def test_loss_kinds():
                                    otclip_loss(a, b, scale, kind))
     with pytest.raises(ValueError):
         contrastive_loss(a, b, scale, "no-such-loss")
-    with pytest.raises(ValueError, match="unknown loss"):
+    with pytest.raises(ValueError, match="unknown global loss"):
         pretrain(PretrainConfig(loss="no-such-loss"))
     with pytest.raises(ValueError, match="hard_negatives"):
         pretrain(PretrainConfig(loss="dbot", hard_negatives=1))
-
-
-def test_retrieval_recalls_by_hand():
-    sim = torch.tensor([[0.9, 0.1, 0.0], [0.8, 0.7, 0.0], [0.0, 0.95, 0.5]])
-    r = retrieval_recalls(sim, ks=(1, 2))
-    # image ranks of their captions: 0, 1 (0.8 > 0.7), 1 (0.95 > 0.5)
-    assert r["i2t_r1"] == pytest.approx(1 / 3) and r["i2t_r2"] == 1.0
-    # caption ranks of their images: col 0 -> 0, col 1 -> 1 (0.95 > 0.7), col 2 -> 0
-    assert r["t2i_r1"] == pytest.approx(2 / 3) and r["t2i_r2"] == 1.0
-    assert retrieval_recalls(torch.ones(3, 3), ks=(1,))["i2t_r1"] == 0.0  # ties count against
 
 
 def test_schedule_warmup_then_cosine():
@@ -163,25 +151,25 @@ def test_schedule_warmup_then_cosine():
 def test_command_line_round_trip(monkeypatch):
     config = PretrainConfig(steps=7, lr=3e-4, out="x y", max_shift=0)
     cmd = command_line(config)
-    assert cmd.startswith("python -m otviz.train.pretrain ")
+    assert cmd.startswith("otviz pretrain ")
     assert "--steps 7" in cmd and "--max-shift 0" in cmd and "'x y'" in cmd
-    assert command_line(config, "otviz pretrain") == "otviz pretrain" + cmd.split("pretrain", 1)[1]
     seen = []
 
-    def fake_pretrain(c, progress=None):
-        seen.append(c)
+    def fake_pretrain(c, progress=None, held_out=None):
+        seen.append((c, held_out))
         return {}
 
     monkeypatch.setattr("otviz.train.pretrain.pretrain", fake_pretrain)
-    assert cli_main(["pretrain", *shlex.split(cmd)[3:]]) == 0
-    assert seen == [config]
+    assert cli_main(shlex.split(cmd)[1:]) == 0
+    assert seen == [(config, HeldOutRetrieval)]
 
 
 def test_pretrain_smoke(tmp_path):
     calls = []
     config = PretrainConfig(**SMOKE, out=str(tmp_path / "ck"))
     threads = torch.get_num_threads()
-    metrics = pretrain(config, progress=lambda step, total, info: calls.append((step, info)))
+    metrics = pretrain(config, progress=lambda step, total, info: calls.append((step, info)),
+                       held_out=HeldOutRetrieval)
     assert torch.get_num_threads() == threads
     assert [s for s, _ in calls] == list(range(1, 41))
     losses = torch.tensor([info["loss"] for _, info in calls])
@@ -202,24 +190,22 @@ def test_pretrain_smoke(tmp_path):
     bb = Backbone.from_checkpoint(tmp_path / "ck")
     assert bb.patch_dim == 32 and bb.grid == (10, 10)
     from otviz.data.rendered import render_split
-    from otviz.train.pretrain import embed_split
 
     test = render_split("test", 64, config.seed, config.context_length)
     pp = model.visual.preprocess_cfg
     img, txt = embed_split(model, test, tuple(pp["mean"]), tuple(pp["std"]))
-    assert retrieval_recalls(img @ txt.T)["i2t_r1"] == metrics["i2t_r1"]
+    assert recall_at_k(img @ txt.T)["i2t_r1"] == metrics["i2t_r1"]
 
 
-def _grad_worker(rank: int, port: int, queue) -> None:
-    """One of two processes: its half of a fixed batch through the data-parallel step."""
-    import torch.distributed as dist
-
+def _grad_step(report) -> tuple[bool, float, float] | None:
+    """One process of a launched 2-process job: its half of a fixed batch through the
+    data-parallel step (gathered embeddings, summed gradients); rank 0 compares the
+    gradients with one process's full-batch step."""
     from otviz.tiny_clip import create_tiny_clip, tiny_clip_config
-    from otviz.train.pretrain import _Group
+    from otviz.train import distributed as D
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    info = D.setup("cpu")
     try:
         cfg = tiny_clip_config(embed_dim=16, vision_width=32, vision_layers=1, vision_heads=2,
                                text_width=32, text_layers=1, text_heads=2)
@@ -229,51 +215,55 @@ def _grad_worker(rank: int, port: int, queue) -> None:
         negs = torch.randint(1, 300, (8, 32), generator=g)
         texts[:, 9] = negs[:, 11] = 49407
 
-        def step(model, group, img, txt, neg):
+        def step(model, info, img, txt, neg):
             b = img.shape[0]
             i, t, s = model(img, torch.cat([txt, neg]))
-            if group.size > 1:
-                i = group.gather(i)
-                t = torch.cat([group.gather(t[:b]), group.gather(t[b:])])
+            i = D.gather(i, info)
+            t = torch.cat([D.gather(t[:b], info), D.gather(t[b:], info)])
             contrastive_loss(i, t, s, "infonce").backward()
-            group.sum_gradients(model)
+            D.sum_gradients(model, info)
+            if info.distributed:
+                model.logit_scale.grad.div_(info.world_size)
             return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-        half = slice(4 * rank, 4 * rank + 4)
-        split = step(create_tiny_clip(cfg, seed=1), _Group(rank, 2), images[half], texts[half],
-                     negs[half])
-        if rank == 0:
-            full = step(create_tiny_clip(cfg, seed=1), _Group(), images, texts, negs)
-            diff = max(float((split[n] - full[n]).abs().max()) for n in full)
-            scale = max(float(full[n].abs().max()) for n in full)
-            queue.put((sorted(split) == sorted(full), diff, scale))
+        half = slice(4 * info.rank, 4 * info.rank + 4)
+        split = step(create_tiny_clip(cfg, seed=1), info, images[half], texts[half], negs[half])
+        if not info.is_main:
+            return None
+        full = step(create_tiny_clip(cfg, seed=1), D.DistInfo(), images, texts, negs)
+        diff = max(float((split[n] - full[n]).abs().max()) for n in full)
+        scale = max(float(full[n].abs().max()) for n in full)
+        return sorted(split) == sorted(full), diff, scale
     finally:
-        dist.destroy_process_group()
+        D.teardown(info)
 
 
 def test_data_parallel_step_equals_full_batch_step():
     """Gathered embeddings + summed gradients over 2 processes == one full-batch step."""
-    from otviz.train.pretrain import _free_port
-    from otviz.worker_processes import worker_context
+    from otviz.train.distributed import launch
 
-    ctx = worker_context()
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_grad_worker, args=(r, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    same_keys, diff, scale = queue.get(timeout=300)
-    for p in procs:
-        p.join(timeout=60)
+    same_keys, diff, scale = launch(_grad_step, (), 2)
     assert same_keys and scale > 0
     assert diff <= 1e-5 * scale
+
+
+def _fail(report) -> None:
+    raise ValueError("no such file: x.pt")
+
+
+def test_a_failed_process_raises_with_its_traceback():
+    from otviz.train.distributed import launch
+
+    with pytest.raises(RuntimeError, match="(?s)data-parallel process failed.*no such file"):
+        launch(_fail, (), 2)
 
 
 @pytest.mark.slow
 def test_pretrain_two_processes(tmp_path):
     calls = []
     config = PretrainConfig(**dict(SMOKE, processes=2, steps=20), out=str(tmp_path / "ck"))
-    metrics = pretrain(config, progress=lambda step, total, info: calls.append((step, info)))
+    metrics = pretrain(config, progress=lambda step, total, info: calls.append((step, info)),
+                       held_out=HeldOutRetrieval)
     assert [s for s, _ in calls] == list(range(1, 21))
     assert metrics["processes"] == 2 and "i2t_r1" in metrics
     model, meta = load_tiny_clip(tmp_path / "ck")

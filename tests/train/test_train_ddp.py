@@ -1,11 +1,14 @@
-"""Data-parallel training: ``torchrun`` with 2 CPU processes (gloo, DistributedDataParallel)
-gives the loss curve of 1 process, through the API and through the command-line entry.
+"""Data-parallel training, one engine for heads and pre-training: ``torchrun`` with 2 CPU
+processes (gloo, DistributedDataParallel) gives the heads' loss curve of 1 process, through
+the API and through the command-line entry; a tiny-CLIP pre-training run in the same
+``torchrun`` job gives, bit for bit, the curve of ``pretrain(processes=2)``, which starts its
+own job (:func:`otviz.train.distributed.launch`).
 
 The test launches this file under ``python -m torch.distributed.run --nproc-per-node 2``
-once (one start-up of two processes keeps it short); run as a script, it is the worker: it
-trains the cases below on the same seeded random features in every process (rank 0 writes
-the curves to a JSON file), then runs the command-line entry on the world through a random
-tiny-CLIP backbone and the feature cache.
+(one start-up of two processes per part keeps it short); run as a script, it is the worker:
+it trains the cases below on the same seeded random features in every process (rank 0
+writes the curves to a JSON file) and pre-trains a tiny CLIP, then runs the command-line
+entry on the world through a random tiny-CLIP backbone and the feature cache.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ import torch
 from otviz.train.config import TrainConfig
 from otviz.train.loop import train_method
 from otviz.train.pairs import TensorPairs
+from otviz.train.pretrain import pretrain
+from otviz.train.pretrain_config import PretrainConfig
 from tests import helpers
+from tests.train.test_pretrain import SMOKE
 
 # (method, overrides): Eq. 9-10 with mined negatives and a trainable global head (sharded
 # positives, gathered mining), QC-Align (sharded QCT), PowerCLIP (replicated C x C loss)
@@ -51,6 +57,10 @@ def config(out: Path, method: str, **overrides) -> TrainConfig:
     return TrainConfig(**values)
 
 
+#: A short pre-training run (``processes`` 1: under torchrun the job's size wins).
+PRETRAIN = dict(SMOKE, steps=6, n_train=128, n_test=16, save_every=0)
+
+
 def source() -> TensorPairs:
     return TensorPairs.random(16, seed=11)  # 2 batches per epoch
 
@@ -74,7 +84,7 @@ def cli_args(root: Path) -> list[str]:
 def worker(out: str, part: str) -> None:
     """One torchrun process. ``part == "cases"``: every case trains data-parallel in a
     process group created here (train_method joins it); ``"cli"``: the command-line entry
-    runs as ``torchrun -m otviz.train.loop`` would run it, creating its own group (rank 0
+    runs as ``torchrun -m otviz train`` would run it, creating its own group (rank 0
     builds the feature cache while the other waits). Each part gets fresh processes: a
     second gloo group in the same processes, on the same torchrun store, can read the
     first group's stale addresses and wait forever to connect."""
@@ -91,6 +101,7 @@ def worker(out: str, part: str) -> None:
     results = run_cases(root / "runs")
     if dist.get_rank() == 0:
         (root / "ddp.json").write_text(json.dumps(results))
+    pretrain(PretrainConfig(**PRETRAIN, out=str(root / "pretrain-torchrun")))
     dist.destroy_process_group()
 
 
@@ -103,6 +114,7 @@ def torchrun(*args: str) -> str:
 
 def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
     from otviz.checkpoints.heads import head_meta
+    from otviz.checkpoints.store import load_meta
     from otviz.cli.train import main
     from tests.helpers import random_tiny_clip
 
@@ -118,6 +130,12 @@ def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
     assert ddp_cli == pytest.approx(one_cli, rel=1e-5)
 
     ddp = json.loads((tmp_path / "ddp.json").read_text())
+
+    launched = dict(PRETRAIN, processes=2)
+    pretrain(PretrainConfig(**launched, out=str(tmp_path / "pretrain-launched")))
+    job, own = (load_meta(tmp_path / name) for name in ("pretrain-torchrun", "pretrain-launched"))
+    assert job["recipe"] == own["recipe"] | {"out": job["recipe"]["out"]}  # processes: 2
+    assert [e["loss"] for e in job["log"]] == [e["loss"] for e in own["log"]]
 
     single = run_cases(tmp_path / "single")
     for method, _ in CASES:
