@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from otviz.grounding import heatmap_boxes
 from otviz.methods import MethodConfig, build_method
 from otviz.methods.base import PairBatch
+from otviz.ot import LowRankSettings
 from otviz.ot._checks import SolverInputError
 from otviz.ot._result import NotConvergedWarning
 from otviz.ot.divergence import sinkhorn_divergence
@@ -80,7 +81,8 @@ def test_faithful_conceptot_negative_mass_is_reported_not_drawn():
     anchors = F.normalize(torch.cat([base, base + 1e-3 * torch.randn(3, 4, generator=gen,
                                                                      dtype=DT)]), dim=-1)
     mu, nu = torch.full((1, 12), 1 / 12, dtype=DT), torch.full((1, 5), 0.2, dtype=DT)
-    res = lowrank_uot(z, y, anchors, mu, nu, 0.05, 0.2, 0.2, n_iters=5, tol=None)
+    knobs = LowRankSettings(eps=0.05, tau_a=0.2, tau_b=0.2, n_iters=5, tol=None)
+    res = lowrank_uot(z, y, anchors, mu, nu, knobs)
     plan = res.factors.dense()[0].numpy()
     neg = negative_mass(plan)
     assert neg > 0

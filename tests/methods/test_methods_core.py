@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from otviz.methods import METHODS, MethodConfig, PairBatch, build_method
 from otviz.methods.conceptot import anchor_diversity
+from otviz.ot import LowRankSettings
 from otviz.ot.lowrank import lowrank_uot
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
 
@@ -200,15 +201,17 @@ def test_conceptot_uses_the_low_rank_solver(variant: str) -> None:
         anchors,
         out.row_reference,
         out.col_reference,
-        cfg.eps,
-        cfg.tau_v,
-        cfg.tau_t,
-        cfg.n_iters,
-        cfg.kpp_reg,
-        variant,
-        batch.patch_mask,
-        batch.token_mask,
-        tol=None,  # the method's fixed iteration count
+        LowRankSettings(
+            eps=cfg.eps,
+            tau_a=cfg.tau_v,
+            tau_b=cfg.tau_t,
+            n_iters=cfg.n_iters,
+            kpp_reg=cfg.kpp_reg,
+            variant=variant,
+            tol=None,
+        ),
+        row_mask=batch.patch_mask,
+        col_mask=batch.token_mask,
     )
     expected = torch.tanh(ref.score) if variant == "faithful" else ref.score
     assert torch.allclose(out.local_score, expected)
