@@ -47,7 +47,7 @@ from otviz.methods.projected import (
     fixed_count,
     masked_similarity,
 )
-from otviz.ot.came import CameResult, came_marginals
+from otviz.ot.came import CameResult, solve_came
 from otviz.ot.divergence import sinkhorn_divergence
 from otviz.ot.sinkhorn import solve_sinkhorn
 
@@ -83,7 +83,10 @@ class QCAlign(ProjectedMethod):
     @property
     def came_temperature(self) -> float:
         """CAME's softmax temperature (``config.extra["came_temperature"]``, default 1)."""
-        return float(self.config.extra.get("came_temperature", 1.0))
+        temperature = float(self.config.extra.get("came_temperature", 1.0))
+        if not temperature > 0:
+            raise ValueError(f"CAME temperature must be > 0, got {temperature}")
+        return temperature
 
     def with_came_temperature(self, temperature: float) -> QCAlign:
         """This method with CAME's softmax at ``temperature`` (> 0), sharing its projections
@@ -96,7 +99,7 @@ class QCAlign(ProjectedMethod):
         return clone
 
     def _quotas(self, z: Tensor, y: Tensor, batch: PairBatch) -> CameResult:
-        return came_marginals(
+        return solve_came(
             z,
             y,
             batch.patch_mask,

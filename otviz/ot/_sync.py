@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from torch import Tensor
 
+#: Device types whose tensors the host reads without a synchronisation (a test empties it
+#: to run the accelerator's branch-free paths on the CPU).
+HOST_DEVICES = ("cpu",)
+
 
 def known_false(flag: Tensor) -> bool:
     """True when ``flag`` has no True entry and reading it needs no device
-    synchronisation (a CPU tensor); False otherwise (any True entry, or a tensor on an
-    accelerator, where the caller must take its branch-free path)."""
-    return flag.device.type == "cpu" and not bool(flag.any())
+    synchronisation (a tensor of :data:`HOST_DEVICES`); False otherwise (any True entry, or
+    a tensor on an accelerator, where the caller must take its branch-free path)."""
+    return flag.device.type in HOST_DEVICES and not bool(flag.any())

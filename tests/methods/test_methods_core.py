@@ -12,6 +12,7 @@ from otviz.methods.conceptot import anchor_diversity
 from otviz.ot import LowRankSettings
 from otviz.ot.lowrank import lowrank_uot
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
+from tests.helpers import moved
 
 CORE = [
     "global_only",
@@ -56,9 +57,9 @@ def test_all_core_methods_registered() -> None:
 
 
 @pytest.mark.parametrize("name", CORE)
-def test_heatmap_is_plan_columns_summed(name: str) -> None:
+def test_heatmap_is_plan_columns_summed(name: str, device: torch.device) -> None:
     batch = _batch(1)
-    out = _method(name, batch)(batch)
+    out = moved(_method(name, batch).to(device)(moved(batch, device)), "cpu")
     plan = out.plan.dense()
     select = torch.tensor([False, True, True, False, True])
     expected = (plan * (select & batch.token_mask)[:, None, :]).sum(2)
@@ -70,7 +71,7 @@ def test_heatmap_is_plan_columns_summed(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", CORE)
-def test_padding_does_not_change_scores(name: str) -> None:
+def test_padding_does_not_change_scores(name: str, device: torch.device) -> None:
     batch = _batch(2)
     gen = torch.Generator().manual_seed(3)
     padded = PairBatch(
@@ -82,8 +83,8 @@ def test_padding_does_not_change_scores(name: str) -> None:
         text_global=batch.text_global,
         grid=(4, 4),
     )
-    method = _method(name, batch)
-    a, b = method(batch), method(padded)
+    method = _method(name, batch).to(device)
+    a, b = (moved(method(moved(x, device)), "cpu") for x in (batch, padded))
     assert torch.allclose(a.local_score, b.local_score)
     assert torch.allclose(a.plan.dense(), b.plan.dense()[:, :12, :5])
 
@@ -149,14 +150,15 @@ def test_balanced_ot_meets_uniform_marginals_at_convergence() -> None:
     assert torch.allclose(out.row_reference, batch.patch_mask / n_valid)
 
 
-def test_dense_uot_masses_and_solver() -> None:
+def test_dense_uot_masses_and_solver(device: torch.device) -> None:
     batch = _batch(9)
     method = _method("dense_uot", batch)
     with torch.no_grad():  # move the mass heads off their uniform start
         method.masses.head_v.linear.weight.normal_()
         method.masses.head_t.linear.bias.fill_(0.3)
         method.masses.head_t.linear.weight.normal_()
-    out = method(batch)
+    out = moved(method.to(device)(moved(batch, device)), "cpu")
+    method.cpu()  # the references on the CPU
     # Eq. 1-2 by hand
     head_v = method.masses.head_v.linear
     logit = F.softplus(batch.patches @ head_v.weight[0] + head_v.bias) * batch.patch_mask

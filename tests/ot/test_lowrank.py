@@ -17,6 +17,7 @@ from otviz.ot.lowrank import (
     _robust_inverse,
 )
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
+from tests.helpers import moved
 
 DT = torch.float64
 # the solver as ConceptOT runs it: exactly n_iters iterations (Alg. 1's L), no early stop
@@ -90,7 +91,9 @@ def _algorithm1_reference(z, y, anchors, mu, nu, eps, tau_a, tau_b, n_iters, cla
 
 
 @pytest.mark.parametrize(("seed", "eps"), [(0, 0.1), (1, 0.05), (2, 0.03)])
-def test_faithful_solver_equals_algorithm1_reference(seed: int, eps: float) -> None:
+def test_faithful_solver_equals_algorithm1_reference(
+    seed: int, eps: float, device: torch.device
+) -> None:
     # the default faithful solver (App. H clamp 20, 1e-8 floor) equals plain Algorithm 1
     gen = torch.Generator().manual_seed(seed)
     z = F.normalize(torch.randn(4, 30, 5, generator=gen, dtype=DT), dim=-1)
@@ -102,7 +105,8 @@ def test_faithful_solver_equals_algorithm1_reference(seed: int, eps: float) -> N
     log_a, log_b, plan, residual, kb = _algorithm1_reference(
         z, y, anchors, mu, nu, eps, 0.2, 0.3, 5, 20.0, 1e-8
     )
-    res = lowrank_uot(z, y, anchors, mu, nu, S(eps=eps, tau_a=0.2, tau_b=0.3, n_iters=5))
+    knobs = S(eps=eps, tau_a=0.2, tau_b=0.3, n_iters=5)
+    res = moved(lowrank_uot(*moved((z, y, anchors, mu, nu), device), knobs), "cpu")
     assert torch.allclose(res.log_u, log_a, rtol=0, atol=1e-10)
     assert torch.allclose(res.log_v, log_b, rtol=0, atol=1e-10)
     assert torch.allclose(res.factors.dense(), plan, rtol=1e-10, atol=1e-12 * plan.abs().max())
@@ -183,11 +187,10 @@ def test_implicit_score_equals_materialised_plan(variant: str) -> None:
 
 
 @pytest.mark.parametrize("variant", ["faithful", "positive"])
-def test_factored_products_equal_dense(variant: str) -> None:
+def test_factored_products_equal_dense(variant: str, device: torch.device) -> None:
     z, y, mu, nu = _data(5)
-    res = lowrank_uot(
-        z, y, _anchors(6, 4), mu, nu, S(eps=0.3, tau_a=0.2, tau_b=0.2, variant=variant)
-    )
+    knobs = S(eps=0.3, tau_a=0.2, tau_b=0.2, variant=variant)
+    res = moved(lowrank_uot(*moved((z, y, _anchors(6, 4), mu, nu), device), knobs), "cpu")
     plan = res.factors.dense()
     gen = torch.Generator().manual_seed(7)
     v = torch.randn(3, 5, 2, generator=gen, dtype=DT)
@@ -238,7 +241,7 @@ def test_per_pair_anchors_equal_shared_anchors() -> None:
     assert torch.allclose(shared.score, per_pair.score)
 
 
-def test_duplicated_anchors_use_pseudo_inverse_and_change_nothing() -> None:
+def test_duplicated_anchors_use_pseudo_inverse_and_change_nothing(device: torch.device) -> None:
     # each anchor twice: K_PP is singular for lambda = 0, Cholesky fails, and the
     # least-squares fallback (pseudo-inverse) gives the kernel of the unique anchors.
     z, y, mu, nu = _data(13)
@@ -247,6 +250,7 @@ def test_duplicated_anchors_use_pseudo_inverse_and_change_nothing() -> None:
     kw = S(eps=0.5, tau_a=0.3, tau_b=0.3, kpp_reg=0.0, clamp=None, floor=0.0)
     _, info = torch.linalg.cholesky_ex(_regularised_anchor_gram(twice, 0.5, 0.0))
     assert info.item() != 0
+    z, y, anchors, twice, mu, nu = moved((z, y, anchors, twice, mu, nu), device)
     once = lowrank_uot(z, y, anchors, mu, nu, kw)
     dup = lowrank_uot(z, y, twice, mu, nu, kw)
     assert torch.allclose(dup.factors.dense(), once.factors.dense(), rtol=1e-7)
