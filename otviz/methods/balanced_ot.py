@@ -6,7 +6,7 @@ from otviz.methods.base import Alignment, PairBatch, register
 from otviz.methods.masses import uniform_masses
 from otviz.methods.projected import ProjectedMethod, cosine_ot_alignment, fixed_count
 from otviz.ot.costs import cosine_cost
-from otviz.ot.sinkhorn import solve_sinkhorn
+from otviz.ot.unbalanced import solve_dense
 
 
 @register
@@ -25,7 +25,7 @@ class BalancedOT(ProjectedMethod):
         z, z_scale, y = self.project_scaled(batch)
         a = uniform_masses(batch.patch_mask, z.dtype)
         b = uniform_masses(batch.token_mask, z.dtype)
-        res = solve_sinkhorn(
+        res = solve_dense(
             cosine_cost(z, y, z_scale), a, b, fixed_count(self.config), batch.patch_mask,
             batch.token_mask,
         )

@@ -1,7 +1,7 @@
 """The one input check of an alignment method, at its boundary (:meth:`AlignmentMethod.forward`).
 
 A method checks its :class:`otviz.methods.base.PairBatch`'s tensors here once, then calls the
-solvers' unchecked cores (``solve_sinkhorn``, ``solve_unbalanced``, ``solve_lowrank``), as
+solvers' unchecked cores (``solve_dense``, ``solve_lowrank``, ``solve_came``), as
 a model calls the underscore solver (docs/solver-contract.md). The check reads only shapes,
 dtypes and devices, never a tensor's values, so it costs no host synchronisation on an
 accelerator; the solvers' value checks (NaN costs, negative masses) stay with their public

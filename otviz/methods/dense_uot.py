@@ -7,7 +7,7 @@ from otviz.methods.masses import ReferenceMasses
 from otviz.methods.projected import ProjectedMethod, cosine_ot_alignment
 from otviz.ot import UnbalancedSettings
 from otviz.ot.costs import cosine_cost
-from otviz.ot.unbalanced import solve_unbalanced
+from otviz.ot.unbalanced import solve_dense
 
 
 @register
@@ -34,7 +34,7 @@ class DenseUOT(ProjectedMethod):
             eps=cfg.eps, tau_a=cfg.tau_v, tau_b=cfg.tau_t, n_iters=cfg.n_iters,
             tol=None,  # the model's fixed L iterations
         )
-        res = solve_unbalanced(
+        res = solve_dense(
             cosine_cost(z, y, z_scale), mu, nu, settings, batch.patch_mask, batch.token_mask
         )
         return cosine_ot_alignment(batch, res, mu, nu)

@@ -49,7 +49,7 @@ from otviz.methods.projected import (
 )
 from otviz.ot.came import CameResult, solve_came
 from otviz.ot.divergence import sinkhorn_divergence
-from otviz.ot.sinkhorn import solve_sinkhorn
+from otviz.ot.unbalanced import solve_dense
 
 
 def relative_plan(plan: Tensor, mu: Tensor, nu: Tensor) -> Tensor:
@@ -112,7 +112,7 @@ class QCAlign(ProjectedMethod):
         z, y = self.project(batch)
         came = self._quotas(z, y, batch)
         sim = masked_similarity(z, y, batch, 0.0)
-        res = solve_sinkhorn(
+        res = solve_dense(
             1.0 - sim, came.mu, came.nu, fixed_count(self.config), batch.patch_mask,
             batch.token_mask,
         )

@@ -7,8 +7,8 @@ returns a :class:`SolverResult` (plan, ``row_marginal``, ``col_marginal``, ``app
 ``marginal_error``, ``converged``) or a subclass; a solver that stops before ``tol`` says
 so (:class:`NotConvergedWarning`). Each solver family's knobs form one frozen settings
 object (:class:`SinkhornSettings`, :class:`UnbalancedSettings`, :class:`LowRankSettings`),
-which the low-rank solver takes as is and the unchecked cores (``solve_sinkhorn``,
-``solve_unbalanced``, ``solve_lowrank``, for a caller that has checked its inputs once)
+which the low-rank solver takes as is and the unchecked cores (``solve_dense``,
+``solve_lowrank``, for a caller that has checked its inputs once)
 all take.
 Everything else is internal: helper modules are underscore-named (``_checks``, ``_result``,
 ``_bregman``, like POT's ``ot/_*.py``) and a solver module's helpers are underscore-prefixed.

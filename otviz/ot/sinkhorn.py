@@ -353,24 +353,9 @@ def sinkhorn_log(
     """
     cost, a, b = clean_problem(cost, a, b, eps, "sinkhorn_log", row_mask, col_mask)
     check_equal_mass(a, b, "sinkhorn_log", row_mask, col_mask)
-    return solve_sinkhorn(
-        cost, a, b, SinkhornSettings(eps=eps, n_iters=n_iters, tol=tol), row_mask, col_mask
-    )
-
-
-def solve_sinkhorn(
-    cost: Tensor,
-    a: Tensor,
-    b: Tensor,
-    settings: SinkhornSettings,
-    row_mask: Tensor | None = None,
-    col_mask: Tensor | None = None,
-) -> SolverResult:
-    """:func:`sinkhorn_log` on a problem its caller has already checked (a method checks
-    its inputs once at its boundary): no validation, so no host sync on an accelerator
-    with ``tol=None``."""
+    settings = SinkhornSettings(eps=eps, n_iters=n_iters, tol=tol)
     res = _in_cache_chunks(_sinkhorn_log, cost, a, b, settings, row_mask, col_mask)
-    return judge_convergence(res, settings.tol, "sinkhorn_log")
+    return judge_convergence(res, tol, "sinkhorn_log")
 
 
 def _sinkhorn_log(

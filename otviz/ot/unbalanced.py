@@ -28,7 +28,7 @@ from otviz.ot._result import (
     judge_convergence,
     safe_log,
 )
-from otviz.ot._settings import UnbalancedSettings
+from otviz.ot._settings import SinkhornSettings, UnbalancedSettings
 from otviz.ot.sinkhorn import (
     _effective_mask,
     _finalise_scalings,
@@ -37,6 +37,7 @@ from otviz.ot.sinkhorn import (
     _masked_log,
     _row_update_gap,
     _ShiftedKernel,
+    _sinkhorn_log,
     _transport_cost,
 )
 
@@ -89,22 +90,28 @@ def sinkhorn_unbalanced_log(
     check_tau("tau_a", tau_a, solver)
     check_tau("tau_b", tau_b, solver)
     settings = UnbalancedSettings(eps=eps, tau_a=tau_a, tau_b=tau_b, n_iters=n_iters, tol=tol)
-    return solve_unbalanced(cost, a, b, settings, row_mask, col_mask)
+    return solve_dense(cost, a, b, settings, row_mask, col_mask)
 
 
-def solve_unbalanced(
+def solve_dense(
     cost: Tensor,
     a: Tensor,
     b: Tensor,
-    settings: UnbalancedSettings,
+    settings: SinkhornSettings,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
 ) -> SolverResult:
-    """:func:`sinkhorn_unbalanced_log` on a problem its caller has already checked (a
-    method checks its inputs once at its boundary): no validation, so no host sync on an
-    accelerator with ``tol=None``."""
-    res = _in_cache_chunks(_sinkhorn_unbalanced_log, cost, a, b, settings, row_mask, col_mask)
-    return judge_convergence(res, settings.tol, "sinkhorn_unbalanced_log")
+    """The dense Sinkhorn family on a problem its caller has already checked (a method
+    checks its inputs once at its boundary): :func:`sinkhorn_unbalanced_log` for
+    :class:`UnbalancedSettings`, :func:`otviz.ot.sinkhorn.sinkhorn_log` for plain
+    :class:`SinkhornSettings`; no validation, so no host sync on an accelerator with
+    ``tol=None``."""
+    if isinstance(settings, UnbalancedSettings):
+        name, core = "sinkhorn_unbalanced_log", _sinkhorn_unbalanced_log
+    else:
+        name, core = "sinkhorn_log", _sinkhorn_log
+    res = _in_cache_chunks(core, cost, a, b, settings, row_mask, col_mask)
+    return judge_convergence(res, settings.tol, name)
 
 
 def _hold_rows(x: Tensor, mask: Tensor | None) -> Tensor:

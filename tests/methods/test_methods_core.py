@@ -203,15 +203,8 @@ def test_conceptot_uses_the_low_rank_solver(variant: str) -> None:
         anchors,
         out.row_reference,
         out.col_reference,
-        LowRankSettings(
-            eps=cfg.eps,
-            tau_a=cfg.tau_v,
-            tau_b=cfg.tau_t,
-            n_iters=cfg.n_iters,
-            kpp_reg=cfg.kpp_reg,
-            variant=variant,
-            tol=None,
-        ),
+        LowRankSettings(eps=cfg.eps, tau_a=cfg.tau_v, tau_b=cfg.tau_t, n_iters=cfg.n_iters,
+                        kpp_reg=cfg.kpp_reg, variant=variant, tol=None),  # the fixed count
         row_mask=batch.patch_mask,
         col_mask=batch.token_mask,
     )
