@@ -16,8 +16,13 @@ from torch import Tensor
 HOST_DEVICES = ("cpu",)
 
 
+def on_host(x: Tensor) -> bool:
+    """Whether the host reads ``x`` without a device synchronisation (:data:`HOST_DEVICES`)."""
+    return x.device.type in HOST_DEVICES
+
+
 def known_false(flag: Tensor) -> bool:
     """True when ``flag`` has no True entry and reading it needs no device
-    synchronisation (a tensor of :data:`HOST_DEVICES`); False otherwise (any True entry, or
-    a tensor on an accelerator, where the caller must take its branch-free path)."""
-    return flag.device.type in HOST_DEVICES and not bool(flag.any())
+    synchronisation (:func:`on_host`); False otherwise (any True entry, or a tensor on an
+    accelerator, where the caller must take its branch-free path)."""
+    return on_host(flag) and not bool(flag.any())

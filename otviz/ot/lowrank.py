@@ -71,7 +71,7 @@ from otviz.ot._result import (
     relative_error,
 )
 from otviz.ot._settings import LowRankSettings
-from otviz.ot._sync import known_false
+from otviz.ot._sync import known_false, on_host
 from otviz.ot.sinkhorn import NEG, _effective_mask, _masked_log
 from otviz.ot.unbalanced import _damping_exponent
 
@@ -195,7 +195,12 @@ def _regularised_anchor_gram(anchors: Tensor, eps: float, kpp_reg: float) -> Ten
 def _robust_inverse(k_reg: Tensor) -> Tensor:
     """Inverse of the symmetric ``K_PP,lambda`` (``[r, r]`` or ``[B, r, r]``) from one batched
     Cholesky factorisation; problems whose factorisation fails get the pseudo-inverse (the
-    minimum-norm least-squares solution), computed only when needed."""
+    minimum-norm least-squares solution), computed only when needed.
+
+    On an accelerator, where ``cholesky_inverse`` and the eigendecomposition behind
+    ``pinv`` read their LAPACK error codes back to the host, the inverse is
+    ``L^-T L^-1`` from two triangular solves and the pseudo-inverse comes from
+    :func:`_newton_schulz_pinv`, both computed and chosen per problem."""
     chol, info = torch.linalg.cholesky_ex(k_reg)
     bad = info != 0
     if known_false(bad):
@@ -203,8 +208,25 @@ def _robust_inverse(k_reg: Tensor) -> Tensor:
     eye = torch.eye(k_reg.shape[-1], dtype=k_reg.dtype, device=k_reg.device)
     bad_m = bad[..., None, None]
     chol, _ = torch.linalg.cholesky_ex(torch.where(bad_m, eye, k_reg))
-    pinv = torch.linalg.pinv(k_reg, hermitian=True)
-    return torch.where(bad_m, pinv, torch.cholesky_inverse(chol))
+    if on_host(bad):
+        pinv = torch.linalg.pinv(k_reg, hermitian=True)
+        return torch.where(bad_m, pinv, torch.cholesky_inverse(chol))
+    l_inv = torch.linalg.solve_triangular(chol, eye.expand_as(chol), upper=False)
+    return torch.where(bad_m, _newton_schulz_pinv(k_reg), l_inv.mT @ l_inv)
+
+
+def _newton_schulz_pinv(a: Tensor, steps: int = 64) -> Tensor:
+    """Pseudo-inverse of a symmetric positive semi-definite ``a`` (``[..., r, r]``) by the
+    Newton-Schulz iteration ``X <- X (2 I - a X)`` from ``X_0 = a / |a|_1^2`` (Ben-Israel &
+    Cohen 1966): the iterates stay in ``a``'s range and each eigenvalue's error
+    ``1 - lambda x`` is squared per step, so ``steps = 64`` reaches rounding for nonzero
+    eigenvalues spanning up to about ``2^58``. Matrix products only: no host read."""
+    norm = a.abs().sum(-1).amax(-1, keepdim=True).unsqueeze(-1)  # |a|_1 = |a|_inf
+    x = a / norm.square().clamp_min(torch.finfo(a.dtype).tiny)
+    two = 2 * torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    for _ in range(steps):
+        x = x @ (two - a @ x)
+    return x
 
 
 def _centre_clamp(x: Tensor, mask: Tensor | None, bound: float | None) -> Tensor:

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import otviz.ot._sync as lowrank_sync
 from otviz.ot import LowRankSettings, lowrank
 from otviz.ot.lowrank import (
     _anchor_log_kernels,
@@ -402,3 +403,19 @@ def test_tiny_mass_is_judged_relative_to_the_mass() -> None:
     assert bool(res.converged[0]) and res.n_iters > 5
     plan = res.factors.dense()[0].numpy()
     assert np.abs(plan - ref).max() <= 1e-3 * ref.max()
+
+
+def test_inverse_without_host_reads_equals_cholesky_and_pseudo_inverse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # one regular K_PP,lambda and one singular (duplicated anchors, lambda = 0): the
+    # accelerator's path (triangular solves, Newton-Schulz) gives the host path's inverses
+    anchors = _anchors(31, 3)
+    regular = _regularised_anchor_gram(anchors[None], 0.5, 1e-2)
+    singular = _regularised_anchor_gram(torch.cat([anchors, anchors])[None], 0.5, 0.0)
+    k_reg = torch.cat([torch.block_diag(regular[0], torch.eye(3, dtype=DT))[None], singular])
+    host = _robust_inverse(k_reg)
+    assert torch.allclose(host[1], torch.linalg.pinv(singular[0], hermitian=True))
+    monkeypatch.setattr(lowrank_sync, "HOST_DEVICES", ())
+    device_path = _robust_inverse(k_reg)
+    assert torch.allclose(device_path, host, rtol=1e-9, atol=1e-9)
