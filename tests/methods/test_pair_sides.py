@@ -13,6 +13,7 @@ from otviz.bench.runners import random_batch
 from otviz.methods import METHODS, MethodConfig, PairBatch, build_method
 from otviz.ot import LowRankSettings
 from otviz.ot.lowrank import _pair_products, lowrank_uot
+from tests.helpers import moved
 
 # 6 items; 14 pairs repeating images and captions in no particular order
 IMAGE_IDX = torch.tensor([0, 1, 2, 3, 4, 5, 0, 0, 2, 5, 5, 1, 3, 4])
@@ -56,11 +57,13 @@ def test_index_records_distinct_sides() -> None:
 
 @pytest.mark.parametrize("trainable", [True, False], ids=["trainable", "training_free"])
 @pytest.mark.parametrize("name", sorted(METHODS))
-def test_methods_agree_with_and_without_sides(name: str, trainable: bool) -> None:
+def test_methods_agree_with_and_without_sides(
+    name: str, trainable: bool, device: torch.device
+) -> None:
     items = _items(3)
-    shared = items.index(IMAGE_IDX, TEXT_IDX)
+    shared = moved(items.index(IMAGE_IDX, TEXT_IDX), device)
     plain = dataclasses.replace(shared, sides=None)
-    method = _method(name, items, trainable)
+    method = _method(name, items, trainable).to(device)
     learns = any(p.requires_grad for p in method.parameters())
     outs, grads = [], []
     for batch in (shared, plain):
