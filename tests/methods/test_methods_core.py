@@ -258,7 +258,7 @@ def test_training_free_needs_one_feature_space() -> None:
 
 
 @pytest.mark.parametrize("name", [n for n in CORE if n != "global_only"])
-def test_caption_made_of_patches_beats_random_caption(name: str) -> None:
+def test_caption_made_of_patches_beats_random_caption(name: str, device: torch.device) -> None:
     # training-free (identity projections): a caption whose tokens are some of the image's
     # patches must score higher than a random caption, pair by pair
     gen = torch.Generator().manual_seed(16)
@@ -276,15 +276,16 @@ def test_caption_made_of_patches_beats_random_caption(name: str) -> None:
     )
     good = PairBatch(patches=patches, tokens=matched, **ones)
     bad = PairBatch(patches=patches, tokens=random_tokens, **ones)
-    method = _method(name, good, trainable=False)
+    method = _method(name, good, trainable=False).to(device)
+    good, bad = moved((good, bad), device)
     assert bool((method(good).local_score > method(bad).local_score).all())
 
 
 @pytest.mark.parametrize("name", [n for n in CORE if n != "global_only"])
-def test_gradients_reach_every_parameter(name: str) -> None:
+def test_gradients_reach_every_parameter(name: str, device: torch.device) -> None:
     batch = _batch(17)
-    method = _method(name, batch)
-    out = method(batch)
+    method = _method(name, batch).to(device)
+    out = method(moved(batch, device))
     (out.local_score.sum() + method.regulariser()).backward()
     for pname, p in method.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), pname
