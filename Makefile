@@ -26,7 +26,7 @@ export HF_HUB_OFFLINE ?= 1
 export GRADIO_ANALYTICS_ENABLED := False
 CHROMIUM ?= /usr/bin/chromium-headless-shell
 
-.PHONY: demo test install browser screenshots lint bench remake clean docs package-check
+.PHONY: demo test test-device install browser screenshots lint bench remake clean docs package-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,23 @@ test: install browser
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -p randomly --durations=10 \
 		--randomly-seed=$$seed tests
 	$(MAKE) --no-print-directory docs package-check
+
+# the solver and method tests on every device the machine has (the `device` fixture: the
+# CPU, and CUDA where torch sees a GPU; tests/methods/test_host_sync.py runs each method's
+# forward pass under torch.cuda.set_sync_debug_mode("error")), with the interpreter at hand
+# (no venv: a lent GPU machine brings its own torch), in file order; the JUnit XML and the
+# plain log go to DEVICE_LOGS; DEVICE_TEST_ARGS adds pytest options (e.g.
+# --ignore=tests/methods/test_method_registry.py where the app's packages are missing)
+DEVICE_LOGS ?= device-logs
+DEVICE_TEST_ARGS ?=
+test-device:
+	mkdir -p $(DEVICE_LOGS)
+	$(PYTHON) -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" \
+		| tee $(DEVICE_LOGS)/test-device.log
+	$(PYTHON) -m pytest -q -p no:randomly -p no:cacheprovider -rs \
+		--junitxml=$(DEVICE_LOGS)/test-device.xml $(DEVICE_TEST_ARGS) tests/ot tests/methods \
+		>> $(DEVICE_LOGS)/test-device.log 2>&1; rc=$$?; tail -40 $(DEVICE_LOGS)/test-device.log; \
+		exit $$rc
 
 docs: install
 	$(BIN)/mkdocs build --strict

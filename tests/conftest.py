@@ -128,3 +128,15 @@ def preloaded_python() -> PreloadedPython:
     python = PreloadedPython(child_env())
     yield python
     python.close()
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def device(request: pytest.FixtureRequest):
+    """The device a solver or method test builds its tensors on, like POT's ``nx`` backend
+    fixture: the CPU always, CUDA where a GPU is present (skipped otherwise). References
+    (POT, closed forms) are computed on CPU copies."""
+    import torch
+
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    return torch.device(request.param)

@@ -120,6 +120,28 @@ def tiny_train_config(tmp_path: Path, **overrides) -> TrainConfig:
     return TrainConfig(**values)
 
 
+def moved(obj, device):
+    """``obj`` with every tensor in it on ``device`` (``"cpu"``: back for a reference
+    check): tensors, and the tensors inside dataclasses (solver results, batches,
+    alignments), tuples, lists and dicts; other values as they are."""
+    import dataclasses
+
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{
+            f.name: moved(getattr(obj, f.name), device)
+            for f in dataclasses.fields(obj) if f.init
+        })
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(moved(x, device) for x in obj)
+    if isinstance(obj, dict):
+        return {k: moved(v, device) for k, v in obj.items()}
+    return obj
+
+
 def random_ot_problem(seed: int, b: int = 3, n: int = 7, m: int = 5, col_mass: float = 1.0):
     """A seeded batch of ``b`` float64 OT problems: costs ``[b, n, m]`` in [0, 1), marginals
     ``a`` of mass 1 and ``b`` of mass ``col_mass`` (entries bounded away from 0)."""

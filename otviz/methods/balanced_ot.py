@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from otviz.methods.base import Alignment, PairBatch, register
 from otviz.methods.masses import uniform_masses
-from otviz.methods.projected import ProjectedMethod, cosine_ot_alignment
+from otviz.methods.projected import ProjectedMethod, cosine_ot_alignment, fixed_count
 from otviz.ot.costs import cosine_cost
-from otviz.ot.sinkhorn import sinkhorn_log
+from otviz.ot.unbalanced import solve_dense
 
 
 @register
@@ -25,14 +25,8 @@ class BalancedOT(ProjectedMethod):
         z, z_scale, y = self.project_scaled(batch)
         a = uniform_masses(batch.patch_mask, z.dtype)
         b = uniform_masses(batch.token_mask, z.dtype)
-        res = sinkhorn_log(
-            cosine_cost(z, y, z_scale),
-            a,
-            b,
-            self.config.eps,
-            n_iters=self.config.n_iters,
-            tol=None,  # the model's fixed L iterations
-            row_mask=batch.patch_mask,
-            col_mask=batch.token_mask,
+        res = solve_dense(
+            cosine_cost(z, y, z_scale), a, b, fixed_count(self.config), batch.patch_mask,
+            batch.token_mask,
         )
         return cosine_ot_alignment(batch, res, a, b)

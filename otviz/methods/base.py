@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from otviz.methods.checks import check_pair_batch
 from otviz.registry import Registry
 
 
@@ -334,6 +335,11 @@ class AlignmentMethod(nn.Module):
         raise NotImplementedError
 
     def forward(self, batch: PairBatch) -> Alignment:
+        """:meth:`align` after the one input check (:func:`otviz.methods.checks.check_pair_batch`);
+        the solvers behind it run unchecked."""
+        check_pair_batch(
+            batch.patches, batch.tokens, batch.patch_mask, batch.token_mask, self.name
+        )
         return self.align(batch)
 
     def regulariser(self) -> Tensor:

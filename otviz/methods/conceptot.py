@@ -11,7 +11,8 @@ from otviz.methods.base import Alignment, MethodConfig, PairBatch, register
 from otviz.methods.masses import ReferenceMasses
 from otviz.methods.projected import ProjectedMethod, build_alignment
 from otviz.methods.start import BackboneStart
-from otviz.ot.lowrank import lowrank_uot, stabilised_score
+from otviz.ot import LowRankProblem, LowRankSettings
+from otviz.ot.lowrank import solve_lowrank, stabilised_score
 
 
 def anchor_diversity(anchors: Tensor) -> Tensor:
@@ -57,6 +58,16 @@ class ConceptOT(ProjectedMethod):
         init = torch.randn(cfg.rank, self.concept_dim) * 0.02
         self.anchors = nn.Parameter(init, requires_grad=cfg.trainable)
 
+    @property
+    def solver_settings(self) -> LowRankSettings:
+        """The low-rank solver's knobs from the config: ``n_iters`` fixed iterations
+        (Alg. 1's ``L``, ``tol=None``)."""
+        cfg = self.config
+        return LowRankSettings(
+            eps=cfg.eps, tau_a=cfg.tau_v, tau_b=cfg.tau_t, n_iters=cfg.n_iters, tol=None,
+            kpp_reg=cfg.kpp_reg, variant=cfg.lowrank_variant,
+        )
+
     def unit_anchors(self) -> Tensor:
         """``[r, d_c]`` L2-normalised anchors ``P``."""
         return F.normalize(self.anchors, dim=-1)
@@ -67,25 +78,19 @@ class ConceptOT(ProjectedMethod):
         mu, nu = self.masses(batch)
         anchors = self.unit_anchors()
         cfg = self.config
-        res = lowrank_uot(
+        problem = LowRankProblem(
             z,
             y,
             anchors,
             mu,
             nu,
-            cfg.eps,
-            cfg.tau_v,
-            cfg.tau_t,
-            n_iters=cfg.n_iters,
-            tol=None,  # the model's fixed L iterations (Alg. 1)
-            kpp_reg=cfg.kpp_reg,
-            variant=cfg.lowrank_variant,
             row_mask=source.patch_mask,
             col_mask=source.token_mask,
             z_scale=z_scale,
             image_index=None if sides is None else sides.image,
             text_index=None if sides is None else sides.text,
         )
+        res = solve_lowrank(problem, self.solver_settings)
         plan = res.factors
         score = stabilised_score(res.score) if cfg.lowrank_variant == "faithful" else res.score
         extras = {
@@ -101,8 +106,8 @@ class ConceptOT(ProjectedMethod):
             batch,
             plan,
             score,
-            row_marginal=res.extras["row_marginal"],
-            col_marginal=res.extras["col_marginal"],
+            row_marginal=res.row_marginal,
+            col_marginal=res.col_marginal,
             row_reference=mu,
             col_reference=nu,
             marginal_error=res.marginal_error,

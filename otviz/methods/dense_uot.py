@@ -5,8 +5,9 @@ from __future__ import annotations
 from otviz.methods.base import Alignment, MethodConfig, PairBatch, register
 from otviz.methods.masses import ReferenceMasses
 from otviz.methods.projected import ProjectedMethod, cosine_ot_alignment
+from otviz.ot import UnbalancedSettings
 from otviz.ot.costs import cosine_cost
-from otviz.ot.unbalanced import sinkhorn_unbalanced_log
+from otviz.ot.unbalanced import solve_dense
 
 
 @register
@@ -29,16 +30,11 @@ class DenseUOT(ProjectedMethod):
         z, z_scale, y = self.project_scaled(batch)
         mu, nu = self.masses(batch)
         cfg = self.config
-        res = sinkhorn_unbalanced_log(
-            cosine_cost(z, y, z_scale),
-            mu,
-            nu,
-            cfg.eps,
-            cfg.tau_v,
-            cfg.tau_t,
-            n_iters=cfg.n_iters,
+        settings = UnbalancedSettings(
+            eps=cfg.eps, tau_a=cfg.tau_v, tau_b=cfg.tau_t, n_iters=cfg.n_iters,
             tol=None,  # the model's fixed L iterations
-            row_mask=batch.patch_mask,
-            col_mask=batch.token_mask,
+        )
+        res = solve_dense(
+            cosine_cost(z, y, z_scale), mu, nu, settings, batch.patch_mask, batch.token_mask
         )
         return cosine_ot_alignment(batch, res, mu, nu)

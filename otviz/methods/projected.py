@@ -22,7 +22,8 @@ from otviz.methods.base import (
 )
 from otviz.methods.masses import uniform_masses
 from otviz.methods.start import BACKBONE, HEAD_STARTS, BackboneStart, StartedProjection
-from otviz.ot import SolverResult
+from otviz.ot import SinkhornSettings, SolverResult
+from otviz.ot._sync import known_false
 from otviz.ot.costs import cosine_similarity
 
 
@@ -138,6 +139,12 @@ class AssignmentPlan:
         return out.scatter_add_(1, self.index[:, :, None].expand(-1, -1, k), src)
 
 
+def fixed_count(config: MethodConfig) -> SinkhornSettings:
+    """The Sinkhorn knobs of a method: ``config.eps`` and exactly ``config.n_iters``
+    iterations (the model's fixed ``L``, ``tol=None``)."""
+    return SinkhornSettings(eps=config.eps, n_iters=config.n_iters, tol=None)
+
+
 def uniform_plan(batch: PairBatch) -> OuterPlan:
     """Product of the uniform distributions over valid patches and tokens."""
     dtype = batch.patches.dtype
@@ -188,7 +195,7 @@ def masked_similarity(
     sim = cosine_similarity(z, y)
     if z_scale is not None:
         sim = sim * z_scale.unsqueeze(-1)
-    if bool(batch.patch_mask.all()) and bool(batch.token_mask.all()):
+    if known_false(~batch.patch_mask) and known_false(~batch.token_mask):
         return sim
     valid = batch.patch_mask[:, :, None] & batch.token_mask[:, None, :]
     return sim.masked_fill(~valid, fill)
@@ -229,14 +236,13 @@ def cosine_ot_alignment(
     """Alignment of a dense OT solve on the cosine cost ``C = 1 - z.y``, scored by Eq. 8 in
     dense form, ``sum P_ij z_i.y_j / sum P_ij = 1 - <C, P> / sum P``, from the solver's
     transport cost and marginals (no further pass over the plan)."""
-    rows = res.extras["row_marginal"]
-    mass = rows.sum(1)
+    mass = res.plan_mass
     return build_alignment(
         batch,
-        DensePlan(res.plan),
+        res,
         1.0 - res.cost / mass.clamp_min(torch.finfo(mass.dtype).tiny),
-        row_marginal=rows,
-        col_marginal=res.extras["col_marginal"],
+        row_marginal=res.row_marginal,
+        col_marginal=res.col_marginal,
         row_reference=row_reference,
         col_reference=col_reference,
         marginal_error=res.marginal_error,

@@ -41,10 +41,15 @@ from torch import Tensor
 
 from otviz.methods.base import QCT, Alignment, DensePlan, PairBatch, register
 from otviz.methods.masses import max_over_uniform, uniform_masses
-from otviz.methods.projected import ProjectedMethod, dense_plan_alignment, masked_similarity
-from otviz.ot.came import CameResult, came_marginals
+from otviz.methods.projected import (
+    ProjectedMethod,
+    dense_plan_alignment,
+    fixed_count,
+    masked_similarity,
+)
+from otviz.ot.came import CameResult, solve_came
 from otviz.ot.divergence import sinkhorn_divergence
-from otviz.ot.sinkhorn import sinkhorn_log
+from otviz.ot.unbalanced import solve_dense
 
 
 def relative_plan(plan: Tensor, mu: Tensor, nu: Tensor) -> Tensor:
@@ -78,7 +83,10 @@ class QCAlign(ProjectedMethod):
     @property
     def came_temperature(self) -> float:
         """CAME's softmax temperature (``config.extra["came_temperature"]``, default 1)."""
-        return float(self.config.extra.get("came_temperature", 1.0))
+        temperature = float(self.config.extra.get("came_temperature", 1.0))
+        if not temperature > 0:
+            raise ValueError(f"CAME temperature must be > 0, got {temperature}")
+        return temperature
 
     def with_came_temperature(self, temperature: float) -> QCAlign:
         """This method with CAME's softmax at ``temperature`` (> 0), sharing its projections
@@ -91,7 +99,7 @@ class QCAlign(ProjectedMethod):
         return clone
 
     def _quotas(self, z: Tensor, y: Tensor, batch: PairBatch) -> CameResult:
-        return came_marginals(
+        return solve_came(
             z,
             y,
             batch.patch_mask,
@@ -104,15 +112,9 @@ class QCAlign(ProjectedMethod):
         z, y = self.project(batch)
         came = self._quotas(z, y, batch)
         sim = masked_similarity(z, y, batch, 0.0)
-        res = sinkhorn_log(
-            1.0 - sim,
-            came.mu,
-            came.nu,
-            self.config.eps,
-            n_iters=self.config.n_iters,
-            tol=None,  # the model's fixed iteration count
-            row_mask=batch.patch_mask,
-            col_mask=batch.token_mask,
+        res = solve_dense(
+            1.0 - sim, came.mu, came.nu, fixed_count(self.config), batch.patch_mask,
+            batch.token_mask,
         )
         out = dense_plan_alignment(batch, res.plan, sim, came.mu, came.nu, res.marginal_error)
         out.readout = DensePlan(relative_plan(res.plan, came.mu, came.nu))

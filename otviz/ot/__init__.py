@@ -3,8 +3,13 @@ log-domain and differentiable tensor functions, free of model code.
 
 The public namespace below is the library contract: every solver takes its problem in the
 order ``(cost, a, b, eps, ...)``, validates its inputs (:class:`SolverInputError`), and
-returns a :class:`SolverResult` (plan, marginals, ``marginal_error``, ``converged``) or a
-subclass; a solver that stops before ``tol`` says so (:class:`NotConvergedWarning`).
+returns a :class:`SolverResult` (plan, ``row_marginal``, ``col_marginal``, ``apply``,
+``marginal_error``, ``converged``) or a subclass; a solver that stops before ``tol`` says
+so (:class:`NotConvergedWarning`). Each solver family's knobs form one frozen settings
+object (:class:`SinkhornSettings`, :class:`UnbalancedSettings`, :class:`LowRankSettings`),
+which the low-rank solver takes as is and the unchecked cores (``solve_dense``,
+``solve_lowrank``, for a caller that has checked its inputs once)
+all take.
 Everything else is internal: helper modules are underscore-named (``_checks``, ``_result``,
 ``_bregman``, like POT's ``ot/_*.py``) and a solver module's helpers are underscore-prefixed.
 
@@ -19,12 +24,19 @@ Everything else is internal: helper modules are underscore-named (``_checks``, `
 
 from otviz.ot._checks import SolverInputError
 from otviz.ot._result import NotConvergedWarning, SolverResult
+from otviz.ot._settings import LowRankSettings, SinkhornSettings, UnbalancedSettings
 from otviz.ot.came import CameResult, came_marginals
 from otviz.ot.costs import cosine_cost, cosine_similarity
 from otviz.ot.dbot import dbot_log
 from otviz.ot.divergence import DivergenceResult, sinkhorn_divergence
 from otviz.ot.fgw import fgw_isoftmax, fgw_pgd, fgw_sinkhorn, structure_matrix
-from otviz.ot.lowrank import LowRankPlan, LowRankResult, lowrank_uot, stabilised_score
+from otviz.ot.lowrank import (
+    LowRankPlan,
+    LowRankProblem,
+    LowRankResult,
+    lowrank_uot,
+    stabilised_score,
+)
 from otviz.ot.partial import partial_ot_log
 from otviz.ot.powerset import (
     exact_r2t,
@@ -47,11 +59,15 @@ __all__ = [
     "CameResult",
     "DivergenceResult",
     "LowRankPlan",
+    "LowRankProblem",
     "LowRankResult",
+    "LowRankSettings",
     "NotConvergedWarning",
     "Prediction",
+    "SinkhornSettings",
     "SolverInputError",
     "SolverResult",
+    "UnbalancedSettings",
     "came_marginals",
     "cosine_cost",
     "cosine_similarity",

@@ -65,6 +65,13 @@ class SolverResult:
             solver ran a fixed count); filled from ``relative_error`` when not given.
         plan_mass: ``[B]`` the plan's total mass ``1^T P 1``, the scale of
             ``relative_error``; summed from ``plan`` when not given.
+        marginals: the plan's row and column sums ``(P 1 [B, N], P^T 1 [B, M])`` when the
+            solver kept them from its last updates; read them as :attr:`row_marginal` and
+            :attr:`col_marginal`, which sum the plan when they are not given.
+
+    Like POT's ``OTResult`` and ott's ``SinkhornOutput``, the result answers for its plan:
+    :attr:`row_marginal`, :attr:`col_marginal` and :meth:`apply` (a factored result,
+    :class:`otviz.ot.lowrank.LowRankResult`, answers through its factors).
     """
 
     plan: Tensor | None
@@ -76,6 +83,7 @@ class SolverResult:
     extras: dict[str, Tensor] = field(default_factory=dict)
     converged: Tensor | None = None
     plan_mass: Tensor | None = None
+    marginals: tuple[Tensor, Tensor] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.plan_mass is None:
@@ -89,6 +97,24 @@ class SolverResult:
     def relative_error(self) -> Tensor:
         """``[B]`` ``marginal_error / plan_mass`` (module docstring)."""
         return relative_error(self.marginal_error.detach(), self.plan_mass.detach())
+
+    @property
+    def row_marginal(self) -> Tensor:
+        """``[B, N]`` ``P 1``, the mass each row keeps."""
+        return self.plan.sum(2) if self.marginals is None else self.marginals[0]
+
+    @property
+    def col_marginal(self) -> Tensor:
+        """``[B, M]`` ``P^T 1``, the mass each column keeps."""
+        return self.plan.sum(1) if self.marginals is None else self.marginals[1]
+
+    def apply(self, x: Tensor) -> Tensor:
+        """``P x`` for ``x [B, M, k]`` -> ``[B, N, k]``."""
+        return torch.bmm(self.plan, x)
+
+    def dense(self) -> Tensor:
+        """``[B, N, M]`` the plan (so a result is a :class:`otviz.methods.base.TransportPlan`)."""
+        return self.plan
 
 
 def judge_convergence(result: SolverResult, tol: float | None, solver: str) -> SolverResult:

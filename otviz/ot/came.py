@@ -102,6 +102,19 @@ def came_marginals(
     v, t = clean_clouds("came_marginals", ("v", "t"), v, t, v_mask, t_mask)
     if not temperature > 0:
         raise SolverInputError(f"came_marginals: temperature must be > 0, got {temperature}")
+    return solve_came(v, t, v_mask, t_mask, negative_slope, temperature)
+
+
+def solve_came(
+    v: Tensor,
+    t: Tensor,
+    v_mask: Tensor | None,
+    t_mask: Tensor | None,
+    negative_slope: float,
+    temperature: float,
+) -> CameResult:
+    """:func:`came_marginals` on features its caller has already checked (a method checks
+    its inputs once at its boundary): no validation, no host sync."""
     sim_tv = F.normalize(t, dim=-1) @ F.normalize(v, dim=-1).transpose(1, 2)  # [B, M, N]
     alpha, w_t = _side(t, v, sim_tv, t_mask, v_mask, negative_slope, temperature)
     beta, w_v = _side(v, t, sim_tv.transpose(1, 2), v_mask, t_mask, negative_slope, temperature)

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -66,12 +66,12 @@ from otviz.ot._checks import (
     clean_where_valid,
 )
 from otviz.ot._result import (
-    DEFAULT_MAX_ITERS,
-    DEFAULT_TOL,
     SolverResult,
     judge_convergence,
     relative_error,
 )
+from otviz.ot._settings import LowRankSettings
+from otviz.ot._sync import known_false, on_host
 from otviz.ot.sinkhorn import NEG, _effective_mask, _masked_log
 from otviz.ot.unbalanced import _damping_exponent
 
@@ -145,6 +145,29 @@ class LowRankResult(SolverResult):
     score: Tensor | None = None
     mass: Tensor | None = None
 
+    @property
+    def row_marginal(self) -> Tensor:
+        """``[B, N]`` ``P~ 1``: the solver's sums from its last products, else through the
+        factors (never the ``N x M`` plan)."""
+        if self.marginals is not None:
+            return self.marginals[0]
+        return self.factors.apply(self.factors.v.new_ones(*self.factors.v.shape, 1))[..., 0]
+
+    @property
+    def col_marginal(self) -> Tensor:
+        """``[B, M]`` ``P~^T 1`` (as :attr:`row_marginal`)."""
+        if self.marginals is not None:
+            return self.marginals[1]
+        return self.factors.apply_t(self.factors.u.new_ones(*self.factors.u.shape, 1))[..., 0]
+
+    def apply(self, x: Tensor) -> Tensor:
+        """``P~ x`` for ``x [B, M, k]`` -> ``[B, N, k]`` through the factors."""
+        return self.factors.apply(x)
+
+    def dense(self) -> Tensor:
+        """``[B, N, M]`` the materialised plan (on request only)."""
+        return self.factors.dense()
+
 
 def _anchor_log_kernels(
     z: Tensor,
@@ -172,16 +195,38 @@ def _regularised_anchor_gram(anchors: Tensor, eps: float, kpp_reg: float) -> Ten
 def _robust_inverse(k_reg: Tensor) -> Tensor:
     """Inverse of the symmetric ``K_PP,lambda`` (``[r, r]`` or ``[B, r, r]``) from one batched
     Cholesky factorisation; problems whose factorisation fails get the pseudo-inverse (the
-    minimum-norm least-squares solution), computed only when needed."""
+    minimum-norm least-squares solution), computed only when needed.
+
+    On an accelerator, where ``cholesky_inverse`` and the eigendecomposition behind
+    ``pinv`` read their LAPACK error codes back to the host, the inverse is
+    ``L^-T L^-1`` from two triangular solves and the pseudo-inverse comes from
+    :func:`_newton_schulz_pinv`, both computed and chosen per problem."""
     chol, info = torch.linalg.cholesky_ex(k_reg)
     bad = info != 0
-    if not bool(bad.any()):
+    if known_false(bad):
         return torch.cholesky_inverse(chol)
     eye = torch.eye(k_reg.shape[-1], dtype=k_reg.dtype, device=k_reg.device)
     bad_m = bad[..., None, None]
     chol, _ = torch.linalg.cholesky_ex(torch.where(bad_m, eye, k_reg))
-    pinv = torch.linalg.pinv(k_reg, hermitian=True)
-    return torch.where(bad_m, pinv, torch.cholesky_inverse(chol))
+    if on_host(bad):
+        pinv = torch.linalg.pinv(k_reg, hermitian=True)
+        return torch.where(bad_m, pinv, torch.cholesky_inverse(chol))
+    l_inv = torch.linalg.solve_triangular(chol, eye.expand_as(chol), upper=False)
+    return torch.where(bad_m, _newton_schulz_pinv(k_reg), l_inv.mT @ l_inv)
+
+
+def _newton_schulz_pinv(a: Tensor, steps: int = 64) -> Tensor:
+    """Pseudo-inverse of a symmetric positive semi-definite ``a`` (``[..., r, r]``) by the
+    Newton-Schulz iteration ``X <- X (2 I - a X)`` from ``X_0 = a / |a|_1^2`` (Ben-Israel &
+    Cohen 1966): the iterates stay in ``a``'s range and each eigenvalue's error
+    ``1 - lambda x`` is squared per step, so ``steps = 64`` reaches rounding for nonzero
+    eigenvalues spanning up to about ``2^58``. Matrix products only: no host read."""
+    norm = a.abs().sum(-1).amax(-1, keepdim=True).unsqueeze(-1)  # |a|_1 = |a|_inf
+    x = a / norm.square().clamp_min(torch.finfo(a.dtype).tiny)
+    two = 2 * torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    for _ in range(steps):
+        x = x @ (two - a @ x)
+    return x
 
 
 def _centre_clamp(x: Tensor, mask: Tensor | None, bound: float | None) -> Tensor:
@@ -220,11 +265,10 @@ class _KernelProduct:
         formed in the linear domain when ``e^offset`` is safely finite (``offset <= scale``,
         as the destination's row maxima are at most 1; with masses at most 1 the floor bounds
         the scale by ``-log floor``); a term that underflows there is far below the floor.
-        Otherwise, and without a floor, it is formed in the log domain."""
-        linear = floor > 0 and bool(
-            (self.scale <= 0.5 * math.log(torch.finfo(self.s.dtype).max)).all()
-        )
-        if linear:
+        Otherwise (and on an accelerator, where the test would cost a device sync), and
+        without a floor, it is formed in the log domain."""
+        big = self.scale > 0.5 * math.log(torch.finfo(self.s.dtype).max)
+        if floor > 0 and known_false(big | big.isnan()):
             return torch.log(self.s.clamp_min(0.0) * torch.exp(self.offset) + floor)
         out = self.offset + torch.log(self.s.clamp_min(self.tiny))
         return out if floor <= 0 else torch.logaddexp(out, torch.full_like(out, math.log(floor)))
@@ -321,7 +365,7 @@ class _AnchorKernel:
         vec = self.to_anchors(u)
         out = m + torch.log(vec.clamp_min(self.tiny))
         low = vec <= self.tiny
-        if bool(low.any()):
+        if not known_false(low):
             out = torch.where(low, torch.logsumexp(self.log_k() + h[:, :, None], 1), out)
         return out, u, m
 
@@ -329,8 +373,13 @@ class _AnchorKernel:
 class _FaithfulOps:
     """``K~ e^g`` and ``K~^T e^f`` through the inverse core (Alg. 1 lines 6-8 / 10-12)."""
 
-    def __init__(self, zp: _AnchorKernel, yp: _AnchorKernel, inv: Tensor) -> None:
+    def __init__(
+        self, zp: _AnchorKernel, yp: _AnchorKernel, inv: Tensor, bound: float | None,
+        floor: float,
+    ) -> None:
         self.zp, self.yp, self.inv = zp, yp, inv
+        self.core = inv
+        self.bound, self.floor = bound, floor  # the centred clamp and Alg. 1's 1e-8
 
     def _through(self, src: _AnchorKernel, dst: _AnchorKernel, h: Tensor) -> _KernelProduct:
         u, scale = src.weights(h)
@@ -351,8 +400,13 @@ class _PositiveOps:
     anchors, then shifted mat-vecs out of them; sums that underflow are recomputed by
     ``torch.logsumexp``."""
 
-    def __init__(self, zp: _AnchorKernel, yp: _AnchorKernel, log_w: Tensor) -> None:
+    bound = None  # exact log-domain products: no clamp
+    floor = 0.0  # and no floor
+
+    def __init__(self, zp: _AnchorKernel, yp: _AnchorKernel, w: Tensor) -> None:
         self.zp, self.yp = zp, yp
+        self.core = torch.diag_embed(w)
+        log_w = torch.log(w)
         self.log_w = log_w if log_w.dim() == 2 else log_w.unsqueeze(0)
 
     def _through(self, src: _AnchorKernel, dst: _AnchorKernel, h: Tensor) -> _KernelProduct:
@@ -362,7 +416,7 @@ class _PositiveOps:
         s = dst.from_anchors(torch.exp(q - m))
         offset = dst.shift + m
         low = s <= dst.tiny
-        if bool(low.any()):
+        if not known_false(low):
             exact = torch.logsumexp(dst.log_k() + q[:, None, :], 2)
             s, offset = torch.where(low, torch.ones_like(s), s), torch.where(low, exact, offset)
         return _KernelProduct(s, offset, u, scale, dst.tiny)
@@ -375,68 +429,72 @@ class _PositiveOps:
 
 
 @dataclass
-class _Inputs:
-    """The validated tensors of a low-rank problem, non-finite masked entries set to 0."""
+class LowRankProblem:
+    """A factored unbalanced problem (no cost matrix): the features, anchors and masses of
+    :func:`lowrank_uot`, whose Args say what each field holds."""
 
     z: Tensor
     y: Tensor
+    anchors: Tensor
     mu: Tensor
     nu: Tensor
-    z_scale: Tensor | None
+    row_mask: Tensor | None = None
+    col_mask: Tensor | None = None
+    z_scale: Tensor | None = None
+    image_index: Tensor | None = None
+    text_index: Tensor | None = None
 
 
-def _clean_inputs(
-    z: Tensor,
-    y: Tensor,
-    anchors: Tensor,
-    mu: Tensor,
-    nu: Tensor,
-    eps: float,
-    tau_a: float,
-    tau_b: float,
-    row_mask: Tensor | None,
-    col_mask: Tensor | None,
-    z_scale: Tensor | None,
-    image_index: Tensor | None,
-    text_index: Tensor | None,
-) -> _Inputs:
+def _clean_inputs(problem: LowRankProblem, settings: LowRankSettings) -> LowRankProblem:
     """The checks of :mod:`otviz.ot._checks` for the factored problem (no cost matrix):
     batched non-empty features of one width, one dtype and device, masks of their side's
     shape, indices into the distinct sides, finite features on valid rows and finite
-    anchors, masses, ``eps`` and the taus."""
+    anchors, masses, the variant, ``eps`` and the taus; returns the problem with non-finite
+    masked entries set to 0."""
     solver = "lowrank_uot"
-    check_tensors(solver, z=z, y=y, anchors=anchors, mu=mu, nu=nu, z_scale=z_scale)
-    z, y = clean_clouds(solver, ("z", "y"), z, y, row_mask, col_mask, same_batch=False,
-                        mask_names=("row_mask", "col_mask"))
+    p = problem
+    if settings.variant not in VARIANTS:
+        raise SolverInputError(
+            f"{solver}: unknown variant {settings.variant!r}; known: {VARIANTS}"
+        )
+    check_tensors(solver, z=p.z, y=p.y, anchors=p.anchors, mu=p.mu, nu=p.nu, z_scale=p.z_scale)
+    z, y = clean_clouds(solver, ("z", "y"), p.z, p.y, p.row_mask, p.col_mask,
+                        same_batch=False, mask_names=("row_mask", "col_mask"))
+    anchors = p.anchors
     if anchors.dim() not in (2, 3) or anchors.shape[-2] == 0:
         raise SolverInputError(f"{solver}: anchors must be [r, d] or [B, r, d], r >= 1")
     if anchors.shape[-1] != z.shape[-1]:
         raise SolverInputError(
             f"{solver}: anchors have width {anchors.shape[-1]}, the features {z.shape[-1]}"
         )
-    check_batched("mu", mu, 2, "[B, N]", solver)
-    check_batched("nu", nu, 2, "[B, M]", solver)
-    pairs = mu.shape[0]
-    _check_index("image_index", image_index, pairs, z.shape[0], z.device)
-    _check_index("text_index", text_index, pairs, y.shape[0], y.device)
+    check_batched("mu", p.mu, 2, "[B, N]", solver)
+    check_batched("nu", p.nu, 2, "[B, M]", solver)
+    pairs = p.mu.shape[0]
+    _check_index("image_index", p.image_index, pairs, z.shape[0], z.device)
+    _check_index("text_index", p.text_index, pairs, y.shape[0], y.device)
     if anchors.dim() == 3 and anchors.shape[0] != pairs:
         raise SolverInputError(
             f"{solver}: per-pair anchors have batch {anchors.shape[0]}, the masses {pairs}"
         )
+    if (p.image_index is not None or p.text_index is not None) and anchors.dim() != 2:
+        raise SolverInputError(
+            f"{solver}: per-pair anchors [B, r, d] need per-pair z and y (no index)"
+        )
     if not bool(torch.isfinite(anchors.detach()).all()):
         raise SolverInputError(f"{solver}: anchors hold NaN or infinite entries")
+    z_scale = p.z_scale
     if z_scale is not None:
         if tuple(z_scale.shape) != tuple(z.shape[:2]):
             raise SolverInputError(
                 f"{solver}: z_scale has shape {tuple(z_scale.shape)}, z needs {tuple(z.shape[:2])}"
             )
-        z_scale = clean_where_valid("z_scale", z_scale, row_mask, solver)
-    mu = clean_masses("mu", mu, pairs, z.shape[1], solver, _take(row_mask, image_index))
-    nu = clean_masses("nu", nu, pairs, y.shape[1], solver, _take(col_mask, text_index))
-    check_eps(eps, solver)
-    check_tau("tau_a", tau_a, solver)
-    check_tau("tau_b", tau_b, solver)
-    return _Inputs(z, y, mu, nu, z_scale)
+        z_scale = clean_where_valid("z_scale", z_scale, p.row_mask, solver)
+    mu = clean_masses("mu", p.mu, pairs, z.shape[1], solver, _take(p.row_mask, p.image_index))
+    nu = clean_masses("nu", p.nu, pairs, y.shape[1], solver, _take(p.col_mask, p.text_index))
+    check_eps(settings.eps, solver)
+    check_tau("tau_a", settings.tau_a, solver)
+    check_tau("tau_b", settings.tau_b, solver)
+    return replace(p, z=z, y=y, mu=mu, nu=nu, z_scale=z_scale)
 
 
 def _check_index(
@@ -472,20 +530,12 @@ def lowrank_uot(
     anchors: Tensor,
     mu: Tensor,
     nu: Tensor,
-    eps: float,
-    tau_a: float,
-    tau_b: float,
-    n_iters: int = DEFAULT_MAX_ITERS,
-    kpp_reg: float = 1e-2,
-    variant: str = "faithful",
+    settings: LowRankSettings,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
-    clamp: float | None = 20.0,
-    floor: float = 1e-8,
     z_scale: Tensor | None = None,
     image_index: Tensor | None = None,
     text_index: Tensor | None = None,
-    tol: float | None = DEFAULT_TOL,
 ) -> LowRankResult:
     """Low-rank generalized Sinkhorn with concept anchors (ConceptOT Algorithm 1, Eq. 3-8).
 
@@ -494,17 +544,14 @@ def lowrank_uot(
         y: ``[B, M, d]`` L2-normalised token features.
         anchors: ``[r, d]`` shared or ``[B, r, d]`` per-pair L2-normalised anchors.
         mu, nu: ``[B, N]``, ``[B, M]`` positive reference masses.
-        eps, tau_a, tau_b: entropic regularisation (> 0) and KL weights (>= 0) of Eq. 3.
-        n_iters: maximal iterations (ConceptOT's model runs a fixed ``L = 5``, ``tol=None``).
-        tol: stop once every problem's relative error (``marginal_error`` over the plan's
-            mass) is ``<= tol``, warn when some is not after ``n_iters``; ``None``: exactly
-            ``n_iters`` (:mod:`otviz.ot._result`).
-        kpp_reg: lambda added to ``K_PP`` (App. H: 1e-2).
-        variant: ``"faithful"`` or ``"positive"`` (module docstring).
+        settings: :class:`otviz.ot.LowRankSettings`: ``eps``, ``tau_a``, ``tau_b`` of
+            Eq. 3; ``n_iters`` (ConceptOT's model runs a fixed ``L = 5``, ``tol=None``);
+            ``tol`` (stop once every problem's relative error, ``marginal_error`` over the
+            plan's mass, is ``<= tol``, warn when some is not after ``n_iters``; ``None``:
+            exactly ``n_iters``, :mod:`otviz.ot._result`); ``kpp_reg``, ``variant``
+            (module docstring), ``clamp`` and ``floor``.
         row_mask, col_mask: optional validity masks of patches and tokens, shaped like
             ``z`` / ``y``'s first two dimensions (masked features may hold anything).
-        clamp: bound of the centred log-scalings (faithful; ``None`` disables).
-        floor: the ``1e-8`` of Alg. 1 lines 9 and 13 (faithful; 0 disables).
         z_scale: optional ``[B, N]`` inverse norms when ``z`` comes unnormalised (the unit
             patch features are ``z * z_scale[..., None]``; see
             :meth:`otviz.methods.projected.ProjectedMethod.project_scaled`).
@@ -520,8 +567,8 @@ def lowrank_uot(
         :class:`LowRankResult` (``extras``: ``patch_anchor_cosine [B, N, r]``, and
         ``patch_anchor_affinity [B, N, r]``, ``token_anchor_affinity [B, M, r]``: ``K_ZP``,
         ``K_YP`` over their row maxima, ``exp((cos - max_k cos) / eps)``, each patch's /
-        token's best anchor at 1; ``row_marginal [B, N]`` ``P~ 1`` and ``col_marginal
-        [B, M]`` ``P~^T 1``, from the iterations' last products):
+        token's best anchor at 1); ``row_marginal [B, N]`` ``P~ 1`` and ``col_marginal
+        [B, M]`` ``P~^T 1``, from the iterations' last products;
         ``log_u``/``log_v`` the log-scalings ``log a``, ``log b`` for
         the unshifted sub-kernels (``-inf`` where masked), the factored plan, the raw Eq. 8
         score, the transported mass, ``cost = <C, P~>`` with ``C = 1 - z.y``, and
@@ -535,44 +582,80 @@ def lowrank_uot(
     Raises:
         SolverInputError: non-batched or empty inputs, features of different widths,
             non-finite features on valid rows, bad masses, masks or indices, mixed dtypes
-            or devices, ``eps <= 0`` or a negative ``tau``.
+            or devices, an unknown variant, ``eps <= 0`` or a negative ``tau``.
     """
-    if variant not in VARIANTS:
-        raise SolverInputError(f"lowrank_uot: unknown variant {variant!r}; known: {VARIANTS}")
-    cleaned = _clean_inputs(
-        z, y, anchors, mu, nu, eps, tau_a, tau_b, row_mask, col_mask, z_scale, image_index,
-        text_index,
+    problem = LowRankProblem(
+        z, y, anchors, mu, nu, row_mask, col_mask, z_scale, image_index, text_index
     )
-    z, y, mu, nu, z_scale = cleaned.z, cleaned.y, cleaned.mu, cleaned.nu, cleaned.z_scale
-    alpha_a = _damping_exponent(tau_a, eps)
-    alpha_b = _damping_exponent(tau_b, eps)
-    if (image_index is not None or text_index is not None) and anchors.dim() != 2:
-        raise SolverInputError(
-            "lowrank_uot: per-pair anchors [B, r, d] need per-pair z and y (no index)"
-        )
-    row_mask, col_mask = _effective_mask(row_mask), _effective_mask(col_mask)
-    zp = _AnchorKernel(z, anchors, eps, row_mask, z_scale, keep_cosine=True).take(image_index)
-    yp = _AnchorKernel(y, anchors, eps, col_mask).take(text_index)  # [B, M, r]
-    row_mask, col_mask = _take(row_mask, image_index), _take(col_mask, text_index)
-    k_reg = _regularised_anchor_gram(anchors, eps, kpp_reg)
-    ops: _FaithfulOps | _PositiveOps
-    if variant == "faithful":
-        core = _robust_inverse(k_reg)
-        ops = _FaithfulOps(zp, yp, core)
-        bound = clamp
-    else:
-        w = 1.0 / k_reg.sum(-1)
-        core = torch.diag_embed(w)
-        ops = _PositiveOps(zp, yp, torch.log(w))
-        bound, floor = None, 0.0
+    return solve_lowrank(_clean_inputs(problem, settings), settings)
 
+
+def solve_lowrank(problem: LowRankProblem, settings: LowRankSettings) -> LowRankResult:
+    """:func:`lowrank_uot` on a problem its caller has already checked (a method checks
+    its inputs once at its boundary): anchor kernels, Algorithm 1's iterations, then the
+    factored plan and its Eq. 8 score; no validation."""
+    p = problem
+    row_mask, col_mask = _effective_mask(p.row_mask), _effective_mask(p.col_mask)
+    zp = _AnchorKernel(p.z, p.anchors, settings.eps, row_mask, p.z_scale, keep_cosine=True)
+    zp = zp.take(p.image_index)
+    yp = _AnchorKernel(p.y, p.anchors, settings.eps, col_mask).take(p.text_index)  # [B, M, r]
+    row_mask, col_mask = _take(row_mask, p.image_index), _take(col_mask, p.text_index)
+    ops = _kernel_ops(zp, yp, p.anchors, settings)
+    state = _iterate(ops, p.mu, p.nu, settings, row_mask, col_mask)
+    return judge_convergence(
+        _result(ops, state, p, zp, yp, row_mask, col_mask), settings.tol, "lowrank_uot"
+    )
+
+
+def _kernel_ops(
+    zp: _AnchorKernel, yp: _AnchorKernel, anchors: Tensor, settings: LowRankSettings
+) -> _FaithfulOps | _PositiveOps:
+    """The kernel products of the variant: through ``K_PP,lambda^-1`` (faithful, Eq. 6-7)
+    or through the diagonal ``w = 1 / ((K_PP + lambda I) 1)`` (positive)."""
+    k_reg = _regularised_anchor_gram(anchors, settings.eps, settings.kpp_reg)
+    if settings.variant == "faithful":
+        return _FaithfulOps(zp, yp, _robust_inverse(k_reg), settings.clamp, settings.floor)
+    w = 1.0 / k_reg.sum(-1)
+    return _PositiveOps(zp, yp, w)
+
+
+@dataclass
+class _IterationState:
+    """After Algorithm 1's loop: the log-scalings ``f [B, N]``, ``g [B, M]``, the last
+    products ``K~ b`` (``row``) and ``K~^T a`` (``col``) at them, the floored ``log K~ b``
+    and the iterations run."""
+
+    f: Tensor
+    g: Tensor
+    row: _KernelProduct
+    col: _KernelProduct
+    log_kb: Tensor
+    log_mu: Tensor
+    alpha_a: float
+    n_iters: int
+
+
+def _iterate(
+    ops: _FaithfulOps | _PositiveOps,
+    mu: Tensor,
+    nu: Tensor,
+    settings: LowRankSettings,
+    row_mask: Tensor | None,
+    col_mask: Tensor | None,
+) -> _IterationState:
+    """Algorithm 1 lines 5-14: alternate ``a <- (mu / (K~ b + floor))^alpha_a`` and
+    ``b <- (nu / (K~^T a + floor))^alpha_b`` in the log domain (centred and clamped for the
+    faithful variant), stopping early at ``settings.tol``."""
+    alpha_a = _damping_exponent(settings.tau_a, settings.eps)
+    alpha_b = _damping_exponent(settings.tau_b, settings.eps)
+    bound, floor, tol = ops.bound, ops.floor, settings.tol
     log_mu = _masked_log(mu, row_mask)
     log_nu = _masked_log(nu, col_mask)
     f = _hold(torch.zeros_like(log_mu), row_mask)
     g = _hold(torch.zeros_like(log_nu), col_mask)
     col = None
     done = 0
-    for _ in range(n_iters):
+    for _ in range(settings.n_iters):
         row = ops.row(g)
         log_kb = row.log(floor)
         f_next = _hold(_centre_clamp(alpha_a * (log_mu - log_kb), row_mask, bound), row_mask)
@@ -586,48 +669,62 @@ def lowrank_uot(
         done += 1
     col = ops.col(f) if col is None else col  # K~^T a at the final a
     row = ops.row(g)  # K~ b at the final b
-    log_kb = row.log(floor)
-    residual, _ = _row_gap(row, f, alpha_a * (log_mu - log_kb), log_kb, row_mask)
+    return _IterationState(f, g, row, col, row.log(floor), log_mu, alpha_a, done)
 
+
+def _result(
+    ops: _FaithfulOps | _PositiveOps,
+    state: _IterationState,
+    problem: LowRankProblem,
+    zp: _AnchorKernel,
+    yp: _AnchorKernel,
+    row_mask: Tensor | None,
+    col_mask: Tensor | None,
+) -> LowRankResult:
+    """The factored plan, its marginals and mass from the last products, the Eq. 8 score
+    and the fixed-point residual."""
+    f, g, row, col = state.f, state.g, state.row, state.col
+    residual, _ = _row_gap(
+        row, f, state.alpha_a * (state.log_mu - state.log_kb), state.log_kb, row_mask
+    )
     plan = LowRankPlan(
-        zp.kernel, yp.kernel, core, col.weights, row.weights, (col.scale + row.scale).squeeze(1)
+        zp.kernel, yp.kernel, ops.core, col.weights, row.weights,
+        (col.scale + row.scale).squeeze(1),
     )
     # marginals and Eq. 8 from sums over e^{log_scale} (the score is a ratio of two such
     # sums, so no overflow of the scale reaches it)
     rows, cols = row.marginal(f, plan.log_scale), col.marginal(g, plan.log_scale)
     shifted_mass = rows.sum(1)  # 1^T P~ 1 = sum_i a_i (K~ b)_i
     tiny = torch.finfo(shifted_mass.dtype).tiny
+    p = problem
     numerator = _shifted_similarity(
-        plan, z, y, _take(z_scale, image_index), image_index, text_index
+        plan, p.z, p.y, _take(p.z_scale, p.image_index), p.image_index, p.text_index
     )
     score = numerator / torch.where(
         shifted_mass.abs() < tiny, torch.full_like(shifted_mass, tiny), shifted_mass
     )
     scale = torch.exp(plan.log_scale)
     mass = shifted_mass * scale
-    row_marginal, col_marginal = rows * scale.unsqueeze(1), cols * scale.unsqueeze(1)
     log_u = f if row_mask is None else f.masked_fill(~row_mask, -float("inf"))
     log_v = g if col_mask is None else g.masked_fill(~col_mask, -float("inf"))
-    result = LowRankResult(
+    return LowRankResult(
         plan=None,
         log_u=log_u,
         log_v=log_v,
         marginal_error=residual,
-        n_iters=done,
+        n_iters=state.n_iters,
         cost=mass * (1.0 - score),
         factors=plan,
         score=score,
         mass=mass,
         plan_mass=mass,
+        marginals=(rows * scale.unsqueeze(1), cols * scale.unsqueeze(1)),
         extras={
             "patch_anchor_cosine": zp.cosine,
             "patch_anchor_affinity": zp.kernel,
             "token_anchor_affinity": yp.kernel,
-            "row_marginal": row_marginal,
-            "col_marginal": col_marginal,
         },
     )
-    return judge_convergence(result, tol, "lowrank_uot")
 
 
 def _row_gap(

@@ -34,6 +34,8 @@ from otviz.ot._result import (
     relative_error,
     safe_log,
 )
+from otviz.ot._settings import SinkhornSettings
+from otviz.ot._sync import known_false
 
 # Bias added to the log-kernel of masked pairs: exp(NEG) == 0 in float32 and float64, and
 # it stays finite so softmax-type gradients of the log-sum-exp are exactly zero there.
@@ -54,8 +56,9 @@ class _ScalingState:
 
 
 def _effective_mask(mask: Tensor | None) -> Tensor | None:
-    """``mask``, or ``None`` when it masks nothing (skips needless passes over the data)."""
-    return None if mask is None or bool(mask.all()) else mask
+    """``mask``, or ``None`` when it surely masks nothing (skips needless passes over the
+    data; an accelerator's mask is kept, :func:`otviz.ot._sync.known_false`)."""
+    return None if mask is None or known_false(~mask) else mask
 
 
 def _masked_log_kernel(
@@ -143,19 +146,20 @@ class _ShiftedKernel:
 
     def _repair(self, out: Tensor, s: Tensor, exact: Callable[[], Tensor]) -> Tensor:
         low = s <= self.tiny
-        if bool(low.any()):
-            return torch.where(low, self.shift + exact(), out)
-        return out
+        if known_false(low):
+            return out
+        return torch.where(low, self.shift + exact(), out)
 
     def into_plan(self, log_u: Tensor, log_v: Tensor) -> Tensor:
         """``[B, N, M]`` plan ``exp(log K_ij + log_u_i + log_v_j)`` (``log_u``/``log_v`` hold
         :data:`NEG` where masked). As ``K^ * e^{log_u + shift} * e^{log_v}`` (two passes, no
-        exp over the plan) when those factors are safely inside the float range, else by
-        one rank-2 ``baddbmm`` (the broadcast sum) and an ``exp``. The last call on a kernel:
-        without autograd the kernel's memory is reused for the plan."""
+        exp over the plan) when those factors are known to be safely inside the float range
+        (:func:`otviz.ot._sync.known_false`), else by one rank-2 ``baddbmm`` (the broadcast
+        sum) and an ``exp``. The last call on a kernel: without autograd the kernel's memory
+        is reused for the plan."""
         u = log_u + self.shift
         scalings = torch.cat([u, log_v], 1).detach()
-        if bool(((scalings.abs() < 40.0) | (scalings < NEG / 2)).all()):
+        if known_false(~((scalings.abs() < 40.0) | (scalings < NEG / 2))):
             row, col = torch.exp(u).unsqueeze(-1), torch.exp(log_v).unsqueeze(1)
             if torch.is_grad_enabled():
                 return self.kernel * row * col
@@ -215,8 +219,9 @@ def _row_update_gap(log_rows: Tensor, log_rows_next: Tensor, mask: Tensor | None
 
 def _relative_row_gap(log_rows: Tensor, log_rows_next: Tensor, mask: Tensor | None) -> Tensor:
     """``[B]`` :func:`_row_update_gap` over the plan's mass ``|P 1|_1`` (its relative error)."""
-    return relative_error(_row_update_gap(log_rows, log_rows_next, mask),
-                          _l1(torch.exp(log_rows), mask))
+    return relative_error(
+        _row_update_gap(log_rows, log_rows_next, mask), _l1(torch.exp(log_rows), mask)
+    )
 
 
 def _hold(x: Tensor, mask: Tensor | None) -> Tensor:
@@ -261,12 +266,13 @@ def _in_cache_chunks(
     cost: Tensor,
     a: Tensor,
     b: Tensor,
+    settings: SinkhornSettings,
     row_mask: Tensor | None,
     col_mask: Tensor | None,
-    **kwargs: object,
 ) -> SolverResult:
-    """Run a batched dense solver on consecutive sub-batches of at most :data:`CHUNK_ELEMS`
-    plan entries and concatenate the results (``n_iters`` is the largest count run).
+    """Run a batched dense solver ``solve(cost, a, b, settings, row_mask, col_mask)`` on
+    consecutive sub-batches of at most :data:`CHUNK_ELEMS` plan entries and concatenate the
+    results (``n_iters`` is the largest count run).
 
     Every Sinkhorn pass streams the ``[B, N, M]`` kernel; sub-batches small enough to stay
     in the CPU caches run about twice as fast per pair at large ``N * M`` as one pass over
@@ -274,7 +280,7 @@ def _in_cache_chunks(
     bsz, n, m = cost.shape
     step = max(1, CHUNK_ELEMS // max(n * m, 1))
     if bsz <= step:
-        return solve(cost, a, b, row_mask=row_mask, col_mask=col_mask, **kwargs)
+        return solve(cost, a, b, settings, row_mask, col_mask)
 
     def part(x: Tensor | None, i: int) -> Tensor | None:
         return None if x is None else x[i : i + step]
@@ -284,9 +290,9 @@ def _in_cache_chunks(
             cost[i : i + step],
             a[i : i + step],
             b[i : i + step],
-            row_mask=part(row_mask, i),
-            col_mask=part(col_mask, i),
-            **kwargs,
+            settings,
+            part(row_mask, i),
+            part(col_mask, i),
         )
         for i in range(0, bsz, step)
     ]
@@ -300,6 +306,10 @@ def _in_cache_chunks(
         cost=torch.cat([p.cost for p in parts]),
         extras={k: torch.cat([p.extras[k] for p in parts]) for k in first.extras},
         plan_mass=torch.cat([p.plan_mass for p in parts]),
+        marginals=(
+            torch.cat([p.row_marginal for p in parts]),
+            torch.cat([p.col_marginal for p in parts]),
+        ),
     )
 
 
@@ -321,11 +331,10 @@ def sinkhorn_log(
         cost: ``[B, N, M]`` cost matrices.
         a, b: ``[B, N]``, ``[B, M]`` marginals (equal total mass per problem over valid
             entries; masked entries are ignored).
-        eps: entropic regularisation (> 0).
-        n_iters: maximal iterations (each one row and one column update).
-        tol: stop once every problem's relative marginal error (``|P1 - a|_1`` over the
-            plan's mass) is ``<= tol``; warns when some problem is above it after
-            ``n_iters``; ``None``: exactly ``n_iters`` iterations (:mod:`otviz.ot._result`).
+        eps, n_iters, tol: the :class:`otviz.ot.SinkhornSettings` (``tol``: stop once every
+            problem's relative marginal error, ``|P1 - a|_1`` over the plan's mass, is
+            ``<= tol``; warns when some problem is above it after ``n_iters``; ``None``:
+            exactly ``n_iters`` iterations, :mod:`otviz.ot._result`).
         row_mask, col_mask: optional ``[B, N]``/``[B, M]`` bool validity masks (masked
             entries of ``cost``, ``a``, ``b`` may hold anything, NaN included).
 
@@ -337,16 +346,15 @@ def sinkhorn_log(
     Returns:
         :class:`SolverResult` with the dense plan, ``log_u``/``log_v`` (``f/eps``, ``g/eps`` in
         dual terms; ``-inf`` where masked), ``marginal_error`` = L1 violation
-        ``|P1 - a|_1 + |P^T1 - b|_1``, ``cost`` = ``<C, P>`` and ``extras`` holding the
-        plan's ``row_marginal`` ``[B, N]`` and ``col_marginal`` ``[B, M]``. Large batches
-        run in cache-sized sub-batches (:func:`_in_cache_chunks`; ``tol`` then applies per
-        sub-batch).
+        ``|P1 - a|_1 + |P^T1 - b|_1``, ``cost`` = ``<C, P>`` and the plan's
+        ``row_marginal`` ``[B, N]`` and ``col_marginal`` ``[B, M]`` from the last update.
+        Large batches run in cache-sized sub-batches (:func:`_in_cache_chunks`; ``tol``
+        then applies per sub-batch).
     """
     cost, a, b = clean_problem(cost, a, b, eps, "sinkhorn_log", row_mask, col_mask)
     check_equal_mass(a, b, "sinkhorn_log", row_mask, col_mask)
-    res = _in_cache_chunks(
-        _sinkhorn_log, cost, a, b, row_mask, col_mask, eps=eps, n_iters=n_iters, tol=tol
-    )
+    settings = SinkhornSettings(eps=eps, n_iters=n_iters, tol=tol)
+    res = _in_cache_chunks(_sinkhorn_log, cost, a, b, settings, row_mask, col_mask)
     return judge_convergence(res, tol, "sinkhorn_log")
 
 
@@ -354,25 +362,29 @@ def _sinkhorn_log(
     cost: Tensor,
     a: Tensor,
     b: Tensor,
-    eps: float,
-    n_iters: int,
-    tol: float | None,
+    settings: SinkhornSettings,
     row_mask: Tensor | None,
     col_mask: Tensor | None,
 ) -> SolverResult:
     row_mask, col_mask = _effective_mask(row_mask), _effective_mask(col_mask)
-    kernel = _ShiftedKernel.from_cost(cost, eps, row_mask, col_mask)
+    kernel = _ShiftedKernel.from_cost(cost, settings.eps, row_mask, col_mask)
     log_a = _masked_log(a, row_mask)
     log_b = _masked_log(b, col_mask)
     state = _log_scaling_iterations(
-        kernel, log_a, log_b, 1.0, 1.0, n_iters, tol, row_mask, col_mask
+        kernel, log_a, log_b, 1.0, 1.0, settings.n_iters, settings.tol, row_mask, col_mask
     )
     plan = kernel.into_plan(state.log_u, state.log_v)
     rows, cols = plan.sum(2), plan.sum(1)
     err = _l1(rows - a, row_mask) + _l1(cols - b, col_mask)
     log_u, log_v = _finalise_scalings(state, row_mask, col_mask)
     transport = _transport_cost(plan, cost, row_mask, col_mask)
-    extras = {"row_marginal": rows, "col_marginal": cols}
     return SolverResult(
-        plan, log_u, log_v, err, state.n_iters, transport, extras, plan_mass=rows.sum(1)
+        plan,
+        log_u,
+        log_v,
+        err,
+        state.n_iters,
+        transport,
+        plan_mass=rows.sum(1),
+        marginals=(rows, cols),
     )

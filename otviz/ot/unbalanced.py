@@ -28,6 +28,7 @@ from otviz.ot._result import (
     judge_convergence,
     safe_log,
 )
+from otviz.ot._settings import SinkhornSettings, UnbalancedSettings
 from otviz.ot.sinkhorn import (
     _effective_mask,
     _finalise_scalings,
@@ -36,6 +37,7 @@ from otviz.ot.sinkhorn import (
     _masked_log,
     _row_update_gap,
     _ShiftedKernel,
+    _sinkhorn_log,
     _transport_cost,
 )
 
@@ -62,13 +64,13 @@ def sinkhorn_unbalanced_log(
     Args:
         cost: ``[B, N, M]`` cost matrices (ConceptOT: ``1 - z_i . y_j``).
         a, b: ``[B, N]``, ``[B, M]`` positive reference masses mu, nu.
-        eps: entropic regularisation (> 0).
-        tau_a, tau_b: KL weights (>= 0) on the row / column marginals (``float('inf')``:
-            hard constraint, the balanced update on that side; 0: that side free).
-        n_iters: maximal iterations (ConceptOT's model runs a fixed L = 5 with ``tol=None``).
-        tol: stop once every problem's relative marginal error (``marginal_error`` below
-            over the plan's mass) is ``<= tol``, warn when some is not after ``n_iters``;
-            ``None``: exactly ``n_iters`` (:mod:`otviz.ot._result`).
+        eps, tau_a, tau_b, n_iters, tol: the :class:`otviz.ot.UnbalancedSettings`:
+            entropic regularisation (> 0); KL weights (>= 0) on the row / column marginals
+            (``float('inf')``: hard constraint, the balanced update on that side; 0: that
+            side free); maximal iterations (ConceptOT's model runs a fixed L = 5 with
+            ``tol=None``); stop once every problem's relative marginal error
+            (``marginal_error`` below over the plan's mass) is ``<= tol``, warn when some
+            is not after ``n_iters`` (``None``: exactly ``n_iters``, :mod:`otviz.ot._result`).
         row_mask, col_mask: optional ``[B, N]``/``[B, M]`` bool validity masks (masked
             entries may hold anything, NaN included).
 
@@ -78,8 +80,8 @@ def sinkhorn_unbalanced_log(
         between the plan's row marginal and the one the next row update
         ``u <- (a / K v)^alpha_a`` gives it (the column update holds exactly after the
         last half-step): 0 exactly at the fixed point, ``|P 1 - a|_1`` for a hard row
-        constraint. Unbalanced plans need not meet ``a, b``. ``extras`` hold the plan's
-        ``row_marginal`` ``[B, N]`` and ``col_marginal`` ``[B, M]``. Large batches run in
+        constraint. Unbalanced plans need not meet ``a, b``: ``row_marginal`` ``[B, N]``
+        and ``col_marginal`` ``[B, M]`` say what they keep. Large batches run in
         cache-sized sub-batches (:func:`otviz.ot.sinkhorn._in_cache_chunks`; ``tol`` then
         applies per sub-batch).
     """
@@ -87,20 +89,29 @@ def sinkhorn_unbalanced_log(
     cost, a, b = clean_problem(cost, a, b, eps, solver, row_mask, col_mask)
     check_tau("tau_a", tau_a, solver)
     check_tau("tau_b", tau_b, solver)
-    res = _in_cache_chunks(
-        _sinkhorn_unbalanced_log,
-        cost,
-        a,
-        b,
-        row_mask,
-        col_mask,
-        eps=eps,
-        tau_a=tau_a,
-        tau_b=tau_b,
-        n_iters=n_iters,
-        tol=tol,
-    )
-    return judge_convergence(res, tol, solver)
+    settings = UnbalancedSettings(eps=eps, tau_a=tau_a, tau_b=tau_b, n_iters=n_iters, tol=tol)
+    return solve_dense(cost, a, b, settings, row_mask, col_mask)
+
+
+def solve_dense(
+    cost: Tensor,
+    a: Tensor,
+    b: Tensor,
+    settings: SinkhornSettings,
+    row_mask: Tensor | None = None,
+    col_mask: Tensor | None = None,
+) -> SolverResult:
+    """The dense Sinkhorn family on a problem its caller has already checked (a method
+    checks its inputs once at its boundary): :func:`sinkhorn_unbalanced_log` for
+    :class:`UnbalancedSettings`, :func:`otviz.ot.sinkhorn.sinkhorn_log` for plain
+    :class:`SinkhornSettings`; no validation, so no host sync on an accelerator with
+    ``tol=None``."""
+    if isinstance(settings, UnbalancedSettings):
+        name, core = "sinkhorn_unbalanced_log", _sinkhorn_unbalanced_log
+    else:
+        name, core = "sinkhorn_log", _sinkhorn_log
+    res = _in_cache_chunks(core, cost, a, b, settings, row_mask, col_mask)
+    return judge_convergence(res, settings.tol, name)
 
 
 def _hold_rows(x: Tensor, mask: Tensor | None) -> Tensor:
@@ -111,17 +122,14 @@ def _sinkhorn_unbalanced_log(
     cost: Tensor,
     a: Tensor,
     b: Tensor,
-    eps: float,
-    tau_a: float,
-    tau_b: float,
-    n_iters: int,
-    tol: float | None,
+    settings: UnbalancedSettings,
     row_mask: Tensor | None,
     col_mask: Tensor | None,
 ) -> SolverResult:
     row_mask, col_mask = _effective_mask(row_mask), _effective_mask(col_mask)
-    alpha_a = _damping_exponent(tau_a, eps)
-    alpha_b = _damping_exponent(tau_b, eps)
+    eps = settings.eps
+    alpha_a = _damping_exponent(settings.tau_a, eps)
+    alpha_b = _damping_exponent(settings.tau_b, eps)
     kernel = _ShiftedKernel.from_cost(cost, eps, row_mask, col_mask)
     log_a = _masked_log(a, row_mask)
     state = _log_scaling_iterations(
@@ -130,8 +138,8 @@ def _sinkhorn_unbalanced_log(
         _masked_log(b, col_mask),
         alpha_a,
         alpha_b,
-        n_iters,
-        tol,
+        settings.n_iters,
+        settings.tol,
         row_mask,
         col_mask,
     )
@@ -143,7 +151,7 @@ def _sinkhorn_unbalanced_log(
     residual = _row_update_gap(safe_log(rows), log_next, row_mask)
     log_u, log_v = _finalise_scalings(state, row_mask, col_mask)
     transport = _transport_cost(plan, cost, row_mask, col_mask)
-    extras = {"row_marginal": rows, "col_marginal": plan.sum(1)}
     return SolverResult(
-        plan, log_u, log_v, residual, state.n_iters, transport, extras, plan_mass=rows.sum(1)
+        plan, log_u, log_v, residual, state.n_iters, transport, plan_mass=rows.sum(1),
+        marginals=(rows, plan.sum(1)),
     )

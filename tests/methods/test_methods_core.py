@@ -9,8 +9,10 @@ import torch.nn.functional as F
 
 from otviz.methods import METHODS, MethodConfig, PairBatch, build_method
 from otviz.methods.conceptot import anchor_diversity
+from otviz.ot import LowRankSettings
 from otviz.ot.lowrank import lowrank_uot
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
+from tests.helpers import moved
 
 CORE = [
     "global_only",
@@ -55,9 +57,9 @@ def test_all_core_methods_registered() -> None:
 
 
 @pytest.mark.parametrize("name", CORE)
-def test_heatmap_is_plan_columns_summed(name: str) -> None:
+def test_heatmap_is_plan_columns_summed(name: str, device: torch.device) -> None:
     batch = _batch(1)
-    out = _method(name, batch)(batch)
+    out = moved(_method(name, batch).to(device)(moved(batch, device)), "cpu")
     plan = out.plan.dense()
     select = torch.tensor([False, True, True, False, True])
     expected = (plan * (select & batch.token_mask)[:, None, :]).sum(2)
@@ -69,7 +71,7 @@ def test_heatmap_is_plan_columns_summed(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", CORE)
-def test_padding_does_not_change_scores(name: str) -> None:
+def test_padding_does_not_change_scores(name: str, device: torch.device) -> None:
     batch = _batch(2)
     gen = torch.Generator().manual_seed(3)
     padded = PairBatch(
@@ -81,8 +83,8 @@ def test_padding_does_not_change_scores(name: str) -> None:
         text_global=batch.text_global,
         grid=(4, 4),
     )
-    method = _method(name, batch)
-    a, b = method(batch), method(padded)
+    method = _method(name, batch).to(device)
+    a, b = (moved(method(moved(x, device)), "cpu") for x in (batch, padded))
     assert torch.allclose(a.local_score, b.local_score)
     assert torch.allclose(a.plan.dense(), b.plan.dense()[:, :12, :5])
 
@@ -148,14 +150,15 @@ def test_balanced_ot_meets_uniform_marginals_at_convergence() -> None:
     assert torch.allclose(out.row_reference, batch.patch_mask / n_valid)
 
 
-def test_dense_uot_masses_and_solver() -> None:
+def test_dense_uot_masses_and_solver(device: torch.device) -> None:
     batch = _batch(9)
     method = _method("dense_uot", batch)
     with torch.no_grad():  # move the mass heads off their uniform start
         method.masses.head_v.linear.weight.normal_()
         method.masses.head_t.linear.bias.fill_(0.3)
         method.masses.head_t.linear.weight.normal_()
-    out = method(batch)
+    out = moved(method.to(device)(moved(batch, device)), "cpu")
+    method.cpu()  # the references on the CPU
     # Eq. 1-2 by hand
     head_v = method.masses.head_v.linear
     logit = F.softplus(batch.patches @ head_v.weight[0] + head_v.bias) * batch.patch_mask
@@ -200,15 +203,10 @@ def test_conceptot_uses_the_low_rank_solver(variant: str) -> None:
         anchors,
         out.row_reference,
         out.col_reference,
-        cfg.eps,
-        cfg.tau_v,
-        cfg.tau_t,
-        cfg.n_iters,
-        cfg.kpp_reg,
-        variant,
-        batch.patch_mask,
-        batch.token_mask,
-        tol=None,  # the method's fixed iteration count
+        LowRankSettings(eps=cfg.eps, tau_a=cfg.tau_v, tau_b=cfg.tau_t, n_iters=cfg.n_iters,
+                        kpp_reg=cfg.kpp_reg, variant=variant, tol=None),  # the fixed count
+        row_mask=batch.patch_mask,
+        col_mask=batch.token_mask,
     )
     expected = torch.tanh(ref.score) if variant == "faithful" else ref.score
     assert torch.allclose(out.local_score, expected)
@@ -260,7 +258,7 @@ def test_training_free_needs_one_feature_space() -> None:
 
 
 @pytest.mark.parametrize("name", [n for n in CORE if n != "global_only"])
-def test_caption_made_of_patches_beats_random_caption(name: str) -> None:
+def test_caption_made_of_patches_beats_random_caption(name: str, device: torch.device) -> None:
     # training-free (identity projections): a caption whose tokens are some of the image's
     # patches must score higher than a random caption, pair by pair
     gen = torch.Generator().manual_seed(16)
@@ -278,15 +276,16 @@ def test_caption_made_of_patches_beats_random_caption(name: str) -> None:
     )
     good = PairBatch(patches=patches, tokens=matched, **ones)
     bad = PairBatch(patches=patches, tokens=random_tokens, **ones)
-    method = _method(name, good, trainable=False)
+    method = _method(name, good, trainable=False).to(device)
+    good, bad = moved((good, bad), device)
     assert bool((method(good).local_score > method(bad).local_score).all())
 
 
 @pytest.mark.parametrize("name", [n for n in CORE if n != "global_only"])
-def test_gradients_reach_every_parameter(name: str) -> None:
+def test_gradients_reach_every_parameter(name: str, device: torch.device) -> None:
     batch = _batch(17)
-    method = _method(name, batch)
-    out = method(batch)
+    method = _method(name, batch).to(device)
+    out = method(moved(batch, device))
     (out.local_score.sum() + method.regulariser()).backward()
     for pname, p in method.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), pname

@@ -11,6 +11,7 @@ from otviz.ot.came import came_marginals
 from otviz.ot.divergence import sinkhorn_divergence
 from otviz.ot.powerset import exact_r2t, exact_t2r, nla_t1, nla_t2
 from otviz.regions import grid_cells, random_boxes
+from tests.helpers import moved
 
 DT = torch.float64
 
@@ -52,9 +53,9 @@ def test_registered():
     assert "powerclip" in METHODS
 
 
-def test_qc_align_plan_meets_came_quotas():
+def test_qc_align_plan_meets_came_quotas(device: torch.device):
     batch = _batch(0)
-    out = _method("qc_align").align(batch)
+    out = moved(_method("qc_align").to(device)(moved(batch, device)), "cpu")
     came = came_marginals(
         F.normalize(batch.patches, dim=-1), F.normalize(batch.tokens, dim=-1),
         batch.patch_mask, batch.token_mask,

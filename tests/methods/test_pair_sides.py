@@ -11,7 +11,9 @@ import torch
 
 from otviz.bench.runners import random_batch
 from otviz.methods import METHODS, MethodConfig, PairBatch, build_method
+from otviz.ot import LowRankSettings
 from otviz.ot.lowrank import _pair_products, lowrank_uot
+from tests.helpers import moved
 
 # 6 items; 14 pairs repeating images and captions in no particular order
 IMAGE_IDX = torch.tensor([0, 1, 2, 3, 4, 5, 0, 0, 2, 5, 5, 1, 3, 4])
@@ -55,11 +57,13 @@ def test_index_records_distinct_sides() -> None:
 
 @pytest.mark.parametrize("trainable", [True, False], ids=["trainable", "training_free"])
 @pytest.mark.parametrize("name", sorted(METHODS))
-def test_methods_agree_with_and_without_sides(name: str, trainable: bool) -> None:
+def test_methods_agree_with_and_without_sides(
+    name: str, trainable: bool, device: torch.device
+) -> None:
     items = _items(3)
-    shared = items.index(IMAGE_IDX, TEXT_IDX)
+    shared = moved(items.index(IMAGE_IDX, TEXT_IDX), device)
     plain = dataclasses.replace(shared, sides=None)
-    method = _method(name, items, trainable)
+    method = _method(name, items, trainable).to(device)
     learns = any(p.requires_grad for p in method.parameters())
     outs, grads = [], []
     for batch in (shared, plain):
@@ -95,21 +99,12 @@ def test_lowrank_with_indices_equals_gathered_call(variant: str) -> None:
     img, txt = torch.tensor([0, 1, 1, 3, 2, 0, 3]), torch.tensor([2, 0, 1, 1, 2, 2, 0])
     mu = torch.rand(7, 9, generator=gen, dtype=dt) * row_mask[img]
     nu = torch.rand(7, 5, generator=gen, dtype=dt) * col_mask[txt]
-    kw = dict(eps=0.1, tau_a=0.5, tau_b=0.3, n_iters=6, variant=variant, tol=None)
+    kw = LowRankSettings(eps=0.1, tau_a=0.5, tau_b=0.3, n_iters=6, variant=variant, tol=None)
     shared = lowrank_uot(
-        z,
-        y,
-        anchors,
-        mu,
-        nu,
-        row_mask=row_mask,
-        col_mask=col_mask,
-        image_index=img,
-        text_index=txt,
-        **kw,
+        z, y, anchors, mu, nu, kw, row_mask, col_mask, image_index=img, text_index=txt
     )
     plain = lowrank_uot(
-        z[img], y[txt], anchors, mu, nu, row_mask=row_mask[img], col_mask=col_mask[txt], **kw
+        z[img], y[txt], anchors, mu, nu, kw, row_mask=row_mask[img], col_mask=col_mask[txt]
     )
     for field in ("score", "mass", "marginal_error", "log_u", "log_v"):
         torch.testing.assert_close(getattr(shared, field), getattr(plain, field))
@@ -117,7 +112,7 @@ def test_lowrank_with_indices_equals_gathered_call(variant: str) -> None:
     for key, value in plain.extras.items():
         torch.testing.assert_close(shared.extras[key], value)
     with pytest.raises(ValueError, match="per-pair anchors"):
-        lowrank_uot(z, y, anchors.expand(7, -1, -1), mu, nu, image_index=img, text_index=txt, **kw)
+        lowrank_uot(z, y, anchors.expand(7, -1, -1), mu, nu, kw, image_index=img, text_index=txt)
 
 
 @pytest.mark.parametrize(

@@ -95,7 +95,8 @@ SOLVERS: dict[str, Callable[[Problem], object]] = {
         p.cost, p.a, p.b, EPS, p.d1, p.d2, 0.1, **_masks(p)
     ),
     "lowrank_uot": lambda p: ot.lowrank_uot(
-        p.x, p.y, p.anchors, p.a, p.b, EPS, 0.5, 0.5, variant="positive", **_masks(p)
+        p.x, p.y, p.anchors, p.a, p.b,
+        ot.LowRankSettings(eps=EPS, tau_a=0.5, tau_b=0.5, variant="positive"), **_masks(p)
     ),
     "sinkhorn_divergence": lambda p: ot.sinkhorn_divergence(
         p.x, p.y, p.a, p.b, EPS, x_mask=p.row_mask, y_mask=p.col_mask

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from otviz.ot.came import came_marginals
+from tests.helpers import moved
 
 DT = torch.float64
 
@@ -38,11 +39,11 @@ def _reference(v: torch.Tensor, t: torch.Tensor, slope: float = 0.01):
     return mu, nu
 
 
-def test_matches_loop_reference():
+def test_matches_loop_reference(device):
     gen = torch.Generator().manual_seed(0)
     v = torch.randn(2, 5, 4, generator=gen, dtype=DT)
     t = torch.randn(2, 3, 4, generator=gen, dtype=DT)
-    res = came_marginals(v, t)
+    res = moved(came_marginals(*moved((v, t), device)), "cpu")
     for b in range(2):
         mu, nu = _reference(v[b], t[b])
         assert res.mu[b].tolist() == pytest.approx(mu, abs=1e-12)

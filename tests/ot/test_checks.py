@@ -4,9 +4,13 @@ and NaN on masked entries that never reaches a plan or a gradient."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import math
 import re
+import typing
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -111,10 +115,18 @@ def test_sinkhorn_divergence_refuses_2d_clouds_instead_of_an_index_error() -> No
 def test_lowrank_refuses_features_of_different_widths_and_bad_indices() -> None:
     p = random_problem(9)
     with pytest.raises(ot.SolverInputError, match="feature width"):
-        ot.lowrank_uot(p.x, p.y[..., :3], p.anchors, p.a, p.b, 0.2, 0.5, 0.5)
+        knobs = ot.LowRankSettings(eps=0.2, tau_a=0.5, tau_b=0.5)
+        ot.lowrank_uot(p.x, p.y[..., :3], p.anchors, p.a, p.b, knobs)
     with pytest.raises(ot.SolverInputError, match="index"):
-        ot.lowrank_uot(p.x, p.y, p.anchors, p.a, p.b, 0.2, 0.5, 0.5,
-                       image_index=torch.tensor([0, 5]))
+        ot.lowrank_uot(
+            p.x,
+            p.y,
+            p.anchors,
+            p.a,
+            p.b,
+            ot.LowRankSettings(eps=0.2, tau_a=0.5, tau_b=0.5),
+            image_index=torch.tensor([0, 5]),
+        )
 
 
 def _documented_caps() -> dict[str, str]:
@@ -124,13 +136,21 @@ def _documented_caps() -> dict[str, str]:
     return {solver: f"{arg}={value}" for solver, arg, value in rows}
 
 
+def _default(solver: Callable[..., object], arg: str) -> object:
+    """The default of ``arg``: the solver's keyword, or the field of its settings object."""
+    params = inspect.signature(solver).parameters
+    if arg in params:
+        return params[arg].default
+    settings = typing.get_type_hints(solver)["settings"]
+    return {f.name: f.default for f in dataclasses.fields(settings)}[arg]
+
+
 def test_documented_iteration_caps_are_the_code_defaults() -> None:
     caps = _documented_caps()
     assert set(SOLVERS) <= set(caps)
     for solver, cap in caps.items():
         arg, value = cap.split("=")
-        default = inspect.signature(getattr(ot, solver)).parameters[arg].default
-        assert str(default) == value, (solver, cap, default)
+        assert str(_default(getattr(ot, solver), arg)) == value, (solver, cap)
     assert DEFAULT_MAX_ITERS == 1000 and DEFAULT_TOL == 1e-4
 
 
@@ -164,3 +184,45 @@ def test_zero_shot_helpers_refuse_mixed_dtypes_and_widths(rule: str) -> None:
         call(img.float(), cls)
     with pytest.raises(ot.SolverInputError, match="one width"):
         call(img, cls[:, :2])
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda c, a, b: ot.sinkhorn_log(c, a, b, 0.0), "eps"),
+        (lambda c, a, b: ot.sinkhorn_log(c, a, b, -1.0), "eps"),
+        (lambda c, a, b: ot.sinkhorn_unbalanced_log(c, a, b, 0.1, -0.5, 1.0), "tau_a"),
+        (lambda c, a, b: ot.sinkhorn_log(c.masked_fill(c > 0.5, math.inf), a, b, 0.1), "NaN"),
+        (lambda c, a, b: ot.sinkhorn_log(c[:, :0], a[:, :0], b, 0.1), "empty"),
+        (lambda c, a, b: ot.sinkhorn_log(c, a, 2 * b, 0.1), "equal total masses"),
+        (lambda c, a, b: ot.partial_ot_log(c, a, b, 0.1, 1.5), "available"),
+    ],
+)
+def test_bad_input_is_refused_with_a_message(call, message):
+    gen = torch.Generator().manual_seed(8)
+    dt = torch.float64
+    cost = torch.rand(2, 4, 3, generator=gen, dtype=dt)
+    a, b = torch.full((2, 4), 0.25, dtype=dt), torch.full((2, 3), 1 / 3, dtype=dt)
+    with pytest.raises(ot.SolverInputError, match=message):
+        call(cost, a, b)
+
+
+def test_stopping_short_is_flagged_and_warned():
+    gen = torch.Generator().manual_seed(9)
+    dt = torch.float64
+    x = torch.nn.functional.normalize(torch.randn(2, 8, 3, generator=gen, dtype=dt), dim=-1)
+    y = torch.nn.functional.normalize(torch.randn(2, 6, 3, generator=gen, dtype=dt), dim=-1)
+    a, b = torch.full((2, 8), 1 / 8, dtype=dt), torch.full((2, 6), 1 / 6, dtype=dt)
+    cost = 1 - x @ y.transpose(1, 2)
+    with pytest.warns(ot.NotConvergedWarning, match="marginal error"):
+        short = ot.sinkhorn_log(cost, a, b, 0.01, n_iters=5)
+    assert not bool(short.converged.any())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ot.NotConvergedWarning)
+        done = ot.sinkhorn_log(cost, a, b, 0.05)  # the default budget reaches the tolerance
+        fixed = ot.sinkhorn_log(cost, a, b, 0.01, n_iters=5, tol=None)  # chosen count: silent
+    assert bool(done.converged.all()) and done.n_iters < 1000
+    assert torch.equal(fixed.converged, short.converged)
+    with pytest.warns(ot.NotConvergedWarning, match="sinkhorn_divergence"):
+        div = ot.sinkhorn_divergence(x, y, a, b, 0.01, n_iters=50)
+    assert not bool(div.converged.all()) and float(div.marginal_error.max()) > 1e-2

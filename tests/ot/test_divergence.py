@@ -8,6 +8,7 @@ import torch
 
 from otviz.methods.masses import uniform_masses
 from otviz.ot.divergence import _normalised_cosine_cost, _ot_value, sinkhorn_divergence
+from tests.helpers import moved
 
 DT = torch.float64
 
@@ -44,12 +45,13 @@ def test_positive_when_only_weights_differ():
     assert bool((res.value > 0).all())
 
 
-def test_ot_value_matches_pot():
+def test_ot_value_matches_pot(device):
     x, y, a, b = _clouds(1, b=2)
     eps = 0.1
     cost = _normalised_cosine_cost(x, y)
-    sharp, res = _ot_value(cost, a, b, eps, "sharp", n_iters=500, tol=None)
-    ent, _ = _ot_value(cost, a, b, eps, "entropic", n_iters=500, tol=None)
+    on = moved((cost, a, b), device)
+    sharp, res = moved(_ot_value(*on, eps, "sharp", n_iters=500, tol=None), "cpu")
+    ent, _ = moved(_ot_value(*on, eps, "entropic", n_iters=500, tol=None), "cpu")
     for i in range(2):
         c, ai, bi = cost[i].numpy(), a[i].numpy(), b[i].numpy()
         plan = ot.sinkhorn(ai, bi, c, eps, stopThr=1e-13, numItermax=10000)

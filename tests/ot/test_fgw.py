@@ -18,6 +18,7 @@ from otviz.ot.fgw import (
 from otviz.ot.sinkhorn import sinkhorn_log
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
 from otviz.ot.zeroshot import long_tailed_predict, zero_shot_predict
+from tests.helpers import moved
 
 DT = torch.float64
 
@@ -79,11 +80,12 @@ def test_structure_term_matches_double_sum():
     assert float(_structure_term(d1, d2, plan)[0]) == pytest.approx(float(ref))
 
 
-def test_fgw_sinkhorn_alpha0_zero_is_sinkhorn_and_matches_pot():
+def test_fgw_sinkhorn_alpha0_zero_is_sinkhorn_and_matches_pot(device):
     _, _, cost, d1, d2 = _problem(5)
     a = torch.full((2, 7), 1 / 7, dtype=DT)
     b = torch.full((2, 4), 1 / 4, dtype=DT)
-    res = fgw_sinkhorn(cost, a, b, 0.1, d1, d2, 0.0, n_inner=300, tol=None)
+    on = moved((cost, a, b, d1, d2), device)
+    res = moved(fgw_sinkhorn(*on[:3], 0.1, *on[3:], 0.0, n_inner=300, tol=None), "cpu")
     ref = sinkhorn_log(cost, a, b, 0.1, 300, None)
     assert torch.allclose(res.plan, ref.plan)
     pot = ot.sinkhorn(a[0].numpy(), b[0].numpy(), cost[0].numpy(), 0.1, stopThr=1e-14)

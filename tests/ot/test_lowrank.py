@@ -4,22 +4,26 @@ factored plan, variants, robustness, autograd."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from otviz.ot import lowrank
+import otviz.ot._sync as lowrank_sync
+from otviz.ot import LowRankSettings, lowrank
 from otviz.ot.lowrank import (
     _anchor_log_kernels,
     _regularised_anchor_gram,
     _robust_inverse,
 )
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
+from tests.helpers import moved
 
 DT = torch.float64
 # the solver as ConceptOT runs it: exactly n_iters iterations (Alg. 1's L), no early stop
-lowrank_uot = functools.partial(lowrank.lowrank_uot, tol=None)
+S = functools.partial(LowRankSettings, tol=None)
+lowrank_uot = lowrank.lowrank_uot
 
 
 def _data(seed: int, b: int = 3, n: int = 9, m: int = 5, d: int = 6):
@@ -36,9 +40,9 @@ def _anchors(seed: int, r: int, d: int = 6) -> torch.Tensor:
     return F.normalize(torch.randn(r, d, generator=gen, dtype=DT), dim=-1)
 
 
-def _exact(**kw):
+def _exact(z, y, anchors, mu, nu, **knobs):
     """Algorithm 1 without the App. H clamp and 1e-8 floor, lambda -> 0."""
-    return lowrank_uot(**kw, kpp_reg=1e-12, clamp=None, floor=0.0)
+    return lowrank_uot(z, y, anchors, mu, nu, S(**knobs, kpp_reg=1e-12, clamp=None, floor=0.0))
 
 
 @pytest.mark.parametrize("n_iters", [5, 300])
@@ -88,7 +92,9 @@ def _algorithm1_reference(z, y, anchors, mu, nu, eps, tau_a, tau_b, n_iters, cla
 
 
 @pytest.mark.parametrize(("seed", "eps"), [(0, 0.1), (1, 0.05), (2, 0.03)])
-def test_faithful_solver_equals_algorithm1_reference(seed: int, eps: float) -> None:
+def test_faithful_solver_equals_algorithm1_reference(
+    seed: int, eps: float, device: torch.device
+) -> None:
     # the default faithful solver (App. H clamp 20, 1e-8 floor) equals plain Algorithm 1
     gen = torch.Generator().manual_seed(seed)
     z = F.normalize(torch.randn(4, 30, 5, generator=gen, dtype=DT), dim=-1)
@@ -100,7 +106,8 @@ def test_faithful_solver_equals_algorithm1_reference(seed: int, eps: float) -> N
     log_a, log_b, plan, residual, kb = _algorithm1_reference(
         z, y, anchors, mu, nu, eps, 0.2, 0.3, 5, 20.0, 1e-8
     )
-    res = lowrank_uot(z, y, anchors, mu, nu, eps, 0.2, 0.3, n_iters=5)
+    knobs = S(eps=eps, tau_a=0.2, tau_b=0.3, n_iters=5)
+    res = moved(lowrank_uot(*moved((z, y, anchors, mu, nu), device), knobs), "cpu")
     assert torch.allclose(res.log_u, log_a, rtol=0, atol=1e-10)
     assert torch.allclose(res.log_v, log_b, rtol=0, atol=1e-10)
     assert torch.allclose(res.factors.dense(), plan, rtol=1e-10, atol=1e-12 * plan.abs().max())
@@ -109,8 +116,8 @@ def test_faithful_solver_equals_algorithm1_reference(seed: int, eps: float) -> N
     assert torch.allclose(res.score, (plan * sim).sum((1, 2)) / plan.sum((1, 2)), rtol=1e-10)
     # the plan's marginals come from the iterations' last products
     scale = plan.abs().amax((1, 2), keepdim=True)[..., 0]
-    assert torch.allclose(res.extras["row_marginal"] / scale, plan.sum(2) / scale, atol=1e-12)
-    assert torch.allclose(res.extras["col_marginal"] / scale, plan.sum(1) / scale, atol=1e-12)
+    assert torch.allclose(res.row_marginal / scale, plan.sum(2) / scale, atol=1e-12)
+    assert torch.allclose(res.col_marginal / scale, plan.sum(1) / scale, atol=1e-12)
     # these problems exercise both safeguards: the clamp is active (without it the scalings
     # differ) and the Nystrom product goes negative, where the floor alone sets the update
     unclamped = _algorithm1_reference(z, y, anchors, mu, nu, eps, 0.2, 0.3, 5, None, 1e-8)[0]
@@ -131,9 +138,8 @@ def test_float32_huge_masses_keep_the_reference_scalings_and_a_finite_score() ->
         z, y, anchors, mu, nu, 0.1, 1e12, 1e12, 5, 20.0, 1e-8
     )
     assert log_a.max() > 88  # beyond float32's exp range
-    res = lowrank_uot(
-        z.float(), y.float(), anchors.float(), mu.float(), nu.float(), 0.1, 1e12, 1e12, 5
-    )
+    knobs = S(eps=0.1, tau_a=1e12, tau_b=1e12, n_iters=5)
+    res = lowrank_uot(z.float(), y.float(), anchors.float(), mu.float(), nu.float(), knobs)
     assert torch.allclose(res.log_u.double(), log_a, rtol=0, atol=2e-3)
     score = (plan * (z @ y.transpose(1, 2))).sum((1, 2)) / plan.sum((1, 2))
     assert torch.isfinite(res.score).all()
@@ -169,10 +175,7 @@ def test_implicit_score_equals_materialised_plan(variant: str) -> None:
         _anchors(4, 4),
         mu,
         nu,
-        0.3,
-        0.2,
-        0.2,
-        variant=variant,
+        S(eps=0.3, tau_a=0.2, tau_b=0.2, variant=variant),
         row_mask=row_mask,
         col_mask=col_mask,
     )
@@ -185,14 +188,22 @@ def test_implicit_score_equals_materialised_plan(variant: str) -> None:
 
 
 @pytest.mark.parametrize("variant", ["faithful", "positive"])
-def test_factored_products_equal_dense(variant: str) -> None:
+def test_factored_products_equal_dense(variant: str, device: torch.device) -> None:
     z, y, mu, nu = _data(5)
-    res = lowrank_uot(z, y, _anchors(6, 4), mu, nu, 0.3, 0.2, 0.2, variant=variant)
+    knobs = S(eps=0.3, tau_a=0.2, tau_b=0.2, variant=variant)
+    res = moved(lowrank_uot(*moved((z, y, _anchors(6, 4), mu, nu), device), knobs), "cpu")
     plan = res.factors.dense()
     gen = torch.Generator().manual_seed(7)
     v = torch.randn(3, 5, 2, generator=gen, dtype=DT)
     w = torch.randn(3, 9, 2, generator=gen, dtype=DT)
     assert torch.allclose(res.factors.apply(v), plan @ v)
+    assert torch.allclose(res.apply(v), plan @ v)
+    assert torch.allclose(res.dense(), plan)
+    # without the solver's own sums the marginals come through the factors
+    bare = replace(res, marginals=None)
+    assert torch.allclose(bare.row_marginal, plan.sum(2))
+    assert torch.allclose(bare.col_marginal, plan.sum(1))
+    assert torch.allclose(bare.row_marginal, res.row_marginal)
     f = res.factors
     scale = f.log_scale.exp()[:, None, None]
     assert torch.allclose(scale * f.left @ f.core @ f.right, plan)
@@ -210,11 +221,11 @@ def test_ragged_masks_equal_unpadded_problem() -> None:
     col_mask = torch.arange(7)[None].expand(3, -1) < 4
     anchors = _anchors(10, 5)
     for variant in ("faithful", "positive"):
-        kw = dict(eps=0.3, tau_a=0.2, tau_b=0.4, variant=variant)
+        kw = S(eps=0.3, tau_a=0.2, tau_b=0.4, variant=variant)
         padded = lowrank_uot(
-            z_pad, y_pad, anchors, mu_pad, nu_pad, row_mask=row_mask, col_mask=col_mask, **kw
+            z_pad, y_pad, anchors, mu_pad, nu_pad, kw, row_mask=row_mask, col_mask=col_mask
         )
-        plain = lowrank_uot(z, y, anchors, mu, nu, **kw)
+        plain = lowrank_uot(z, y, anchors, mu, nu, kw)
         assert torch.allclose(padded.factors.dense()[:, :7, :4], plain.factors.dense())
         assert torch.allclose(padded.score, plain.score)
         assert torch.allclose(padded.marginal_error, plain.marginal_error)
@@ -223,27 +234,30 @@ def test_ragged_masks_equal_unpadded_problem() -> None:
 def test_per_pair_anchors_equal_shared_anchors() -> None:
     z, y, mu, nu = _data(11)
     anchors = _anchors(12, 4)
-    shared = lowrank_uot(z, y, anchors, mu, nu, 0.3, 0.2, 0.2)
-    per_pair = lowrank_uot(z, y, anchors.expand(3, -1, -1), mu, nu, 0.3, 0.2, 0.2)
+    shared = lowrank_uot(z, y, anchors, mu, nu, S(eps=0.3, tau_a=0.2, tau_b=0.2))
+    per_pair = lowrank_uot(
+        z, y, anchors.expand(3, -1, -1), mu, nu, S(eps=0.3, tau_a=0.2, tau_b=0.2)
+    )
     assert torch.allclose(shared.factors.dense(), per_pair.factors.dense())
     assert torch.allclose(shared.score, per_pair.score)
 
 
-def test_duplicated_anchors_use_pseudo_inverse_and_change_nothing() -> None:
+def test_duplicated_anchors_use_pseudo_inverse_and_change_nothing(device: torch.device) -> None:
     # each anchor twice: K_PP is singular for lambda = 0, Cholesky fails, and the
     # least-squares fallback (pseudo-inverse) gives the kernel of the unique anchors.
     z, y, mu, nu = _data(13)
     anchors = _anchors(14, 3)
     twice = torch.cat([anchors, anchors], 0)
-    kw = dict(eps=0.5, tau_a=0.3, tau_b=0.3, kpp_reg=0.0, clamp=None, floor=0.0)
+    kw = S(eps=0.5, tau_a=0.3, tau_b=0.3, kpp_reg=0.0, clamp=None, floor=0.0)
     _, info = torch.linalg.cholesky_ex(_regularised_anchor_gram(twice, 0.5, 0.0))
     assert info.item() != 0
-    once = lowrank_uot(z, y, anchors, mu, nu, **kw)
-    dup = lowrank_uot(z, y, twice, mu, nu, **kw)
+    z, y, anchors, twice, mu, nu = moved((z, y, anchors, twice, mu, nu), device)
+    once = lowrank_uot(z, y, anchors, mu, nu, kw)
+    dup = lowrank_uot(z, y, twice, mu, nu, kw)
     assert torch.allclose(dup.factors.dense(), once.factors.dense(), rtol=1e-7)
     # the positive variant's diagonal splits a duplicated anchor's weight exactly as well
-    once_p = lowrank_uot(z, y, anchors, mu, nu, variant="positive", **kw)
-    dup_p = lowrank_uot(z, y, twice, mu, nu, variant="positive", **kw)
+    once_p = lowrank_uot(z, y, anchors, mu, nu, replace(kw, variant="positive"))
+    dup_p = lowrank_uot(z, y, twice, mu, nu, replace(kw, variant="positive"))
     assert torch.allclose(dup_p.factors.dense(), once_p.factors.dense(), rtol=1e-10)
 
 
@@ -253,9 +267,9 @@ def test_positive_variant_exact_for_orthogonal_anchors() -> None:
     # next to kernel entries of e^-20)
     z, y, mu, nu = _data(15, d=8)
     anchors = torch.eye(8, dtype=DT)[:5]
-    kw = dict(eps=0.05, tau_a=0.2, tau_b=0.2, kpp_reg=1e-2)
-    faithful = lowrank_uot(z, y, anchors, mu, nu, clamp=None, floor=0.0, **kw)
-    positive = lowrank_uot(z, y, anchors, mu, nu, variant="positive", **kw)
+    kw = S(eps=0.05, tau_a=0.2, tau_b=0.2, kpp_reg=1e-2)
+    faithful = lowrank_uot(z, y, anchors, mu, nu, replace(kw, clamp=None, floor=0.0))
+    positive = lowrank_uot(z, y, anchors, mu, nu, replace(kw, variant="positive"))
     pf, pp = faithful.factors.dense(), positive.factors.dense()
     assert (pf - pp).abs().max() <= 1e-5 * pf.abs().max()
     assert torch.allclose(faithful.score, positive.score, rtol=1e-5)
@@ -273,7 +287,9 @@ def test_faithful_kernel_can_go_negative_positive_cannot() -> None:
     log_zp, log_py = _anchor_log_kernels(z, y, anchors, 0.3)
     k_inv = _robust_inverse(_regularised_anchor_gram(anchors, 0.3, 1e-2))
     assert (log_zp.exp() @ k_inv @ log_py.exp()).min() < 0
-    positive = lowrank_uot(z, y, anchors, mu, mu, 0.3, 0.2, 0.2, variant="positive")
+    positive = lowrank_uot(
+        z, y, anchors, mu, mu, S(eps=0.3, tau_a=0.2, tau_b=0.2, variant="positive")
+    )
     assert positive.factors.dense().min() >= 0
     assert bool((positive.score.abs() <= 1).all())
 
@@ -291,10 +307,7 @@ def test_default_stabilisation_stays_finite_on_extreme_inputs() -> None:
             anchors.float(),
             mu.float(),
             nu.float(),
-            0.01,
-            0.2,
-            0.2,
-            variant=variant,
+            S(eps=0.01, tau_a=0.2, tau_b=0.2, variant=variant),
         )
         assert torch.isfinite(res.score).all() and torch.isfinite(res.factors.dense()).all()
         assert torch.isfinite(res.marginal_error).all()
@@ -303,7 +316,7 @@ def test_default_stabilisation_stays_finite_on_extreme_inputs() -> None:
 def test_unknown_variant_raises() -> None:
     z, y, mu, nu = _data(22)
     with pytest.raises(ValueError, match="variant"):
-        lowrank_uot(z, y, _anchors(23, 3), mu, nu, 0.1, 0.2, 0.2, variant="nope")
+        lowrank_uot(z, y, _anchors(23, 3), mu, nu, S(eps=0.1, tau_a=0.2, tau_b=0.2, variant="nope"))
 
 
 @pytest.mark.parametrize("variant", ["faithful", "positive"])
@@ -323,11 +336,7 @@ def test_gradcheck(variant: str) -> None:
             F.normalize(pp, dim=-1),
             mu,
             nu,
-            0.5,
-            0.3,
-            0.4,
-            n_iters=5,
-            variant=variant,
+            S(eps=0.5, tau_a=0.3, tau_b=0.4, n_iters=5, variant=variant),
             row_mask=row_mask,
         )
         return res.score, res.factors.dense(), res.marginal_error
@@ -340,10 +349,10 @@ def test_inference_mode_equals_autograd_mode(variant: str) -> None:
     # without autograd the kernels are built in the product's memory: same numbers
     z, y, mu, nu = _data(25)
     z_scale = torch.rand(3, 9, dtype=DT) + 0.5
-    kw = dict(eps=0.3, tau_a=0.2, tau_b=0.2, variant=variant, z_scale=z_scale)
-    with_grad = lowrank_uot(z, y, _anchors(26, 4), mu, nu, **kw)
+    kw = S(eps=0.3, tau_a=0.2, tau_b=0.2, variant=variant)
+    with_grad = lowrank_uot(z, y, _anchors(26, 4), mu, nu, kw, z_scale=z_scale)
     with torch.no_grad():
-        no_grad = lowrank_uot(z, y, _anchors(26, 4), mu, nu, **kw)
+        no_grad = lowrank_uot(z, y, _anchors(26, 4), mu, nu, kw, z_scale=z_scale)
     assert torch.allclose(with_grad.factors.dense(), no_grad.factors.dense(), rtol=1e-14)
     assert torch.allclose(with_grad.score, no_grad.score, rtol=1e-14)
 
@@ -352,8 +361,10 @@ def test_unnormalised_patches_with_scale_equal_normalised() -> None:
     z, y, mu, nu = _data(27)
     norms = torch.rand(3, 9, 1, dtype=DT) + 0.5
     anchors = _anchors(28, 4)
-    unit = lowrank_uot(z, y, anchors, mu, nu, 0.3, 0.2, 0.2)
-    raw = lowrank_uot(z * norms, y, anchors, mu, nu, 0.3, 0.2, 0.2, z_scale=1 / norms[..., 0])
+    unit = lowrank_uot(z, y, anchors, mu, nu, S(eps=0.3, tau_a=0.2, tau_b=0.2))
+    raw = lowrank_uot(
+        z * norms, y, anchors, mu, nu, S(eps=0.3, tau_a=0.2, tau_b=0.2), z_scale=1 / norms[..., 0]
+    )
     assert torch.allclose(unit.factors.dense(), raw.factors.dense())
     assert torch.allclose(unit.score, raw.score)
 
@@ -369,14 +380,42 @@ def test_tiny_mass_is_judged_relative_to_the_mass() -> None:
 
     z, y, mu, nu = _data(40, b=1)
     mu, nu = mu * 1e-6, nu * 1e-6
-    res = lowrank.lowrank_uot(z, y, y[0], mu, nu, 0.1, 0.3, 0.5, kpp_reg=1e-12, clamp=None,
-                              floor=0.0)
+    res = lowrank.lowrank_uot(
+        z,
+        y,
+        y[0],
+        mu,
+        nu,
+        LowRankSettings(eps=0.1, tau_a=0.3, tau_b=0.5, kpp_reg=1e-12, clamp=None, floor=0.0),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = pot.unbalanced.sinkhorn_unbalanced(
-            mu[0].numpy(), nu[0].numpy(), (1 - z[0] @ y[0].T).numpy(), 0.1, (0.3, 0.5),
-            reg_type="entropy", numItermax=100_000, stopThr=1e-15,
+            mu[0].numpy(),
+            nu[0].numpy(),
+            (1 - z[0] @ y[0].T).numpy(),
+            0.1,
+            (0.3, 0.5),
+            reg_type="entropy",
+            numItermax=100_000,
+            stopThr=1e-15,
         )
     assert bool(res.converged[0]) and res.n_iters > 5
     plan = res.factors.dense()[0].numpy()
     assert np.abs(plan - ref).max() <= 1e-3 * ref.max()
+
+
+def test_inverse_without_host_reads_equals_cholesky_and_pseudo_inverse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # one regular K_PP,lambda and one singular (duplicated anchors, lambda = 0): the
+    # accelerator's path (triangular solves, Newton-Schulz) gives the host path's inverses
+    anchors = _anchors(31, 3)
+    regular = _regularised_anchor_gram(anchors[None], 0.5, 1e-2)
+    singular = _regularised_anchor_gram(torch.cat([anchors, anchors])[None], 0.5, 0.0)
+    k_reg = torch.cat([torch.block_diag(regular[0], torch.eye(3, dtype=DT))[None], singular])
+    host = _robust_inverse(k_reg)
+    assert torch.allclose(host[1], torch.linalg.pinv(singular[0], hermitian=True))
+    monkeypatch.setattr(lowrank_sync, "HOST_DEVICES", ())
+    device_path = _robust_inverse(k_reg)
+    assert torch.allclose(device_path, host, rtol=1e-9, atol=1e-9)

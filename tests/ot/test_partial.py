@@ -14,6 +14,7 @@ from otviz.ot.dbot import dbot_log
 from otviz.ot.partial import partial_ot_log
 from otviz.ot.sinkhorn import sinkhorn_log
 from otviz.ot.zeroshot import selective_predict
+from tests.helpers import moved
 
 DT = torch.float64
 
@@ -34,13 +35,14 @@ def test_partial_moves_exactly_mass_s(mass):
     assert bool((res.marginal_error < 1e-8).all())
 
 
-def test_partial_matches_pot_entropic_partial():
+def test_partial_matches_pot_entropic_partial(device):
     cost = _cost(1, batch=1)
     gen = torch.Generator().manual_seed(1)
     a = torch.rand(1, 6, generator=gen, dtype=DT) * 0.3 + 0.05
     b = torch.rand(1, 4, generator=gen, dtype=DT) * 0.4 + 0.05
     mass = 0.6
-    res = partial_ot_log(cost, a, b, 0.1, mass, n_iters=2000, tol=None)
+    res = moved(partial_ot_log(*moved((cost, a, b), device), 0.1, mass, n_iters=2000, tol=None),
+                "cpu")
     pot = ot.partial.entropic_partial_wasserstein(
         a[0].numpy(), b[0].numpy(), cost[0].numpy(), reg=0.1, m=mass, numItermax=20000,
         stopThr=1e-15,
@@ -76,11 +78,12 @@ def test_partial_masks_equal_dropping():
     assert float(res.plan[:, 4:].sum() + res.plan[:, :, 3:].sum()) == 0.0
 
 
-def test_dbot_tight_box_is_sinkhorn():
+def test_dbot_tight_box_is_sinkhorn(device):
     cost = _cost(5)
     a = torch.ones(2, 6, dtype=DT)
     b = torch.full((2, 4), 1.5, dtype=DT)
-    res = dbot_log(cost, a, b, b, 0.1, n_iters=500, tol=None)
+    on = moved((cost, a, b), device)
+    res = moved(dbot_log(on[0], on[1], on[2], on[2], 0.1, n_iters=500, tol=None), "cpu")
     ref = sinkhorn_log(cost, a, b, 0.1, 500, None)
     assert torch.allclose(res.plan, ref.plan, atol=1e-9)
     pot = ot.sinkhorn(a[0].numpy(), b[0].numpy(), cost[0].numpy(), 0.1, stopThr=1e-14)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from otviz.ot.sinkhorn import _ShiftedKernel, sinkhorn_log
+from tests.helpers import moved
 from tests.helpers import random_ot_problem as _problem
 
 DT = torch.float64
@@ -18,9 +19,9 @@ def _rel(x: np.ndarray, ref: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("eps", [0.5, 0.05, 0.01])
-def test_matches_pot_sinkhorn_log(eps: float) -> None:
+def test_matches_pot_sinkhorn_log(eps: float, device: torch.device) -> None:
     cost, a, b = _problem(11)
-    res = sinkhorn_log(cost, a, b, eps, n_iters=50_000, tol=1e-13)
+    res = moved(sinkhorn_log(*moved((cost, a, b), device), eps, n_iters=50_000, tol=1e-13), "cpu")
     assert bool((res.marginal_error < 1e-12).all())
     for i in range(cost.shape[0]):
         ref = ot.sinkhorn(
@@ -37,19 +38,20 @@ def test_matches_pot_sinkhorn_log(eps: float) -> None:
         assert abs(res.cost[i].item() - ref_cost) <= 1e-5 * abs(ref_cost)
 
 
-def test_small_eps_uses_exact_fallback_in_float32() -> None:
+def test_small_eps_uses_exact_fallback_in_float32(device: torch.device) -> None:
     # cost range / eps = 500 overflows exp's range in float32: the shifted mat-vec underflows
     # and the affected entries must be recomputed by logsumexp.
     gen = torch.Generator().manual_seed(3)
     log_k = -torch.rand(2, 6, 4, generator=gen) * 500.0
     g = torch.randn(2, 4, generator=gen) * 30.0
     f = torch.randn(2, 6, generator=gen) * 30.0
+    log_k, g, f = moved((log_k, g, f), device)
     kern = _ShiftedKernel.from_cost(-log_k, 1.0, None, None)
     assert torch.allclose(kern.row_lse(g), torch.logsumexp(log_k + g[:, None, :], 2), rtol=1e-5)
     assert torch.allclose(kern.col_lse(f), torch.logsumexp(log_k + f[:, :, None], 1), rtol=1e-5)
 
 
-def test_ragged_masks_equal_unpadded_problem() -> None:
+def test_ragged_masks_equal_unpadded_problem(device: torch.device) -> None:
     cost, a, b = _problem(5)
     bsz, n, m = cost.shape
     gen = torch.Generator().manual_seed(6)
@@ -60,7 +62,9 @@ def test_ragged_masks_equal_unpadded_problem() -> None:
     b_pad = torch.cat([b, torch.rand(bsz, 2, generator=gen, dtype=DT)], 1)
     row_mask = torch.arange(n + 3)[None].expand(bsz, -1) < n
     col_mask = torch.arange(m + 2)[None].expand(bsz, -1) < m
+    big, a_pad, b_pad, row_mask, col_mask = moved((big, a_pad, b_pad, row_mask, col_mask), device)
     padded = sinkhorn_log(big, a_pad, b_pad, 0.1, n_iters=30, row_mask=row_mask, col_mask=col_mask)
+    padded = moved(padded, "cpu")
     plain = sinkhorn_log(cost, a, b, 0.1, n_iters=30)
     assert torch.allclose(padded.plan[:, :n, :m], plain.plan, atol=1e-14)
     assert padded.plan[:, n:].abs().max() == 0 and padded.plan[:, :, m:].abs().max() == 0

@@ -1,0 +1,37 @@
+"""The one input check of an alignment method, at its boundary (:meth:`AlignmentMethod.forward`).
+
+A method checks its :class:`otviz.methods.base.PairBatch`'s tensors here once, then calls the
+solvers' unchecked cores (``solve_dense``, ``solve_lowrank``, ``solve_came``), as
+a model calls the underscore solver (docs/solver-contract.md). The check reads only shapes,
+dtypes and devices, never a tensor's values, so it costs no host synchronisation on an
+accelerator; the solvers' value checks (NaN costs, negative masses) stay with their public
+functions, where a caller hands in tensors of its own.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from otviz.ot._checks import SolverInputError, check_batched, check_mask
+
+
+def check_pair_batch(
+    patches: Tensor, tokens: Tensor, patch_mask: Tensor, token_mask: Tensor, method: str
+) -> None:
+    """A batch's ``patches [B, N, Dv]`` and ``tokens [B, M, Dt]``: floating, one batch, one
+    device; ``patch_mask [B, N]`` and ``token_mask [B, M]``: bool, on that device. Raises
+    :class:`otviz.ot.SolverInputError` naming ``method`` and what is wrong."""
+    check_batched("patches", patches, 3, "[B, N, Dv]", method)
+    check_batched("tokens", tokens, 3, "[B, M, Dt]", method)
+    if not (patches.is_floating_point() and tokens.is_floating_point()):
+        raise SolverInputError(
+            f"{method}: features must be floating, got patches {patches.dtype} and tokens "
+            f"{tokens.dtype}"
+        )
+    if patches.shape[0] != tokens.shape[0] or patches.device != tokens.device:
+        raise SolverInputError(
+            f"{method}: patches {tuple(patches.shape)} on {patches.device} and tokens "
+            f"{tuple(tokens.shape)} on {tokens.device} need one batch and one device"
+        )
+    check_mask("patch_mask", patch_mask, tuple(patches.shape[:2]), patches.device, method)
+    check_mask("token_mask", token_mask, tuple(tokens.shape[:2]), tokens.device, method)
