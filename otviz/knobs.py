@@ -59,8 +59,9 @@ OTCLIP_LOSSES = ("infonce", "entropic_ot", "dbot", "unbalanced_ot", "fgw_ot", "u
 LOWRANK_VARIANTS = ("faithful", "positive")
 #: PowerCLIP's triplet negatives (:data:`otviz.methods.powerclip.TRIPLET_NEGATIVES`).
 TRIPLET_NEGATIVES = ("hardest", "all")
-#: Where a trainable head's projections start (:mod:`otviz.methods.start`).
-HEAD_STARTS = ("backbone", "random")
+#: Where a trainable head's projections start (:mod:`otviz.methods.start`); "auto": the
+#: backbone's where its towers' projections are affine maps, else random.
+HEAD_STARTS = ("backbone", "random", "auto")
 #: The tiny CLIP's image pooling (:func:`otviz.tiny_clip.tiny_clip_config`).
 VISION_POOLS = ("tok", "avg")
 #: The tiny CLIP's patch embedding (:mod:`otviz.conv_stem`).

@@ -29,10 +29,11 @@ from torch import Tensor, nn
 from otviz.knobs import HEAD_STARTS
 from otviz.methods.base import PairBatch
 
-#: The ``MethodConfig.start`` of a head started from the backbone (the other value of
-#: :data:`otviz.knobs.HEAD_STARTS`, ``"random"``, is a new random projection: the heads
-#: before this module).
-BACKBONE = HEAD_STARTS[0]
+#: The ``MethodConfig.start`` of a head started from the backbone; ``"random"`` is a new
+#: random projection (the heads before this module); ``"auto"`` (a training request, never a
+#: built head's) is the backbone's start where the towers' projections are affine maps, else
+#: the random one (:func:`resolve_start`).
+BACKBONE, RANDOM, AUTO = HEAD_STARTS
 #: Relative error above which a tower's projection is not taken for an affine map.
 AFFINE_TOLERANCE = 1e-4
 
@@ -64,6 +65,15 @@ class BackboneStart:
     fit_batch: PairBatch | None = None
 
 
+def resolve_start(requested: str, start: BackboneStart | None) -> str:
+    """The start a head is built with: ``requested`` itself, except ``"auto"``, which is
+    ``"backbone"`` when the backbone's projections could be read as affine maps (``start``
+    given) and ``"random"`` when not."""
+    if requested != AUTO:
+        return requested
+    return BACKBONE if start is not None else RANDOM
+
+
 @torch.no_grad()
 def affine_map(project: Callable[[Tensor], Tensor], in_dim: int, like: Tensor) -> AffineMap:
     """``project`` (``[B, L, in_dim] -> [B, L, out]``, applied per position) as an
@@ -86,7 +96,7 @@ def affine_map(project: Callable[[Tensor], Tensor], in_dim: int, like: Tensor) -
     error = float((got - want).norm() / want.norm().clamp_min(1e-12))
     if not error <= AFFINE_TOLERANCE:
         raise ValueError(f"the tower's projection is not an affine map (relative error "
-                         f"{error:.2e}); a head cannot start from it: use --start random")
+                         f"{error:.2e}); a head cannot start from it: use --start random or auto")
     return AffineMap(weight.to(dtype), bias.to(dtype))
 
 

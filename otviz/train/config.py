@@ -80,9 +80,10 @@ class TrainConfig:
     n_iters: Count = 5  # Sinkhorn iterations L
     rank: Count = 32  # concept anchors r
     concept_dim: Count = 256  # d_c of a "random" start ("backbone": the model's joint width)
-    start: HeadStart = "backbone"  # where the projections start: "backbone", the model's own
+    start: HeadStart = "auto"  # where the projections start: "backbone", the model's own
     # projection plus a zero update (step 0 = the training-free configuration); "random", a
-    # new d_c-wide random projection (ConceptOT's recipe)
+    # new d_c-wide random projection (ConceptOT's recipe); "auto", "backbone" where the
+    # towers' projections are affine maps (the embedded model, open_clip's ViTs), else "random"
     start_rank: NonNegativeInt = 0  # rank of the "backbone" start's update (0: full residual)
     kpp_reg: NonNegative = 1e-2  # regulariser of the k-means++ anchor initialisation
     lowrank_variant: LowRankVariant = "faithful"  # low-rank solver (otviz.ot.lowrank)

@@ -41,7 +41,7 @@ from torch import Tensor
 import otviz.methods  # noqa: F401  (importing the package registers every method)
 from otviz.checkpoints.heads import save_method_checkpoint
 from otviz.methods.base import METHODS, AlignmentMethod, build_method
-from otviz.methods.start import BACKBONE
+from otviz.methods.start import BACKBONE, resolve_start
 from otviz.regions import random_boxes
 from otviz.train import distributed as D
 from otviz.train.config import TrainConfig
@@ -286,12 +286,14 @@ def _load_source(
 
 
 def _start_method(config: TrainConfig, data: PairSource) -> AlignmentMethod:
-    """The method to train, at its start: with ``config.start == "backbone"`` its
-    projections at the backbone's own and its concept space the backbone's joint space
+    """The method to train, at its start: with ``config.start == "backbone"`` (or
+    ``"auto"`` on a backbone whose projections are affine maps) its projections at the
+    backbone's own and its concept space the backbone's joint space
     (:mod:`otviz.methods.start`: step 0 is the training-free configuration), else the
-    papers' random start."""
-    method_config = config.method_config()
-    if config.start != BACKBONE:
+    papers' random start. The head records the start it was built with."""
+    started = resolve_start(config.start, data.start)
+    method_config = dataclasses.replace(config.method_config(), start=started)
+    if started != BACKBONE:
         return build_method(config.method, data.patch_dim, data.token_dim, method_config)
     start = data.start
     if start is None:

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from otviz.methods.base import PairBatch, method_class
-from otviz.methods.start import BACKBONE, BackboneStart, affine_map
+from otviz.methods.start import AUTO, BACKBONE, BackboneStart, affine_map
 from otviz.text.parse import batch_node_masks, parse_caption
 from otviz.text.tree import Tree
 from otviz.train.config import TrainConfig
@@ -246,10 +246,22 @@ def build_source(
         else:
             trees = [parse_caption(c).tree for c in features.captions]
     scale = float(backbone.model.logit_scale.detach().exp())
-    start = None
-    if config.start == BACKBONE and not validation:
-        start = backbone_start(backbone, config.data == "world")
+    start = None if validation else requested_start(config.start, backbone, config.data == "world")
     return CachedPairs(features, backbone_fingerprint(backbone), scale, trees, start)
+
+
+def requested_start(requested: str, backbone: Any, world: bool) -> BackboneStart | None:
+    """The backbone's start for a run that asks for ``requested``: read for "backbone"
+    (``ValueError`` where a projection is not an affine map) and "auto" (``None`` there: the
+    head starts random), ``None`` for "random"."""
+    if requested not in (BACKBONE, AUTO):
+        return None
+    try:
+        return backbone_start(backbone, world)
+    except ValueError:
+        if requested == BACKBONE:
+            raise
+        return None
 
 
 def backbone_start(backbone: Any, world: bool) -> BackboneStart:

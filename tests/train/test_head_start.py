@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import cache
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,11 +16,11 @@ from otviz.backbone import Backbone
 from otviz.checkpoints.heads import load_method_checkpoint, save_method_checkpoint
 from otviz.data.datasets import WorldDataset
 from otviz.methods.base import MethodConfig, build_method
-from otviz.methods.start import StartedProjection, affine_map
+from otviz.methods.start import BackboneStart, StartedProjection, affine_map
 from otviz.suite import ALIGN_METHODS, WORLD_FIT_CAPTIONS, MethodSuite
 from otviz.train.config import TrainConfig
 from otviz.train.loop import _start_method
-from otviz.train.pairs import TensorPairs, backbone_start
+from otviz.train.pairs import TensorPairs, backbone_start, requested_start
 
 
 @cache
@@ -98,3 +99,37 @@ def test_a_random_start_checkpoint_still_loads_with_its_own_projection(tmp_path)
     batch = features.pair_batch()
     with torch.no_grad():
         torch.testing.assert_close(loaded(batch).local_score, head.eval()(batch).local_score)
+
+
+def _stub_backbone(image_project: nn.Module) -> SimpleNamespace:
+    """What :func:`backbone_start` reads of a backbone: the towers' projections and widths."""
+    text = SimpleNamespace(project=nn.Linear(6, 4), width=6)
+    return SimpleNamespace(model=SimpleNamespace(logit_scale=torch.zeros(())),
+                           image_tower=SimpleNamespace(project=image_project, width=6),
+                           text_tower=text)
+
+
+def test_auto_starts_from_an_affine_backbone_and_random_from_a_layer_norm_one():
+    """"auto" reads the backbone's projections where they are affine maps; where one is not
+    (a layer norm inside, as CoCa's pooler), the run starts random instead of failing, while
+    "backbone" asked for by name still refuses with the way out."""
+    torch.manual_seed(0)
+    affine = _stub_backbone(nn.Linear(6, 4))
+    normed = _stub_backbone(nn.Sequential(nn.LayerNorm(6), nn.Linear(6, 4)))
+    assert isinstance(requested_start("auto", affine, world=False), BackboneStart)
+    assert requested_start("auto", normed, world=False) is None
+    assert requested_start("random", affine, world=False) is None
+    with pytest.raises(ValueError, match="--start random or auto"):
+        requested_start("backbone", normed, world=False)
+
+
+@pytest.mark.parametrize(("has_start", "built"), [(True, "backbone"), (False, "random")])
+def test_an_auto_head_records_the_start_it_was_built_with(tmp_path, has_start, built):
+    backbone, start, _ = _shipped()
+    source = TensorPairs.random(4, patch_dim=backbone.patch_dim, token_dim=backbone.token_dim)
+    source.start = start if has_start else None
+    head = _start_method(TrainConfig(method="dense_uot", start="auto"), source)
+    assert head.config.start == built
+    assert isinstance(head.proj_v, StartedProjection) is has_start
+    save_method_checkpoint(tmp_path / "head", head, backbone)
+    assert load_method_checkpoint(tmp_path / "head", backbone).config.start == built
