@@ -33,7 +33,7 @@ from world_speed import run as world_speed  # noqa: E402
 from otviz.backbone import Backbone  # noqa: E402
 from otviz.eval.backbone_quality import QualityConfig, markdown, measure, target_rows  # noqa: E402
 from otviz.eval.world_set import world_config_of  # noqa: E402
-from otviz.tiny_clip import DEFAULT_CHECKPOINT  # noqa: E402
+from otviz.tiny_clip.model import DEFAULT_CHECKPOINT  # noqa: E402
 
 COUNTS = [f.name for f in dataclasses.fields(QualityConfig) if f.name.startswith("n_")]
 

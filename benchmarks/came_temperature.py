@@ -20,7 +20,7 @@ from otviz.backbone import Backbone
 from otviz.eval.came_quotas import TEMPERATURES, quota_ratio_table
 from otviz.explain import Explainer
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
-from otviz.tiny_clip import DEFAULT_CHECKPOINT
+from otviz.tiny_clip.model import DEFAULT_CHECKPOINT
 from otviz.ui.examples import load_examples
 
 

@@ -35,8 +35,8 @@ from otviz.eval.grounding_metrics import pointing_hits  # noqa: E402
 from otviz.eval.runner import build_suite  # noqa: E402
 from otviz.eval.seeds import group_bootstrap  # noqa: E402
 from otviz.eval.world_set import EvalSet  # noqa: E402
+from otviz.patch_grid.tokens import TokenGeometry  # noqa: E402
 from otviz.suite import ALIGN_METHODS  # noqa: E402
-from otviz.token_geometry import TokenGeometry  # noqa: E402
 
 
 def measure(seeds: list[int], n_test: int, heads: str, cache: str) -> dict:

@@ -64,7 +64,7 @@ from otviz.backbone import Backbone
 from otviz.explain import Explainer
 from otviz.explainers import EXPLAINERS, explain_pairs, unavailable
 from otviz.suite import SCORED_METHODS, MethodSuite
-from otviz.tiny_clip import register_tiny_clip
+from otviz.tiny_clip.model import register_tiny_clip
 from otviz.towers import image_tower, text_tower
 from otviz.towers.shrunken import (
     hf_model_type,

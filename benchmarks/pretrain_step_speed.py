@@ -20,7 +20,7 @@ import time
 import torch
 
 from otviz.process_group import DistInfo
-from otviz.tiny_clip import DEFAULT_CHECKPOINT, load_tiny_clip
+from otviz.tiny_clip.model import DEFAULT_CHECKPOINT, load_tiny_clip
 from otviz.train.local_alignment import EOT_TOKEN, SOT_TOKEN
 from otviz.train.pretrain import batch_loss
 from otviz.train.pretrain_config import PretrainConfig

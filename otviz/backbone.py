@@ -41,11 +41,11 @@ from otviz.boundary.images import (  # noqa: F401 (the image boundary, re-export
     to_rgb,
 )
 from otviz.methods.base import PairBatch
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.text.tokenizers import word_tokenizer
 from otviz.text.tokens import TokenBatch, TokenizationError
 from otviz.text.words import Word
-from otviz.tiny_clip import DEFAULT_CHECKPOINT, load_tiny_clip
-from otviz.token_geometry import TokenGeometry
+from otviz.tiny_clip.model import DEFAULT_CHECKPOINT, load_tiny_clip
 from otviz.towers import BackboneLoadError, image_tower, text_tower
 
 Space = Literal["width", "projected"]
@@ -226,7 +226,7 @@ class Backbone:
     def geometry_on(self, width: int, height: int) -> TokenGeometry:
         """Where each token looks on a ``width x height`` picture: the tower's token geometry
         (:attr:`otviz.towers.base.ImageTower.geometry`) carried through the preprocessing's
-        resize and crop (:meth:`otviz.token_geometry.TokenGeometry.on_image`)."""
+        resize and crop (:meth:`otviz.patch_grid.tokens.TokenGeometry.on_image`)."""
         preprocess = getattr(self.model.visual, "preprocess_cfg", None)
         return self.image_tower.geometry.on_image(width, height, preprocess)
 

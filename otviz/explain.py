@@ -21,11 +21,11 @@ from otviz.boundary.images import ImageInput, to_rgb
 from otviz.boundary.text import MAX_CAPTION_CHARS, check_caption  # noqa: F401 (re-exported)
 from otviz.errors import InputError  # noqa: F401 (re-exported: the views import it here)
 from otviz.methods import Alignment, PairBatch
-from otviz.regions import cell_layout, grid_cells, random_boxes, segments
+from otviz.patch_grid.masks import cell_layout, grid_cells, random_boxes, segments
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import MethodSuite
 from otviz.text.parse import ParseResult, batch_node_masks, parse_caption
 from otviz.text.words import Word
-from otviz.token_geometry import TokenGeometry
 
 
 class NotComputedError(InputError):

@@ -62,9 +62,9 @@ TRIPLET_NEGATIVES = ("hardest", "all")
 #: Where a trainable head's projections start (:mod:`otviz.methods.start`); "auto": the
 #: backbone's where its towers' projections are affine maps, else random.
 HEAD_STARTS = ("backbone", "random", "auto")
-#: The tiny CLIP's image pooling (:func:`otviz.tiny_clip.tiny_clip_config`).
+#: The tiny CLIP's image pooling (:func:`otviz.tiny_clip.model.tiny_clip_config`).
 VISION_POOLS = ("tok", "avg")
-#: The tiny CLIP's patch embedding (:mod:`otviz.conv_stem`).
+#: The tiny CLIP's patch embedding (:mod:`otviz.tiny_clip.conv_stem`).
 VISION_STEMS = ("patch", "conv")
 #: The tiny CLIP's patch position embeddings.
 POS_EMBEDS = ("sin_cos_2d", "learnable")

@@ -2,7 +2,7 @@
 
 Score: the backbone's patch embedding (its first layer, ``visual.conv1``: one vector per
 image patch, before any attention; for the embedded model's convolutional stem, the stem's
-features before its last block, :meth:`otviz.conv_stem.ConvStem.low_level`) of the image,
+features before its last block, :meth:`otviz.tiny_clip.conv_stem.ConvStem.low_level`) of the image,
 each patch's Euclidean distance to the nearest patch embedding of :data:`N_REFERENCE` world
 test images, divided by the median norm of those references; ``s(x) = -median over the
 patches of x``. World images are flat shapes on plain grounds with a fine grain, so their

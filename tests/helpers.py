@@ -56,7 +56,7 @@ def torchrun(args: list[str], timeout: float) -> str:
 
 def random_tiny_clip(path: Path, seed: int) -> Path:
     """A randomly initialised small tiny-CLIP checkpoint (no shipped weights needed)."""
-    from otviz.tiny_clip import create_tiny_clip, save_tiny_clip, tiny_clip_config
+    from otviz.tiny_clip.model import create_tiny_clip, save_tiny_clip, tiny_clip_config
 
     cfg = tiny_clip_config(embed_dim=32, vision_width=32, vision_layers=1, vision_heads=2,
                            text_width=32, text_layers=1, text_heads=2)
@@ -70,7 +70,7 @@ def app_context() -> AppContext:
     checkpoint directory instead (development before the shipped one exists)."""
     from otviz.backbone import Backbone
     from otviz.suite import WORLD_FIT_CAPTIONS
-    from otviz.tiny_clip import DEFAULT_CHECKPOINT
+    from otviz.tiny_clip.model import DEFAULT_CHECKPOINT
     from otviz.ui.context import EMBEDDED, AppContext, BackboneChoice
 
     override = os.environ.get("OTVIZ_UI_TEST_CHECKPOINT")

@@ -8,8 +8,8 @@ import pytest
 from otviz import assets
 from otviz.eval.backbone_quality import QualityConfig
 from otviz.eval.runner import EvalConfig
-from otviz.report import ReportConfig
-from otviz.tiny_clip import DEFAULT_CHECKPOINT
+from otviz.report.render import ReportConfig
+from otviz.tiny_clip.model import DEFAULT_CHECKPOINT
 from otviz.ui.examples import EXAMPLES_DIR, load_examples
 from tests.helpers import ROOT
 

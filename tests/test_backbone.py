@@ -25,7 +25,7 @@ from otviz.backbone import (
 from otviz.checkpoints.store import CheckpointError
 from otviz.data.rendered import normalise
 from otviz.methods.base import PairBatch
-from otviz.tiny_clip import DEFAULT_CHECKPOINT
+from otviz.tiny_clip.model import DEFAULT_CHECKPOINT
 from otviz.world import World, WorldConfig
 
 CAPTIONS = ["a small red circle to the left of a blue square", "there is a cyan star"]

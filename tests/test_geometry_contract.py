@@ -1,7 +1,7 @@
 """Every token-to-pixel placement goes through the token-geometry contract (issue 34).
 
 Where a token looks, the pixels it owns and how its value is drawn over a picture are
-:class:`otviz.token_geometry.TokenGeometry`'s answers, derived per tower by
+:class:`otviz.patch_grid.tokens.TokenGeometry`'s answers, derived per tower by
 :mod:`otviz.towers.geometry`. No other module of the package may compute cell centres or
 stretch a token grid over pixels on its own: each idiom below is how that was done before
 the contract (an even split of the picture, tokens on its cells' centres), and it is wrong
@@ -22,7 +22,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "otviz"
 #: The two modules that own the geometry.
-OWNERS = {"token_geometry.py", "towers/geometry.py"}
+OWNERS = {"patch_grid/tokens.py", "towers/geometry.py"}
 
 #: rule -> (what it catches, pattern on code with comments and strings blanked).
 RULES: dict[str, tuple[str, re.Pattern[str]]] = {
@@ -179,7 +179,7 @@ BEFORE = {
     "eval/trust/metrics.py": (
         "def trust_scores(scorer, pixels, settings):\n"
         "    patch = settings.patch or pixels.shape[-1] // scorer.grid[1]\n"),
-    "regions.py": (
+    "patch_grid/masks.py": (
         "def patch_means(image, grid):\n"
         "    pooled = torch.nn.functional.adaptive_avg_pool2d(image[None], grid)[0]\n"),
 }

@@ -13,6 +13,7 @@ command line's layer, so no library module runs a command (which made ``otviz.cl
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,13 +27,13 @@ PACKAGE = ROOT / "otviz"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "assets", "knobs", "registry", "field_docs", "worker_processes", "process_group"),
     ("boundary",),
-    ("ot", "regions", "token_geometry"),
+    ("ot", "patch_grid"),
     ("methods",),
     ("text",),
     ("world",),
     ("checkpoints",),
-    ("conv_stem", "tiny_clip", "towers", "backbone"),
-    ("data", "suite", "grounding", "ood", "bench", "explainers"),
+    ("tiny_clip", "towers", "backbone"),
+    ("data", "suite", "ood", "bench", "explainers"),
     ("explain",),
     ("train",),
     ("eval",),
@@ -184,3 +185,17 @@ def test_training_modules_load_without_the_command_line() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=child_env(), cwd=ROOT,
                          capture_output=True, text=True, timeout=300, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_docs_layout_names_every_folder_and_module_of_the_package():
+    """docs/layout.md is the map of the package: every subpackage and top-level module of
+    ``otviz`` has its line there, and every ``otviz/...`` entry it lists exists."""
+    layout = (ROOT / "docs" / "layout.md").read_text()
+    listed = set(re.findall(r"^(otviz/[\w.]+/?)", layout, flags=re.MULTILINE))
+    present = {
+        f"otviz/{p.name}/" if p.is_dir() else f"otviz/{p.name}"
+        for p in PACKAGE.iterdir()
+        if (p / "__init__.py").exists() or (p.suffix == ".py" and p.name != "__init__.py")
+    }
+    assert present - listed == set(), "add these to docs/layout.md"
+    assert listed - present == set(), "docs/layout.md lists what is gone"

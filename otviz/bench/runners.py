@@ -23,7 +23,7 @@ from otviz.bench.timing import TimedJob, numpy_peak_mb, timed_rows, torch_peak_m
 from otviz.methods import METHODS, MethodConfig, PairBatch, build_method
 from otviz.ot.sinkhorn import sinkhorn_log
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
-from otviz.regions import random_boxes
+from otviz.patch_grid.masks import random_boxes
 
 TRAIN_ITEMS = 64
 HARD_NEGATIVES = 4

@@ -21,7 +21,7 @@ def main(argv: list[str], prog: str = "otviz report") -> int:
     args = p.parse_args(argv)
     if not Path(args.eval_dir).is_dir():  # refused before any figure is drawn
         p.error(f"no such folder: {args.eval_dir} (the --out of otviz eval)")
-    from otviz.report import render_report
+    from otviz.report.render import render_report
 
     for path in render_report(dataclass_from_args(ReportConfig, args)):
         print(f"wrote {path}")

@@ -45,8 +45,8 @@ from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet
 from otviz.explainers import EXPLAINERS, explain_pairs, unavailable
 from otviz.methods.base import Alignment
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import METHOD_LABELS, MethodSuite, SuiteMethod, flat_map_reasons
-from otviz.token_geometry import TokenGeometry
 from otviz.world import NEGATIVE_CATEGORIES
 
 StageProgress = Callable[[str, int, int], None]

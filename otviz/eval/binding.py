@@ -28,8 +28,8 @@ from otviz.backbone import Backbone
 from otviz.eval.grounding_metrics import peak_locations
 from otviz.eval.world_set import backbone_in_space
 from otviz.explain import Explainer
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import SuiteMethod
-from otviz.token_geometry import TokenGeometry
 from otviz.world import Clause, Description, Meaning, SceneObject, World, realise
 
 ROLES: tuple[str, ...] = ("size", "colour", "shape")

@@ -48,10 +48,10 @@ from otviz.eval.world_set import (
 from otviz.explain import InputError
 from otviz.explainers import EXPLAINERS, explain_pairs
 from otviz.explainers import unavailable as explainer_unavailable
-from otviz.grounding import Geometries, heatmap_boxes
+from otviz.patch_grid.boxes import Geometries, heatmap_boxes
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
 from otviz.text.tree import Tree
-from otviz.token_geometry import TokenGeometry
 from otviz.world.vocab import COLOURS, SIZES
 
 COLOUR_SHARED, RELATION, SIZE = "colour shared", "relation", "size"
@@ -115,7 +115,7 @@ class BrowseTable:
         heatmaps: ``[P, K, N]`` phrase heatmaps (``Alignment.heatmap``).
         boxes: ``[P, K, 4]`` heatmap boxes in the image's pixels (the cells of the tokens at
             >= ``threshold`` of the peak, enclosing envelope:
-            :func:`~otviz.grounding.heatmap_boxes`).
+            :func:`~otviz.patch_grid.boxes.heatmap_boxes`).
         image_sizes: ``[P, 2]`` ``(width, height)`` of each query's image.
         gold: ``[P, 4]`` gold pixel boxes, or ``None``.
         hits: ``[P, K]`` pointing-game hits, or ``None`` without gold boxes.

@@ -2,7 +2,7 @@
 built from these fields): :class:`EvalConfig` (``otviz eval``), :class:`OTCLIPTableConfig`
 (``otviz eval --otclip-losses``), :class:`ReportConfig` (``otviz report``) and the rows of
 the ablation (``otviz ablate``); the code that runs them is in :mod:`otviz.eval.runner`,
-:mod:`otviz.eval.otclip_table`, :mod:`otviz.report` and :mod:`otviz.eval.ablation`.
+:mod:`otviz.eval.otclip_table`, :mod:`otviz.report.render` and :mod:`otviz.eval.ablation`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from otviz.eval.grounding_metrics import points_in_boxes
-from otviz.grounding import Geometries, per_row, token_centres
+from otviz.patch_grid.boxes import Geometries, per_row, token_centres
 from otviz.world import COLOUR_RGB, Sample
 
 #: L-infinity distance (0-255) within which a pixel counts as a palette colour: the world's
@@ -42,7 +42,7 @@ def colour_oracle_heatmaps(
     tolerance: int = COLOUR_TOLERANCE,
 ) -> Tensor:
     """``[n, N]``: per token, the share of the pixels of its cell (the token geometry's,
-    :meth:`~otviz.token_geometry.TokenGeometry.pool`) matching ``colours[i]`` in
+    :meth:`~otviz.patch_grid.tokens.TokenGeometry.pool`) matching ``colours[i]`` in
     ``images[i]``."""
     rows = per_row(geometry, len(images))
     return torch.stack([

@@ -5,9 +5,9 @@ A phrase heatmap ``h_i(J) = sum_{j in J} Pi_ij`` over the patch grid (``Alignmen
 is scored against the phrase's gold pixel box in two ways:
 
 * pointing game: is the point the hottest token looks at (its receptive-field centre in the
-  tower's token geometry, :class:`otviz.token_geometry.TokenGeometry`) inside the gold box?
+  tower's token geometry, :class:`otviz.patch_grid.tokens.TokenGeometry`) inside the gold box?
 * box: threshold the heatmap at a fraction of its peak, take the envelope of the kept
-  tokens' cells in pixels (:func:`otviz.grounding.heatmap_boxes`) and measure its IoU with
+  tokens' cells in pixels (:func:`otviz.patch_grid.boxes.heatmap_boxes`) and measure its IoU with
   the gold box; ``hit@0.5`` is the share of IoU >= 0.5.
 
 Boxes are ``(x0, y0, x1, y1)`` in pixels, half-open like the world's boxes (a point ``x``
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.grounding import Geometries, heatmap_boxes, token_centres
+from otviz.patch_grid.boxes import Geometries, heatmap_boxes, token_centres
 
 
 def phrase_token_select(token_word: Tensor, token_mask: Tensor, spans: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ from sklearn.preprocessing import StandardScaler
 from torch import Tensor
 
 from otviz.backbone import Backbone
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.world import Sample
 
 ATTRIBUTES: tuple[str, ...] = ("shape", "colour")

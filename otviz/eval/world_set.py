@@ -39,10 +39,10 @@ from otviz.data.datasets import CaptionFolder, WorldDataset
 from otviz.data.feature_cache import CachedFeatures, FeatureCache
 from otviz.data.grounding_sets import GroundingSet
 from otviz.methods.base import PairBatch
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.text.parse import batch_node_masks, parse_caption
 from otviz.text.tree import Tree
 from otviz.text.words import split_words
-from otviz.token_geometry import TokenGeometry
 from otviz.world import (
     NEGATIVE_CATEGORIES,
     Meaning,

@@ -17,8 +17,8 @@ from typing import ClassVar
 from torch import Tensor, nn
 
 from otviz.errors import UserInputError
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.registry import Registry
-from otviz.token_geometry import TokenGeometry
 
 
 class ExplainerUnsupportedError(UserInputError, ValueError):

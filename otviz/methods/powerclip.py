@@ -7,7 +7,7 @@ powerset score is ``T2R + R2T`` by the NLAs (Eq. 16; NLA-T1 softplus, NLA-T2 tan
 in :mod:`otviz.ot.powerset`, the embeddings and the triplet loss here.
 
 Region proposals when the batch carries none (``config.extra["proposals"]``): ``"grid"``
-cells (at most ``n_regions``, :func:`otviz.regions.cell_layout`) or ``"boxes"``, the
+cells (at most ``n_regions``, :func:`otviz.patch_grid.masks.cell_layout`) or ``"boxes"``, the
 PowerCLIP-R random boxes it trains on (Sec. 3.2, ``n_regions`` boxes drawn with
 ``proposal_seed``, the same boxes for every image of the batch). A trained head records
 ``"boxes"`` (:meth:`otviz.train.config.TrainConfig.method_config`); a head without the key
@@ -52,7 +52,7 @@ from otviz.knobs import TRIPLET_NEGATIVES
 from otviz.methods.base import POWERSET_TRIPLET, Alignment, DensePlan, PairBatch, register
 from otviz.methods.projected import ProjectedMethod, build_alignment
 from otviz.ot.powerset import exact_t2r, powerset_similarity
-from otviz.regions import cell_layout, grid_cells, random_boxes
+from otviz.patch_grid.masks import cell_layout, grid_cells, random_boxes
 
 PROPOSALS = ("grid", "boxes")
 

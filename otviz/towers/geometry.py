@@ -1,5 +1,5 @@
 """A tower's token geometry derived from its architecture (the contract:
-:class:`otviz.token_geometry.TokenGeometry`).
+:class:`otviz.patch_grid.tokens.TokenGeometry`).
 
 Every layer that changes the spatial resolution (a convolution or a pooling with a stride)
 maps its output index ``o`` to the centre of its window on its input,
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 
 SPATIAL = (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d)
 

@@ -222,7 +222,7 @@ def register_shrunken(model_name: str, hf_dir: Path) -> str:
     ``open_clip.get_tokenizer`` then build it like any architecture)."""
     from open_clip.factory import get_model_config
 
-    from otviz.tiny_clip import register_tiny_clip
+    from otviz.tiny_clip.model import register_tiny_clip
 
     cfg = get_model_config(model_name)
     if cfg is None:

@@ -17,7 +17,7 @@ from open_clip.transformer import AttentionalPooler, VisionTransformer
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from otviz.conv_stem import ConvStem
+from otviz.tiny_clip.conv_stem import ConvStem
 from otviz.towers.base import ImageTower, register_image_tower
 
 
@@ -57,7 +57,7 @@ class VitTower(ImageTower):
 
     def stem(self, pixels: Tensor) -> Tensor:
         """The patch embedding's output per patch; for otviz's convolutional stem its
-        low-level features (:meth:`otviz.conv_stem.ConvStem.low_level`)."""
+        low-level features (:meth:`otviz.tiny_clip.conv_stem.ConvStem.low_level`)."""
         if isinstance(self.visual.conv1, ConvStem):
             return self.visual.conv1.low_level(pixels).flatten(2).transpose(1, 2)
         return super().stem(pixels)

@@ -42,7 +42,7 @@ import otviz.methods  # noqa: F401  (importing the package registers every metho
 from otviz.checkpoints.heads import save_method_checkpoint
 from otviz.methods.base import METHODS, AlignmentMethod, build_method
 from otviz.methods.start import BACKBONE, resolve_start
-from otviz.regions import random_boxes
+from otviz.patch_grid.masks import random_boxes
 from otviz.train import distributed as D
 from otviz.train.config import TrainConfig
 from otviz.train.global_head import GlobalHead, check_global_loss

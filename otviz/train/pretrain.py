@@ -49,7 +49,7 @@ from otviz.data.rendered import (
     render_split_cached,
 )
 from otviz.process_group import DistInfo
-from otviz.tiny_clip import (
+from otviz.tiny_clip.model import (
     TINY_CLIP_NAME,
     create_tiny_clip,
     load_tiny_clip,

@@ -73,8 +73,9 @@ class PretrainConfig:
     resume: bool = True  # continue from the training state left by a stopped run
 
     def model_config(self) -> dict[str, Any]:
-        """The tiny CLIP's open_clip model config (:func:`otviz.tiny_clip.tiny_clip_config`)."""
-        from otviz.tiny_clip import tiny_clip_config
+        """The tiny CLIP's open_clip model config
+        (:func:`otviz.tiny_clip.model.tiny_clip_config`)."""
+        from otviz.tiny_clip.model import tiny_clip_config
 
         return tiny_clip_config(
             embed_dim=self.embed_dim,

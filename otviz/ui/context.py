@@ -25,7 +25,7 @@ from otviz.checkpoints.store import CheckpointError
 from otviz.explain import Explainer, InputError
 from otviz.ood import WorldDistance
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, SuiteMethod
-from otviz.tiny_clip import DEFAULT_CHECKPOINT
+from otviz.tiny_clip.model import DEFAULT_CHECKPOINT
 from otviz.ui.inputs import UploadExplainer, fit_image
 
 EMBEDDED = "otviz-tiny (embedded)"

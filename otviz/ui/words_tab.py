@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from otviz.explain import Explainer
-from otviz.grounding import heatmap_boxes
+from otviz.patch_grid.boxes import heatmap_boxes
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.inputs import user_errors
 from otviz.ui.plots import FigurePlot

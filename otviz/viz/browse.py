@@ -12,7 +12,7 @@ import pandas as pd
 from PIL import Image, ImageDraw
 
 from otviz.eval.browse import BrowseTable, method_label
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.viz.mass import displayable_mass
 from otviz.viz.panels import (
     BACKGROUND,

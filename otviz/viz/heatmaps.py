@@ -1,5 +1,5 @@
 """Heatmaps over the token grid drawn on the image (matplotlib), each token's value placed
-where the token looks (:class:`otviz.token_geometry.TokenGeometry`)."""
+where the token looks (:class:`otviz.patch_grid.tokens.TokenGeometry`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from otviz.explain import Encoded
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.viz.panels import heat_fields
 from otviz.viz.style import HEAT_CMAP, SIMILARITY_CMAP, new_figure
 

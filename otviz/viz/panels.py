@@ -1,7 +1,7 @@
 """Heatmap panels composed directly as one RGB raster (numpy + PIL), with colour bars.
 
 The picture of :func:`otviz.viz.heatmaps.heatmap_grid_figure` (heat drawn bilinearly between
-the points where its tokens look, :meth:`otviz.token_geometry.TokenGeometry.upsample`, a
+the points where its tokens look, :meth:`otviz.patch_grid.tokens.TokenGeometry.upsample`, a
 perceptually uniform colour map, the weak-grounding box in cyan,
 titles, one shared colour bar or one per panel), drawn in a few milliseconds instead of
 the few hundred a matplotlib render takes: the interactive views redraw it on every phrase
@@ -22,7 +22,7 @@ import torch
 from matplotlib import font_manager
 from PIL import Image, ImageDraw, ImageFont
 
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.viz.style import FONT_FAMILY, HEAT_CMAP, drawable
 
 BOX_COLOUR = (0, 229, 255)  # the cyan of draw_heatmap's grounding box
@@ -107,7 +107,7 @@ def heat_fields(
 ) -> np.ndarray:
     """``[K, height, width]`` float32: each ``[gh, gw]`` (or ``[N]``) token map on a
     ``width x height`` raster of the picture of ``geometry``, bilinear between the points
-    where the tokens look (:meth:`~otviz.token_geometry.TokenGeometry.upsample`), so a
+    where the tokens look (:meth:`~otviz.patch_grid.tokens.TokenGeometry.upsample`), so a
     token's value peaks on its receptive field's centre; 0 where no token looks (outside
     the preprocessing's crop)."""
     maps = torch.from_numpy(np.stack([np.asarray(h, dtype=np.float64).reshape(geometry.grid)

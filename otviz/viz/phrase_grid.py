@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from otviz.grounding import heatmap_boxes
+from otviz.patch_grid.boxes import heatmap_boxes
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, flat_map_reasons
-from otviz.token_geometry import TokenGeometry
 from otviz.viz.mass import displayable_mass, negative_mass_note
 
 #: Side of one heatmap panel (px): four across fill the app's width.

@@ -3,11 +3,11 @@ qualitative colour per region, outlines along the borders of the tokens' cells, 
 and a node's best-matching region subset (PowerCLIP Eq. 7 / Corollary 1, and the NLA's soft
 version).
 
-Masks are bool ``[R, N]`` on the token grid, row-major (:mod:`otviz.regions`). A token's
-pixels are its cell on the image (:meth:`otviz.token_geometry.TokenGeometry.cells`: the
+Masks are bool ``[R, N]`` on the token grid, row-major (:mod:`otviz.patch_grid.masks`). A token's
+pixels are its cell on the image (:meth:`otviz.patch_grid.tokens.TokenGeometry.cells`: the
 pixels closer to its receptive field's centre than to any other token's), so each region is
 drawn as an RGBA layer painted token by token onto a pixel raster
-(:meth:`~otviz.token_geometry.TokenGeometry.pixel_masks`): a pixel is coloured exactly when
+(:meth:`~otviz.patch_grid.tokens.TokenGeometry.pixel_masks`): a pixel is coloured exactly when
 the token that looks at it is in the mask.
 """
 
@@ -23,7 +23,7 @@ from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.viz.heatmaps import FIELD_PX, draw_heatmap
 from otviz.viz.style import HEAT_CMAP, drawable, new_figure
 

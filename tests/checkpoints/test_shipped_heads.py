@@ -14,7 +14,7 @@ from otviz.checkpoints.identity import backbone_fingerprint
 from otviz.checkpoints.manifest import read_manifest
 from otviz.eval.world_set import EvalSet
 from otviz.suite import ALIGN_METHODS, MethodSuite
-from otviz.tiny_clip import DEFAULT_CHECKPOINT
+from otviz.tiny_clip.model import DEFAULT_CHECKPOINT
 
 HEADS = DEFAULT_CHECKPOINT.parent / "heads"
 MANIFEST = DEFAULT_CHECKPOINT.parent / "manifest.json"

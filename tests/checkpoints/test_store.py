@@ -18,7 +18,12 @@ from otviz.checkpoints.store import (
     load_state_dict_strict,
     save_checkpoint,
 )
-from otviz.tiny_clip import create_tiny_clip, pack_state_dict, tiny_clip_config, unpack_state_dict
+from otviz.tiny_clip.model import (
+    create_tiny_clip,
+    pack_state_dict,
+    tiny_clip_config,
+    unpack_state_dict,
+)
 
 META = {"kind": "test-head", "recipe": {"lr": 1e-3, "steps": 3}, "names": ["a", "é"], "x": None}
 
@@ -138,7 +143,7 @@ def test_tiny_clip_packing_is_exact():
     cfg = tiny_clip_config(vision_width=32, vision_layers=1, vision_heads=2, text_width=32,
                            text_layers=1, text_heads=2, embed_dim=16)
     model = create_tiny_clip(cfg, seed=0)
-    from otviz.tiny_clip import restrict_token_rows
+    from otviz.tiny_clip.model import restrict_token_rows
 
     restrict_token_rows(model, torch.tensor([0, 5, 49406, 49407]))
     packed = pack_state_dict(model)

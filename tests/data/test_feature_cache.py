@@ -18,7 +18,7 @@ from PIL import Image
 from otviz.backbone import Backbone
 from otviz.data.datasets import WorldDataset, load_caption_csv
 from otviz.data.feature_cache import META_FILE, FeatureCache, FeatureCacheError
-from otviz.tiny_clip import create_tiny_clip, tiny_clip_config
+from otviz.tiny_clip.model import create_tiny_clip, tiny_clip_config
 
 CTX = 16
 CFG = tiny_clip_config(embed_dim=32, vision_width=32, vision_layers=1, vision_heads=2,

@@ -35,7 +35,7 @@ from otviz.eval.patch_probe import (
 )
 from otviz.eval.single_object import candidates, describe
 from otviz.eval.world_set import world_config_of
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.world import COLOURS, SHAPES, SceneObject, WorldConfig
 from otviz.world.render import render_scene
 from tests.helpers import ROOT

@@ -30,7 +30,7 @@ from otviz.eval.retrieval import (
     two_stage_recall,
     two_stage_rerank,
 )
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.world import World, WorldConfig
 
 INF = float("inf")

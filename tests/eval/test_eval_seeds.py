@@ -105,7 +105,7 @@ def test_report_bars_carry_the_seed_intervals() -> None:
     exactly [low, high] (in %)."""
     from matplotlib.collections import LineCollection
 
-    from otviz.report import table_figures
+    from otviz.report.render import table_figures
 
     values = {"a": [0.50, 0.52, 0.51], "b": [0.40, 0.43, 0.41]}
     table = aggregate(_seed_tables(values))

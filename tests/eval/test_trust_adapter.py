@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from otviz.backbone import Backbone
 from otviz.eval.trust import adapter as T
 from otviz.explainers import EXPLAINERS, phrase_embeddings
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
-from otviz.token_geometry import TokenGeometry
 from otviz.world import World, WorldConfig
 from tests.helpers import random_tiny_clip, world_trust_inputs
 

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from otviz.eval.trust.lattice import PatchLattice
 from otviz.eval.trust.metrics import TrustSettings, trust_scores
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 from tests.eval.test_trust_metrics import FixedMaps
 
 #: otviz's convolutional stem (three 3x3 stride-2 convolutions, padding 1) on 32 px: token

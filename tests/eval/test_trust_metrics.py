@@ -19,8 +19,8 @@ from otviz.eval.trust.metrics import (
     trust_scores,
 )
 from otviz.eval.trust.table import MODEL_FREE, trust_tables, verdict
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
-from otviz.token_geometry import TokenGeometry
 from tests.helpers import random_tiny_clip, world_trust_inputs
 
 FAST = TrustSettings(regions=3, fc_runs=3, ms_samples=2, mprt_blocks=1)

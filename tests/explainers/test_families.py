@@ -22,8 +22,8 @@ from otviz.explain import Explainer
 from otviz.explainers import EXPLAINERS, phrase_embeddings
 from otviz.explainers.gradcam import ImageEmbedding, SimilarityTarget
 from otviz.explainers.towers import cam_target
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
-from otviz.token_geometry import TokenGeometry
 from otviz.ui.browse_tab import browse_view
 from otviz.ui.explainer_panels import explainer_maps, explainer_panels
 from otviz.viz.panels import compose_heatmaps

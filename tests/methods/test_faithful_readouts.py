@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from otviz.grounding import heatmap_boxes
 from otviz.methods import MethodConfig, build_method
 from otviz.methods.base import PairBatch
 from otviz.ot import LowRankSettings
 from otviz.ot.fgw import _linearised_cost, fgw_isoftmax, structure_matrix
 from otviz.ot.lowrank import lowrank_uot
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.boxes import heatmap_boxes
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.viz.mass import displayable_mass, negative_mass, negative_mass_note
 from otviz.viz.tables import ScoreRow, score_frame
 

@@ -10,7 +10,7 @@ from otviz.methods.powerclip import phrase_embeddings, region_embeddings, triple
 from otviz.ot.came import came_marginals
 from otviz.ot.divergence import sinkhorn_divergence
 from otviz.ot.powerset import exact_r2t, exact_t2r, nla_t1, nla_t2
-from otviz.regions import grid_cells, random_boxes
+from otviz.patch_grid.masks import grid_cells, random_boxes
 from tests.helpers import moved
 
 DT = torch.float64

@@ -24,7 +24,7 @@ from otviz.ot.powerset import (
     powerset_scores,
     powerset_similarity,
 )
-from otviz.regions import random_boxes
+from otviz.patch_grid.masks import random_boxes
 
 DT = torch.float64
 

@@ -16,7 +16,7 @@ from otviz.backbone import Backbone
 from otviz.checkpoints.heads import head_meta
 from otviz.cli import main
 from otviz.suite import WORLD_FIT_CAPTIONS
-from otviz.tiny_clip import DEFAULT_CHECKPOINT, create_tiny_clip
+from otviz.tiny_clip.model import DEFAULT_CHECKPOINT, create_tiny_clip
 from otviz.towers.shrunken import register_shrunken
 from otviz.ui.context import SEPARATOR, AppContext, BackboneChoice, HeadSet
 

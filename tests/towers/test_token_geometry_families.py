@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from otviz.backbone import Backbone
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.towers.base import ImageTower
 from tests.towers.conftest import shrunk_backbone
 
@@ -70,7 +70,7 @@ FAMILIES: dict[str, Case] = {
 
 
 def _tiny(tmp: Path, stem: str) -> Backbone:
-    from otviz.tiny_clip import create_tiny_clip, save_tiny_clip, tiny_clip_config
+    from otviz.tiny_clip.model import create_tiny_clip, save_tiny_clip, tiny_clip_config
 
     cfg = tiny_clip_config(embed_dim=32, vision_width=32, vision_layers=1, vision_heads=2,
                            text_width=32, text_layers=1, text_heads=2, vision_stem=stem)
@@ -149,7 +149,7 @@ def measure(name: str, tmp: Path, hf_dir: Path, case: Case | None = None) -> Mea
     case = case or FAMILIES[name]
     torch.manual_seed(0)
     if case.build == "shipped":
-        from otviz.tiny_clip import DEFAULT_CHECKPOINT
+        from otviz.tiny_clip.model import DEFAULT_CHECKPOINT
 
         backbone = Backbone.from_checkpoint(DEFAULT_CHECKPOINT)
     elif case.build.startswith("tiny-"):

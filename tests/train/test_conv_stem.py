@@ -9,9 +9,9 @@ import pytest
 import torch
 from open_clip import factory as open_clip_factory
 
-from otviz.conv_stem import ConvStem, stem_channels
 from otviz.data.rendered import random_shift, render_split, render_split_cached
-from otviz.tiny_clip import (
+from otviz.tiny_clip.conv_stem import ConvStem, stem_channels
+from otviz.tiny_clip.model import (
     STEM_KEY,
     create_tiny_clip,
     load_tiny_clip,

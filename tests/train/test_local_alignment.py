@@ -13,7 +13,7 @@ from open_clip.tokenizer import SimpleTokenizer
 
 from otviz.backbone import Backbone
 from otviz.process_group import DistInfo
-from otviz.tiny_clip import create_tiny_clip, load_tiny_clip, tiny_clip_config
+from otviz.tiny_clip.model import create_tiny_clip, load_tiny_clip, tiny_clip_config
 from otviz.train.local_alignment import (
     EOT_TOKEN,
     SOT_TOKEN,

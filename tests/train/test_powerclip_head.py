@@ -14,7 +14,7 @@ from otviz.checkpoints.heads import load_method_checkpoint
 from otviz.methods import MethodConfig, PairBatch, build_method
 from otviz.methods.powerclip import best_node, region_node_scores, triplet_loss
 from otviz.ot.powerset import nla_t1
-from otviz.regions import grid_cells, random_boxes
+from otviz.patch_grid.masks import grid_cells, random_boxes
 from otviz.train.config import TrainConfig
 from otviz.train.loop import train_method
 from otviz.train.pairs import build_source

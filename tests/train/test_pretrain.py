@@ -22,7 +22,7 @@ from otviz.checkpoints.store import load_meta
 from otviz.cli import main as cli_main
 from otviz.eval.held_out import HeldOutRetrieval, embed_split
 from otviz.eval.retrieval import recall_at_k
-from otviz.tiny_clip import load_tiny_clip
+from otviz.tiny_clip.model import load_tiny_clip
 from otviz.train.losses import contrastive_loss, infonce_loss
 from otviz.train.pretrain import _lr_lambda, command_line, pretrain, world_version
 from otviz.train.pretrain_config import PretrainConfig
@@ -201,7 +201,7 @@ def _grad_step(report) -> tuple[bool, float, float] | None:
     """One process of a launched 2-process job: its half of a fixed batch through the
     data-parallel step (gathered embeddings, summed gradients); rank 0 compares the
     gradients with one process's full-batch step."""
-    from otviz.tiny_clip import create_tiny_clip, tiny_clip_config
+    from otviz.tiny_clip.model import create_tiny_clip, tiny_clip_config
     from otviz.train import distributed as D
 
     torch.set_num_threads(1)

@@ -17,7 +17,7 @@ from otviz.checkpoints.heads import head_meta, load_method_checkpoint
 from otviz.checkpoints.store import CheckpointError, load_checkpoint
 from otviz.cli.train import build_parser, main
 from otviz.methods.base import METHODS, build_method
-from otviz.regions import random_boxes
+from otviz.patch_grid.masks import random_boxes
 from otviz.train.config import TrainConfig
 from otviz.train.global_head import GlobalHead, load_global_head
 from otviz.train.loop import ResumeConflictError, train_method

@@ -13,7 +13,7 @@ from PIL import Image
 
 from otviz.boundary.images import MAX_ASPECT_RATIO
 from otviz.explain import InputError
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.ui.inputs import MAX_IMAGE_SIDE, fit_image
 from otviz.ui.train_policy import FOLDER, resolve_data
 from otviz.ui.zeroshot_tab import load_images

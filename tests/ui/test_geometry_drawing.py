@@ -1,5 +1,5 @@
 """Heat is drawn where its tokens look: the panels, matplotlib figures and region drawings
-read the token geometry (:class:`otviz.token_geometry.TokenGeometry`), not an even split of
+read the token geometry (:class:`otviz.patch_grid.tokens.TokenGeometry`), not an even split of
 the picture."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.viz.heatmaps import draw_heatmap
 from otviz.viz.panels import TITLE_PX, compose_heatmaps, heat_fields
 from otviz.viz.regions import mask_centre, mask_outline, region_layer

@@ -12,8 +12,8 @@ import torch
 
 from otviz.methods import METHODS
 from otviz.methods.base import MethodConfig, PairBatch
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import ALIGN_METHODS, flat_map_reasons
-from otviz.token_geometry import TokenGeometry
 from otviz.ui.phrase_grids import (
     GRID_QUALITY,
     GridCache,

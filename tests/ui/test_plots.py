@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 from PIL import Image
 
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.ui.plots import FigurePlot, figure_data_url
 from otviz.viz.heatmaps import heatmap_grid_figure
 from otviz.viz.probe import probe_scores_figure

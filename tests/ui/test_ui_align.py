@@ -21,11 +21,11 @@ from PIL import Image
 from otviz.backbone import ImageInputError
 from otviz.eval.came_quotas import quota_ratio_table
 from otviz.explain import InputError, NotComputedError
-from otviz.grounding import heatmap_boxes
 from otviz.methods import METHODS
 from otviz.methods.powerclip import EMPTY_SUBSET
+from otviz.patch_grid.boxes import heatmap_boxes
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod, flat_map_reasons
-from otviz.token_geometry import TokenGeometry
 from otviz.ui.align_tab import (
     SCORED_METHODS,
     TAB_TITLE,

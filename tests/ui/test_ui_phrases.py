@@ -20,9 +20,9 @@ from otviz.backbone import ImageInputError
 from otviz.explain import InputError, region_masks
 from otviz.methods.powerclip_readout import powerset_summary
 from otviz.ot.powerset import exact_r2t, exact_t2r, nla_t1, nla_t2
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.text.parse import phrase_nodes
 from otviz.text.tree import Tree
-from otviz.token_geometry import TokenGeometry
 from otviz.ui.context import SharedInputs
 from otviz.ui.phrases_tab import (
     build_phrases_tab,

@@ -41,10 +41,10 @@ from otviz.eval.grounding_metrics import points_in_boxes
 from otviz.eval.world_set import backbone_in_space, trim_tokens
 from otviz.explainers import EXPLAINERS, get_explainer, phrase_embeddings
 from otviz.methods.base import PairBatch
+from otviz.patch_grid.tokens import TokenGeometry, input_frame
 from otviz.suite import METHOD_LABELS, SuiteMethod
 from otviz.text.parse import batch_node_masks, parse_caption
 from otviz.text.tree import Tree
-from otviz.token_geometry import TokenGeometry, input_frame
 from otviz.towers import BackboneLoadError
 from otviz.world import COLOUR_RGB, Sample
 
@@ -120,7 +120,7 @@ def _mean_std(backbone: Backbone) -> tuple[Tensor, Tensor]:
 def box_to_model_pixels(box: Box, image_size: tuple[int, int], input_size: tuple[int, int],
                         preprocess: dict[str, Any]) -> Box:
     """A pixel box of an image of ``(width, height)`` in the tower's ``input_size`` input,
-    through the eval transform's resize and crop (:func:`otviz.token_geometry.input_frame`
+    through the eval transform's resize and crop (:func:`otviz.patch_grid.tokens.input_frame`
     of the model's ``preprocess_cfg``)."""
     (sx, sy), (ox, oy) = input_frame(image_size, input_size, preprocess)
     x0, y0, x1, y1 = box
@@ -138,7 +138,7 @@ def gold_masks(boxes: Tensor, geometry: TokenGeometry) -> Tensor:
 
 def to_pixels(heat: Tensor, geometry: TokenGeometry) -> Tensor:
     """``[B, N]`` token maps -> ``[B, 1, H, W]`` on the tower input, each token's value over
-    the pixels of its cell (:meth:`~otviz.token_geometry.TokenGeometry.paint`)."""
+    the pixels of its cell (:meth:`~otviz.patch_grid.tokens.TokenGeometry.paint`)."""
     return geometry.paint(heat.float())[:, None]
 
 

@@ -3,7 +3,7 @@
 Quantus' ``RegionPerturbation`` (deletion, insertion) cuts its input into square blocks of
 ``patch_size`` pixels on a lattice that starts at pixel 0 (after its own centred padding to a
 multiple of the side), ranks the blocks by their summed relevance and replaces them one by one.
-A token's cell (:meth:`otviz.token_geometry.TokenGeometry.cells`: the pixels closer to where
+A token's cell (:meth:`otviz.patch_grid.tokens.TokenGeometry.cells`: the pixels closer to where
 it looks than to where any other token looks) starts at pixel 0 only when the tokens are
 centred on an even split of the input (a ViT). otviz's convolutional stem centres token
 ``(i, j)`` at ``(8 j + 0.5, 8 i + 0.5)``: its cells are pixels ``[8 k - 4, 8 k + 4)``, and a
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor, nn
 
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from otviz.eval.table import Table
 from otviz.eval.world_set import EvalSet
 from otviz.methods.base import LOCAL_CONTRASTIVE, POWERSET_TRIPLET, QCT, local_objective
 from otviz.ot.zeroshot import LONG_TAILED_RULES
+from otviz.report.figures import curves_figure, grounding_grid_figure, grouped_bars_figure
 from otviz.suite import (
     ALIGN_METHODS,
     METHOD_LABELS,
@@ -37,7 +38,6 @@ from otviz.suite import (
 )
 from otviz.viz.anchors import affinity_figure, anchor_matrix_figure, cluster_order
 from otviz.viz.probe import probe_accuracy_figure
-from otviz.viz.report import curves_figure, grounding_grid_figure, grouped_bars_figure
 from otviz.world import COLOURS, NEGATIVE_CATEGORIES, SHAPES, SIZES
 
 #: Panel titles of the training curves, by local objective.

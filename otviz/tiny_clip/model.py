@@ -37,8 +37,8 @@ from otviz.checkpoints.store import (
     load_state_dict_strict,
     save_checkpoint,
 )
-from otviz.conv_stem import install_stem, stem_channels
 from otviz.knobs import VISION_POOLS, VISION_STEMS
+from otviz.tiny_clip.conv_stem import install_stem, stem_channels
 
 TINY_CLIP_NAME = "otviz-tiny"
 CHECKPOINT_KIND = "otviz-tiny-clip"
@@ -78,9 +78,10 @@ def tiny_clip_config(
     OpenAI CLIP does. ``vision_pos_embed="sin_cos_2d"`` fixes the patch position embeddings to
     2-D sine-cosine codes instead of learning them. ``init_temperature`` is the initial
     softmax temperature of the contrastive logits (CLIP: 0.07; the scale is learned).
-    ``vision_stem="conv"`` embeds the patches with :class:`otviz.conv_stem.ConvStem` instead
-    of one linear map per patch (kept in the config as :data:`STEM_KEY`, which open_clip's
-    own config does not know; absent for the linear embedding).
+    ``vision_stem="conv"`` embeds the patches with
+    :class:`otviz.tiny_clip.conv_stem.ConvStem` instead of one linear map per patch (kept in
+    the config as :data:`STEM_KEY`, which open_clip's own config does not know; absent for
+    the linear embedding).
     """
     if vision_width % vision_heads or text_width % text_heads:
         raise ValueError("widths must be divisible by their number of heads")

@@ -7,7 +7,7 @@ import torch
 from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
 
-from otviz.token_geometry import TokenGeometry, input_frame
+from otviz.patch_grid.tokens import TokenGeometry, input_frame
 
 #: otviz's convolutional stem at 8-px stride on an 80-px input: token (i, j) looks at
 #: (8 j + 0.5, 8 i + 0.5), 3.5 px up-left of its cell's centre.

@@ -4,7 +4,7 @@ rectangles, segments partition the grid and follow colour edges."""
 import pytest
 import torch
 
-from otviz.regions import (
+from otviz.patch_grid.masks import (
     boxes_to_masks,
     cell_layout,
     grid_cells,
@@ -12,7 +12,7 @@ from otviz.regions import (
     segments,
     stack_regions,
 )
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 
 
 def _bounding_box(mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:

@@ -1,7 +1,7 @@
 import torch
 
-from otviz.grounding import heatmap_boxes
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.boxes import heatmap_boxes
+from otviz.patch_grid.tokens import TokenGeometry
 
 
 def test_box_is_envelope_of_patches_above_threshold():

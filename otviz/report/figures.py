@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 from otviz.viz.heatmaps import draw_heatmap
 from otviz.viz.style import new_figure, plt
 

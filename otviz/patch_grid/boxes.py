@@ -1,6 +1,6 @@
 """Weak phrase grounding from a patch heatmap (ConceptOT Sec. 2.6): threshold the heatmap
 and take the envelope of the kept tokens' cells as a pixel box. Where the cells lie is the
-tower's token geometry (:class:`otviz.token_geometry.TokenGeometry`), one per heatmap row
+tower's token geometry (:class:`otviz.patch_grid.tokens.TokenGeometry`), one per heatmap row
 or one for all."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from otviz.token_geometry import TokenGeometry
+from otviz.patch_grid.tokens import TokenGeometry
 
 #: One geometry for every heatmap row, or one per row (pictures of different sizes).
 Geometries = TokenGeometry | Sequence[TokenGeometry]
