@@ -23,7 +23,7 @@ from served import (  # noqa: E402
     percentiles,
 )
 
-from otviz.ui.align_tab import DEFAULT_SHARED_SCALE  # noqa: E402
+from otviz.ui.align import DEFAULT_SHARED_SCALE  # noqa: E402
 from otviz.ui.examples import load_examples  # noqa: E402
 
 PHRASES = ("span:0:4", "span:1:2", "span:2:4")

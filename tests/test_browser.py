@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from otviz.ui.align_tab import align_view, phrase_choices, phrase_view
+from otviz.ui.align import align_view, phrase_choices, phrase_view
 from otviz.ui.examples import load_examples
 from otviz.ui.phrase_grids import SWAP_JS, encode_jpeg
 

@@ -14,7 +14,7 @@ from PIL import Image
 import otviz.ui.explainer_panels as panels
 from otviz.explainers import EXPLAINERS, explain_pairs
 from otviz.suite import ALIGN_METHODS
-from otviz.ui.align_tab import align_runs, align_view, phrase_maps, phrase_text, phrase_view
+from otviz.ui.align import align_runs, align_view, phrase_maps, phrase_text, phrase_view
 from otviz.ui.examples import load_examples
 from otviz.ui.explainer_panels import explained_by, explainer_maps, explainer_panels
 from otviz.viz.panels import compose_heatmaps

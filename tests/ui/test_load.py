@@ -24,7 +24,7 @@ from PIL import Image
 
 from otviz.data.disk_lru import disk_bytes
 from otviz.ui import budget as budget_module
-from otviz.ui.align_tab import phrase_choices
+from otviz.ui.align import phrase_choices
 from otviz.ui.budget import ComputeBudget
 from tests.helpers import api_client, file_data, raw_api_call, upload
 from tests.ui.test_train_hosting import N_IMAGES, SIDE, flat_bmp_zip

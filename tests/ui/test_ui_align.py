@@ -26,7 +26,7 @@ from otviz.methods import METHODS
 from otviz.methods.powerclip import EMPTY_SUBSET
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod, flat_map_reasons
 from otviz.token_geometry import TokenGeometry
-from otviz.ui.align_tab import (
+from otviz.ui.align import (
     SCORED_METHODS,
     TAB_TITLE,
     align_downloads,
