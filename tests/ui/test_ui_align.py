@@ -24,11 +24,18 @@ from otviz.explain import InputError, NotComputedError
 from otviz.grounding import heatmap_boxes
 from otviz.methods import METHODS
 from otviz.methods.powerclip import EMPTY_SUBSET
-from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod, flat_map_reasons
+from otviz.suite import (
+    ALIGN_METHODS,
+    METHOD_LABELS,
+    SCORED_METHODS,
+    MethodSuite,
+    SuiteMethod,
+    flat_map_reasons,
+)
 from otviz.token_geometry import TokenGeometry
 from otviz.ui.align import (
-    SCORED_METHODS,
     TAB_TITLE,
+    AlignSettings,
     align_downloads,
     align_runs,
     align_view,
@@ -72,7 +79,8 @@ def sample() -> tuple[np.ndarray, str]:
 @pytest.fixture(scope="module")
 def view(tools, sample):
     explainer, suite = tools
-    return align_view(explainer, suite, *sample, method="dense_uot", lambda_local=LAMBDA)
+    return align_view(explainer, suite, *sample, method="dense_uot",
+                      settings=AlignSettings(lambda_local=LAMBDA))
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +193,8 @@ def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded, to
         x0, y0 = round(boxes[k][0] * panel / 224), round(boxes[k][1] * panel / 224)
         assert tuple(view.grid[y + y0 + 1, x + x0 + 1]) == BOX_COLOUR
     # one shared scale: QC-Align's readout is stretched to the mass panels' peak
-    shared, _ = phrase_view(*tools, *sample, view.phrase, shared_scale=True)
+    shared, _ = phrase_view(*tools, *sample, view.phrase,
+                            settings=AlignSettings(shared_scale=True))
     qc = ALIGN_METHODS.index("qc_align")
     peak = max(float(m.max()) for k, m in enumerate(shown) if k != qc)
     shown[qc] = shown[qc] * (peak / float(shown[qc].max()))
@@ -275,7 +284,7 @@ def test_score_table(view, tools, sample, encoded):
     assert view.scores["combined s_g + λ·s_l"].tolist() == pytest.approx(
         [r.combined for r in rows], abs=1e-4
     )
-    frame, rows2 = scores_view(*tools, *sample, lambda_local=2.0)
+    frame, rows2 = scores_view(*tools, *sample, settings=AlignSettings(lambda_local=2.0))
     for r in rows2:
         assert r.combined == pytest.approx(r.global_score + 2.0 * r.local_score)
     bars = view.convergence.data[0]
@@ -322,7 +331,7 @@ def test_phrase_heatmaps_equal_alignment_heatmap(tools, sample, encoded, view):
         np.testing.assert_array_equal(heats[name].reshape(-1), ref)
     grid_span, _ = phrase_view(*tools, *sample, f"span:{np_node.start}:{np_node.end}")
     np.testing.assert_array_equal(grid, grid_span)
-    shared, _ = phrase_view(*tools, *sample, typed, shared_scale=True)
+    shared, _ = phrase_view(*tools, *sample, typed, settings=AlignSettings(shared_scale=True))
     assert shared.shape != grid.shape  # one bar at the right, none under each panel
 
 
@@ -359,7 +368,8 @@ def test_reads_without_compute_use_the_cache_or_refuse(tools, sample, view):
     fresh = caption + " and a small green heart"
     phrase_view(*tools, image, fresh, first)
     with pytest.raises(NotComputedError):
-        plan_view(*tools, image, fresh, "powerclip", regions="segments", compute=False)
+        plan_view(*tools, image, fresh, "powerclip", settings=AlignSettings(regions="segments"),
+                  compute=False)
 
 
 def test_region_kind_resolves_powerclip_alone(tools, sample, encoded):
@@ -372,7 +382,7 @@ def test_region_kind_resolves_powerclip_alone(tools, sample, encoded):
         box_runs["powerclip"].alignment.extras["regions"],
         grid_runs["powerclip"].alignment.extras["regions"],
     )
-    v = align_view(*tools, *sample, regions="segments")
+    v = align_view(*tools, *sample, settings=AlignSettings(regions="segments"))
     assert len(v.heats) == 8
 
 
@@ -390,7 +400,8 @@ def test_came_temperature_control_sharpens_the_quotas_monotonically(tools, sampl
         ratio = float(alignment.extras["quota_max_over_uniform"][0])
         mu = alignment.row_reference[0]
         assert ratio == pytest.approx(float(mu.max()) * mu.numel(), rel=1e-5)
-        v = align_view(*tools, *sample, method="qc_align", came_temperature=temperature)
+        v = align_view(*tools, *sample, method="qc_align",
+                       settings=AlignSettings(came_temperature=temperature))
         assert f"max **{ratio:.2f}x** uniform at T = {temperature:g} (training-free)" \
             in v.quota_note
         ratios.append(ratio)
@@ -432,7 +443,7 @@ def test_bad_input_raises_clean_errors(tools, sample, encoded):
     with pytest.raises(ImageInputError):
         align_view(*tools, np.zeros(5), caption)
     with pytest.raises(InputError, match="unknown region kind"):
-        align_view(*tools, image, caption, regions="hexagons")
+        align_view(*tools, image, caption, settings=AlignSettings(regions="hexagons"))
     with pytest.raises(InputError, match="token 99"):
         plan_view(*tools, image, caption, "filip", token=99)
     wrapped = user_errors(lambda: phrase_view(*tools, image, caption, "purple elephant"))
@@ -444,9 +455,8 @@ def test_bad_input_raises_clean_errors(tools, sample, encoded):
 def test_downloads_load_back(tools, sample, encoded, view):
     files = [
         Path(f)
-        for f in align_downloads(
-            *tools, *sample, view.phrase, "conceptot", lambda_local=LAMBDA, token=2
-        )
+        for f in align_downloads(*tools, *sample, view.phrase, method="conceptot",
+                                 settings=AlignSettings(lambda_local=LAMBDA), token=2)
     ]
     assert all(f.is_file() for f in files)
     by_name = {f.name: f for f in files}
