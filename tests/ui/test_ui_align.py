@@ -13,6 +13,7 @@ from pathlib import Path
 import gradio as gr
 import matplotlib
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,7 @@ from otviz.suite import (
 )
 from otviz.token_geometry import TokenGeometry
 from otviz.ui.align import (
+    ALIGN_INPUTS,
     TAB_TITLE,
     AlignSettings,
     align_downloads,
@@ -52,6 +54,7 @@ from otviz.ui.align import (
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.examples import load_examples
 from otviz.ui.inputs import user_errors
+from otviz.ui.trust_browse import trust_unavailable
 from otviz.viz.panels import (
     BACKDROP,
     BAR_PX,
@@ -64,6 +67,7 @@ from otviz.viz.panels import (
 )
 from otviz.viz.panels import overlay as heat_overlay
 from otviz.viz.phrase_grid import GRID_PANEL_PX
+from tests.helpers import api_parameters
 
 LAMBDA = 0.7
 
@@ -535,11 +539,50 @@ def test_download_dir_writes_safe_names_and_prunes_old_requests(tmp_path):
     assert new.files == [*paths, j]
 
 
-def test_tab_builds_in_blocks(ctx):
+@pytest.fixture(scope="module")
+def align_blocks(ctx) -> gr.Blocks:
     from otviz.ui.app import build_shared_inputs
 
     with gr.Blocks() as demo:
         shared = build_shared_inputs(ctx)
         with gr.Tab(TAB_TITLE):
             build_align_tab(ctx, shared)
-    assert demo.fns  # the callbacks are wired
+    return demo
+
+
+def test_the_public_api_names_its_parameters_in_words(align_blocks):
+    """Gradio's API page and gradio_client's keyword calls use these names."""
+    pair = ["image", "caption", "checkpoint"]
+    expected = {
+        "/align": [*pair, "method", "regions", "shared_scale", "lambda_local", "phrase",
+                   "token", "came_temperature", "explainers"],
+        "/align_phrase": [*pair, "regions", "shared_scale", "phrase", "came_temperature",
+                          "explainers", "swapped"],
+        "/align_plan": [*pair, "method", "token", "regions", "came_temperature"],
+        "/align_token": [*pair, "method", "token", "regions", "came_temperature"],
+        "/align_scores": [*pair, "lambda_local", "regions", "came_temperature"],
+        "/align_downloads": [*pair, "phrase", "method", "regions", "shared_scale",
+                             "lambda_local", "token", "came_temperature", "explainers"],
+    }
+    if trust_unavailable() is None:  # the Trust panel's endpoint, where Quantus is here
+        expected["/align_trust"] = [*pair, "phrase", "explainers"]
+    assert api_parameters(align_blocks) == expected
+
+
+def test_the_align_click_takes_and_returns_components_by_name(align_blocks, checkpoint,
+                                                              sample, tools):
+    """The /align callback called with keywords alone returns one value per output
+    component, keyed by the component: the same view as :func:`align_view` computes."""
+    fn = next(f for f in align_blocks.fns.values() if f.api_name == "align")
+    names = {id(c): n for n, c in zip(fn.input_parameter_names, fn.inputs, strict=True)}
+    assert [names[id(c)] for c in fn.inputs] == list(ALIGN_INPUTS)
+    image, caption = sample
+    shown = fn.fn(image=image, caption=caption, checkpoint=checkpoint, method="dense_uot",
+                  came_temperature=None, lambda_local=LAMBDA)
+    assert set(map(id, shown)) == set(map(id, fn.outputs))
+    by_label = {getattr(c, "label", None): v for c, v in shown.items()}
+    view = align_view(*tools, image, caption, method="dense_uot",
+                      settings=AlignSettings(lambda_local=LAMBDA))
+    np.testing.assert_array_equal(by_label["Phrase heatmap per method"], view.grid)
+    assert by_label["Phrase (a word or a parse-tree phrase; or type words)"].value == view.phrase
+    pd.testing.assert_frame_equal(by_label["Scores per method"], view.scores)
