@@ -85,13 +85,13 @@ class AlignControls:
     shown_token: gr.Textbox
     swapped: gr.Textbox
     method: gr.Dropdown
-    plan: Any
+    plan: FigurePlot
     token: gr.Dropdown
     token_map: gr.Image
     patch_marginals: gr.Image
-    token_marginals: Any
+    token_marginals: FigurePlot
     scores: gr.Dataframe
-    convergence: Any
+    convergence: FigurePlot
     prepare: gr.Button
     files: gr.File
 

@@ -210,10 +210,9 @@ class AlignCallbacks:
                  method: str = DEFAULT_METHOD, token: int | None = None, regions: str = "grid",
                  came_temperature: float | None = None) -> dict:
         """The column of ``token`` on the image."""
-        v = plan_view(*self._tools(checkpoint), image, caption, method, token,
-                      settings=settings_of(regions, came_temperature=came_temperature),
-                      compute=False)
-        return {self.c.token_map: v.token_map}
+        shown = self.on_plan(image, caption, checkpoint, method, token, regions,
+                             came_temperature)
+        return {self.c.token_map: shown[self.c.token_map]}
 
     def on_lambda(self, image: Any, caption: str | None, checkpoint: str,
                   lambda_local: float = DEFAULT_LAMBDA, regions: str = "grid",
