@@ -40,10 +40,9 @@ from otviz.ui.align.settings import (
     AlignSettings,
 )
 from otviz.ui.align.views import AlignView, align_view, phrase_view, plan_view, scores_view
-from otviz.ui.align.wiring import ALIGN_INPUTS, AlignLink, build_align_tab
+from otviz.ui.align.wiring import AlignLink, build_align_tab
 
 __all__ = [
-    "ALIGN_INPUTS",
     "CAME_TEMPERATURES",
     "DEFAULT_CAME_TEMPERATURE",
     "DEFAULT_METHOD",

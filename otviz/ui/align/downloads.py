@@ -8,38 +8,28 @@ import numpy as np
 from otviz.explain import Explainer
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, came_methods
 from otviz.ui.align.choices import phrase_text
-from otviz.ui.align.compute import encode_and_align, score_rows
-from otviz.ui.align.drawing import draw_plan, phrase_grid
 from otviz.ui.align.settings import DEFAULT_METHOD, DEFAULT_SETTINGS, AlignSettings
+from otviz.ui.align.views import phrase_view, plan_view, scores_view
 from otviz.ui.downloads import DownloadDir
-from otviz.ui.explainer_panels import explained_by
 from otviz.viz.plans import convergence_figure
 from otviz.viz.tables import score_records
 
 
-def align_downloads(
-    explainer: Explainer,
-    suite: MethodSuite,
-    image,
-    caption: str | None,
-    phrase: str | None,
-    *,
-    settings: AlignSettings = DEFAULT_SETTINGS,
-    method: str = DEFAULT_METHOD,
-    token: int | None = None,
-) -> list[str]:
-    """Files of the current view (see the module docstring), their paths."""
-    encoded, runs = encode_and_align(explainer, suite, image, caption, settings)
-    grid, heats = phrase_grid(encoded, runs, phrase, settings.shared_scale,
-                              explained_by(explainer.backbone, encoded, settings.explainers))
-    view = draw_plan(encoded, runs, method, token)
+def align_downloads(explainer: Explainer, suite: MethodSuite, image, caption: str | None,
+                    phrase: str | None, *, settings: AlignSettings = DEFAULT_SETTINGS,
+                    method: str = DEFAULT_METHOD, token: int | None = None) -> list[str]:
+    """Files of the current view (see the module docstring), their paths: the views'
+    figures and numbers, read from the cached features and plans."""
+    grid, heats = phrase_view(explainer, suite, image, caption, phrase, settings=settings)
+    view = plan_view(explainer, suite, image, caption, method, token, settings=settings)
+    _, rows = scores_view(explainer, suite, image, caption, settings=settings)
+    encoded = explainer.encode(image, caption)  # cached
     data, out = view.data, DownloadDir()
     out.save_figure(grid, "phrase_heatmaps")
     out.save_figure(view.patch_marginals, f"patch_marginals_{method}")
     out.save_figure(view.token_map, f"token_map_{method}")
     out.save_figure(view.plan, f"plan_{method}")
     out.save_figure(view.token_marginals, f"token_marginals_{method}")
-    rows = score_rows(runs, settings.lambda_local)
     out.save_figure(convergence_figure(
         [METHOD_LABELS[n] for n in ALIGN_METHODS],
         [r.marginal_error for r in rows if r.name in ALIGN_METHODS]), "solver_convergence")

@@ -1,6 +1,7 @@
-"""The Align view wired: its callbacks take their inputs by name (the public API's
-parameter names: ``/align``'s ``image, caption, checkpoint, method, regions, ...``) and
-return their outputs by component, so no listener depends on a position.
+"""The Align view wired: each callback's parameter names are the names of the components
+it reads (:class:`~otviz.ui.align.layout.AlignControls`) and so the public API's
+parameter names (``/align``'s ``image, caption, checkpoint, method, regions, ...``); it
+returns its outputs by component, so no listener depends on a position.
 
 Every read of an Align click's results (a phrase, method, token or lambda change, the
 prefetch of the phrase grids) reads the cached features and plans and never encodes or
@@ -11,6 +12,7 @@ outside the queue.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -235,21 +237,12 @@ class AlignCallbacks:
                                               settings=settings, method=method, token=token)}
 
 
-#: Each endpoint's inputs by parameter name (the order the API page lists them in).
-PAIR = ("image", "caption", "checkpoint")
-ALIGN_INPUTS = (*PAIR, "method", "regions", "shared_scale", "lambda_local", "phrase", "token",
-                "came_temperature", "explainers")
-PREFETCH_INPUTS = (*PAIR, "regions", "shared_scale", "came_temperature", "explainers")
-PHRASE_INPUTS = (*PAIR, "regions", "shared_scale", "phrase", "came_temperature", "explainers")
-PLAN_INPUTS = (*PAIR, "method", "token", "regions", "came_temperature")
-LAMBDA_INPUTS = (*PAIR, "lambda_local", "regions", "came_temperature")
-DOWNLOAD_INPUTS = (*PAIR, "phrase", "method", "regions", "shared_scale", "lambda_local",
-                   "token", "came_temperature", "explainers")
-
-
-def _listener(fn: Callable, c: AlignControls, inputs: tuple[str, ...], outputs: list) -> dict:
-    """A listener's arguments: ``fn`` with its page messages, ``inputs`` by name."""
-    return {"fn": user_errors(fn), "inputs": None, "inputs_kwargs": c.named(*inputs),
+def _listener(fn: Callable, c: AlignControls, outputs: list,
+              leave_out: tuple[str, ...] = ()) -> dict:
+    """A listener's arguments: ``fn`` with its page messages, each of its parameters (but
+    ``leave_out``) given the component of that name, ``outputs`` by component."""
+    names = [n for n in inspect.signature(fn).parameters if n not in leave_out]
+    return {"fn": user_errors(fn), "inputs": None, "inputs_kwargs": c.named(*names),
             "outputs": outputs}
 
 
@@ -260,8 +253,8 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
     align_outputs = [c.phrase, c.token, c.grid, c.plan, c.token_map, c.patch_marginals,
                      c.token_marginals, c.scores, c.convergence, c.quotas, c.shown_token]
     plan_outputs = [c.plan, c.token_map, c.patch_marginals, c.token_marginals]
-    link = AlignLink(c.phrase, _listener(cb.on_align, c, ALIGN_INPUTS, align_outputs),
-                     _listener(cb.on_prefetch, c, PREFETCH_INPUTS, [c.prefetched]),
+    link = AlignLink(c.phrase, _listener(cb.on_align, c, align_outputs),
+                     _listener(cb.on_prefetch, c, [c.prefetched]),
                      c.prefetched)
     link.prefetch_after(c.run.click(**link.click, api_name="align"))
     link.prefetch_after(c.regions.input(**link.click, **HIDDEN))
@@ -271,16 +264,16 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
     # from the grid cache) by the server; the server call for a swapped pick is a no-op
     on_edit(c.phrase, None, [c.phrase, c.shared_scale, c.prefetched, c.shown_token],
             c.swapped, js=SWAP_JS).then(
-        **_listener(cb.on_phrase, c, (*PHRASE_INPUTS, "swapped"), [c.grid]),
+        **_listener(cb.on_phrase, c, [c.grid]),
         api_name="align_phrase", show_progress="hidden")
     link.prefetch_after(c.shared_scale.input(
-        **_listener(cb.on_phrase, c, PHRASE_INPUTS, [c.grid]), **HIDDEN))
-    on_edit(c.method, **_listener(cb.on_plan, c, PLAN_INPUTS, plan_outputs),
+        **_listener(cb.on_phrase, c, [c.grid], leave_out=("swapped",)), **HIDDEN))
+    on_edit(c.method, **_listener(cb.on_plan, c, plan_outputs),
             api_name="align_plan")
-    on_edit(c.token, **_listener(cb.on_token, c, PLAN_INPUTS, [c.token_map]),
+    on_edit(c.token, **_listener(cb.on_token, c, [c.token_map]),
             api_name="align_token")
-    c.lambda_local.release(**_listener(cb.on_lambda, c, LAMBDA_INPUTS, [c.scores]),
+    c.lambda_local.release(**_listener(cb.on_lambda, c, [c.scores]),
                            api_name="align_scores")
-    c.prepare.click(**_listener(cb.on_download, c, DOWNLOAD_INPUTS, [c.files]),
+    c.prepare.click(**_listener(cb.on_download, c, [c.files]),
                     api_name="align_downloads")
     return link
