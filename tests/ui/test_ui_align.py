@@ -566,6 +566,13 @@ def test_the_public_api_names_its_parameters_in_words(align_blocks):
     if trust_unavailable() is None:  # the Trust panel's endpoint, where Quantus is here
         expected["/align_trust"] = [*pair, "phrase", "explainers"]
     assert api_parameters(align_blocks) == expected
+    returns = align_blocks.get_api_info()["named_endpoints"]["/align"]["returns"]
+    assert [r["label"] for r in returns] == [
+        "Phrase (a word or a parse-tree phrase; or type words)",
+        "Token (its plan column on the image)", "Phrase heatmap per method",
+        "Transport plan", "Token column on the image", "Patch marginals vs mu",
+        "Token marginals vs nu", "Scores per method", "Solver convergence", "CAME quotas",
+        "Pair token"]
 
 
 def test_the_align_click_takes_and_returns_components_by_name(align_blocks, checkpoint,

@@ -115,7 +115,7 @@ def build_controls(ctx: AppContext, shared: SharedInputs) -> AlignControls:
         came_temperature = gr.Slider(
             *CAME_TEMPERATURES, DEFAULT_CAME_TEMPERATURE, step=0.05, scale=1,
             label="QC-Align: CAME temperature (1 = the paper's softmax)")
-        quotas = gr.Markdown()
+        quotas = gr.Markdown(label="CAME quotas")  # the label names the API's output
         explainers = gr.Checkbox(EXPLAINERS_ON, label=TOGGLE_LABEL, scale=1,
                                  elem_id="align-explainers")
     # the heatmap grid spans the page (four panels across); the plan side comes under it
@@ -134,7 +134,7 @@ def build_controls(ctx: AppContext, shared: SharedInputs) -> AlignControls:
     # the page's copy of the pair's phrase grids, the token of the pair on show, and the
     # phrase a pick swapped in from the copy
     prefetched = gr.HTML(visible="hidden", html_template="", elem_id="align-prefetched")
-    shown_token = gr.Textbox(visible="hidden", elem_id="align-token")
+    shown_token = gr.Textbox(visible="hidden", label="Pair token", elem_id="align-token")
     swapped = gr.Textbox(visible="hidden", elem_id="align-swapped")
     with gr.Row():
         with gr.Column(scale=3):
