@@ -112,22 +112,6 @@ def wait_for_server(url: str, server: subprocess.Popen, timeout: float) -> None:
     sys.exit(f"package smoke test FAILED: otviz app did not answer at {url} in {timeout:.0f} s")
 
 
-def align_arguments(api: dict, image: Path, caption: str) -> list:
-    """/align's inputs by component: the image, the caption (its one text box), every other
-    input its default (None for the phrase and token pickers: the caption's first)."""
-    from gradio_client import handle_file
-
-    values = []
-    for p in api["parameters"]:
-        if p["component"] == "Image":
-            values.append(handle_file(str(image)))
-        elif p["component"] == "Textbox":
-            values.append(caption)
-        else:
-            values.append(p["parameter_default"])
-    return values
-
-
 def heatmap_grid(api: dict, result: tuple) -> Path:
     """The file of /align's phrase-heatmap output (an Image labelled "... heatmap ...")."""
     labels = [r.get("label") or "" for r in api["returns"]]
@@ -139,7 +123,7 @@ def heatmap_grid(api: dict, result: tuple) -> Path:
 
 
 def smoke_app(otviz: str, image: Path, caption: str, port: int, timeout: float) -> None:
-    from gradio_client import Client
+    from gradio_client import Client, handle_file
     from PIL import Image
 
     with socket.socket() as probe:
@@ -153,7 +137,10 @@ def smoke_app(otviz: str, image: Path, caption: str, port: int, timeout: float) 
         check(True, f"otviz app answers at {url}")
         client = Client(url, verbose=False)
         api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/align"]
-        result = client.predict(*align_arguments(api, image, caption), api_name="/align")
+        # by name: the image and caption, every other input its default (the phrase and
+        # token pickers: the caption's first)
+        result = client.predict(image=handle_file(str(image)), caption=caption,
+                                api_name="/align")
         with Image.open(heatmap_grid(api, result)) as grid:
             colours = len(grid.convert("RGB").getcolors(maxcolors=2**24))
             check(grid.width >= 200 and colours > 100,

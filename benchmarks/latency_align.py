@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from otviz.ui.align_tab import RASTER_FORMAT, align_runs, align_view, phrase_view
+from otviz.ui.align import RASTER_FORMAT, align_runs, align_view, phrase_view
 from otviz.ui.context import AppContext
 from otviz.ui.examples import load_examples
 

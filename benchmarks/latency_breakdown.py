@@ -112,8 +112,9 @@ def server_round_trip(url: str, checkpoint: str, repeats: int) -> float:
     server's grid cache holds the phrases)."""
     example = load_examples()[0]
     Client(url, verbose=False, download_files=False).predict(
-        handle_file(str(example.image_path)), example.caption, checkpoint, "conceptot", "grid",
-        False, 0.5, None, None, 1.0, api_name="/align")
+        image=handle_file(str(example.image_path)), caption=example.caption,
+        checkpoint=checkpoint, method="conceptot", regions="grid", shared_scale=False,
+        came_temperature=1.0, api_name="/align")
     with httpx.Client(timeout=120) as http:
         with open(example.image_path, "rb") as f:
             path = http.post(url + "gradio_api/upload", files={"files": f}).json()[0]

@@ -23,7 +23,7 @@ from served import (  # noqa: E402
     percentiles,
 )
 
-from otviz.ui.align_tab import DEFAULT_SHARED_SCALE  # noqa: E402
+from otviz.ui.align import DEFAULT_SHARED_SCALE  # noqa: E402
 from otviz.ui.examples import load_examples  # noqa: E402
 
 PHRASES = ("span:0:4", "span:1:2", "span:2:4")
@@ -34,20 +34,21 @@ def _user(url: str, checkpoint: str, repeats: int, samples: dict[str, list[float
     example = load_examples()[0]
     client = Client(url, verbose=False, download_files=False)
     image = handle_file(str(example.image_path))
-    align = (image, example.caption, checkpoint, "conceptot", "grid", DEFAULT_SHARED_SCALE,
-             0.5, None, None, 1.0)
-    client.predict(*align, api_name="/align")  # warm-up: features and plans cached
+    pair = {"image": image, "caption": example.caption, "checkpoint": checkpoint,
+            "regions": "grid", "came_temperature": 1.0}
+    align = {**pair, "method": "conceptot", "shared_scale": DEFAULT_SHARED_SCALE,
+             "lambda_local": 0.5}
+    client.predict(**align, api_name="/align")  # warm-up: features and plans cached
     for k in range(repeats):
         calls = {
             "align_click": (align, "/align"),
-            "phrase_change": ((image, example.caption, checkpoint, "grid",
-                               DEFAULT_SHARED_SCALE, PHRASES[k % 3], 1.0), "/align_phrase"),
-            "method_change": ((image, example.caption, checkpoint, METHODS[k % 3], 0, "grid",
-                               1.0), "/align_plan"),
+            "phrase_change": ({**pair, "shared_scale": DEFAULT_SHARED_SCALE,
+                               "phrase": PHRASES[k % 3]}, "/align_phrase"),
+            "method_change": ({**pair, "method": METHODS[k % 3], "token": 0}, "/align_plan"),
         }
-        for event, (args, api) in calls.items():
+        for event, (named, api) in calls.items():
             start = time.perf_counter()
-            client.predict(*args, api_name=api)
+            client.predict(**named, api_name=api)
             samples[event].append(time.perf_counter() - start)
 
 

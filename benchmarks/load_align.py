@@ -55,8 +55,9 @@ def _client_run(url: str, checkpoint: str, uploads: list[tuple[str, str]],
     for path, caption in uploads:
         start = time.perf_counter()
         try:
-            client.predict(handle_file(path), caption, checkpoint, "conceptot", "grid", True,
-                           0.5, None, None, 1.0, api_name="/align")  # ..., CAME temperature
+            client.predict(image=handle_file(path), caption=caption, checkpoint=checkpoint,
+                           method="conceptot", regions="grid", shared_scale=True,
+                           lambda_local=0.5, came_temperature=1.0, api_name="/align")
             latencies.append(time.perf_counter() - start)
         except Exception as e:  # counted, not fatal: the load test reports errors
             errors.append(f"{type(e).__name__}: {e}")

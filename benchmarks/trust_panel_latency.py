@@ -140,7 +140,7 @@ def panel(runs: int, with_explainers: bool) -> dict:
 
 def align(runs: int) -> dict:
     """The ``align`` measurement (module docstring)."""
-    from otviz.ui.align_tab import align_view
+    from otviz.ui.align import align_view
 
     explainer, suite, rgb, caption = _context()
     image = np.asarray(Image.fromarray(rgb).resize((UPLOAD_PX, UPLOAD_PX)))

@@ -195,6 +195,13 @@ def gradio_cache_files() -> set[Path]:
 PLAIN_HTTP = {"verify": False}
 
 
+def api_parameters(blocks) -> dict[str, list[str]]:
+    """Every public named endpoint of ``blocks`` with its parameter names, as Gradio's API
+    page and gradio_client's keyword calls show them."""
+    return {name: [p["parameter_name"] for p in info["parameters"]]
+            for name, info in blocks.get_api_info()["named_endpoints"].items()}
+
+
 #: How long a call of :func:`api_client`'s client waits for its event stream to close.
 STREAM_CLOSE_S = 30.0
 

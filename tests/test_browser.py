@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from otviz.ui.align_tab import align_view, phrase_choices, phrase_view
+from otviz.ui.align import align_view, phrase_choices, phrase_view
 from otviz.ui.examples import load_examples
 from otviz.ui.phrase_grids import SWAP_JS, encode_jpeg
 
@@ -590,10 +590,10 @@ def _method_before_align(page) -> None:
 #: what its message says. Every event still served outside the queue must never fail in the
 #: page (the phrase grids' prefetch skips on any error; the server draws each pick instead).
 FAILING_READS = {
-    "build_align_tab.<locals>.on_phrase": (_phrase_not_in_caption, "is not in the caption"),
-    "build_align_tab.<locals>.on_plan": (_method_before_align, "click Align"),
+    "AlignCallbacks.on_phrase": (_phrase_not_in_caption, "is not in the caption"),
+    "AlignCallbacks.on_plan": (_method_before_align, "click Align"),
 }
-NEVER_FAILS_IN_THE_PAGE = {"build_align_tab.<locals>.on_prefetch",
+NEVER_FAILS_IN_THE_PAGE = {"AlignCallbacks.on_prefetch",
                            "Examples.create.<locals>.load_example"}
 
 

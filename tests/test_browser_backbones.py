@@ -15,7 +15,7 @@ from otviz.backbone import Backbone
 from otviz.eval.browse import BrowseCache
 from otviz.suite import WORLD_FIT_CAPTIONS
 from otviz.towers.shrunken import register_shrunken
-from otviz.ui.align_tab import align_view
+from otviz.ui.align import align_view
 from otviz.ui.browse_tab import BrowseSources
 from otviz.ui.context import AppContext, BackboneChoice
 from otviz.ui.examples import load_examples

@@ -12,7 +12,7 @@ import threading
 import gradio as gr
 
 from otviz.text.parse import try_download_benepar
-from otviz.ui.align_tab import build_align_tab
+from otviz.ui.align import build_align_tab
 from otviz.ui.anchors_tab import build_anchors_tab
 from otviz.ui.browse_tab import TAB_TITLE as BROWSE_TITLE
 from otviz.ui.browse_tab import AlignTarget, BrowseSources, build_browse_tab

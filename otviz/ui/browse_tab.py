@@ -46,7 +46,7 @@ from otviz.eval.browse import (
 from otviz.explain import InputError
 from otviz.explainers import explainer_choices, explainers_needed
 from otviz.suite import method_choices
-from otviz.ui.align_tab import AlignLink
+from otviz.ui.align import AlignLink
 from otviz.ui.budget import server_budget, visitor
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.events import on_edit

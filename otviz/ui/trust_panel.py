@@ -327,11 +327,11 @@ def build_trust_panel(ctx: AppContext, inputs: list[Any],
                              elem_id="align-trust-table")
         gr.Markdown(HOW_TO_READ)
 
-    def on_trust(img, text, checkpoint, phr, expl=False):
+    def on_trust(image, caption, checkpoint, phrase, explainers=False):
         explainer, suite = ctx.explainer(checkpoint), ctx.suite(checkpoint)
-        encoded = explainer.encode(img, text)
-        words = resolve(encoded, phr)
-        for rows, note in trust_rows(explainer, suite, encoded, words, bool(expl), cache,
+        encoded = explainer.encode(image, caption)
+        words = resolve(encoded, phrase)
+        for rows, note in trust_rows(explainer, suite, encoded, words, bool(explainers), cache,
                                      budget=server_budget()):
             yield trust_frame(rows), note
 

@@ -30,7 +30,8 @@ from otviz.train.config import paper_recipe
 from otviz.train.loop import train_method
 from otviz.train.losses import LOCAL_CONTRASTIVE, local_objective
 from otviz.train.pairs import TensorPairs
-from otviz.ui import align_tab, train_tab
+from otviz.ui import train_tab
+from otviz.ui.align import layout as align_layout
 from tests.helpers import ROOT, random_tiny_clip, tiny_train_config
 
 
@@ -103,7 +104,7 @@ def test_toy_method_is_benchmarked(toy: str) -> None:
 
 def test_toy_method_is_offered_by_the_app(toy: str) -> None:
     assert list(ALIGN_METHODS)[-1] == toy and METHOD_LABELS[toy] == "Toy"
-    assert ("Toy", toy) in align_tab.method_choices()
+    assert ("Toy", toy) in align_layout.method_choices()
     assert ("Toy", toy) in train_tab.method_choices()
 
 

@@ -100,20 +100,23 @@ def checkpoint(live_app) -> str:
 @pytest.fixture(scope="module")
 def aligned(client, checkpoint, example) -> tuple[str, str]:
     """The example after an Align click: the phrase and plan endpoints read its results."""
-    assert outcome(client, "/align", *view_args("align", handle_file(example[0]), example[1],
-                                                checkpoint)) is None
+    args, kwargs = view_args("align", handle_file(example[0]), example[1], checkpoint)
+    assert outcome(client, "/align", *args, **kwargs) is None
     return example
 
 
-def view_args(view: str, image, caption: str, checkpoint: str) -> tuple:
-    """The positional inputs of each image view's API endpoint."""
+def view_args(view: str, image, caption: str, checkpoint: str) -> tuple[tuple, dict]:
+    """The inputs of each image view's API endpoint: positional, and by name (Align's)."""
+    if view == "align":
+        return (), {"image": image, "caption": caption, "checkpoint": checkpoint,
+                    "method": "conceptot", "regions": "grid", "shared_scale": True,
+                    "lambda_local": 0.5}
     return {
-        "align": (image, caption, checkpoint, "conceptot", "grid", True, 0.5, None, None),
         "words": (image, caption, checkpoint),
         "phrases": (image, caption, checkpoint, "grid", None, None),
         "probe": (image, caption, checkpoint, "", 0.5),
         "anchor_maps": (image, caption, checkpoint, 4, [], False),
-    }[view]
+    }[view], {}
 
 
 def readable(message: str) -> list[str]:
@@ -130,10 +133,10 @@ def readable(message: str) -> list[str]:
     return problems
 
 
-def outcome(client: Client, api_name: str, *args) -> str | None:
+def outcome(client: Client, api_name: str, *args, **kwargs) -> str | None:
     """None for a result, else the page's message, checked to be readable."""
     try:
-        client.predict(*args, api_name=api_name)
+        client.predict(*args, **kwargs, api_name=api_name)
     except AppError as e:
         message = str(e)
         assert not readable(message), (api_name, message)
@@ -485,11 +488,11 @@ def drive(url: str, group: EventGroup, tally: Tally, tmp: Path, image: str,
 
 
 #: The catalogue in parts, one test each, so that pytest-xdist spreads it over the workers:
-#: a part drives the event groups of the views whose builders it names (the builder's name
-#: starts the callback's qualified name); :data:`OTHER_PART` takes every other group (the
+#: a part drives the event groups of the views whose builders (or callback classes) it names
+#: (the name starts the callback's qualified name); :data:`OTHER_PART` takes every other group (the
 #: shared inputs, Browse, Train and any view added later).
 CATALOGUE_PARTS: dict[str, tuple[str, ...]] = {
-    "align": ("build_align_tab.", "build_trust_panel."),
+    "align": ("AlignCallbacks.", "build_trust_panel."),
     "probe": ("build_probe_tab.",),
     "phrases": ("build_phrases_tab.",),
     "zeroshot": ("build_zeroshot_tab.",),
@@ -604,13 +607,14 @@ def test_a_400_word_caption_works_in_every_view(client, checkpoint, example, vie
     """400 words (within the 1000-character limit): the words past the context are cut,
     and the 400-leaf parse tree is drawn within the figure encoder's limits."""
     caption = " ".join("ab"[i % 2] for i in range(400))
-    assert outcome(client, f"/{view}",
-                   *view_args(view, handle_file(example[0]), caption, checkpoint)) is None
+    args, kwargs = view_args(view, handle_file(example[0]), caption, checkpoint)
+    assert outcome(client, f"/{view}", *args, **kwargs) is None
 
 
 def test_html_in_a_message_is_escaped(client, checkpoint, aligned):
-    message = outcome(client, "/align_phrase", handle_file(aligned[0]), aligned[1],
-                      checkpoint, "grid", True, "<h1>purple</h1> <img src=x>")
+    message = outcome(client, "/align_phrase", image=handle_file(aligned[0]),
+                      caption=aligned[1], checkpoint=checkpoint, shared_scale=True,
+                      phrase="<h1>purple</h1> <img src=x>")
     assert message is not None and "&lt;h1&gt;purple&lt;/h1&gt;" in message
 
 
@@ -618,10 +622,10 @@ def test_phrase_and_plan_reads_before_an_align_click_say_so(client, checkpoint, 
     """The phrase and plan endpoints are served outside the queue and never encode or
     solve: a pair nobody aligned is a message, not work."""
     image, caption = handle_file(example[0]), example[1] + " never aligned"
-    for api, args in (("/align_phrase", (image, caption, checkpoint, "grid", True, "red")),
-                      ("/align_plan", (image, caption, checkpoint, "conceptot", None,
-                                       "grid"))):
-        message = outcome(client, api, *args)
+    pair = {"image": image, "caption": caption, "checkpoint": checkpoint}
+    for api, named in (("/align_phrase", {"shared_scale": True, "phrase": "red"}),
+                       ("/align_plan", {"method": "conceptot"})):
+        message = outcome(client, api, **pair, **named)
         assert message is not None and "click Align" in message, api
 
 
@@ -629,8 +633,8 @@ def test_phrase_and_plan_reads_before_an_align_click_say_so(client, checkpoint, 
     "picked", ["", "../../etc/passwd", "/etc/passwd", "<b>x</b> · training-free",
                "otviz-tiny (embedded) · no such heads"])
 def test_odd_checkpoints_are_messages(client, example, picked):
-    message = outcome(client, "/align",
-                      *view_args("align", handle_file(example[0]), example[1], picked))
+    args, kwargs = view_args("align", handle_file(example[0]), example[1], picked)
+    message = outcome(client, "/align", *args, **kwargs)
     assert message is not None and "unknown checkpoint" in message
 
 

@@ -23,7 +23,7 @@ from otviz.eval.grounding_baselines import colour_shared
 from otviz.eval.grounding_metrics import grounding_scores, pointing_hits
 from otviz.explain import InputError
 from otviz.suite import METHOD_LABELS
-from otviz.ui.align_tab import align_view
+from otviz.ui.align import align_view
 from otviz.ui.app import BROWSE_TITLE, build_app, tab_id
 from otviz.ui.browse_tab import (
     UPLOAD_SOURCE,

@@ -14,7 +14,14 @@ from PIL import Image
 import otviz.ui.explainer_panels as panels
 from otviz.explainers import EXPLAINERS, explain_pairs
 from otviz.suite import ALIGN_METHODS
-from otviz.ui.align_tab import align_runs, align_view, phrase_maps, phrase_text, phrase_view
+from otviz.ui.align import (
+    AlignSettings,
+    align_runs,
+    align_view,
+    phrase_maps,
+    phrase_text,
+    phrase_view,
+)
 from otviz.ui.examples import load_examples
 from otviz.ui.explainer_panels import explained_by, explainer_maps, explainer_panels
 from otviz.viz.panels import compose_heatmaps
@@ -29,7 +36,7 @@ def sample() -> tuple[np.ndarray, str]:
 def test_off_by_default_and_on_adds_the_explainer_panels(tools, sample):
     explainer, suite = tools
     off = align_view(explainer, suite, *sample)
-    on = align_view(explainer, suite, *sample, explainers=True)
+    on = align_view(explainer, suite, *sample, settings=AlignSettings(explainers=True))
     encoded = explainer.encode(*sample)
     assert explained_by(explainer.backbone, encoded, False) is None
     text = phrase_text(encoded, off.phrase)
@@ -44,7 +51,8 @@ def test_off_by_default_and_on_adds_the_explainer_panels(tools, sample):
     assert layout["titles"][len(ALIGN_METHODS):] == [t for t, _ in explainer_panels(maps)]
     assert len(layout["heats"]) == len(ALIGN_METHODS) + len(EXPLAINERS)
     np.testing.assert_array_equal(on.grid, compose_heatmaps(encoded.image, **layout))
-    again, _ = phrase_view(explainer, suite, *sample, off.phrase, explainers=False)
+    again, _ = phrase_view(explainer, suite, *sample, off.phrase,
+                           settings=AlignSettings(explainers=False))
     np.testing.assert_array_equal(again, off.grid)
 
 

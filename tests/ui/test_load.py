@@ -24,7 +24,7 @@ from PIL import Image
 
 from otviz.data.disk_lru import disk_bytes
 from otviz.ui import budget as budget_module
-from otviz.ui.align_tab import phrase_choices
+from otviz.ui.align import phrase_choices
 from otviz.ui.budget import SPACE_MAX_RSS_MB, ComputeBudget, resident_mb
 from tests.helpers import (
     TINY_TRAIN_RECIPE,
@@ -94,11 +94,12 @@ def test_expensive_load_is_bounded_and_align_keeps_its_time(live_app, example, t
     encoded = live_app.ctx.explainer(checkpoint).encode(path, caption)
     phrase = phrase_choices(encoded)[0][1]
     client = api_client(url)
-    align = (handle_file(path), caption, checkpoint, "conceptot", "grid", True, 0.5, None, None)
+    align = {"image": handle_file(path), "caption": caption, "checkpoint": checkpoint,
+             "method": "conceptot", "regions": "grid", "shared_scale": True, "lambda_local": 0.5}
 
     def click() -> float:
         start = time.perf_counter()
-        client.predict(*align, api_name="/align")
+        client.predict(**align, api_name="/align")
         return time.perf_counter() - start
 
     click()  # the pair's features cached, as after a person's first click

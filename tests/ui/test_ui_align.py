@@ -13,6 +13,7 @@ from pathlib import Path
 import gradio as gr
 import matplotlib
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,10 +26,17 @@ from otviz.methods import METHODS
 from otviz.methods.powerclip import EMPTY_SUBSET
 from otviz.patch_grid.boxes import heatmap_boxes
 from otviz.patch_grid.tokens import TokenGeometry
-from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite, SuiteMethod, flat_map_reasons
-from otviz.ui.align_tab import (
+from otviz.suite import (
+    ALIGN_METHODS,
+    METHOD_LABELS,
     SCORED_METHODS,
+    MethodSuite,
+    SuiteMethod,
+    flat_map_reasons,
+)
+from otviz.ui.align import (
     TAB_TITLE,
+    AlignSettings,
     align_downloads,
     align_runs,
     align_view,
@@ -45,6 +53,7 @@ from otviz.ui.align_tab import (
 from otviz.ui.downloads import DownloadDir
 from otviz.ui.examples import load_examples
 from otviz.ui.inputs import user_errors
+from otviz.ui.trust_browse import trust_unavailable
 from otviz.viz.panels import (
     BACKDROP,
     BAR_PX,
@@ -57,6 +66,7 @@ from otviz.viz.panels import (
 )
 from otviz.viz.panels import overlay as heat_overlay
 from otviz.viz.phrase_grid import GRID_PANEL_PX
+from tests.helpers import api_parameters
 
 LAMBDA = 0.7
 
@@ -72,7 +82,8 @@ def sample() -> tuple[np.ndarray, str]:
 @pytest.fixture(scope="module")
 def view(tools, sample):
     explainer, suite = tools
-    return align_view(explainer, suite, *sample, method="dense_uot", lambda_local=LAMBDA)
+    return align_view(explainer, suite, *sample, method="dense_uot",
+                      settings=AlignSettings(lambda_local=LAMBDA))
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +196,8 @@ def test_click_shows_eight_heatmaps_with_their_grounding_boxes(view, encoded, to
         x0, y0 = round(boxes[k][0] * panel / 224), round(boxes[k][1] * panel / 224)
         assert tuple(view.grid[y + y0 + 1, x + x0 + 1]) == BOX_COLOUR
     # one shared scale: QC-Align's readout is stretched to the mass panels' peak
-    shared, _ = phrase_view(*tools, *sample, view.phrase, shared_scale=True)
+    shared, _ = phrase_view(*tools, *sample, view.phrase,
+                            settings=AlignSettings(shared_scale=True))
     qc = ALIGN_METHODS.index("qc_align")
     peak = max(float(m.max()) for k, m in enumerate(shown) if k != qc)
     shown[qc] = shown[qc] * (peak / float(shown[qc].max()))
@@ -275,7 +287,7 @@ def test_score_table(view, tools, sample, encoded):
     assert view.scores["combined s_g + λ·s_l"].tolist() == pytest.approx(
         [r.combined for r in rows], abs=1e-4
     )
-    frame, rows2 = scores_view(*tools, *sample, lambda_local=2.0)
+    frame, rows2 = scores_view(*tools, *sample, settings=AlignSettings(lambda_local=2.0))
     for r in rows2:
         assert r.combined == pytest.approx(r.global_score + 2.0 * r.local_score)
     bars = view.convergence.data[0]
@@ -322,7 +334,7 @@ def test_phrase_heatmaps_equal_alignment_heatmap(tools, sample, encoded, view):
         np.testing.assert_array_equal(heats[name].reshape(-1), ref)
     grid_span, _ = phrase_view(*tools, *sample, f"span:{np_node.start}:{np_node.end}")
     np.testing.assert_array_equal(grid, grid_span)
-    shared, _ = phrase_view(*tools, *sample, typed, shared_scale=True)
+    shared, _ = phrase_view(*tools, *sample, typed, settings=AlignSettings(shared_scale=True))
     assert shared.shape != grid.shape  # one bar at the right, none under each panel
 
 
@@ -359,7 +371,8 @@ def test_reads_without_compute_use_the_cache_or_refuse(tools, sample, view):
     fresh = caption + " and a small green heart"
     phrase_view(*tools, image, fresh, first)
     with pytest.raises(NotComputedError):
-        plan_view(*tools, image, fresh, "powerclip", regions="segments", compute=False)
+        plan_view(*tools, image, fresh, "powerclip", settings=AlignSettings(regions="segments"),
+                  compute=False)
 
 
 def test_region_kind_resolves_powerclip_alone(tools, sample, encoded):
@@ -372,7 +385,7 @@ def test_region_kind_resolves_powerclip_alone(tools, sample, encoded):
         box_runs["powerclip"].alignment.extras["regions"],
         grid_runs["powerclip"].alignment.extras["regions"],
     )
-    v = align_view(*tools, *sample, regions="segments")
+    v = align_view(*tools, *sample, settings=AlignSettings(regions="segments"))
     assert len(v.heats) == 8
 
 
@@ -390,7 +403,8 @@ def test_came_temperature_control_sharpens_the_quotas_monotonically(tools, sampl
         ratio = float(alignment.extras["quota_max_over_uniform"][0])
         mu = alignment.row_reference[0]
         assert ratio == pytest.approx(float(mu.max()) * mu.numel(), rel=1e-5)
-        v = align_view(*tools, *sample, method="qc_align", came_temperature=temperature)
+        v = align_view(*tools, *sample, method="qc_align",
+                       settings=AlignSettings(came_temperature=temperature))
         assert f"max **{ratio:.2f}x** uniform at T = {temperature:g} (training-free)" \
             in v.quota_note
         ratios.append(ratio)
@@ -432,7 +446,7 @@ def test_bad_input_raises_clean_errors(tools, sample, encoded):
     with pytest.raises(ImageInputError):
         align_view(*tools, np.zeros(5), caption)
     with pytest.raises(InputError, match="unknown region kind"):
-        align_view(*tools, image, caption, regions="hexagons")
+        align_view(*tools, image, caption, settings=AlignSettings(regions="hexagons"))
     with pytest.raises(InputError, match="token 99"):
         plan_view(*tools, image, caption, "filip", token=99)
     wrapped = user_errors(lambda: phrase_view(*tools, image, caption, "purple elephant"))
@@ -444,9 +458,8 @@ def test_bad_input_raises_clean_errors(tools, sample, encoded):
 def test_downloads_load_back(tools, sample, encoded, view):
     files = [
         Path(f)
-        for f in align_downloads(
-            *tools, *sample, view.phrase, "conceptot", lambda_local=LAMBDA, token=2
-        )
+        for f in align_downloads(*tools, *sample, view.phrase, method="conceptot",
+                                 settings=AlignSettings(lambda_local=LAMBDA), token=2)
     ]
     assert all(f.is_file() for f in files)
     by_name = {f.name: f for f in files}
@@ -525,11 +538,58 @@ def test_download_dir_writes_safe_names_and_prunes_old_requests(tmp_path):
     assert new.files == [*paths, j]
 
 
-def test_tab_builds_in_blocks(ctx):
+@pytest.fixture(scope="module")
+def align_blocks(ctx) -> gr.Blocks:
     from otviz.ui.app import build_shared_inputs
 
     with gr.Blocks() as demo:
         shared = build_shared_inputs(ctx)
         with gr.Tab(TAB_TITLE):
             build_align_tab(ctx, shared)
-    assert demo.fns  # the callbacks are wired
+    return demo
+
+
+def test_the_public_api_names_its_parameters_in_words(align_blocks):
+    """Gradio's API page and gradio_client's keyword calls use these names."""
+    pair = ["image", "caption", "checkpoint"]
+    expected = {
+        "/align": [*pair, "method", "regions", "shared_scale", "lambda_local", "phrase",
+                   "token", "came_temperature", "explainers"],
+        "/align_phrase": [*pair, "regions", "shared_scale", "phrase", "came_temperature",
+                          "explainers", "swapped"],
+        "/align_plan": [*pair, "method", "token", "regions", "came_temperature"],
+        "/align_token": [*pair, "method", "token", "regions", "came_temperature"],
+        "/align_scores": [*pair, "lambda_local", "regions", "came_temperature"],
+        "/align_downloads": [*pair, "phrase", "method", "regions", "shared_scale",
+                             "lambda_local", "token", "came_temperature", "explainers"],
+    }
+    if trust_unavailable() is None:  # the Trust panel's endpoint, where Quantus is here
+        expected["/align_trust"] = [*pair, "phrase", "explainers"]
+    assert api_parameters(align_blocks) == expected
+    returns = align_blocks.get_api_info()["named_endpoints"]["/align"]["returns"]
+    assert [r["label"] for r in returns] == [
+        "Phrase (a word or a parse-tree phrase; or type words)",
+        "Token (its plan column on the image)", "Phrase heatmap per method",
+        "Transport plan", "Token column on the image", "Patch marginals vs mu",
+        "Token marginals vs nu", "Scores per method", "Solver convergence", "CAME quotas",
+        "Pair token"]
+
+
+def test_the_align_click_takes_and_returns_components_by_name(align_blocks, checkpoint,
+                                                              sample, tools):
+    """The /align callback called with keywords alone returns one value per output
+    component, keyed by the component: the same view as :func:`align_view` computes."""
+    fn = next(f for f in align_blocks.fns.values() if f.api_name == "align")
+    by_name = dict(zip(fn.input_parameter_names, fn.inputs, strict=True))
+    assert by_name["phrase"].label.startswith("Phrase") and by_name["token"].label.startswith(
+        "Token") and by_name["came_temperature"].label.startswith("QC-Align: CAME")
+    image, caption = sample
+    shown = fn.fn(image=image, caption=caption, checkpoint=checkpoint, method="dense_uot",
+                  came_temperature=None, lambda_local=LAMBDA)
+    assert set(map(id, shown)) == set(map(id, fn.outputs))
+    by_label = {getattr(c, "label", None): v for c, v in shown.items()}
+    view = align_view(*tools, image, caption, method="dense_uot",
+                      settings=AlignSettings(lambda_local=LAMBDA))
+    np.testing.assert_array_equal(by_label["Phrase heatmap per method"], view.grid)
+    assert by_label["Phrase (a word or a parse-tree phrase; or type words)"].value == view.phrase
+    pd.testing.assert_frame_equal(by_label["Scores per method"], view.scores)

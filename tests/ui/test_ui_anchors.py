@@ -33,6 +33,7 @@ from otviz.ui.context import (
 from otviz.viz.anchors import anchor_matrix_figure, cluster_order, embed_2d
 from otviz.viz.panels import heat_fields
 from otviz.world.vocab import COLOURS, SHAPES, SIZES
+from tests.helpers import api_parameters
 
 CAPTION = "a small red circle to the left of a blue square"
 WORDS = "red, blue, circle, square, small, to the left of"
@@ -244,7 +245,12 @@ def test_builder_wires_into_blocks(ctx):
     with gr.Blocks() as demo:
         shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
         build_anchors_tab(ctx, shared)
-    assert len(demo.fns) >= 6
+    maps = ["img", "text", "checkpoint", "top", "pick", "separate"]
+    bank = ["checkpoint", "text", "proj"]
+    assert api_parameters(demo) == {
+        "/anchors": bank, "/anchor_maps": maps, "/on_bank": bank, "/on_maps": maps,
+        "/on_maps_1": maps, "/on_maps_2": maps, "/default_words": ["checkpoint"],
+    }
 
 
 def test_placed_labels_never_overlap_each_other_nor_the_obstacles():

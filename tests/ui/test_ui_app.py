@@ -113,8 +113,8 @@ def test_callbacks_work_together_on_one_server(client, example, live_app):
     path, caption = example
     checkpoint = live_app.ctx.checkpoint_choices()[0]
     img = handle_file(path)
-    out = client.predict(img, caption, checkpoint, "conceptot", "grid", True, 0.5, None, None,
-                         api_name="/align")
+    out = client.predict(image=img, caption=caption, checkpoint=checkpoint, method="conceptot",
+                         regions="grid", shared_scale=True, lambda_local=0.5, api_name="/align")
     (phrase, token, grid, plan, token_map, patch_marg, token_marg, scores, convergence, quotas,
      pair) = out
     assert len(pair) == 16 and int(pair, 16) >= 0  # the token the page's phrase swaps check
@@ -128,8 +128,8 @@ def test_callbacks_work_together_on_one_server(client, example, live_app):
     assert phrase["value"] in choices
 
     encoded_before = len(live_app.ctx.explainer(checkpoint)._cache)
-    other = client.predict(img, caption, checkpoint, "grid", True, choices[-1],
-                           api_name="/align_phrase")
+    other = client.predict(image=img, caption=caption, checkpoint=checkpoint, regions="grid",
+                           shared_scale=True, phrase=choices[-1], api_name="/align_phrase")
     assert Path(other["path"]).is_file()
     assert len(live_app.ctx.explainer(checkpoint)._cache) == encoded_before  # no re-encode
 
@@ -186,18 +186,17 @@ def test_bad_input_is_a_message_on_the_page(client, example, live_app, tmp_path,
     img = handle_file(str(path)) if path else None
     checkpoint = live_app.ctx.checkpoint_choices()[0]
     with pytest.raises(AppError, match=message):
-        client.predict(img, caption, checkpoint, "conceptot", "grid", True, 0.5, None, None,
-                       api_name="/align")
+        client.predict(image=img, caption=caption, checkpoint=checkpoint, api_name="/align")
 
 
 def test_phrase_not_in_the_caption_and_unknown_checkpoint(client, example, live_app):
     img = handle_file(example[0])
     checkpoint = live_app.ctx.checkpoint_choices()[0]
-    client.predict(img, example[1], checkpoint, "conceptot", "grid", True, 0.5, None, None,
-                   api_name="/align")  # the phrase endpoint reads an Align click's results
+    # the phrase endpoint reads an Align click's results
+    client.predict(image=img, caption=example[1], checkpoint=checkpoint, api_name="/align")
     with pytest.raises(AppError, match="purple elephant"):
-        client.predict(img, example[1], checkpoint, "grid", True, "purple elephant",
-                       api_name="/align_phrase")
+        client.predict(image=img, caption=example[1], checkpoint=checkpoint,
+                       phrase="purple elephant", api_name="/align_phrase")
     with pytest.raises(AppError, match="unknown checkpoint"):
         client.predict(img, example[1], "ViT-H-14 / nowhere · training-free", api_name="/words")
 
@@ -216,8 +215,8 @@ def test_head_of_another_backbone_is_refused_with_a_message(client, example, liv
     monkeypatch.setattr(live_app.ctx, "head_sets", list(live_app.ctx.head_sets))
     entry = live_app.ctx.add_head_set(EMBEDDED, "foreign", {"filip": _foreign_head(tmp_path)})
     with pytest.raises(AppError, match="trained on backbone"):
-        client.predict(handle_file(example[0]), example[1], entry, "filip", "grid", True, 0.5,
-                       None, None, api_name="/align")
+        client.predict(image=handle_file(example[0]), caption=example[1], checkpoint=entry,
+                       method="filip", api_name="/align")
 
 
 def test_shipped_heads_are_offered_per_backbone(tmp_path, monkeypatch):

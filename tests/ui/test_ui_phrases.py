@@ -32,6 +32,7 @@ from otviz.ui.phrases_tab import (
 )
 from otviz.viz.regions import FILL_ALPHA, mask_outline, regions_figure
 from otviz.viz.trees import HIGHLIGHT, SUBTREE, tree_figure, tree_layout
+from tests.helpers import api_parameters
 
 CAPTION = "a small red circle to the left of a blue square"
 
@@ -254,4 +255,8 @@ def test_builder_wires_into_blocks(ctx):
     with gr.Blocks() as demo:
         shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
         build_phrases_tab(ctx, shared)
-    assert len(demo.fns) >= 4
+    # the view's callbacks take ``*args``: Gradio names their parameters by position
+    unnamed = [f"param_{k}" for k in range(6)]
+    assert api_parameters(demo) == {
+        "/phrases": unnamed, "/lambda": unnamed, "/lambda_1": unnamed, "/lambda_2": unnamed,
+    }

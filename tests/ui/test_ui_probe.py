@@ -32,6 +32,7 @@ from otviz.ui.probe_tab import (
     run_probe,
     score_captions,
 )
+from tests.helpers import api_parameters
 
 LAMBDA = 0.7
 METHODS = ["global_only", *ALIGN_METHODS]
@@ -209,4 +210,8 @@ def test_builder_wires_the_tab(ctx):
         shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
         with gr.Tab(TAB_TITLE):
             build_probe_tab(ctx, shared)
-    assert len(demo.fns) == 4  # the single and batch probes, each with its downloads step
+    # the single and batch probes (each with its downloads step, not an endpoint)
+    assert api_parameters(demo) == {
+        "/probe": ["img", "text", "checkpoint", "variants", "weight"],
+        "/probe_batch": ["checkpoint", "weight"],
+    }

@@ -58,6 +58,7 @@ from otviz.ui.zeroshot_tab import (
     zero_shot_view,
 )
 from otviz.world import ClassificationView, long_tailed_counts
+from tests.helpers import api_parameters
 
 N_IMAGES = 24
 
@@ -305,4 +306,9 @@ def test_builder_wires_the_tab(ctx):
         shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
         with gr.Tab(TAB_TITLE):
             build_zeroshot_tab(ctx, shared)
-    assert len(demo.fns) == 3  # the task's classes, the run and its downloads step
+    # the task's classes and the run (its downloads step is not an endpoint)
+    assert api_parameters(demo) == {
+        "/on_task": ["name"],
+        "/zero_shot": ["checkpoint", "source_v", "files_v", "task_v", "seed_v", "n_v",
+                       "layout_v", "classes_v", "template_v", "preset_v", "prior_v", "rate_v"],
+    }

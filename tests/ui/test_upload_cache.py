@@ -201,15 +201,16 @@ def test_gradios_own_choice_checks_log_one_line(client, example, checkpoint, cap
     image = handle_file(example[0])
     caplog.set_level("INFO", logger="otviz.ui")
     capfd.readouterr()
+    pair = {"image": image, "caption": example[1], "checkpoint": checkpoint}
     calls = {
-        "/align_plan": (image, example[1], checkpoint, "evil", 0, "grid"),
-        "/align_token": (image, example[1], checkpoint, "conceptot", 999, "grid"),
-        "/browse": (checkpoint, "evil source", 96, "test", [], ["conceptot"], "conceptot",
-                    "filip", "all rows", [], "set order", NO_METRIC, ALL, 1, 12),
+        "/align_plan": ((), {**pair, "method": "evil", "token": 0}),
+        "/align_token": ((), {**pair, "method": "conceptot", "token": 999}),
+        "/browse": ((checkpoint, "evil source", 96, "test", [], ["conceptot"], "conceptot",
+                     "filip", "all rows", [], "set order", NO_METRIC, ALL, 1, 12), {}),
     }
-    for api, args in calls.items():
+    for api, (args, named) in calls.items():
         with pytest.raises(AppError, match="is not in the list of choices"):
-            client.predict(*args, api_name=api)
+            client.predict(*args, **named, api_name=api)
     lines = [r for r in caplog.records if "is not in the list of choices" in r.getMessage()]
     assert len(lines) == len(calls) and all(r.exc_info is None for r in lines)
     assert all(re.match(r"user error [0-9a-f]{8} in input check: Value: ", r.getMessage())
@@ -222,10 +223,9 @@ def test_what_a_person_typed_is_shown_as_typed(client, example, checkpoint):
     comes back as typed."""
     home = str(Path.home())
     image = handle_file(example[0])
-    client.predict(image, example[1], checkpoint, "conceptot", "grid", True, 0.5, None, None,
-                   api_name="/align")
+    client.predict(image=image, caption=example[1], checkpoint=checkpoint, api_name="/align")
     with pytest.raises(AppError) as refused:
-        client.predict(image, example[1], checkpoint, "grid", True, home,
+        client.predict(image=image, caption=example[1], checkpoint=checkpoint, phrase=home,
                        api_name="/align_phrase")
     assert f'"{home}" is not in the caption' in str(refused.value), str(refused.value)
 
