@@ -19,6 +19,7 @@ writes JSON (default ``benchmarks/latency_browser.json``) and Markdown beside it
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -31,7 +32,11 @@ from served import (  # noqa: E402
     percentiles,
 )
 
-CHROMIUM = "/usr/bin/chromium"
+#: The browser the tests use (tests/test_browser.py): $OTVIZ_CHROMIUM, else Debian's headless
+#: shell (``make test`` installs it), else its full Chromium.
+CHROMIUM = os.environ.get("OTVIZ_CHROMIUM") or next(
+    (c for c in ("/usr/bin/chromium-headless-shell", "/usr/bin/chromium") if Path(c).exists()),
+    "/usr/bin/chromium")
 VIEWPORT = {"width": 1400, "height": 900}
 TIMEOUT_MS = 120_000
 METHODS = ("Dense UOT", "Balanced OT", "ConceptOT")
