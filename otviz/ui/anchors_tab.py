@@ -272,8 +272,8 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
     gr.Markdown(HOW_TO_READ)
 
     @user_errors
-    def on_bank(checkpoint: str, text: str, proj: str):
-        view = anchor_bank_view(ctx, checkpoint, text, proj)
+    def on_bank(checkpoint: str, words: str, projection: str):
+        view = anchor_bank_view(ctx, checkpoint, words, projection)
         choices = [(str(k), int(k)) for k in range(len(view.order))]
         return (
             view.matrix_figure, view.affinity_figure, view.scatter, view.table, view.summary,
@@ -281,8 +281,9 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
         )
 
     @user_errors
-    def on_maps(img, text: str, checkpoint: str, top: int, pick: list[int], separate: bool):
-        view = anchor_maps_view(ctx, checkpoint, img, text, top, pick, separate)
+    def on_maps(image, caption: str, checkpoint: str, top_k: int, picked: list[int],
+                per_map_scale: bool):
+        view = anchor_maps_view(ctx, checkpoint, image, caption, top_k, picked, per_map_scale)
         return view.figure, view.files
 
     bank_in = [shared.checkpoint, words, projection]
@@ -293,7 +294,10 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
                     bank_files)
     offer_downloads(run.click(on_maps, maps_in, maps_out, api_name="anchor_maps"),
                     maps_pending, map_files)
-    offer_downloads(projection.input(on_bank, bank_in, bank_out), bank_pending, bank_files)
+    # a control's edit runs an endpoint again: not an endpoint of its own
+    offer_downloads(projection.input(on_bank, bank_in, bank_out, api_visibility="private"),
+                    bank_pending, bank_files)
     for control in (n_top, picked, per_map):
-        offer_downloads(control.input(on_maps, maps_in, maps_out), maps_pending, map_files)
+        offer_downloads(control.input(on_maps, maps_in, maps_out, api_visibility="private"),
+                        maps_pending, map_files)
     reset.click(default_words, [shared.checkpoint], [words])

@@ -11,6 +11,7 @@ table from :mod:`otviz.viz.browse`; uploads go through the Train view's validate
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -309,20 +310,25 @@ def build_browse_tab(
     trusted = TrustValues(server_budget())
     gr.Markdown(HOW_TO_READ)
 
-    def show(checkpoint, src, n, spl, fls, meth, ma, mb, hf, kd, od, tm, tk, pg, pp):
+    def show(checkpoint, source, n_images, split, files, methods, method_a, method_b,
+             hit_filter, kinds, order, trust_metric, trust_keep, page, per_page):
         notes: list[str] = []
-        table = load_table(ctx, sources, checkpoint, src, n, spl, fls,
-                           explainers_needed([*(meth or []), ma, mb]), notes)
-        by_trust = trust_sort(trusted, ctx.suite(checkpoint), table, ma, tm, tk)
+        table = load_table(ctx, sources, checkpoint, source, n_images, split, files,
+                           explainers_needed([*(methods or []), method_a, method_b]), notes)
+        by_trust = trust_sort(trusted, ctx.suite(checkpoint), table, method_a, trust_metric,
+                              trust_keep)
         if by_trust is not None and by_trust.note:
             notes.append(by_trust.note)
-        v = browse_view(table, meth, ma, mb, hf, kd, od, pg, pp, notes,
-                        by_trust and by_trust.reorder)
+        v = browse_view(table, methods, method_a, method_b, hit_filter, kinds, order, page,
+                        per_page, notes, by_trust and by_trust.reorder)
         frame = v.frame if by_trust is None else by_trust.annotate(v.frame, v.rows)
         return v.image, frame, v.status, v.page, v.rows
 
     def first_page(*args):
         return show(*args[:-2], 1, args[-1])
+
+    # the same parameters as show (its page is not read): the API's names for /browse
+    first_page.__signature__ = inspect.signature(show)
 
     def step(delta: int):
         def turn(*args):
@@ -330,9 +336,10 @@ def build_browse_tab(
             return show(*args[:-2], current + delta, args[-1])
         return turn
 
-    def on_select(checkpoint, src, n, spl, fls, meth, ma, mb, shown, evt: gr.SelectData):
-        table = load_table(ctx, sources, checkpoint, src, n, spl, fls,
-                           explainers_needed([*(meth or []), ma, mb]))
+    def on_select(checkpoint, source, n_images, split, files, methods, method_a, method_b,
+                  shown, evt: gr.SelectData):
+        table = load_table(ctx, sources, checkpoint, source, n_images, split, files,
+                           explainers_needed([*(methods or []), method_a, method_b]))
         image, caption, phrase = open_row(table, shown, evt.index[0])
         return (image, caption, gr.Dropdown(choices=[(phrase, phrase)], value=phrase),
                 gr.Tabs(selected=align.tab_id))

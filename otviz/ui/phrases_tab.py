@@ -251,22 +251,34 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
     pending = gr.State()
     gr.Markdown(HOW_TO_READ)
 
-    @user_errors
-    def on_show(img, text: str, checkpoint: str, region_kind: str, k: int | None,
-                t: float | None, keep_node: bool):
+    def shown(image, caption: str, checkpoint: str, regions: str, node: int | None,
+              tau: float | None, keep_node: bool):
         # the browser sends an empty number field as 0: both mean "the method's tau"
-        view = phrases_view(ctx, checkpoint, img, text, region_kind, k if keep_node else None,
-                            t or None)
+        view = phrases_view(ctx, checkpoint, image, caption, regions,
+                            node if keep_node else None, tau or None)
         return (
             gr.Dropdown(choices=view.choices, value=view.node), view.tree_figure,
             view.regions_figure, view.subset_figure, view.summary_table, view.node_table,
             view.parser_note, view.files,
         )
 
+    @user_errors
+    def on_show(image, caption: str, checkpoint: str, regions: str, node: int | None,
+                tau: float | None):
+        """The click: the caption's phrases from its root (``node`` is not read)."""
+        return shown(image, caption, checkpoint, regions, node, tau, keep_node=False)
+
+    @user_errors
+    def on_node(image, caption: str, checkpoint: str, regions: str, node: int | None,
+                tau: float | None):
+        """An edit: the phrases with the picked ``node`` kept."""
+        return shown(image, caption, checkpoint, regions, node, tau, keep_node=True)
+
     inputs = [shared.image, shared.caption, shared.checkpoint, kind, picker, tau]
     outputs = [picker, tree_plot, regions_plot, subset_plot, summary, per_node, note, pending]
-    offer_downloads(run.click(lambda *a: on_show(*a, False), inputs, outputs,
-                              api_name="phrases"), pending, files)
-    for control in (kind, picker, tau):
-        offer_downloads(on_edit(control, lambda *a: on_show(*a, True), inputs, outputs),
-                        pending, files)
+    offer_downloads(run.click(on_show, inputs, outputs, api_name="phrases"), pending, files)
+    # the node picker's edit is the endpoint that keeps a node; the other edits run it again
+    for control, api in ((picker, {"api_name": "phrases_node"}),
+                         (kind, {"api_visibility": "private"}),
+                         (tau, {"api_visibility": "private"})):
+        offer_downloads(on_edit(control, on_node, inputs, outputs, **api), pending, files)

@@ -470,13 +470,13 @@ def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
     gr.Markdown(HOW_TO_READ)
 
     @user_errors
-    def on_run(img, text: str, checkpoint: str, variants: str, weight: float):
-        return probe_view(ctx.explainer(checkpoint), ctx.suite(checkpoint), img, text,
-                          variants, weight)
+    def on_run(image, caption: str, checkpoint: str, variants: str, lambda_local: float):
+        return probe_view(ctx.explainer(checkpoint), ctx.suite(checkpoint), image, caption,
+                          variants, lambda_local)
 
     @user_errors
-    def on_batch(checkpoint: str, weight: float):
-        return batch_view(ctx.explainer(checkpoint), ctx.suite(checkpoint), weight)
+    def on_batch(checkpoint: str, lambda_local: float):
+        return batch_view(ctx.explainer(checkpoint), ctx.suite(checkpoint), lambda_local)
 
     offer_downloads(run.click(
         on_run,

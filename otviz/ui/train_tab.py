@@ -232,8 +232,8 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
     job_id = gr.State(None)
 
     @user_errors
-    def on_start(checkpoint, source_v, folder_v, uploads_v, methods_v, **recipe_v):
-        request = train_request(source_v, folder_v, uploads_v, methods_v, recipe_v)
+    def on_start(checkpoint, source, folder, uploads, methods, **recipe_v):
+        request = train_request(source, folder, uploads, methods, recipe_v)
         job = jobs.start(request, checkpoint)
         for update in follow_job(ctx, job):
             yield (job.id, *update)

@@ -70,19 +70,19 @@ def build_words_tab(ctx: AppContext, shared: SharedInputs) -> None:
     gr.Markdown(HOW_TO_READ)
 
     @user_errors
-    def on_run(img: np.ndarray | None, text: str, checkpoint: str):
+    def on_run(image: np.ndarray | None, caption: str, checkpoint: str):
         explainer = ctx.explainer(checkpoint)
-        choices = word_choices(explainer, img, text)
-        grid_fig, phrase_fig = words_figures(explainer, img, text, None)
+        choices = word_choices(explainer, image, caption)
+        grid_fig, phrase_fig = words_figures(explainer, image, caption, None)
         return gr.CheckboxGroup(choices=choices, value=[choices[0][1]]), phrase_fig, grid_fig
 
     @user_errors
-    def on_pick(img: np.ndarray | None, text: str, checkpoint: str, picked: list[int]):
+    def on_pick(image: np.ndarray | None, caption: str, checkpoint: str, picked: list[int]):
         if not picked:
             return gr.skip(), gr.skip()
-        grid_fig, phrase_fig = words_figures(ctx.explainer(checkpoint), img, text, picked)
+        grid_fig, phrase_fig = words_figures(ctx.explainer(checkpoint), image, caption, picked)
         return phrase_fig, grid_fig
 
     inputs = [shared.image, shared.caption, shared.checkpoint]
     run.click(on_run, inputs, [picker, phrase_plot, grid_plot], api_name="words")
-    picker.input(on_pick, [*inputs, picker], [phrase_plot, grid_plot])
+    picker.input(on_pick, [*inputs, picker], [phrase_plot, grid_plot], api_name="words_pick")

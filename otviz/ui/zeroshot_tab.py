@@ -375,17 +375,17 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
     pending = gr.State()
     gr.Markdown(HOW_TO_READ)
 
-    def on_task(name: str):
-        return "\n".join(world_classes(name))
+    def on_task(task: str):
+        return "\n".join(world_classes(task))
 
     @user_errors
-    def on_run(checkpoint, source_v, files_v, task_v, seed_v, n_v, layout_v, classes_v,
-               template_v, preset_v, prior_v, rate_v):
-        return zero_shot_view(ctx.explainer(checkpoint).backbone, source_v, files_v, task_v,
-                              seed_v, n_v, layout_v, classes_v, template_v, preset_v,
-                              prior_v, rate_v)
+    def on_run(checkpoint, source, files, task, seed, n_images, layout, classes, template,
+               prior_preset, prior_text, rate):
+        return zero_shot_view(ctx.explainer(checkpoint).backbone, source, files, task, seed,
+                              n_images, layout, classes, template, prior_preset, prior_text,
+                              rate)
 
-    task.change(on_task, task, classes)
+    task.change(on_task, task, classes, api_name="zero_shot_classes")
     offer_downloads(run.click(
         on_run,
         [shared.checkpoint, source, files, task, seed, n_images, layout, classes, template,

@@ -36,7 +36,7 @@ from otviz.ui.browse_tab import (
 )
 from otviz.ui.context import AppContext
 from otviz.ui.examples import load_examples
-from tests.helpers import write_caption_folder
+from tests.helpers import api_parameters, write_caption_folder
 
 N_IMAGES = 12
 
@@ -321,7 +321,12 @@ def test_the_tab_builds_in_the_app_and_opens_rows_in_align(ctx, checkpoint, sour
     assert isinstance(app, gr.Blocks)
     tabs = {b.label: b for b in app.blocks.values() if isinstance(b, gr.Tab)}
     assert tabs[BROWSE_TITLE].id == tab_id(BROWSE_TITLE)
-    assert "browse" in {fn.api_name for fn in app.fns.values()}
+    # the first page and a picked page: the same form, by its components' names
+    form = ["checkpoint", "source", "n_images", "split", "files", "methods", "method_a",
+            "method_b", "hit_filter", "kinds", "order", "trust_metric", "trust_keep", "page",
+            "per_page"]
+    endpoints = api_parameters(app)
+    assert endpoints["/browse"] == endpoints["/browse_page"] == form
 
     methods = ["filip", "conceptot", "qc_align"]
     v = browse_view(world, methods, "conceptot", "filip", B.ALL_ROWS, [], B.IOU_UP, 1, 12)

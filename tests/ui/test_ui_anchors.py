@@ -245,11 +245,11 @@ def test_builder_wires_into_blocks(ctx):
     with gr.Blocks() as demo:
         shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
         build_anchors_tab(ctx, shared)
-    maps = ["img", "text", "checkpoint", "top", "pick", "separate"]
-    bank = ["checkpoint", "text", "proj"]
+    # a control's edit runs its endpoint again and is not an endpoint of its own
     assert api_parameters(demo) == {
-        "/anchors": bank, "/anchor_maps": maps, "/on_bank": bank, "/on_maps": maps,
-        "/on_maps_1": maps, "/on_maps_2": maps, "/default_words": ["checkpoint"],
+        "/anchors": ["checkpoint", "words", "projection"],
+        "/anchor_maps": ["image", "caption", "checkpoint", "top_k", "picked", "per_map_scale"],
+        "/default_words": ["checkpoint"],
     }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from pathlib import Path
 
 import gradio as gr
@@ -34,7 +35,7 @@ from otviz.ui.context import (
     find_heads,
     remote_models,
 )
-from tests.helpers import PLAIN_HTTP
+from tests.helpers import PLAIN_HTTP, api_parameters
 
 HOW_TO_READ = "**How to read this view.**"
 
@@ -77,6 +78,32 @@ def test_every_view_reads_the_shared_inputs(built):
         assert picker._id in [c._id for c in fns[name].inputs], name
     assert picker._id in [c._id for c in fns["train"].outputs]  # new heads reach the picker
 
+
+#: Names an endpoint's parameter must not have: Gradio's positional ``param_N`` (a callback
+#: taking ``*args``), and the abbreviations the tabs once exposed.
+UNNAMED = re.compile(r"param_\d+")
+ABBREVIATIONS = {"img", "text", "proj", "src", "spl", "fls", "meth", "ma", "mb", "hf", "kd",
+                 "od", "tm", "tk", "pg", "pp", "top", "pick", "weight", "n", "name"}
+#: ``*_v`` is a value's suffix, but the Train form's ``tau_v`` is TrainConfig's field: the
+#: vision temperature tau_v of the papers.
+SUFFIX_V_ALLOWED = {"tau_v"}
+
+
+def test_every_public_endpoint_names_its_parameters_in_words(built):
+    """Gradio's API page and gradio_client's keyword calls show each public endpoint's
+    parameters by its callback's parameter names: none is positional or an abbreviation."""
+    _, app = built
+    bad = {
+        endpoint: [p for p in params
+                   if UNNAMED.fullmatch(p) or p in ABBREVIATIONS
+                   or (p.endswith("_v") and p not in SUFFIX_V_ALLOWED)]
+        for endpoint, params in api_parameters(app).items()
+    }
+    assert {endpoint: names for endpoint, names in bad.items() if names} == {}
+    # the inputs the views share have the Align tab's names wherever they are read
+    readers = {e: p[:3] for e, p in api_parameters(app).items() if "image" in p}
+    assert len(readers) >= 10
+    assert set(map(tuple, readers.values())) == {("image", "caption", "checkpoint")}
 
 def test_the_views_downloads_are_written_after_their_pictures(built):
     """Probe, Zero-shot, Phrases and the two Anchors boxes are filled by the write step that
@@ -133,16 +160,19 @@ def test_callbacks_work_together_on_one_server(client, example, live_app):
     assert Path(other["path"]).is_file()
     assert len(live_app.ctx.explainer(checkpoint)._cache) == encoded_before  # no re-encode
 
-    words = client.predict(img, caption, checkpoint, api_name="/words")
+    shared = {"image": img, "caption": caption, "checkpoint": checkpoint}
+    words = client.predict(**shared, api_name="/words")
     assert words[0]["choices"]
-    anchors = client.predict(checkpoint, "red, circle, square", "PCA", api_name="/anchors")
+    anchors = client.predict(checkpoint=checkpoint, words="red, circle, square",
+                             projection="PCA", api_name="/anchors")
     assert anchors[3]["data"]  # one row per anchor
-    maps = client.predict(img, caption, checkpoint, 4, [], False, api_name="/anchor_maps")
+    maps = client.predict(**shared, top_k=4, picked=[], per_map_scale=False,
+                          api_name="/anchor_maps")
     assert maps["type"] == "matplotlib" and maps["plot"]  # downloads follow in the page
-    phrases = client.predict(img, caption, checkpoint, "grid", None, None,
+    phrases = client.predict(**shared, regions="grid", node=None, tau=None,
                              api_name="/phrases")
     assert phrases[0]["choices"] and "parser" in phrases[6]
-    probe = client.predict(img, caption, checkpoint, "", 0.5, api_name="/probe")
+    probe = client.predict(**shared, variants="", lambda_local=0.5, api_name="/probe")
     assert "true" in json.dumps(probe[1])
 
 
@@ -198,7 +228,8 @@ def test_phrase_not_in_the_caption_and_unknown_checkpoint(client, example, live_
         client.predict(image=img, caption=example[1], checkpoint=checkpoint,
                        phrase="purple elephant", api_name="/align_phrase")
     with pytest.raises(AppError, match="unknown checkpoint"):
-        client.predict(img, example[1], "ViT-H-14 / nowhere · training-free", api_name="/words")
+        client.predict(image=img, caption=example[1],
+                       checkpoint="ViT-H-14 / nowhere · training-free", api_name="/words")
 
 
 def _foreign_head(path: Path, backbone_name: str = "otviz-tiny") -> Path:

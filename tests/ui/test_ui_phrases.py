@@ -255,8 +255,6 @@ def test_builder_wires_into_blocks(ctx):
     with gr.Blocks() as demo:
         shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
         build_phrases_tab(ctx, shared)
-    # the view's callbacks take ``*args``: Gradio names their parameters by position
-    unnamed = [f"param_{k}" for k in range(6)]
-    assert api_parameters(demo) == {
-        "/phrases": unnamed, "/lambda": unnamed, "/lambda_1": unnamed, "/lambda_2": unnamed,
-    }
+    # the click and the node picker's edit; the other edits run the latter again
+    named = ["image", "caption", "checkpoint", "regions", "node", "tau"]
+    assert api_parameters(demo) == {"/phrases": named, "/phrases_node": named}

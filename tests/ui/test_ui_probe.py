@@ -212,6 +212,6 @@ def test_builder_wires_the_tab(ctx):
             build_probe_tab(ctx, shared)
     # the single and batch probes (each with its downloads step, not an endpoint)
     assert api_parameters(demo) == {
-        "/probe": ["img", "text", "checkpoint", "variants", "weight"],
-        "/probe_batch": ["checkpoint", "weight"],
+        "/probe": ["image", "caption", "checkpoint", "variants", "lambda_local"],
+        "/probe_batch": ["checkpoint", "lambda_local"],
     }

@@ -308,7 +308,7 @@ def test_builder_wires_the_tab(ctx):
             build_zeroshot_tab(ctx, shared)
     # the task's classes and the run (its downloads step is not an endpoint)
     assert api_parameters(demo) == {
-        "/on_task": ["name"],
-        "/zero_shot": ["checkpoint", "source_v", "files_v", "task_v", "seed_v", "n_v",
-                       "layout_v", "classes_v", "template_v", "preset_v", "prior_v", "rate_v"],
+        "/zero_shot_classes": ["task"],
+        "/zero_shot": ["checkpoint", "source", "files", "task", "seed", "n_images", "layout",
+                       "classes", "template", "prior_preset", "prior_text", "rate"],
     }
