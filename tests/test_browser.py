@@ -658,7 +658,11 @@ def test_browse_a_flickr30k_entities_upload_shows_gold_hit_marks(own_page, tmp_p
     page.wait_for_function("document.querySelector('#tab-browse').innerText"
                            ".includes('flickr.zip')")
     page.get_by_role("button", name="Load", exact=True).click()
-    page.wait_for_function("/[✓✗] [0-9.]+/.test(document.querySelector('#browse-table')"
-                           ".innerText)")
+    try:
+        page.wait_for_function("/[✓✗] [0-9.]+/.test(document.querySelector('#browse-table')"
+                               ".innerText)")
+    except Exception as error:  # say what the page showed instead
+        shown = page.evaluate("document.querySelector('#tab-browse').innerText")
+        raise AssertionError(f"no hit marks; the Browse tab shows:\n{shown[:3000]}") from error
     rendered_image(page, "#browse-grid")
     assert_not_blank(page, "#browse-grid img")
