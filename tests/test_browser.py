@@ -134,6 +134,24 @@ def open_tab(page, title: str) -> None:
     page.get_by_role("tab", name=title, exact=True).click()
 
 
+#: Gradio's answer to an event started while a file is still uploading (the event is not sent).
+UPLOAD_PENDING = ("[...document.querySelectorAll('.toast-body')]"
+                  ".filter(t => t.innerText.includes('finish uploading')).length")
+
+
+def click_once_uploaded(page, button, tries: int = 40) -> None:
+    """Click ``button`` as a person does after an upload: Gradio does not send an event while
+    a file is still uploading ("Waiting for file(s) to finish uploading, please retry.", a
+    toast), so click again, a moment later, until the click is not refused."""
+    for _ in range(tries):
+        refused = page.evaluate(UPLOAD_PENDING)
+        button.click()
+        page.wait_for_timeout(700)  # the refusal's toast appears at once where there is one
+        if page.evaluate(UPLOAD_PENDING) == refused:
+            return
+    raise AssertionError("the upload never finished: every click was refused")
+
+
 def plotly_data(page, element: str) -> list[dict]:
     """The traces of the plotly figure in ``#element`` once it has rendered."""
     page.wait_for_function(
@@ -657,7 +675,7 @@ def test_browse_a_flickr30k_entities_upload_shows_gold_hit_marks(own_page, tmp_p
     page.locator("#tab-browse input[type=file]").first.set_input_files(str(archive))
     page.wait_for_function("document.querySelector('#tab-browse').innerText"
                            ".includes('flickr.zip')")
-    page.get_by_role("button", name="Load", exact=True).click()
+    click_once_uploaded(page, page.get_by_role("button", name="Load", exact=True))
     try:
         page.wait_for_function("/[✓✗] [0-9.]+/.test(document.querySelector('#browse-table')"
                                ".innerText)")
