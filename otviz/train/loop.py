@@ -298,7 +298,7 @@ def _start_method(config: TrainConfig, data: PairSource) -> AlignmentMethod:
     start = data.start
     if start is None:
         raise ValueError("these training pairs carry no backbone projection to start the "
-                         "head from; train with --start random")
+                         "head from; train with --start random or auto")
     joint = int(start.patch_map.weight.shape[0])
     method = build_method(config.method, data.patch_dim, data.token_dim,
                           dataclasses.replace(method_config, concept_dim=joint))
