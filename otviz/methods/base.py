@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from otviz.methods.checks import check_pair_batch
+from otviz.knobs import HEAD_STARTS, LOWRANK_VARIANTS
+from otviz.methods.checks import check_method_eps, check_pair_batch
+from otviz.ot._knobs import KnobError, check_choice, check_count, check_flag, check_number
 from otviz.registry import Registry
 
 
@@ -206,7 +208,9 @@ class Alignment:
 class MethodConfig:
     """Hyper-parameters shared by the methods (ConceptOT Tables 6-7 defaults).
 
-    Methods ignore the fields they do not use.
+    Methods ignore the fields they do not use. Every field is checked when the config is
+    made (:meth:`__post_init__`), so a bad value is refused, by name, before a method is
+    built or a checkpoint's head is loaded.
     """
 
     concept_dim: int = 256  # d_c
@@ -223,6 +227,24 @@ class MethodConfig:
     start: str = "random"
     start_rank: int = 0  # rank of the "backbone" start's update (0: a full residual)
     extra: dict[str, Any] = field(default_factory=dict)  # method-specific settings
+
+    def __post_init__(self) -> None:
+        """Refuse a bad field with a :class:`otviz.ot._errors.KnobError` (an
+        :class:`otviz.errors.InputError`) naming it: integers that are integers (not
+        bools, not 2.5) in range, finite numbers in range (``tau`` may be ``inf``, a hard
+        marginal), known choices."""
+        owner = "MethodConfig"
+        for name, low in (("concept_dim", 1), ("n_iters", 1), ("rank", 1), ("start_rank", 0)):
+            check_count(name, getattr(self, name), owner, low=low)
+        check_number("eps", self.eps, owner, above=0.0)
+        check_number("tau_v", self.tau_v, owner, at_least=0.0, inf_ok=True)
+        check_number("tau_t", self.tau_t, owner, at_least=0.0, inf_ok=True)
+        check_number("kpp_reg", self.kpp_reg, owner, at_least=0.0)
+        check_choice("lowrank_variant", self.lowrank_variant, LOWRANK_VARIANTS, owner)
+        check_flag("trainable", self.trainable, owner)
+        check_choice("start", self.start, HEAD_STARTS, owner)
+        if not isinstance(self.extra, dict):
+            raise KnobError(f"{owner}: extra must be a dict, got {type(self.extra).__name__}")
 
 
 class Projection(nn.Module):
@@ -340,6 +362,7 @@ class AlignmentMethod(nn.Module):
         check_pair_batch(
             batch.patches, batch.tokens, batch.patch_mask, batch.token_mask, self.name
         )
+        check_method_eps(self.config.eps, batch.patches.dtype, self.name)
         return self.align(batch)
 
     def regulariser(self) -> Tensor:

@@ -10,9 +10,12 @@ functions, where a caller hands in tensors of its own.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from otviz.ot._checks import SolverInputError, check_batched, check_mask
+from otviz.ot._knobs import check_eps_floor
+from otviz.ot.costs import COSINE_COST_SCALE
 
 
 def check_pair_batch(
@@ -35,3 +38,11 @@ def check_pair_batch(
         )
     check_mask("patch_mask", patch_mask, tuple(patches.shape[:2]), patches.device, method)
     check_mask("token_mask", token_mask, tuple(tokens.shape[:2]), tokens.device, method)
+
+
+def check_method_eps(eps: float, dtype: torch.dtype, method: str) -> None:
+    """The config's ``eps`` is not below the smallest eps ``dtype`` can solve for the
+    methods' cosine costs ``1 - z . y`` of unit vectors (at most
+    :data:`otviz.ot.costs.COSINE_COST_SCALE`; :func:`otviz.ot._knobs.eps_floor`): Python
+    numbers only, no tensor read."""
+    check_eps_floor(eps, dtype, COSINE_COST_SCALE, method)

@@ -20,15 +20,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from otviz.errors import OtvizError
+from otviz.ot._errors import SolverInputError
+from otviz.ot._knobs import (
+    check_batch_knob,
+    check_eps_floor,
+    check_eps_value,
+    check_tau_value,
+)
 
 #: Floating dtypes the solvers compute in (half precision cannot hold their log-domain
 #: masking constant, ``-1e9``).
 DTYPES = (torch.float32, torch.float64)
-
-
-class SolverInputError(OtvizError, ValueError):
-    """A solver was given a problem it cannot solve (the message says why)."""
 
 
 def check_tensors(solver: str, **tensors: Tensor | None) -> None:
@@ -128,19 +130,33 @@ def clean_clouds(
     return x, y
 
 
-def check_eps(eps: float | Tensor, solver: str) -> None:
-    """``eps`` must be a finite positive number (a tensor ``eps``: all entries)."""
-    value = eps.detach() if isinstance(eps, Tensor) else torch.tensor(float(eps))
-    if not bool(torch.isfinite(value).all()) or not bool((value > 0).all()):
-        raise SolverInputError(f"{solver}: eps must be finite and > 0, got {_show(eps)}")
+def check_eps(
+    eps: float | Tensor, solver: str, batch: int, dtype: torch.dtype,
+    cost_scale: float | Tensor,
+) -> None:
+    """``eps`` is finite and ``> 0`` (a number, a 0-D or a ``[B]`` tensor with one value
+    per problem of ``batch``) and not below the smallest eps ``dtype`` can solve for costs
+    of magnitude ``cost_scale`` (:func:`otviz.ot._knobs.eps_floor`)."""
+    check_eps_value(eps, solver)
+    check_batch_knob("eps", eps, batch, solver)
+    check_eps_floor(eps, dtype, cost_scale, solver)
 
 
-def check_tau(name: str, tau: float | Tensor, solver: str) -> None:
-    """A KL weight must be ``>= 0`` (``float('inf')``: a hard constraint; a tensor ``tau``,
-    e.g. a learned one: all entries, read without its gradient)."""
-    value = tau.detach() if isinstance(tau, Tensor) else torch.tensor(float(tau))
-    if bool(torch.isnan(value).any()) or bool((value < 0).any()):
-        raise SolverInputError(f"{solver}: {name} must be >= 0 (inf: hard), got {_show(tau)}")
+def check_tau(name: str, tau: float | Tensor, solver: str, batch: int) -> None:
+    """A KL weight is ``>= 0`` (``float('inf')``: a hard constraint; a tensor ``tau``,
+    e.g. a learned one, 0-D or ``[B]``: all entries, read without its gradient)."""
+    check_tau_value(name, tau, solver)
+    check_batch_knob(name, tau, batch, solver)
+
+
+def cost_scale(cost: Tensor, row_mask: Tensor | None, col_mask: Tensor | None) -> Tensor:
+    """``[B]`` the largest ``|C|`` over valid pairs (of a cost already cleaned: finite where
+    valid), the scale of the log kernel ``-C / eps``."""
+    mag = cost.detach().abs()
+    valid = pair_mask(row_mask, col_mask)
+    if valid is not None:
+        mag = mag.masked_fill(~valid, 0.0)
+    return mag.amax((1, 2))
 
 
 def clean_where_valid(
@@ -263,14 +279,14 @@ def clean_problem(
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """The common checks of a ``(cost, a, b, eps)`` problem: one dtype and device
     (:func:`check_tensors`), :func:`clean_cost`, :func:`clean_masses` for ``a`` and ``b``
-    (when given) and :func:`check_eps`; returns ``(cost, a, b)`` cleaned of non-finite
-    masked entries."""
+    (when given) and :func:`check_eps` against the cost's scale (:func:`cost_scale`);
+    returns ``(cost, a, b)`` cleaned of non-finite masked entries."""
     check_tensors(solver, cost=cost, a=a, b=b)
     cost = clean_cost(cost, solver, row_mask, col_mask)
     bsz, n, m = cost.shape
     a = clean_masses("a", a, bsz, n, solver, row_mask)
     b = clean_masses("b", b, bsz, m, solver, col_mask)
-    check_eps(eps, solver)
+    check_eps(eps, solver, bsz, cost.dtype, cost_scale(cost, row_mask, col_mask))
     return cost, a, b
 
 

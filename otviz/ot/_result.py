@@ -117,30 +117,69 @@ class SolverResult:
         return self.plan
 
 
-def judge_convergence(result: SolverResult, tol: float | None, solver: str) -> SolverResult:
+def judge_convergence(
+    result: SolverResult, tol: float | None, solver: str, n_max: int | None = None
+) -> SolverResult:
     """Set ``result.converged`` against ``tol`` (:data:`DEFAULT_TOL` when ``None``) and warn
-    when a tolerance was asked for and some problem did not reach it."""
+    when a tolerance was asked for and some problem did not reach it, with advice from
+    what the solver saw (:func:`warn_unconverged`; ``n_max``: its iteration cap)."""
     rel = result.relative_error
     result.converged = rel <= (DEFAULT_TOL if tol is None else tol)
-    warn_unconverged(rel, tol, result.n_iters, solver)
+    warn_unconverged(rel, tol, result.n_iters, solver, n_max, (result.log_u, result.log_v))
     return result
 
 
-def warn_unconverged(rel: Tensor, tol: float | None, n_iters: int, solver: str) -> None:
+def rounding_floor(potentials: tuple[Tensor, ...]) -> tuple[float, float]:
+    """``(floor, span)``: the relative marginal error the dtype's rounding leaves a plan
+    ``e^{f_i + g_j} K_ij`` whose log-scalings ``potentials`` reach ``span`` in magnitude
+    (about ``cost / eps``): each factor is rounded to the machine epsilon ``u`` relative to
+    its log, so a marginal moves by up to ``u span`` relative to itself. Masked (infinite)
+    entries are left out."""
+    span = 0.0
+    for x in potentials:
+        x = x.detach()
+        span += float(torch.where(torch.isfinite(x), x.abs(), 0.0).amax()) if x.numel() else 0.0
+    return torch.finfo(potentials[0].dtype).eps * span, span
+
+
+def warn_unconverged(
+    rel: Tensor,
+    tol: float | None,
+    n_iters: int,
+    solver: str,
+    n_max: int | None = None,
+    potentials: tuple[Tensor, ...] | None = None,
+) -> None:
     """Warn (:class:`NotConvergedWarning`) when ``tol`` is given and some relative error
-    ``rel`` exceeds it (NaN errors count as exceeding)."""
+    ``rel`` exceeds it (NaN errors count as exceeding), saying what would help: when the
+    solver stopped before its cap ``n_max`` (its own test passed, the final plan's rounding
+    did not) or ``tol`` lies below the dtype's :func:`rounding_floor` at the log-scalings
+    ``potentials``, more iterations would not: a wider dtype, a larger eps or a looser tol
+    would; otherwise more iterations (or a larger eps)."""
     if tol is None:
         return
     bad = ~(rel.detach() <= tol)
-    if bool(bad.any()):
-        worst = float(rel.detach().nan_to_num(float("inf")).max())
-        warnings.warn(
-            f"{solver}: {int(bad.sum())} of {rel.numel()} problems stopped after "
-            f"{n_iters} iterations with relative marginal error up to {worst:.3g} > tol "
-            f"{tol:g}; raise n_iters or eps, or pass tol=None for a fixed iteration count",
-            NotConvergedWarning,
-            stacklevel=3,
+    if not bool(bad.any()):
+        return
+    worst = float(rel.detach().nan_to_num(float("inf")).max())
+    ran = f"{n_iters}" if n_max is None else f"{n_iters} of {n_max}"
+    head = (
+        f"{solver}: {int(bad.sum())} of {rel.numel()} problems stopped after {ran} "
+        f"iterations with relative marginal error up to {worst:.3g} > tol {tol:g}"
+    )
+    floor, span = rounding_floor(potentials) if potentials else (0.0, 0.0)
+    stalled = n_max is not None and n_iters < n_max
+    if potentials and (stalled or tol < floor):
+        dtype = potentials[0].dtype
+        wider = "pass float64 tensors, " if dtype != torch.float64 else ""
+        advice = (
+            f"{dtype} rounding limits the error here to about {floor:.2g} (machine epsilon x "
+            f"log-scalings up to {span:.3g}, about cost / eps), so more iterations will not "
+            f"reach tol: {wider}raise eps, or loosen tol"
         )
+    else:
+        advice = "raise n_iters or eps, or pass tol=None for a fixed iteration count"
+    warnings.warn(f"{head}; {advice}", NotConvergedWarning, stacklevel=3)
 
 
 def safe_log(x: Tensor, tiny: float = 1e-30) -> Tensor:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from otviz.ot._checks import SolverInputError, check_tensors, clean_clouds
+from otviz.ot._knobs import check_number
 
 
 @dataclass
@@ -86,22 +87,34 @@ def came_marginals(
         v: ``[B, N, d]`` region/patch features.
         t: ``[B, M, d]`` token features.
         v_mask, t_mask: optional ``[B, N]`` / ``[B, M]`` bool validity masks.
-        negative_slope: slope of the leaky-ReLU ``phi`` on negative cosines.
-        temperature: softmax temperature (> 0) of the attention (1 = the paper's plain
-            softmax); lower values sharpen the attention and make the quotas less uniform.
+        negative_slope: slope of the leaky-ReLU ``phi`` on negative cosines (finite,
+            >= 0).
+        temperature: softmax temperature (finite, > 0) of the attention (1 = the paper's
+            plain softmax); lower values sharpen the attention and make the quotas less
+            uniform.
 
     Returns:
         :class:`CameResult`.
 
     Raises:
         SolverInputError: unbatched or empty features, features of different widths or
-            batches, mixed dtypes or devices, bad masks, NaN on valid features, a
-            temperature ``<= 0`` (masked features may hold anything).
+            batches, mixed dtypes or devices, bad masks, a mask with no valid entry in a
+            problem, NaN on valid features (masked features may hold anything);
+            :class:`otviz.ot._errors.KnobError` for a NaN, infinite or out-of-range
+            ``negative_slope`` or ``temperature``.
     """
-    check_tensors("came_marginals", v=v, t=t)
-    v, t = clean_clouds("came_marginals", ("v", "t"), v, t, v_mask, t_mask)
-    if not temperature > 0:
-        raise SolverInputError(f"came_marginals: temperature must be > 0, got {temperature}")
+    solver = "came_marginals"
+    check_number("negative_slope", negative_slope, solver, at_least=0.0)
+    check_number("temperature", temperature, solver, above=0.0)
+    check_tensors(solver, v=v, t=t)
+    v, t = clean_clouds(solver, ("v", "t"), v, t, v_mask, t_mask)
+    for name, mask in (("v_mask", v_mask), ("t_mask", t_mask)):
+        if mask is not None and not bool(mask.any(1).all()):
+            k = int((~mask.any(1)).nonzero()[0])
+            raise SolverInputError(
+                f"{solver}: {name} masks out every entry of problem {k}; its quotas would "
+                "be all zero: give each problem at least one valid entry"
+            )
     return solve_came(v, t, v_mask, t_mask, negative_slope, temperature)
 
 

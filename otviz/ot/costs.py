@@ -5,6 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+#: Largest ``|C|`` of the cosine cost ``1 - z . y`` of unit vectors, the cost scale of the
+#: eps floor (:func:`otviz.ot._knobs.eps_floor`) wherever a solver knows its cost is one.
+COSINE_COST_SCALE = 2.0
+
 
 def cosine_similarity(z: Tensor, y: Tensor) -> Tensor:
     """``[B, N, M]`` inner products ``z_i . y_j`` of L2-normalised ``z [B, N, d]``,

@@ -30,6 +30,7 @@ from otviz.ot._result import (
     judge_convergence,
     relative_error,
 )
+from otviz.ot._settings import SinkhornSettings, settings_of
 from otviz.ot.sinkhorn import _masked_log, _masked_log_kernel, _transport_cost
 
 
@@ -61,7 +62,7 @@ def dbot_log(
             ``(cost, a, b, eps)`` order (``None``: 0 / no upper bound); OT-CLIP Eq. 8 uses
             ``b - delta`` and ``b + delta``. Needs ``low <= high`` and
             ``sum low <= sum a <= sum high`` (refused otherwise: the set is empty).
-        eps: entropic regularisation (> 0).
+        eps: entropic regularisation (> 0; a number, 0-D or ``[B]``).
         n_iters: maximal Dykstra sweeps (rows then columns), followed by a last row
             projection so the returned plan meets the rows exactly.
         tol: stop once every problem's relative error (``marginal_error / sum a``) is
@@ -75,6 +76,7 @@ def dbot_log(
         are exact) and ``cost = <C, P>``.
     """
     solver = "dbot_log"
+    settings_of(solver, SinkhornSettings, eps=eps, n_iters=n_iters, tol=tol)
     check_tensors(solver, cost=cost, a=a, low=low, high=high)
     cost, a, _ = clean_problem(cost, a, None, eps, solver, row_mask, col_mask)
     bsz, _, m = cost.shape
@@ -127,7 +129,7 @@ def dbot_log(
         _transport_cost(plan, cost, row_mask, col_mask),
         plan_mass=plan.sum((1, 2)),
     )
-    return judge_convergence(res, tol, solver)
+    return judge_convergence(res, tol, solver, n_iters)
 
 
 def _clean_bound(

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from otviz.ot._checks import check_tensors, clean_clouds, clean_masses
+from otviz.ot._knobs import check_choice, per_problem
 from otviz.ot._result import (
     DEFAULT_MAX_ITERS,
     DEFAULT_TOL,
@@ -32,10 +33,12 @@ from otviz.ot._result import (
     SolverResult,
     warn_unconverged,
 )
+from otviz.ot._settings import SinkhornSettings, settings_of
 from otviz.ot.costs import cosine_cost
 from otviz.ot.sinkhorn import _transport_cost, sinkhorn_log
 
 Objective = Literal["sharp", "entropic"]
+OBJECTIVES: tuple[str, ...] = ("sharp", "entropic")
 
 
 def _normalised_cosine_cost(x: Tensor, y: Tensor) -> Tensor:
@@ -64,14 +67,12 @@ def _ot_value(
 ) -> tuple[Tensor, SolverResult]:
     """Entropic OT between ``a`` and ``b`` and its value ``W`` (``[B]``) under ``objective``
     (``n_iters`` / ``tol`` as :func:`otviz.ot.sinkhorn.sinkhorn_log`)."""
-    if objective not in ("sharp", "entropic"):
-        raise ValueError(f"unknown objective {objective!r}; use 'sharp' or 'entropic'")
     res = sinkhorn_log(cost, a, b, eps, n_iters, tol, row_mask=row_mask, col_mask=col_mask)
     value = _transport_cost(res.plan, cost, row_mask, col_mask)
     if objective == "entropic":
         a0 = a if row_mask is None else a * row_mask.to(a.dtype)
         b0 = b if col_mask is None else b * col_mask.to(b.dtype)
-        value = value + eps * _entropy_term(res.plan, a0, b0)
+        value = value + per_problem(eps, 1) * _entropy_term(res.plan, a0, b0)
     return value, res
 
 
@@ -132,6 +133,8 @@ def sinkhorn_divergence(
             :func:`otviz.ot.sinkhorn.sinkhorn_log` on the three problems.
     """
     solver = "sinkhorn_divergence"
+    check_choice("objective", objective, OBJECTIVES, solver)
+    settings_of(solver, SinkhornSettings, eps=eps, n_iters=n_iters, tol=tol)
     check_tensors(solver, x=x, y=y, a=a, b=b, a_self=a_self, b_self=b_self)
     x, y = clean_clouds(solver, ("x", "y"), x, y, x_mask, y_mask)
     (bsz, n, _), m = x.shape, y.shape[1]
@@ -155,6 +158,9 @@ def sinkhorn_divergence(
     err = torch.stack([r.marginal_error for r in solves]).amax(0)
     rel = torch.stack([r.relative_error for r in solves]).amax(0)
     converged = torch.stack([r.converged for r in solves]).all(0)
-    warn_unconverged(rel, tol, max(r.n_iters for r in solves), solver)
+    worst = max(solves, key=lambda r: float(r.relative_error.nan_to_num(float("inf")).max()))
+    warn_unconverged(
+        rel, tol, max(r.n_iters for r in solves), solver, n_iters, (worst.log_u, worst.log_v)
+    )
     value = cross - 0.5 * (wxx + wyy)
     return DivergenceResult(value, cross, wxx, wyy, res.plan, err, rel, converged)

@@ -47,7 +47,6 @@ Argument order, as every solver of :mod:`otviz.ot`: ``(cost, a, [b,] eps, d1, d2
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Literal
 
@@ -62,6 +61,7 @@ from otviz.ot._checks import (
     clean_where_valid,
     pair_mask,
 )
+from otviz.ot._knobs import KnobError, check_choice, check_count, check_number, per_problem
 from otviz.ot._result import (
     DEFAULT_MAX_ITERS,
     DEFAULT_TOL,
@@ -69,6 +69,7 @@ from otviz.ot._result import (
     SolverResult,
     judge_convergence,
 )
+from otviz.ot._settings import UnbalancedSettings, settings_of
 from otviz.ot.sinkhorn import NEG, _transport_cost, sinkhorn_log
 from otviz.ot.unbalanced import sinkhorn_unbalanced_log
 
@@ -84,7 +85,7 @@ def structure_matrix(x: Tensor, kind: Structure = "similarity") -> Tensor:
         return sim
     if kind == "distance":
         return 1.0 - sim
-    raise ValueError(f"unknown structure {kind!r}; use 'similarity' or 'distance'")
+    raise KnobError(f"structure_matrix: unknown kind {kind!r}; use 'similarity' or 'distance'")
 
 
 def _linearised_cost(
@@ -122,6 +123,8 @@ def _clean_fgw(
     """The checks of :mod:`otviz.ot._checks` for an FGW problem; returns ``(cost, a, b, d1,
     d2)`` with non-finite masked entries set to 0 (``d1`` is masked by ``row_mask`` on both
     sides, ``d2`` by ``col_mask``), so none reaches a plan."""
+    check_number("alpha0", alpha0, solver)
+    check_choice("scaling", scaling, SCALINGS, solver)
     check_tensors(solver, cost=cost, a=a, b=b, d1=d1, d2=d2)
     cost, a, b = clean_problem(cost, a, b, eps, solver, row_mask, col_mask)
     bsz, n, m = cost.shape
@@ -132,10 +135,6 @@ def _clean_fgw(
         )
     d1 = clean_where_valid("d1", d1, pair_mask(row_mask, row_mask), solver)
     d2 = clean_where_valid("d2", d2, pair_mask(col_mask, col_mask), solver)
-    if not math.isfinite(alpha0):
-        raise SolverInputError(f"{solver}: alpha0 must be finite, got {alpha0}")
-    if scaling not in SCALINGS:
-        raise SolverInputError(f"{solver}: unknown Gromov scaling {scaling!r}; use {SCALINGS}")
     return cost, a, b, d1, d2
 
 
@@ -215,11 +214,13 @@ def fgw_isoftmax(
         row_mask, col_mask: optional validity masks (masked entries of ``cost``, ``a``,
             ``d1``, ``d2`` may hold anything, NaN included).
     """
+    check_count("n_iters", n_iters, "fgw_isoftmax", low=0)
     cost, a, _, d1, d2 = _clean_fgw(
         cost, a, None, eps, d1, d2, alpha0, scaling, "fgw_isoftmax", row_mask, col_mask
     )
     rows, cols = _row_masks(cost, row_mask, col_mask)
     a = torch.ones_like(cost[:, :, 0]) if a is None else a
+    eps = per_problem(eps, 3)
     log_plan = _row_log_softmax(-cost / eps, a, cols)
     for _ in range(n_iters):
         plan = _row_plan(log_plan, rows)
@@ -248,11 +249,13 @@ def fgw_pgd(
     ``softmax(-(l + 1) C / eps)`` and the predicted labels are the softmax ones. Arguments
     as :func:`fgw_isoftmax` (``n_iters``: Table 7's 5 steps).
     """
+    check_count("n_iters", n_iters, "fgw_pgd", low=0)
     cost, a, _, d1, d2 = _clean_fgw(
         cost, a, None, eps, d1, d2, alpha0, scaling, "fgw_pgd", row_mask, col_mask
     )
     rows, cols = _row_masks(cost, row_mask, col_mask)
     a = torch.ones_like(cost[:, :, 0]) if a is None else a
+    eps = per_problem(eps, 3)
     log_plan = _row_log_softmax(-cost / eps, a, cols)
     for _ in range(n_iters):
         plan = _row_plan(log_plan, rows)
@@ -291,10 +294,15 @@ def fgw_sinkhorn(
     of inner iterations and ``converged`` (one warning) for that last solve.
     """
     solver = "fgw_sinkhorn"
+    settings_of(
+        solver, UnbalancedSettings, eps=eps, tau_a=tau_a, tau_b=tau_b, n_iters=n_inner, tol=tol
+    )
+    check_count("n_outer", n_outer, solver, low=0)
     cost, a, b, d1, d2 = _clean_fgw(
         cost, a, b, eps, d1, d2, alpha0, scaling, solver, row_mask, col_mask
     )
-    balanced = tau_a == float("inf") and tau_b == float("inf")
+    balanced = not isinstance(tau_a, Tensor) and not isinstance(tau_b, Tensor)
+    balanced = balanced and tau_a == float("inf") and tau_b == float("inf")
 
     def solve(c: Tensor) -> SolverResult:
         with warnings.catch_warnings():  # judged once, on the last solve

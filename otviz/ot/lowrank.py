@@ -65,6 +65,7 @@ from otviz.ot._checks import (
     clean_masses,
     clean_where_valid,
 )
+from otviz.ot._knobs import per_problem
 from otviz.ot._result import (
     SolverResult,
     judge_convergence,
@@ -72,6 +73,7 @@ from otviz.ot._result import (
 )
 from otviz.ot._settings import LowRankSettings
 from otviz.ot._sync import known_false, on_host
+from otviz.ot.costs import COSINE_COST_SCALE
 from otviz.ot.sinkhorn import NEG, _effective_mask, _masked_log
 from otviz.ot.unbalanced import _damping_exponent
 
@@ -173,7 +175,7 @@ def _anchor_log_kernels(
     z: Tensor,
     y: Tensor,
     anchors: Tensor,
-    eps: float,
+    eps: float | Tensor,
     row_mask: Tensor | None = None,
     col_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
@@ -185,9 +187,10 @@ def _anchor_log_kernels(
     return log_zp, log_yp.transpose(1, 2)
 
 
-def _regularised_anchor_gram(anchors: Tensor, eps: float, kpp_reg: float) -> Tensor:
-    """``K_PP + lambda I`` (Eq. 6 with App. H's diagonal regularisation)."""
-    k_pp = torch.exp((anchors @ anchors.transpose(-1, -2) - 1.0) / eps)
+def _regularised_anchor_gram(anchors: Tensor, eps: float | Tensor, kpp_reg: float) -> Tensor:
+    """``K_PP + lambda I`` (Eq. 6 with App. H's diagonal regularisation); ``[B, r, r]`` when
+    the anchors or ``eps`` are per pair."""
+    k_pp = torch.exp((anchors @ anchors.transpose(-1, -2) - 1.0) / per_problem(eps, 3))
     eye = torch.eye(anchors.shape[-2], dtype=anchors.dtype, device=anchors.device)
     return k_pp + kpp_reg * eye
 
@@ -301,7 +304,7 @@ class _AnchorKernel:
         self,
         x: Tensor,
         anchors: Tensor,
-        eps: float,
+        eps: float | Tensor,
         mask: Tensor | None = None,
         scale: Tensor | None = None,
         keep_cosine: bool = False,
@@ -311,8 +314,9 @@ class _AnchorKernel:
         # the cosines x_i . p_k / |x_i|, kept for views on request (one extra pass)
         self.cosine = xp * s.unsqueeze(-1) if keep_cosine else None
         top = xp.detach().amax(2)
-        w = s / eps
-        self.shift = (top * s - 1.0) / eps  # rho: log K row maxima, [B, n]
+        eps_rows = per_problem(eps, 2)
+        w = s / eps_rows
+        self.shift = (top * s - 1.0) / eps_rows  # rho: log K row maxima, [B, n]
         # K^ = exp((xp - top) * w) in one fused pass; without autograd in the product's memory
         out = None if torch.is_grad_enabled() else xp
         kernel = torch.addcmul((-top * w).unsqueeze(-1), xp, w.unsqueeze(-1), out=out).exp_()
@@ -339,7 +343,10 @@ class _AnchorKernel:
         """``[B, n, r]`` the log kernel (:data:`NEG` on masked rows), formed on request."""
         x, anchors, w, eps, mask = self._parts
         xp = _anchor_products(x, anchors)
-        log_k = torch.addcmul(torch.full_like(xp[:1, :1, :1], -1.0 / eps), xp, w.unsqueeze(-1))
+        bias = -1.0 / per_problem(eps, 3)
+        if not isinstance(bias, Tensor):
+            bias = torch.full_like(xp[:1, :1, :1], bias)
+        log_k = torch.addcmul(bias, xp, w.unsqueeze(-1))
         log_k = log_k if mask is None else log_k.masked_fill(~mask[:, :, None], NEG)
         return log_k if self._index is None else log_k[self._index]
 
@@ -453,10 +460,6 @@ def _clean_inputs(problem: LowRankProblem, settings: LowRankSettings) -> LowRank
     masked entries set to 0."""
     solver = "lowrank_uot"
     p = problem
-    if settings.variant not in VARIANTS:
-        raise SolverInputError(
-            f"{solver}: unknown variant {settings.variant!r}; known: {VARIANTS}"
-        )
     check_tensors(solver, z=p.z, y=p.y, anchors=p.anchors, mu=p.mu, nu=p.nu, z_scale=p.z_scale)
     z, y = clean_clouds(solver, ("z", "y"), p.z, p.y, p.row_mask, p.col_mask,
                         same_batch=False, mask_names=("row_mask", "col_mask"))
@@ -491,10 +494,24 @@ def _clean_inputs(problem: LowRankProblem, settings: LowRankSettings) -> LowRank
         z_scale = clean_where_valid("z_scale", z_scale, p.row_mask, solver)
     mu = clean_masses("mu", p.mu, pairs, z.shape[1], solver, _take(p.row_mask, p.image_index))
     nu = clean_masses("nu", p.nu, pairs, y.shape[1], solver, _take(p.col_mask, p.text_index))
-    check_eps(settings.eps, solver)
-    check_tau("tau_a", settings.tau_a, solver)
-    check_tau("tau_b", settings.tau_b, solver)
-    return replace(p, z=z, y=y, mu=mu, nu=nu, z_scale=z_scale)
+    check_eps(settings.eps, solver, pairs, z.dtype, COSINE_COST_SCALE)
+    check_tau("tau_a", settings.tau_a, solver, pairs)
+    check_tau("tau_b", settings.tau_b, solver, pairs)
+    p = replace(p, z=z, y=y, mu=mu, nu=nu, z_scale=z_scale)
+    return _per_pair_sides(p) if isinstance(settings.eps, Tensor) and settings.eps.dim() else p
+
+
+def _per_pair_sides(p: LowRankProblem) -> LowRankProblem:
+    """The problem with its distinct sides gathered per pair (no index): a per-pair ``eps``
+    gives every pair its own anchor kernels. Equal to the call on the gathered tensors, as
+    the index promises."""
+    if p.image_index is None and p.text_index is None:
+        return p
+    return replace(
+        p, z=_take(p.z, p.image_index), y=_take(p.y, p.text_index),
+        row_mask=_take(p.row_mask, p.image_index), col_mask=_take(p.col_mask, p.text_index),
+        z_scale=_take(p.z_scale, p.image_index), image_index=None, text_index=None,
+    )
 
 
 def _check_index(
@@ -572,17 +589,20 @@ def lowrank_uot(
         ``log_u``/``log_v`` the log-scalings ``log a``, ``log b`` for
         the unshifted sub-kernels (``-inf`` where masked), the factored plan, the raw Eq. 8
         score, the transported mass, ``cost = <C, P~>`` with ``C = 1 - z.y``, and
-        ``marginal_error`` = ``sum_i |(P~ 1)_i - e^{f'_i} (max(K~ b, 0)_i + floor)|`` with
-        ``f' = alpha_v (log mu - log(max(K~ b, 0) + floor))`` the next row update: the L1
-        distance between the plan's row marginal and the one the update assigns it (as in
-        :func:`otviz.ot.unbalanced.sinkhorn_unbalanced_log`), computed from the plan, so a
-        faithful plan whose ``K~ b`` went negative reports the mass its iterations did not
-        see.
+        ``marginal_error`` = ``sum_i |e^{f_i} - e^{f'_i}| (max(K~ b, 0)_i + floor) +
+        e^{f_i} max(-K~ b, 0)_i`` with ``f' = alpha_v (log mu - log(max(K~ b, 0) + floor))``
+        the next row update: the L1 distance of the row marginal the update sees to its
+        own fixed point, the floor included (as :func:`otviz.ot.unbalanced.sinkhorn_unbalanced_log`
+        measures its update's), so a plan that has stopped changing reports converged,
+        plus the mass a faithful plan's iterations did not see where ``K~ b`` went
+        negative.
 
     Raises:
         SolverInputError: non-batched or empty inputs, features of different widths,
             non-finite features on valid rows, bad masses, masks or indices, mixed dtypes
-            or devices, an unknown variant, ``eps <= 0`` or a negative ``tau``.
+            or devices, ``eps`` below the dtype's floor for cosine costs
+            (:func:`otviz.ot._knobs.eps_floor`), ``eps`` or ``tau`` of the wrong batch;
+            the settings themselves are checked when made (:class:`LowRankSettings`).
     """
     problem = LowRankProblem(
         z, y, anchors, mu, nu, row_mask, col_mask, z_scale, image_index, text_index
@@ -603,7 +623,8 @@ def solve_lowrank(problem: LowRankProblem, settings: LowRankSettings) -> LowRank
     ops = _kernel_ops(zp, yp, p.anchors, settings)
     state = _iterate(ops, p.mu, p.nu, settings, row_mask, col_mask)
     return judge_convergence(
-        _result(ops, state, p, zp, yp, row_mask, col_mask), settings.tol, "lowrank_uot"
+        _result(ops, state, p, zp, yp, row_mask, col_mask), settings.tol, "lowrank_uot",
+        settings.n_iters,
     )
 
 
@@ -631,7 +652,7 @@ class _IterationState:
     col: _KernelProduct
     log_kb: Tensor
     log_mu: Tensor
-    alpha_a: float
+    alpha_a: float | Tensor
     n_iters: int
 
 
@@ -730,14 +751,18 @@ def _result(
 def _row_gap(
     row: _KernelProduct, f: Tensor, f_next: Tensor, log_kb_floored: Tensor, mask: Tensor | None
 ) -> tuple[Tensor, Tensor]:
-    """``[B]`` ``sum_i |(P~ 1)_i - e^{f_next_i} (max(K~ b, 0)_i + floor)|``: the L1 distance
-    between the plan's row marginal (``e^f K~ b``, negative where the faithful ``K~ b`` is)
-    and the row marginal the (unclamped) update of Alg. 1 line 9 assigns it; 0 at the
-    fixed point when ``K~ b > 0`` and the floor is 0. Returned with the plan's mass
-    ``1^T P~ 1`` ``[B]``, the scale of its relative error."""
+    """``[B]`` the distance of the row scaling to the fixed point of its own update (Alg. 1
+    line 9, ``e^{f'} = (mu / (max(K~ b, 0) + floor))^alpha``, before the clamp):
+    ``sum_i |e^{f_i} - e^{f'_i}| (max(K~ b, 0)_i + floor) + e^{f_i} max(-K~ b, 0)_i``,
+    the L1 move of the row marginal the update sees (floor included) plus the mass the
+    iterations do not see where the faithful ``K~ b`` went negative. It is 0 exactly when
+    the update leaves the plan unchanged and ``K~ b >= 0``, the floor or not. Returned
+    with the plan's mass ``1^T P~ 1`` ``[B]`` (``e^f K~ b`` summed), the scale of its
+    relative error."""
     rows = row.s * torch.exp(f + row.offset)
-    target = torch.exp(f_next + log_kb_floored)
-    gap = (rows - target).abs()
+    seen = torch.exp(f + log_kb_floored)
+    gap = (seen - torch.exp(f_next + log_kb_floored)).abs()
+    gap = gap + row.s.clamp_max(0.0).abs() * torch.exp(f + row.offset)
     if mask is not None:
         gap, rows = gap.masked_fill(~mask, 0.0), rows.masked_fill(~mask, 0.0)
     return gap.sum(1), rows.sum(1)

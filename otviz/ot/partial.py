@@ -34,6 +34,7 @@ from otviz.ot._result import (
     judge_convergence,
     relative_error,
 )
+from otviz.ot._settings import SinkhornSettings, settings_of
 from otviz.ot.sinkhorn import _masked_log, _masked_log_kernel, _transport_cost
 
 
@@ -58,7 +59,7 @@ def partial_ot_log(
         cost: ``[B, N, M]`` cost.
         a: ``[B, N]`` row upper bounds (``None``: ones, OT-CLIP Eq. 16's ``P 1 <= 1``).
         b: ``[B, M]`` column upper bounds (``None``: none).
-        eps: entropic regularisation (> 0; POT's ``reg``).
+        eps: entropic regularisation (> 0; POT's ``reg``; a number, 0-D or ``[B]``).
         mass: total transported mass ``s`` (float, 0-D or ``[B]``), ``0 < s <= sum a``
             (and ``<= sum b``); more than is available is refused.
         n_iters: maximal Dykstra sweeps (rows, columns if bounded, total mass); the
@@ -75,6 +76,7 @@ def partial_ot_log(
         eps), ``log_v`` holds ``g``.
     """
     solver = "partial_ot_log"
+    settings_of(solver, SinkhornSettings, eps=eps, n_iters=n_iters, tol=tol)
     cost, a, b = clean_problem(cost, a, b, eps, solver, row_mask, col_mask)
     log_k = _masked_log_kernel(cost, eps, row_mask, col_mask)
     a = torch.ones_like(cost[:, :, 0]) if a is None else a
@@ -134,7 +136,7 @@ def partial_ot_log(
         _transport_cost(plan, cost, row_mask, col_mask),
         plan_mass=plan.sum((1, 2)),
     )
-    return judge_convergence(res, tol, solver)
+    return judge_convergence(res, tol, solver, n_iters)
 
 
 def _total(x: Tensor, mask: Tensor | None) -> Tensor:

@@ -20,12 +20,13 @@ Conventions shared by every function here:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from otviz.ot._checks import check_equal_mass, clean_problem
+from otviz.ot._knobs import per_problem
 from otviz.ot._result import (
     DEFAULT_MAX_ITERS,
     DEFAULT_TOL,
@@ -34,7 +35,7 @@ from otviz.ot._result import (
     relative_error,
     safe_log,
 )
-from otviz.ot._settings import SinkhornSettings
+from otviz.ot._settings import SinkhornSettings, settings_of
 from otviz.ot._sync import known_false
 
 # Bias added to the log-kernel of masked pairs: exp(NEG) == 0 in float32 and float64, and
@@ -62,10 +63,11 @@ def _effective_mask(mask: Tensor | None) -> Tensor | None:
 
 
 def _masked_log_kernel(
-    cost: Tensor, eps: float, row_mask: Tensor | None, col_mask: Tensor | None
+    cost: Tensor, eps: float | Tensor, row_mask: Tensor | None, col_mask: Tensor | None
 ) -> Tensor:
-    """``-cost / eps`` with :data:`NEG` on masked pairs (the log Gibbs kernel ``log K``)."""
-    log_k = cost * (-1.0 / eps)
+    """``-cost / eps`` with :data:`NEG` on masked pairs (the log Gibbs kernel ``log K``;
+    ``eps`` a number, 0-D or ``[B]``)."""
+    log_k = cost * (-1.0 / per_problem(eps, 3))
     if row_mask is not None:
         log_k = log_k.masked_fill(~row_mask[:, :, None], NEG)
     if col_mask is not None:
@@ -113,7 +115,7 @@ class _ShiftedKernel:
 
         def log_k_shifted() -> Tensor:
             if isinstance(eps, Tensor):  # a learned temperature: keep its gradient
-                log_ks = (c_min[:, None, None] - cost) / eps
+                log_ks = (c_min[:, None, None] - cost) / per_problem(eps, 3)
             else:
                 log_ks = torch.add((c_min / eps)[:, None, None], cost, alpha=-1.0 / eps)
             if row_mask is not None:
@@ -123,7 +125,7 @@ class _ShiftedKernel:
             return log_ks
 
         kernel = log_k_shifted().exp_()
-        return cls(log_k_shifted, kernel, (-c_min / eps)[:, None])
+        return cls(log_k_shifted, kernel, (-c_min / per_problem(eps, 1))[:, None])
 
     def row_lse(self, g: Tensor) -> Tensor:
         """``[B, N]``: ``LSE_j(log K_ij + g_j)``."""
@@ -290,7 +292,7 @@ def _in_cache_chunks(
             cost[i : i + step],
             a[i : i + step],
             b[i : i + step],
-            settings,
+            settings_part(settings, i, step),
             part(row_mask, i),
             part(col_mask, i),
         )
@@ -311,6 +313,17 @@ def _in_cache_chunks(
             torch.cat([p.col_marginal for p in parts]),
         ),
     )
+
+
+def settings_part(settings: SinkhornSettings, start: int, step: int) -> SinkhornSettings:
+    """``settings`` for the sub-batch ``[start, start + step)``: its per-problem (``[B]``)
+    knobs sliced, the others as they are."""
+    cut = {
+        name: value[start : start + step]
+        for name, value in vars(settings).items()
+        if isinstance(value, Tensor) and value.dim() == 1
+    }
+    return replace(settings, **cut) if cut else settings
 
 
 def sinkhorn_log(
@@ -351,11 +364,11 @@ def sinkhorn_log(
         Large batches run in cache-sized sub-batches (:func:`_in_cache_chunks`; ``tol``
         then applies per sub-batch).
     """
+    settings = settings_of("sinkhorn_log", SinkhornSettings, eps=eps, n_iters=n_iters, tol=tol)
     cost, a, b = clean_problem(cost, a, b, eps, "sinkhorn_log", row_mask, col_mask)
     check_equal_mass(a, b, "sinkhorn_log", row_mask, col_mask)
-    settings = SinkhornSettings(eps=eps, n_iters=n_iters, tol=tol)
     res = _in_cache_chunks(_sinkhorn_log, cost, a, b, settings, row_mask, col_mask)
-    return judge_convergence(res, tol, "sinkhorn_log")
+    return judge_convergence(res, tol, "sinkhorn_log", n_iters)
 
 
 def _sinkhorn_log(

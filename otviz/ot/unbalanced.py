@@ -18,9 +18,11 @@ default ``'kl'`` regulariser ``KL(P || a b^T)`` adds ``-eps * log(a_i b_j)`` to 
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from otviz.ot._checks import check_tau, clean_problem
+from otviz.ot._knobs import per_problem
 from otviz.ot._result import (
     DEFAULT_MAX_ITERS,
     DEFAULT_TOL,
@@ -28,7 +30,7 @@ from otviz.ot._result import (
     judge_convergence,
     safe_log,
 )
-from otviz.ot._settings import SinkhornSettings, UnbalancedSettings
+from otviz.ot._settings import SinkhornSettings, UnbalancedSettings, settings_of
 from otviz.ot.sinkhorn import (
     _effective_mask,
     _finalise_scalings,
@@ -42,9 +44,18 @@ from otviz.ot.sinkhorn import (
 )
 
 
-def _damping_exponent(tau: float, eps: float) -> float:
-    """``alpha = tau / (tau + eps)`` of the generalized Sinkhorn update (1 for ``tau = inf``)."""
-    return 1.0 if tau == float("inf") else tau / (tau + eps)
+def _damping_exponent(tau: float | Tensor, eps: float | Tensor) -> float | Tensor:
+    """``alpha = tau / (tau + eps)`` of the generalized Sinkhorn update (1 for
+    ``tau = inf``), per problem: a number, a 0-D tensor, or ``[B, 1]`` when ``tau`` or
+    ``eps`` is ``[B]`` (to scale ``[B, n]`` log-scalings)."""
+    if not isinstance(tau, Tensor):
+        if tau == float("inf"):
+            return 1.0
+        return tau / (tau + per_problem(eps, 2))
+    hard = torch.isinf(tau)
+    finite = torch.where(hard, torch.ones_like(tau), tau)  # no inf / inf, even in autograd
+    alpha = torch.where(hard, torch.ones_like(tau), finite / (finite + eps))
+    return per_problem(alpha, 2)
 
 
 def sinkhorn_unbalanced_log(
@@ -86,10 +97,12 @@ def sinkhorn_unbalanced_log(
         applies per sub-batch).
     """
     solver = "sinkhorn_unbalanced_log"
+    settings = settings_of(
+        solver, UnbalancedSettings, eps=eps, tau_a=tau_a, tau_b=tau_b, n_iters=n_iters, tol=tol
+    )
     cost, a, b = clean_problem(cost, a, b, eps, solver, row_mask, col_mask)
-    check_tau("tau_a", tau_a, solver)
-    check_tau("tau_b", tau_b, solver)
-    settings = UnbalancedSettings(eps=eps, tau_a=tau_a, tau_b=tau_b, n_iters=n_iters, tol=tol)
+    check_tau("tau_a", tau_a, solver, cost.shape[0])
+    check_tau("tau_b", tau_b, solver, cost.shape[0])
     return solve_dense(cost, a, b, settings, row_mask, col_mask)
 
 
@@ -111,7 +124,7 @@ def solve_dense(
     else:
         name, core = "sinkhorn_log", _sinkhorn_log
     res = _in_cache_chunks(core, cost, a, b, settings, row_mask, col_mask)
-    return judge_convergence(res, settings.tol, name)
+    return judge_convergence(res, settings.tol, name, settings.n_iters)
 
 
 def _hold_rows(x: Tensor, mask: Tensor | None) -> Tensor:

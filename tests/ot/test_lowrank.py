@@ -85,9 +85,11 @@ def _algorithm1_reference(z, y, anchors, mu, nu, eps, tau_a, tau_b, n_iters, cla
         log_b = centre_clamp(alpha_b * (nu.log() - log_floored(kt_a)[..., 0]))
     kb = (k @ log_b.exp()[..., None])[..., 0]
     plan = log_a.exp()[:, :, None] * k * log_b.exp()[:, None, :]
-    # L1 gap between P 1 and the row marginal the next (unclamped) update assigns
-    next_rows = torch.exp(alpha_a * (mu.log() - log_floored(kb))) * (kb.clamp_min(0) + floor)
-    residual = (plan.sum(2) - next_rows).abs().sum(1)
+    # distance of the row scaling to the fixed point of its own (unclamped) update, the
+    # floor included, plus the mass a negative K~ b hides from the iterations
+    seen = kb.clamp_min(0) + floor
+    next_a = torch.exp(alpha_a * (mu.log() - log_floored(kb)))
+    residual = ((log_a.exp() - next_a).abs() * seen + log_a.exp() * (-kb).clamp_min(0)).sum(1)
     return log_a, log_b, plan, residual, kb
 
 
