@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.ot._checks import check_tensors, clean_clouds, clean_masses
+from otviz.ot._checks import check_eps, check_tensors, clean_clouds, clean_masses
 from otviz.ot._knobs import check_choice, per_problem
 from otviz.ot._result import (
     DEFAULT_MAX_ITERS,
@@ -34,7 +34,7 @@ from otviz.ot._result import (
     warn_unconverged,
 )
 from otviz.ot._settings import SinkhornSettings, settings_of
-from otviz.ot.costs import cosine_cost
+from otviz.ot.costs import COSINE_COST_SCALE, cosine_cost
 from otviz.ot.sinkhorn import _transport_cost, sinkhorn_log
 
 Objective = Literal["sharp", "entropic"]
@@ -142,6 +142,7 @@ def sinkhorn_divergence(
     b = clean_masses("b", b, bsz, m, solver, y_mask)
     a_self = a if a_self is None else clean_masses("a_self", a_self, bsz, n, solver, x_mask)
     b_self = b if b_self is None else clean_masses("b_self", b_self, bsz, m, solver, y_mask)
+    check_eps(eps, solver, bsz, x.dtype, COSINE_COST_SCALE)  # its costs are cosine ones
 
     def solve(
         p: Tensor, q: Tensor, mp: Tensor, mq: Tensor, pm: Tensor | None, qm: Tensor | None
