@@ -26,6 +26,7 @@ from otviz.ot._knobs import (
     check_eps_floor,
     check_eps_value,
     check_tau_value,
+    eps_floor,
 )
 
 #: Floating dtypes the solvers compute in (half precision cannot hold their log-domain
@@ -149,10 +150,20 @@ def check_tau(name: str, tau: float | Tensor, solver: str, batch: int) -> None:
     check_batch_knob(name, tau, batch, solver)
 
 
-def cost_scale(cost: Tensor, row_mask: Tensor | None, col_mask: Tensor | None) -> Tensor:
-    """``[B]`` the largest ``|C|`` over valid pairs (of a cost already cleaned: finite where
-    valid), the scale of the log kernel ``-C / eps``."""
-    mag = cost.detach().abs()
+def cost_scale(
+    cost: Tensor, eps: float | Tensor, row_mask: Tensor | None, col_mask: Tensor | None
+) -> float | Tensor:
+    """The scale of the log kernel ``-C / eps`` that ``eps``'s floor needs (of a cost
+    already cleaned: finite everywhere): the largest ``|C|`` over the whole batch (two
+    reductions, no copy) when ``eps`` clears the floor at it, as it does but for a tiny
+    eps; otherwise ``[B]``, the largest ``|C|`` of each problem over its valid pairs
+    (masked entries may hold large finite filler)."""
+    c = cost.detach()
+    bound = float(torch.maximum(c.amax(), -c.amin()))
+    smallest = float(eps.detach().min()) if isinstance(eps, Tensor) else float(eps)
+    if smallest >= eps_floor(c.dtype, bound):
+        return bound
+    mag = c.abs()
     valid = pair_mask(row_mask, col_mask)
     if valid is not None:
         mag = mag.masked_fill(~valid, 0.0)
@@ -286,7 +297,9 @@ def clean_problem(
     bsz, n, m = cost.shape
     a = clean_masses("a", a, bsz, n, solver, row_mask)
     b = clean_masses("b", b, bsz, m, solver, col_mask)
-    check_eps(eps, solver, bsz, cost.dtype, cost_scale(cost, row_mask, col_mask))
+    check_eps_value(eps, solver)  # before cost_scale reads it
+    check_batch_knob("eps", eps, bsz, solver)
+    check_eps_floor(eps, cost.dtype, cost_scale(cost, eps, row_mask, col_mask), solver)
     return cost, a, b
 
 

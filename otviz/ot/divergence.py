@@ -16,6 +16,7 @@ Two readings of ``W`` are offered:
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Literal
@@ -159,9 +160,10 @@ def sinkhorn_divergence(
     err = torch.stack([r.marginal_error for r in solves]).amax(0)
     rel = torch.stack([r.relative_error for r in solves]).amax(0)
     converged = torch.stack([r.converged for r in solves]).all(0)
-    worst = max(solves, key=lambda r: float(r.relative_error.nan_to_num(float("inf")).max()))
-    warn_unconverged(
-        rel, tol, max(r.n_iters for r in solves), solver, n_iters, (worst.log_u, worst.log_v)
-    )
+    if tol is not None and not bool(converged.all()):
+        worst = max(solves, key=lambda r: float(r.relative_error.nan_to_num(math.inf).max()))
+        warn_unconverged(
+            rel, tol, max(r.n_iters for r in solves), solver, n_iters, (worst.log_u, worst.log_v)
+        )
     value = cross - 0.5 * (wxx + wyy)
     return DivergenceResult(value, cross, wxx, wyy, res.plan, err, rel, converged)
