@@ -299,6 +299,15 @@ def trust_scores(
 
 
 FLAT = "the maps are flat (one value everywhere): nothing to order or perturb"
+
+
+def flat_note(names: Sequence[str], rows_refused: Sequence[dict[str, str]]) -> str:
+    """What flat maps ``names`` have no value of (the metrics ``rows_refused`` name) and why;
+    their localisation, where computed, scores a flat map's chance
+    (:mod:`otviz.eval.trust.localisation`)."""
+    keys = dict.fromkeys(k for refused in rows_refused for k in refused)
+    labels = ", ".join(METRIC_BY_KEY[k].label for k in keys)
+    return f"no {labels} for {', '.join(names)}: {FLAT}"
 #: Quantus' own progress bars and warnings off (the callers report progress).
 QUIET = {"disable_warnings": True, "display_progressbar": False}
 

@@ -19,7 +19,14 @@ from otviz.eval.table import Column, Table
 from otviz.eval.trust.adapter import heatmap_sources, trust_inputs, world_phrases
 from otviz.eval.trust.lattice import PatchLattice
 from otviz.eval.trust.localisation import empty_masks
-from otviz.eval.trust.metrics import FLAT, METRICS, TrustScores, TrustSettings, trust_scores
+from otviz.eval.trust.metrics import (
+    FLAT,
+    METRICS,
+    TrustScores,
+    TrustSettings,
+    flat_note,
+    trust_scores,
+)
 from otviz.eval.world_set import world_config_of
 from otviz.suite import MethodSuite
 from otviz.world import World
@@ -134,11 +141,12 @@ def trust_notes(settings: TrustSettings, patch: int) -> list[str]:
 def refusal_notes(table: Table) -> list[str]:
     """Which rows got no value, and why (Quantus refused their maps)."""
     notes = []
-    flat = [r["name"] for r in table.rows if set(r.get("refused", {}).values()) == {FLAT}]
+    flat = [r for r in table.rows if set(r.get("refused", {}).values()) == {FLAT}]
     if flat:
-        notes.append(f"no value for {', '.join(flat)}: {FLAT}")
+        notes.append(flat_note([r["name"] for r in flat], [r["refused"] for r in flat]))
+    flat_names = {r["name"] for r in flat}
     refused = [f"{r['name']}: {', '.join(r['refused'])}" for r in table.rows
-               if r.get("refused") and r["name"] not in flat]
+               if r.get("refused") and r["name"] not in flat_names]
     if refused:
         notes.append("refused by Quantus' checks of the maps (no value): " + "; ".join(refused))
     return notes
