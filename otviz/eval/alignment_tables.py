@@ -31,13 +31,15 @@ from otviz.eval.grounding_baselines import (
     centre_prior_heatmaps,
     colour_oracle_heatmaps,
     colour_shared,
-    uniform_pointing,
 )
 from otviz.eval.grounding_metrics import (
+    empty_regions,
     grounding_scores,
     mean_offdiag_cosine,
     phrase_token_select,
     pointing_hits,
+    pointing_note,
+    tokens_in_boxes,
 )
 from otviz.eval.probe import probe_accuracy
 from otviz.eval.retrieval import DIRECTIONS, two_stage_recall
@@ -313,28 +315,18 @@ DATASET_GROUNDING_COLUMNS = [
 ]
 
 
-def _hits_any(heat: Tensor, geometry: TokenGeometry, boxes: Tensor) -> Tensor:
-    """``[n]`` bool: each heatmap's peak lies in any of its boxes ``[n, K, 4]``."""
-    hits = torch.zeros(heat.shape[0], dtype=torch.bool)
-    for k in range(boxes.shape[1]):
-        hits |= pointing_hits(heat, geometry, boxes[:, k])
-    return hits
-
-
 def _grounding_row(
     label: str, name: str, heat: Tensor, q: PhraseQueries, geometry: TokenGeometry,
-    threshold: float, hits: Tensor | None = None,
-    hits_near: Tensor | None = None, phrase_hits: dict[str, dict] | None = None,
+    threshold: float, phrase_hits: dict[str, dict] | None = None,
 ) -> dict:
     """Scores of one row: :func:`grounding_scores` of ``heat`` against the enclosing gold
-    box (mean IoU, hit@0.5), the pointing game on any gold box, also with the tolerance
-    (``hits``, ``hits_near``: per-phrase hits, default the heatmaps' own) and on the
-    shared-colour subset; each phrase's hits go to ``phrase_hits[name]`` when given."""
+    box (mean IoU, hit@0.5), the pointing game on any gold box (expected hits under the tie
+    rule, :func:`~otviz.eval.grounding_metrics.pointing_hits`), also with the tolerance and
+    on the shared-colour subset; each phrase's hits go to ``phrase_hits[name]`` when
+    given."""
     scores = grounding_scores(heat, geometry, q.boxes, threshold)
-    if hits is None:
-        hits = _hits_any(heat, geometry, q.gold).double()
-    if hits_near is None:
-        hits_near = _hits_any(heat, geometry, q.near).double()
+    hits = pointing_hits(heat, geometry, q.gold)
+    hits_near = pointing_hits(heat, geometry, q.near)
     scores["pointing"] = float(hits.mean())
     subset = hits[q.shared_colour]
     shared = float(subset.mean()) if subset.numel() else float("nan")
@@ -356,18 +348,17 @@ def baseline_rows(data: EvalSet, q: PhraseQueries, threshold: float = 0.5,
     if data.is_world:
         oracle = colour_oracle_heatmaps([data.samples[int(j)].image for j in q.image],
                                         q.colours, geometry)
-        rows.append(("Colour oracle (pixels)", "colour_oracle", oracle, None, None))
+        rows.append(("Colour oracle (pixels)", "colour_oracle", oracle))
     flat = torch.ones(n, geometry.n, dtype=torch.float64)
-    rows += [("Centre prior", "centre_prior", centre_prior_heatmaps(n, geometry), None, None),
-             ("Uniform map", "uniform", flat, uniform_pointing(geometry, q.gold),
-              uniform_pointing(geometry, q.near))]
+    rows += [("Centre prior", "centre_prior", centre_prior_heatmaps(n, geometry)),
+             ("Uniform map", "uniform", flat)]
     if seed is not None:
         noise = torch.rand(n, geometry.n, dtype=torch.float64,
                            generator=torch.Generator().manual_seed(seed))
-        rows.append((f"Random map (seed {seed})", "random", noise, None, None))
-    return [{**_grounding_row(label, name, heat, q, geometry, threshold, hits, near,
-                              phrase_hits), "baseline": True}
-            for label, name, heat, hits, near in rows]
+        rows.append((f"Random map (seed {seed})", "random", noise))
+    return [{**_grounding_row(label, name, heat, q, geometry, threshold, phrase_hits),
+             "baseline": True}
+            for label, name, heat in rows]
 
 
 def explainer_rows(
@@ -437,8 +428,10 @@ def grounding_table(
                            "phrase's map from the image and the phrase's text embedding alone "
                            "(docs/explainers.md)")
     table.notes.append(f"heatmap box: the cells of the tokens at >= {threshold} of the peak, "
-                       "enclosing envelope; a flat heatmap points nowhere (a miss); the "
-                       "peak is where its token looks (the tower's token geometry)")
+                       "enclosing envelope; the peak is where its token looks (the tower's "
+                       "token geometry)")
+    table.notes.append(pointing_note(int(empty_regions(tokens_in_boxes(data.geometry,
+                                                                       q.gold)).sum())))
     table.notes += [f"{_label(n)}: {why}" for n, why in flat_map_reasons().items()
                     if n in suite.methods]
     if world:
@@ -456,10 +449,10 @@ def grounding_table(
             ("baselines: colour oracle = share of a patch's pixels within "
              f"{COLOUR_TOLERANCE} (per channel) of the phrase's palette colour; " if world
              else "baselines: ") +
-            "centre prior = Gaussian on the image centre; uniform map = a flat map (points "
-            "nowhere), its pointing given as the chance that a uniformly drawn patch lies in "
-            "a gold box" + ("; random map = uniform noise, its peak a random patch"
-                            if seed is not None else ""))
+            "centre prior = Gaussian on the image centre; uniform map = a flat map (its "
+            "pointing: the chance that a uniformly drawn token lies in a gold box)"
+            + ("; random map = uniform noise, its peak a random patch"
+               if seed is not None else ""))
     return table
 
 

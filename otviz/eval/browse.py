@@ -118,7 +118,9 @@ class BrowseTable:
             :func:`~otviz.patch_grid.boxes.heatmap_boxes`).
         image_sizes: ``[P, 2]`` ``(width, height)`` of each query's image.
         gold: ``[P, 4]`` gold pixel boxes, or ``None``.
-        hits: ``[P, K]`` pointing-game hits, or ``None`` without gold boxes.
+        hits: ``[P, K]`` sure pointing-game hits (every token tied for the peak looks inside
+            the gold box: an expected hit of 1, :func:`~otviz.eval.grounding_metrics.pointing_hits`;
+            a flat map is no sure hit), or ``None`` without gold boxes.
         iou: ``[P, K]`` IoU of the heatmap box with the gold box, or ``None``.
         load_image: image index -> uint8 ``[H, W, 3]``.
         threshold: the box threshold.
@@ -239,12 +241,13 @@ def score_heatmaps(
     heatmaps: Tensor, geometry: Geometries, gold: Tensor, threshold: float = 0.5,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(hits [P], iou [P], pixel boxes [P, 4])`` of phrase heatmaps ``[P, N]`` against
-    their gold pixel boxes ``[P, 4]``: the pointing game
-    (:func:`~otviz.eval.grounding_metrics.pointing_hits`) and the IoU of the thresholded
-    heatmap's box (ConceptOT Sec. 2.6), as :func:`grounding_scores` averages them."""
+    their gold pixel boxes ``[P, 4]``: the sure hits of the pointing game (an expected hit of
+    1 under its tie rule, :func:`~otviz.eval.grounding_metrics.pointing_hits`) and the IoU of
+    the thresholded heatmap's box (ConceptOT Sec. 2.6), as :func:`grounding_scores` averages
+    it."""
     heat = heatmaps.detach().float().cpu()
     boxes = heatmap_boxes(heat, geometry, threshold)
-    return pointing_hits(heat, geometry, gold), box_iou(boxes, gold), boxes
+    return pointing_hits(heat, geometry, gold) == 1, box_iou(boxes, gold), boxes
 
 
 @torch.no_grad()

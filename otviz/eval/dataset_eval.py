@@ -349,7 +349,8 @@ def _combined(results: list[dict[str, Any]], data: GroundingSet, split: str) -> 
 
 
 def _phrase_csv(results: list[dict[str, Any]], data: GroundingSet) -> str:
-    """One line per phrase and row: item key, phrase index, text, row name, hits."""
+    """One line per phrase and row: item key, phrase index, text, row name, hits (expected
+    hits under the pointing game's tie rule, written to round-trip exactly)."""
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(["item", "phrase", "text", "method", "hit", "hit_tol"])
@@ -357,5 +358,5 @@ def _phrase_csv(results: list[dict[str, Any]], data: GroundingSet) -> str:
         for name, h in r["hits"].items():
             for (item, n, text), hit, tol in zip(r["phrases"], h["hit"], h["hit_tol"],
                                                  strict=True):
-                w.writerow([item, n, text, name, f"{hit:g}", f"{tol:g}"])
+                w.writerow([item, n, text, name, repr(float(hit)), repr(float(tol))])
     return out.getvalue()

@@ -1,7 +1,8 @@
 """The trust table's localisation metrics on a real grounding set (``otviz eval --dataset
 KIND:PATH --tables grounding,trust``): pointing game, relevance mass and rank accuracy, AUC
-(:data:`~otviz.eval.trust.metrics.METRICS` of the localisation group, computed by Quantus as
-the world's trust table computes them, :mod:`otviz.eval.trust`); the other groups
+(:data:`~otviz.eval.trust.metrics.METRICS` of the localisation group, computed per phrase
+with one rule for ties as the world's trust table computes them,
+:mod:`otviz.eval.trust.localisation`); the other groups
 (faithfulness, randomisation, robustness, complexity) cost seconds per map and are not
 computed on a data set.
 
@@ -24,10 +25,12 @@ from PIL import Image
 
 from otviz.eval.table import Table
 from otviz.eval.trust.adapter import TrustPhrase, heatmap_sources, trust_inputs
+from otviz.eval.trust.localisation import empty_masks
 from otviz.eval.trust.metrics import LOCALISATION, METRICS, TrustScores, TrustSettings, trust_scores
 from otviz.eval.trust.table import (
     MAPS_NOTE,
     QUANTUS_NOTE,
+    empty_note,
     refusal_notes,
     trust_columns,
     trust_row,
@@ -64,7 +67,9 @@ def shard_trust(probe: GroundingProbeDataset, suite: MethodSuite, explainers: Se
         rows[source.name] = {"label": source.label, "kind": source.kind,
                              "values": {k: v.tolist() for k, v in scores.values.items()},
                              "ms": scores.ms, "refused": scores.refused}
-    return {"rows": rows, "phrases": len(inputs.targets), "images": len(probe.samples)}
+    empty = 0 if inputs.masks is None else int(empty_masks(inputs.masks).sum())
+    return {"rows": rows, "phrases": len(inputs.targets), "images": len(probe.samples),
+            "empty": empty}
 
 
 def dataset_trust_table(results: Sequence[dict[str, Any]], title: str,
@@ -91,5 +96,6 @@ def dataset_trust_table(results: Sequence[dict[str, Any]], title: str,
                     "the world's trust table are not computed on a data set",
                     "gold region: the union of the phrase's gold boxes; each image resized "
                     "to the model's input without cropping"]
-    table.notes += [MAPS_NOTE, QUANTUS_NOTE, *refusal_notes(table)]
+    table.notes += [MAPS_NOTE, QUANTUS_NOTE, *refusal_notes(table),
+                    empty_note(sum(r.get("empty", 0) for r in results))]
     return table

@@ -4,10 +4,11 @@ beat on the world's pointing game (ConceptOT Sec. 2.6 protocol).
 * :func:`colour_oracle_heatmaps`: the share of each patch's pixels whose colour is the
   phrase's colour word in the world's palette (``COLOUR_RGB``), within a tolerance: a
   detector of colour alone, which cannot tell two objects of one colour apart;
-* :func:`centre_prior_heatmaps`: a Gaussian bump on the image centre;
-* :func:`uniform_pointing`: the expected pointing of a uniform map, read as a peak drawn
-  uniformly among the patches (the share of patch centres inside the gold box); a uniform
-  map itself is flat and points nowhere under :func:`~otviz.eval.grounding_metrics.pointing_hits`.
+* :func:`centre_prior_heatmaps`: a Gaussian bump on the image centre.
+
+A uniform map needs no function here: it is flat, and the pointing game's tie rule
+(:func:`~otviz.eval.grounding_metrics.expected_hits`) scores it the chance that a token drawn
+uniformly looks inside the gold box.
 
 Heatmaps are ``[n, N]`` over the ``(H, W)`` patch grid, row-major, like a method's
 ``Alignment.heatmap``.
@@ -21,8 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from otviz.eval.grounding_metrics import points_in_boxes
-from otviz.patch_grid.boxes import Geometries, per_row, token_centres
+from otviz.patch_grid.boxes import Geometries, per_row
 from otviz.world import COLOUR_RGB, Sample
 
 #: L-infinity distance (0-255) within which a pixel counts as a palette colour: the world's
@@ -63,16 +63,6 @@ def centre_prior_heatmaps(n: int, geometry: Geometries) -> Tensor:
         s = min(width, height) / 4
         maps.append(torch.exp(-d2 / (2 * s * s)))
     return torch.stack(maps) if maps else torch.zeros(0, 0, dtype=torch.float64)
-
-
-def uniform_pointing(geometry: Geometries, gold_boxes: Tensor) -> Tensor:
-    """``[n]`` float64: the chance that a token drawn uniformly looks inside the gold box
-    (the pointing of a uniform map with ties broken at random); with ``[n, K, 4]`` boxes, in
-    any of a phrase's ``K`` boxes (NaN boxes hold no point)."""
-    centres = token_centres(geometry, gold_boxes.shape[0])  # [n, N, 2]
-    boxes = gold_boxes if gold_boxes.dim() == 3 else gold_boxes[:, None, :]
-    inside = points_in_boxes(centres[:, :, None, :], boxes[:, None, :, :])  # [n, N, K]
-    return inside.any(dim=2).double().mean(dim=1)
 
 
 def colour_shared(sample: Sample, object_index: int) -> bool:

@@ -6,6 +6,9 @@ is scored against the phrase's gold pixel box in two ways:
 
 * pointing game: is the point the hottest token looks at (its receptive-field centre in the
   tower's token geometry, :class:`otviz.patch_grid.tokens.TokenGeometry`) inside the gold box?
+  Ties for the peak are broken uniformly at random and the hit is its expectation
+  (:func:`expected_hits`): one rule for every table that shows pointing (the grounding
+  table, the trust table, the Align Trust panel, Browse, ``otviz eval --dataset``);
 * box: threshold the heatmap at a fraction of its peak, take the envelope of the kept
   tokens' cells in pixels (:func:`otviz.patch_grid.boxes.heatmap_boxes`) and measure its IoU with
   the gold box; ``hit@0.5`` is the share of IoU >= 0.5.
@@ -62,25 +65,70 @@ def is_flat(heatmaps: Tensor) -> Tensor:
     return (heatmaps.amax(dim=1) == heatmaps.amin(dim=1)).cpu()
 
 
-def pointing_hits(heatmaps: Tensor, geometry: Geometries, gold_boxes: Tensor) -> Tensor:
-    """``[n]`` bool: the point each heatmap's hottest token looks at (:func:`peak_centres`)
-    lies inside its gold box.
+def tokens_in_boxes(geometry: Geometries, boxes: Tensor) -> Tensor:
+    """``[n, N]`` bool: the tokens that look inside their row's gold box (``[n, 4]``), or
+    inside any of its ``K`` gold boxes (``[n, K, 4]``; NaN boxes hold no point): the
+    phrase's gold region on the token grid."""
+    centres = token_centres(geometry, boxes.shape[0])  # [n, N, 2]
+    many = boxes if boxes.dim() == 3 else boxes[:, None, :]
+    return points_in_boxes(centres[:, :, None, :], many[:, None, :, :]).any(dim=2)
 
-    The first maximum wins ties between patches; a flat heatmap (max == min, e.g. all zero)
-    points nowhere and counts as a miss.
+
+def peak_tokens(heatmaps: Tensor) -> Tensor:
+    """``[n, N]`` bool: the tokens tied for each heatmap's maximum, the heat read with negative
+    values as none (as the boxes read it, :func:`otviz.patch_grid.boxes.kept_tokens`) and
+    compared in single precision (the trust maps' precision); a flat heatmap, or one with no
+    positive heat, ties every token."""
+    heat = heatmaps.detach().float().cpu().clamp_min(0.0)
+    return heat == heat.amax(dim=1, keepdim=True)
+
+
+def expected_hits(heatmaps: Tensor, inside: Tensor) -> Tensor:
+    """``[n]`` float64: the pointing game's expected hit when the peak is drawn uniformly among
+    the tied maxima (:func:`peak_tokens`): the share of the tied tokens that lie in the gold
+    region ``inside`` (``[n, N]`` bool, :func:`tokens_in_boxes`).
+
+    The pointing game (Zhang et al., IJCV 2018, Sec. 5.1) counts a hit when the map's maximum
+    falls in the object; a map without ties scores 1 or 0 as there, a flat map the chance of
+    a random token (the share of the tokens in the gold region), and a gold region that
+    holds no token 0 (nothing can point into it; :func:`empty_regions` counts them).
+    Quantus 0.6.0 counts a tie as a hit when any tied pixel is inside, so a flat map hits
+    whenever the region is not empty, and an empty region as a hit.
+    """
+    tied = peak_tokens(heatmaps)
+    inside = inside.to(device=tied.device, dtype=torch.bool)
+    return (tied & inside).sum(dim=1).double() / tied.sum(dim=1).double()
+
+
+def empty_regions(inside: Tensor) -> Tensor:
+    """``[n]`` bool: the gold regions (``[n, N]`` bool) that hold no token: they score 0."""
+    return ~inside.to(torch.bool).any(dim=1).cpu()
+
+
+def pointing_note(empty: int) -> str:
+    """A table's note on the pointing game's tie rule, with the number of phrases whose gold
+    region holds no token (``empty``)."""
+    return ("pointing game: a tie for the peak is broken uniformly at random and a phrase "
+            "scores the expected hit, the share of the tied tokens in its gold region (a flat "
+            "map: the chance of a random token); "
+            f"{empty} phrase(s) whose gold region holds no token score 0")
+
+
+def pointing_hits(heatmaps: Tensor, geometry: Geometries, gold_boxes: Tensor) -> Tensor:
+    """``[n]`` float64 in ``[0, 1]``: each heatmap's expected pointing-game hit
+    (:func:`expected_hits`) on the tokens that look inside its gold box.
 
     Args:
         heatmaps: ``[n, N]`` over the token grid, row-major.
         geometry: the token geometry on the picture (one, or one per heatmap).
-        gold_boxes: ``[n, 4]`` pixel boxes.
+        gold_boxes: ``[n, 4]`` pixel boxes, or ``[n, K, 4]``: any of ``K`` boxes (NaN: none).
     """
-    inside = points_in_boxes(peak_centres(heatmaps, geometry), gold_boxes)
-    return inside & ~is_flat(heatmaps)
+    return expected_hits(heatmaps, tokens_in_boxes(geometry, gold_boxes.cpu()))
 
 
 def peak_locations(heatmaps: Tensor, geometry: Geometries, boxes: Tensor) -> Tensor:
     """``[n]`` long: which of ``K`` candidate boxes holds each heatmap's peak (the centre of
-    its hottest token, as in :func:`pointing_hits`): the index of the first box containing
+    its hottest token, the first maximum among ties): the index of the first box containing
     it, ``K`` when none does (elsewhere), ``-1`` for a flat heatmap (no peak).
 
     Args:
@@ -96,8 +144,8 @@ def peak_locations(heatmaps: Tensor, geometry: Geometries, boxes: Tensor) -> Ten
 
 
 def pointing_game(heatmaps: Tensor, geometry: Geometries, gold_boxes: Tensor) -> float:
-    """Pointing-game accuracy: the share of :func:`pointing_hits`."""
-    return float(pointing_hits(heatmaps, geometry, gold_boxes).float().mean())
+    """Pointing-game accuracy: the mean of :func:`pointing_hits`."""
+    return float(pointing_hits(heatmaps, geometry, gold_boxes).mean())
 
 
 def box_iou(a: Tensor, b: Tensor) -> Tensor:

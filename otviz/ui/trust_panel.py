@@ -46,6 +46,7 @@ from otviz.eval.trust.metrics import (
     METRICS,
     TrustMetric,
     TrustSettings,
+    flat_note,
     trust_scores,
 )
 from otviz.eval.trust.table import verdict
@@ -273,10 +274,10 @@ def _final_status(rows: Sequence[dict], phrase: TrustPhrase, n_phrases: int, row
     if row.masks is None:
         status.append(NO_BOXES)
     status += notes
-    flat = [r["Map"] for r in rows if set(r["refused"].values()) == {FLAT}]
+    flat_rows = [r for r in rows if set(r["refused"].values()) == {FLAT}]
+    flat = [r["Map"] for r in flat_rows]
     if flat:
-        status.append(f"no scores for {', '.join(flat)}: the map is flat (one value "
-                      "everywhere), nothing to order or perturb")
+        status.append(flat_note(flat, [r["refused"] for r in flat_rows]))
     why = {METHOD_LABELS[n]: reason for n, reason in flat_map_reasons().items()}
     status += [f"{label}: {why[label]}" for label in flat if label in why]
     refused = [f"{r['Map']}: {', '.join(r['refused'])}" for r in rows

@@ -24,7 +24,6 @@ from otviz.eval.grounding_baselines import (
     centre_prior_heatmaps,
     colour_oracle_heatmaps,
     colour_shared,
-    uniform_pointing,
 )
 from otviz.eval.grounding_metrics import peak_locations, pointing_hits
 from otviz.eval.patch_probe import (
@@ -51,9 +50,10 @@ def test_peak_locations_on_hand_made_heatmaps() -> None:
     loc = peak_locations(heat, TokenGeometry.cell_centred((2, 2), (80, 40)), boxes)
     assert loc.tolist() == [1, 0, 2, -1]
     assert peak_shares(loc) == {"on_a": 0.25, "on_b": 0.25, "elsewhere": 0.25, "no_peak": 0.25}
-    # the first box wins where boxes overlap; pointing_hits agrees with box 0
+    # the first box wins where boxes overlap; pointing_hits agrees with box 0, the flat map
+    # scoring the chance of a random token (1 of 4 centres in box A)
     assert pointing_hits(heat, TokenGeometry.cell_centred((2, 2), (80, 40)),
-                         boxes[:, 0]).tolist() == [False, True, False, False]
+                         boxes[:, 0]).tolist() == [0.0, 1.0, 0.0, 0.25]
 
 
 def _objects() -> list[SceneObject]:
@@ -64,15 +64,16 @@ def _objects() -> list[SceneObject]:
 
 def test_colour_oracle_points_to_unique_colours_and_halves_on_shared_ones() -> None:
     """On a rendered scene the oracle's peak lies on the only object of a unique colour; two
-    red objects share one oracle map, whose peak hits exactly one of them (50 %)."""
+    red objects share one oracle map, whose (tied) peak lies on one or the other: their
+    expected hits sum to 1 (50 % on average)."""
     objects = _objects()
     image = render_scene(objects, np.random.default_rng(0), WorldConfig())
     boxes = torch.tensor([o.box for o in objects], dtype=torch.float64)
     geometry = TokenGeometry.cell_centred((10, 10), (80, 80))
     heat = colour_oracle_heatmaps([image] * 3, [o.colour for o in objects], geometry)
     hits = pointing_hits(heat, geometry, boxes)
-    assert bool(hits[1])  # blue: unique
-    assert hits[[0, 2]].sum() == 1  # red: shared, the same map points at one of the two
+    assert hits[1] == 1  # blue: unique
+    assert float(hits[[0, 2]].sum()) == pytest.approx(1)  # red: shared, the same map
     assert [colour_shared(types.SimpleNamespace(objects=objects), k) for k in range(3)] == [
         True, False, True]
     # a patch inside the blue square is (almost) all blue; background is not blue
@@ -83,12 +84,13 @@ def test_centre_prior_and_uniform_map() -> None:
     geometry = TokenGeometry.cell_centred((10, 10), (80, 80))
     heat = centre_prior_heatmaps(2, geometry)
     centred = torch.tensor([[28, 28, 52, 52], [0, 0, 20, 20]], dtype=torch.float64)
-    assert pointing_hits(heat, geometry, centred).tolist() == [True, False]
-    # the four central patches tie at the top (first wins: row 4, col 4)
+    # the four central patches tie at the top, all four inside the centred box
+    assert pointing_hits(heat, geometry, centred).tolist() == [1.0, 0.0]
     assert int(heat[0].argmax()) == 44 and heat[0, 44] == heat[0, 55]
-    # a box over exactly 3 x 2 patch centres: 6 of 100 patches
+    # the uniform map (flat): a box over exactly 3 x 2 patch centres, 6 of 100 patches
     boxes = torch.tensor([[8, 16, 32, 32]], dtype=torch.float64)
-    assert uniform_pointing(geometry, boxes).tolist() == [pytest.approx(0.06)]
+    flat = torch.ones(1, geometry.n)
+    assert pointing_hits(flat, geometry, boxes).tolist() == [pytest.approx(0.06)]
 
 
 def test_box_weights_and_pooling() -> None:

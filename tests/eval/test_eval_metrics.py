@@ -193,11 +193,12 @@ def test_probe_items_cover_every_world_negative():
 def test_pointing_game_hand_computed():
     # grid 2x2 on an 80x40 image: patches 40x20 px, centres (20,10) (60,10) (20,30) (60,30)
     heat = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.2, 0.1], [0.0, 0.0, 0.0, 0.0]])
-    gold = torch.tensor([[40, 0, 80, 20], [0, 0, 40, 20], [0, 0, 80, 40]])
-    # hit (60,10) in box; miss (20,30) outside; flat map points nowhere -> miss
+    gold = torch.tensor([[40, 0, 80, 20], [0, 0, 40, 20], [0, 0, 40, 40]])
+    # hit (60,10) in box; miss (20,30) outside; flat map: the chance of a random patch, the
+    # box holding 2 of the 4 centres
     geometry = TokenGeometry.cell_centred((2, 2), (80, 40))
-    assert pointing_hits(heat, geometry, gold).tolist() == [True, False, False]
-    assert pointing_game(heat, geometry, gold) == pytest.approx(1 / 3)
+    assert pointing_hits(heat, geometry, gold).tolist() == [1.0, 0.0, 0.5]
+    assert pointing_game(heat, geometry, gold) == pytest.approx(1.5 / 3)
     # half-open boxes: a centre on x0 is inside, on x1 outside
     one = heat[:1]
     assert pointing_hits(one, geometry, torch.tensor([[60, 0, 80, 20]])).item()

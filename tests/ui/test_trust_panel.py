@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from otviz.backbone import Backbone
-from otviz.eval.trust.metrics import METRICS, TrustSettings
+from otviz.eval.trust.metrics import LOCALISATION, METRICS, TrustSettings
 from otviz.explain import Explainer
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, flat_map_reasons
 from otviz.ui.examples import load_examples
@@ -101,8 +101,9 @@ def test_upload_gets_the_model_based_metrics_and_says_why(tools) -> None:
 
 
 def test_a_map_flat_by_construction_gets_no_scores_and_its_reason(tools) -> None:
-    """Global+Patch's map is one value everywhere: the panel scores nothing for it and says
-    why in words (its uniform plan), not just that Quantus refused it."""
+    """Global+Patch's map is one value everywhere: the panel scores only its localisation
+    (the tie rule's chance: AUC 1/2, relevance rank = relevance mass = the region's share of
+    the pixels) and says why in words (its uniform plan), not just that Quantus refused it."""
     explainer, _ = tools
     suite = MethodSuite.training_free(explainer.backbone, WORLD_FIT_CAPTIONS[:20],
                                       ("global_patch",))
@@ -112,5 +113,10 @@ def test_a_map_flat_by_construction_gets_no_scores_and_its_reason(tools) -> None
     _, (rows, status) = _last(trust_rows(explainer, suite, encoded, [0, 1, 2, 3], False,
                                          TrustCache(), FAST))
     flat = next(r for r in rows if r["Map"] == "Global+Patch")
-    assert all(np.isnan(flat[m.key]) and m.key in flat["refused"] for m in METRICS)
+    scored = [m for m in METRICS if m.group == LOCALISATION]
+    assert all(np.isnan(flat[m.key]) and m.key in flat["refused"]
+               for m in METRICS if m not in scored)
+    assert not any(m.key in flat["refused"] for m in scored)
+    assert flat["auc"] == 0.5 and flat["rank"] == pytest.approx(flat["mass"])
+    assert 0 < flat["pointing"] < 1 and 0 < flat["mass"] < 1
     assert f"Global+Patch: {flat_map_reasons()['global_patch']}" in status

@@ -130,7 +130,8 @@ def box_to_model_pixels(box: Box, image_size: tuple[int, int], input_size: tuple
 def gold_masks(boxes: Tensor, geometry: TokenGeometry) -> Tensor:
     """``[P, 1, H, W]`` float: the gold region of each phrase at the heatmaps' resolution:
     the cells of the tokens that look inside its box (``[P, 4]`` pixels of the tower input),
-    so Quantus' pointing game hits exactly when ours does
+    so the trust table's pointing game, read back on the token grid
+    (:func:`~otviz.eval.trust.localisation.pointing`), is the grounding table's
     (:func:`~otviz.eval.grounding_metrics.pointing_hits`)."""
     inside = points_in_boxes(geometry.centres()[None], boxes[:, None, :])
     return to_pixels(inside.double(), geometry)

@@ -5,7 +5,8 @@ metrics of :data:`METRICS` with the settings of :class:`TrustSettings`, and retu
 per row and metric plus each metric's wall time. Groups (Hedström et al., JMLR 2023, Sec. 2):
 
 * localisation (needs gold boxes): pointing game (Zhang et al. 2018), relevance mass and rank
-  accuracy (Arras et al. 2022), AUC (Fawcett 2006);
+  accuracy (Arras et al. 2022), AUC (Fawcett 2006), computed by otviz row by row with one
+  rule for ties (:mod:`otviz.eval.trust.localisation`; Quantus' own reward flat maps);
 * faithfulness: deletion and insertion by patch in the map's order (region perturbation,
   Samek et al. 2017; insertion as in Petsiuk et al. 2018), scored by the backbone's phrase
   similarity, and faithfulness correlation (Bhatt et al. 2020);
@@ -33,6 +34,7 @@ from torch import nn
 from otviz.errors import UserInputError
 from otviz.eval.trust.adapter import HeatmapSource, PhraseScorer
 from otviz.eval.trust.lattice import CroppedScorer, PatchLattice
+from otviz.eval.trust.localisation import mass_accuracy, pointing, rank_accuracy, roc_auc
 
 #: The Quantus release the metrics were written against, installed without its dependencies.
 QUANTUS = "quantus==0.6.0"
@@ -257,10 +259,10 @@ def trust_scores(
     common = {"model": scorer, "x_batch": pixels, "y_batch": targets, "a_batch": maps,
               "channel_first": True, "softmax": False}  # the similarity itself, not a softmax
     runs: dict[str, Callable[[], np.ndarray]] = {
-        "pointing": lambda: quantus.PointingGame(**QUIET)(**common, s_batch=masks),
-        "mass": lambda: quantus.RelevanceMassAccuracy(**QUIET)(**common, s_batch=masks),
-        "rank": lambda: quantus.RelevanceRankAccuracy(**QUIET)(**common, s_batch=masks),
-        "auc": lambda: quantus.AUC(**QUIET)(**common, s_batch=masks),
+        "pointing": lambda: pointing(maps, masks, scorer.geometry),
+        "mass": lambda: mass_accuracy(maps, masks),
+        "rank": lambda: rank_accuracy(maps, masks),
+        "auc": lambda: roc_auc(maps, masks),
         "deletion": lambda: _deletion(common, settings, lattice),
         "insertion": lambda: _insertion(common, settings, lattice),
         "faith_corr": lambda: quantus.FaithfulnessCorrelation(
@@ -276,8 +278,10 @@ def trust_scores(
     }
     values, refused = {}, {}
     if np.ptp(maps) == 0:  # Quantus refuses a batch of maps with one value everywhere
-        nan = np.full(len(targets), np.nan)
-        return TrustScores({k: nan for k in keys}, ms, dict.fromkeys(keys, FLAT), maps)
+        flat = [k for k in keys if METRIC_BY_KEY[k].group != LOCALISATION]
+        values = {k: np.full(len(targets), np.nan) for k in flat}
+        refused = dict.fromkeys(flat, FLAT)
+        keys = [k for k in keys if k not in flat]
     for done, key in enumerate(keys, start=1):
         np.random.seed(settings.seed)
         start = time.perf_counter()
@@ -295,6 +299,15 @@ def trust_scores(
 
 
 FLAT = "the maps are flat (one value everywhere): nothing to order or perturb"
+
+
+def flat_note(names: Sequence[str], rows_refused: Sequence[dict[str, str]]) -> str:
+    """What flat maps ``names`` have no value of (the metrics ``rows_refused`` name) and why;
+    their localisation, where computed, scores a flat map's chance
+    (:mod:`otviz.eval.trust.localisation`)."""
+    keys = dict.fromkeys(k for refused in rows_refused for k in refused)
+    labels = ", ".join(METRIC_BY_KEY[k].label for k in keys)
+    return f"no {labels} for {', '.join(names)}: {FLAT}"
 #: Quantus' own progress bars and warnings off (the callers report progress).
 QUIET = {"disable_warnings": True, "display_progressbar": False}
 

@@ -14,10 +14,19 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from otviz.eval.grounding_metrics import pointing_note
 from otviz.eval.table import Column, Table
 from otviz.eval.trust.adapter import heatmap_sources, trust_inputs, world_phrases
 from otviz.eval.trust.lattice import PatchLattice
-from otviz.eval.trust.metrics import FLAT, METRICS, TrustScores, TrustSettings, trust_scores
+from otviz.eval.trust.localisation import empty_masks
+from otviz.eval.trust.metrics import (
+    FLAT,
+    METRICS,
+    TrustScores,
+    TrustSettings,
+    flat_note,
+    trust_scores,
+)
 from otviz.eval.world_set import world_config_of
 from otviz.suite import MethodSuite
 from otviz.world import World
@@ -30,10 +39,13 @@ KINDS = ("method", "explainer", "baseline")
 MAPS_NOTE = (
     "maps: each row's token map (negative heat as none) repeated over each token's cell "
     "(the pixels nearer to where it looks than to where any other token looks); "
-    "gold region: the cells of the tokens whose centre lies in the phrase's box, so the "
-    "pointing game is otviz's own (tests/eval/test_trust_metrics.py) but for ties: "
-    "Quantus counts a tie for the peak as a hit when any tied pixel is in the box, so a "
-    "flat map points everywhere (uniform map: 100 %)")
+    "gold region: the cells of the tokens whose centre lies in the phrase's box; "
+    "localisation (pointing, relevance mass and rank, AUC) computed by otviz per phrase, "
+    "a tie broken uniformly at random and the expected value scored: the pointing game is "
+    "the grounding table's (tests/eval/test_trust_metrics.py), relevance rank takes the "
+    "pixels tied at the K-th value at random, AUC counts a tied pair 1/2 (Quantus 0.6.0 "
+    "counts a tie for the peak as a hit when any tied pixel is in the box: a flat map "
+    "pointed everywhere)")
 QUANTUS_NOTE = "↑ higher is better, ↓ lower is better; Quantus 0.6.0 (Hedström et al., JMLR 2023)"
 
 
@@ -101,7 +113,15 @@ def trust_tables(
             progress("trust", k, len(sources))
     patch = PatchLattice.on_cells(inputs.scorer.geometry, settings.patch).patch
     table.notes += trust_notes(settings, patch) + refusal_notes(table)
+    if inputs.masks is not None:
+        table.notes.append(empty_note(int(empty_masks(inputs.masks).sum())))
     return table, _cost_table(cost, n_images, settings, patch)
+
+
+def empty_note(empty: int) -> str:
+    """The localisation tie rule's note, with the phrases whose gold region holds no token."""
+    return (f"{pointing_note(empty)}; in relevance mass and rank too, and they have no AUC "
+            "(no positives)")
 
 
 def trust_notes(settings: TrustSettings, patch: int) -> list[str]:
@@ -121,11 +141,12 @@ def trust_notes(settings: TrustSettings, patch: int) -> list[str]:
 def refusal_notes(table: Table) -> list[str]:
     """Which rows got no value, and why (Quantus refused their maps)."""
     notes = []
-    flat = [r["name"] for r in table.rows if set(r.get("refused", {}).values()) == {FLAT}]
+    flat = [r for r in table.rows if set(r.get("refused", {}).values()) == {FLAT}]
     if flat:
-        notes.append(f"no value for {', '.join(flat)}: {FLAT}")
+        notes.append(flat_note([r["name"] for r in flat], [r["refused"] for r in flat]))
+    flat_names = {r["name"] for r in flat}
     refused = [f"{r['name']}: {', '.join(r['refused'])}" for r in table.rows
-               if r.get("refused") and r["name"] not in flat]
+               if r.get("refused") and r["name"] not in flat_names]
     if refused:
         notes.append("refused by Quantus' checks of the maps (no value): " + "; ".join(refused))
     return notes
