@@ -27,6 +27,7 @@ from otviz.ood import WorldDistance
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, SuiteMethod
 from otviz.tiny_clip.model import DEFAULT_CHECKPOINT
 from otviz.ui.inputs import UploadExplainer, fit_image
+from otviz.ui.model_sources import ModelSource, load_local, parse_model_sources
 
 EMBEDDED = "otviz-tiny (embedded)"
 TRAINING_FREE = "training-free"
@@ -96,22 +97,19 @@ def hub_reachable(timeout_s: float = 2.0) -> bool:
         return False
 
 
-def remote_models(probe: Callable[[], bool] = hub_reachable) -> list[tuple[str, str]]:
+def remote_models(probe: Callable[[], bool] = hub_reachable) -> list[ModelSource]:
     """The real-CLIP picker entries: those of ``$OTVIZ_REMOTE_MODELS`` when set
-    (``name/tag`` separated by commas; empty: none); none offline (``HF_HUB_OFFLINE``);
-    :data:`REMOTE_MODELS` where ``probe`` reaches the hub, on a Space too (a Space that
-    cannot reach it would offer entries that each fail only after the download's
-    timeouts)."""
+    (``NAME/SOURCE`` separated by commas, SOURCE a pretrained tag or a local weight file or
+    snapshot folder: :func:`~otviz.ui.model_sources.parse_model_sources`; empty: none);
+    none offline (``HF_HUB_OFFLINE``); :data:`REMOTE_MODELS` where ``probe`` reaches the
+    hub, on a Space too (a Space that cannot reach it would offer entries that each fail
+    only after the download's timeouts)."""
     listed = os.environ.get(REMOTE_ENV)
     if listed is not None:
-        pairs = [item.strip().split("/", 1) for item in listed.split(",") if item.strip()]
-        bad = [p for p in pairs if len(p) != 2 or not all(p)]
-        if bad:
-            raise ValueError(f"{REMOTE_ENV}: expected name/tag entries, got {listed!r}")
-        return [(name, tag) for name, tag in pairs]
+        return parse_model_sources(listed, REMOTE_ENV)
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return []
-    return list(REMOTE_MODELS) if probe() else []
+    return [ModelSource(*pair) for pair in REMOTE_MODELS] if probe() else []
 
 
 def load_remote(name: str, tag: str, probe: Callable[[], bool] = hub_reachable) -> Backbone:
@@ -148,6 +146,21 @@ class BackboneChoice:
         return identity.get("name") == self.model_name and tags.get("pretrained") == (
             self.pretrained
         )
+
+
+def real_clip_choice(source: ModelSource) -> BackboneChoice:
+    """The picker entry of a real CLIP: a tag downloaded at first pick (its label with the
+    weights' size where known), a local file or snapshot folder read from disk with no hub
+    call; heads train on the same weights (``open_clip_model``, ``pretrained``)."""
+    model_name, pretrained = source.open_clip_args
+    if source.is_local:
+        label, load = source.label, functools.partial(load_local, source)
+    else:
+        note = REMOTE_NOTES.get(source)
+        label = source.label + (f" ({note}; downloaded at first pick)" if note else "")
+        load = functools.partial(load_remote, *source)
+    return BackboneChoice(label, load, COMMON_CONCEPTS, model_name, pretrained,
+                          {"open_clip_model": model_name, "pretrained": pretrained or ""})
 
 
 @dataclass
@@ -218,25 +231,17 @@ class AppContext:
 
     @classmethod
     def default(
-        cls, remote: list[tuple[str, str]] | None = None, heads_root: Path = HEADS_ROOT
+        cls, remote: list[ModelSource] | list[tuple[str, str]] | None = None,
+        heads_root: Path = HEADS_ROOT,
     ) -> AppContext:
-        """The embedded tiny CLIP, plus open_clip ``(name, pretrained)`` models that need
-        the network (offered where weights can be downloaded, e.g. on a Space), plus the
-        trained heads found under ``heads_root``."""
+        """The embedded tiny CLIP, plus real CLIPs ``(name, source)`` (a pretrained tag,
+        downloaded at first pick where the hub can be reached, e.g. on a Space, or a local
+        weight file or snapshot folder: :class:`~otviz.ui.model_sources.ModelSource`),
+        plus the trained heads found under ``heads_root``."""
         choices = [BackboneChoice(EMBEDDED, Backbone.from_checkpoint, WORLD_FIT_CAPTIONS,
                                   knows_only_world=True)]
-        for name, tag in remote or []:
-            note = REMOTE_NOTES.get((name, tag))
-            choices.append(
-                BackboneChoice(
-                    f"{name} / {tag}" + (f" ({note}; downloaded at first pick)" if note else ""),
-                    functools.partial(load_remote, name, tag),
-                    COMMON_CONCEPTS,
-                    name,
-                    tag,
-                    {"open_clip_model": name, "pretrained": tag},
-                )
-            )
+        for source in map(ModelSource._make, remote or []):
+            choices.append(real_clip_choice(source))
         ctx = cls(choices)
         for choice in choices:
             heads = {
