@@ -16,12 +16,18 @@ and Hugging Face text towers), looked up once by the tower's class; the token ->
 comes from the model's tokenizer (:func:`otviz.text.tokenizers.word_tokenizer`: open_clip
 BPE or a Hugging Face tokenizer's offsets).
 
+Where the patch features come from and at which input size is one choice per backbone:
+:meth:`Backbone.with_features` gives a view of the same model whose every encode reads that
+feature source (:mod:`otviz.towers.sources`: ``last``, ``layer:K``, the dense last-block
+paths) at that input size; the default is the last block at the tower's native size.
+
 Two ways to get one: :meth:`Backbone.from_checkpoint` (the embedded tiny CLIP, offline) and
 :meth:`Backbone.from_pretrained` (any open_clip name + pretrained tag or local weight file).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from collections.abc import Callable
@@ -47,6 +53,7 @@ from otviz.text.tokens import TokenBatch, TokenizationError
 from otviz.text.words import Word
 from otviz.tiny_clip.model import DEFAULT_CHECKPOINT, load_tiny_clip
 from otviz.towers import BackboneLoadError, image_tower, text_tower
+from otviz.towers.sources import LAST, FeatureSource, parse_feature_source
 
 Space = Literal["width", "projected"]
 
@@ -149,6 +156,37 @@ class Backbone:
         self.space = space
         self.name = name
         self.info = info or {}
+        self.features: FeatureSource = LAST
+
+    def with_features(self, features: str | FeatureSource = "last",
+                      image_size: int | None = None) -> Backbone:
+        """A view of this backbone (same model, weights, tokenizer and space) whose every
+        encode reads the patch features from ``features`` (``last``, ``layer:K``,
+        ``maskclip``, ``sclip``, ``clearclip``, ``naclip``) with the image tower run at
+        ``image_size`` px (``None``: its native size; the preprocessing and the token
+        geometry follow). :class:`otviz.errors.UserInputError` names the sources the tower
+        has when it cannot give ``features``, or says that it cannot be resized."""
+        source = parse_feature_source(features)
+        tower = self.image_tower.at_size(image_size)
+        tower.check_source(source)
+        view = copy.copy(self)
+        view.image_tower, view.features = tower, source
+        if tower.image_size != self.image_tower.image_size:
+            view.preprocess = _eval_transform(self.model, tower.image_size[0])
+        return view
+
+    @property
+    def image_size(self) -> int:
+        """The input side in pixels the image tower runs at."""
+        return int(self.image_tower.image_size[0])
+
+    @property
+    def preprocess_cfg(self) -> dict[str, Any]:
+        """The model's preprocessing configuration at this backbone's input size."""
+        cfg = dict(getattr(self.model.visual, "preprocess_cfg", None) or {})
+        if self.image_tower.side is not None:
+            cfg["size"] = self.image_tower.image_size
+        return cfg
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -227,8 +265,7 @@ class Backbone:
         """Where each token looks on a ``width x height`` picture: the tower's token geometry
         (:attr:`otviz.towers.base.ImageTower.geometry`) carried through the preprocessing's
         resize and crop (:meth:`otviz.patch_grid.tokens.TokenGeometry.on_image`)."""
-        preprocess = getattr(self.model.visual, "preprocess_cfg", None)
-        return self.image_tower.geometry.on_image(width, height, preprocess)
+        return self.image_tower.geometry.on_image(width, height, self.preprocess_cfg or None)
 
     def image_tensor(self, images: list[ImageInput]) -> Tensor:
         """``[B, 3, H, W]`` model input from any images (see :func:`to_rgb`)."""
@@ -280,7 +317,7 @@ class Backbone:
     def forward_tensors(self, pixels: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(patches [B,N,Dv], tokens [B,L,Dt], image_global [B,E], text_global [B,E])`` for
         preprocessed pixels and token ids (differentiable; no ``no_grad`` here)."""
-        patches, image_global = self.image_tower.encode(pixels)
+        patches, image_global = self.image_tower.encode(pixels, self.features)
         tokens, text_global = self.text_tower.encode(ids.to(pixels.device))
         if self.space == "projected":
             patches = self.image_tower.project(patches)
@@ -319,10 +356,14 @@ class Backbone:
 
 
 # --------------------------------------------------------------------- model helpers
-def _eval_transform(model: nn.Module) -> Callable[[Image.Image], Tensor]:
+def _eval_transform(model: nn.Module, side: int | None = None) -> Callable[[Image.Image], Tensor]:
+    """The model's eval image transform (at ``side x side`` px instead of its own size)."""
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
-    return image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), is_train=False)
+    cfg = dict(model.visual.preprocess_cfg)
+    if side is not None:
+        cfg["size"] = (side, side)
+    return image_transform_v2(PreprocessCfg(**cfg), is_train=False)
 
 
 def _load_advice(name: str, pretrained: str | None, error: Exception) -> str:

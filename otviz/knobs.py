@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+from otviz.errors import UserInputError
 from otviz.registry import declared_classes
 
 
@@ -85,3 +86,36 @@ VisionPool = Annotated[str, OneOf(VISION_POOLS)]
 PosEmbed = Annotated[str, OneOf(POS_EMBEDS)]
 VisionStem = Annotated[str, OneOf(VISION_STEMS)]
 HeadStart = Annotated[str, OneOf(HEAD_STARTS)]
+
+#: Where the patch features come from (:mod:`otviz.towers.sources`): the last block, block
+#: ``K`` (``layer:K``, negative K counts from the end) or one of the dense last-block paths
+#: (MaskCLIP, SCLIP, ClearCLIP, NACLIP).
+DENSE_SOURCES = ("maskclip", "sclip", "clearclip", "naclip")
+FEATURE_SOURCE_NAMES = ("last", "layer:K", *DENSE_SOURCES)
+
+
+def feature_source_parts(text: str) -> tuple[str, int | None]:
+    """``(kind, layer)`` of a feature source written ``last``, ``layer:K`` (K an integer) or a
+    dense path's name; :class:`~otviz.errors.UserInputError` naming every accepted form."""
+    word = str(text).strip().lower()
+    if word == "last" or word in DENSE_SOURCES:
+        return word, None
+    kind, colon, number = word.partition(":")
+    if kind == "layer" and colon:
+        try:
+            return "layer", int(number)
+        except ValueError:
+            pass
+    raise UserInputError(
+        f"features: {text!r} is not a feature source; write one of "
+        f"{', '.join(FEATURE_SOURCE_NAMES)} (K a block index, negative from the end)")
+
+
+@dataclass(frozen=True)
+class SourceForm:
+    """The field holds a feature source's text (:func:`feature_source_parts`)."""
+
+
+FeatureSourceText = Annotated[str, SourceForm()]
+#: An input side in pixels, or 0 for the tower's native size.
+ImageSide = Annotated[int, AtLeast(0)]

@@ -15,8 +15,16 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from otviz.errors import UserInputError
 from otviz.field_docs import FieldDoc, field_docs, field_rules
-from otviz.knobs import AtLeast, ListOf, OneOf
+from otviz.knobs import (
+    FEATURE_SOURCE_NAMES,
+    AtLeast,
+    ListOf,
+    OneOf,
+    SourceForm,
+    feature_source_parts,
+)
 
 T = TypeVar("T")
 
@@ -86,6 +94,16 @@ def comma_list(rule: ListOf) -> Callable[[str], str]:
     return read
 
 
+def feature_source_text(text: str) -> str:
+    """An argparse ``type`` checking a feature source's text (:class:`SourceForm`); the
+    canonical text is kept."""
+    try:
+        kind, layer = feature_source_parts(text)
+    except UserInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return kind if layer is None else f"{kind}:{layer}"
+
+
 def _kind_name(kind: type) -> str:
     return {int: "an integer", float: "a number"}.get(kind, kind.__name__)
 
@@ -120,6 +138,9 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type,
         elif isinstance(rule, OneOf):
             kw["choices"] = (*rule.names, *(also or {}).get(f.name, ()))
             kw["metavar"] = None  # argparse shows the choices
+        elif isinstance(rule, SourceForm):
+            kw["type"] = feature_source_text
+            kw["metavar"] = "|".join(FEATURE_SOURCE_NAMES)
         elif isinstance(rule, ListOf):
             kw["type"] = comma_list(rule)
             kw["metavar"] = "A,B,..."

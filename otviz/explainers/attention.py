@@ -18,7 +18,7 @@ Families: open_clip's ``VisionTransformer`` (class token, mean, CoCa's attention
 whose blocks are re-run here with the attention map written out (:func:`vit_blocks`), and
 timm's ViT-style trunks (timm ``VisionTransformer``: SigLIP, SigLIP 2; ``Eva``: EVA02,
 EVA-CLIP, PE), whose own forward is run on the explainers' private copy of the model
-(:mod:`otviz.explainers.private`) with their unfused attention path switched on and the
+(:mod:`otviz.towers.private`) with their unfused attention path switched on and the
 attention probabilities read by a hook where timm computes them (the ``attn_drop`` that
 follows the softmax). Anything else raises :class:`ExplainerUnsupportedError` naming the
 explainer and the reason.
@@ -27,8 +27,6 @@ explainer and the reason.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +35,7 @@ from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
 from torch import Tensor, nn
 
 from otviz.explainers.base import ExplainerUnsupportedError
-from otviz.explainers.private import HOOKS, private_model
+from otviz.towers.private import HOOKS, hooked, private_model, timm_attention, unfused
 from otviz.towers.timm_tower import TimmTower
 from otviz.towers.vit import VitTower, value_path
 
@@ -207,37 +205,6 @@ class OpenClipVitReader(AttentionReader):
 
 
 # ----------------------------------------------------------------------- timm ViT trunks
-def _timm_attention(block: nn.Module) -> nn.Module | None:
-    """The block's attention module when it has timm's unfused path (``fused_attn`` and the
-    ``attn_drop`` right after the softmax), else ``None``."""
-    attn = getattr(block, "attn", None)
-    if attn is None or not hasattr(attn, "fused_attn") or not isinstance(
-            getattr(attn, "attn_drop", None), nn.Module):
-        return None
-    return attn
-
-
-@contextmanager
-def _unfused(attns: list[nn.Module]) -> Iterator[None]:
-    """timm's attention modules on their unfused path (the softmax written out) meanwhile."""
-    before = [a.fused_attn for a in attns]
-    try:
-        for a in attns:
-            a.fused_attn = False
-        yield
-    finally:
-        for a, fused in zip(attns, before, strict=True):
-            a.fused_attn = fused
-
-
-@contextmanager
-def _hooks(*handles: torch.utils.hooks.RemovableHandle) -> Iterator[None]:
-    with ExitStack() as stack:
-        for handle in handles:
-            stack.callback(handle.remove)
-        yield
-
-
 def latent_pool_attention(pool: nn.Module, x: Tensor) -> Tensor:
     """``[B, heads, Q, T]`` the softmax attention of timm's ``AttentionPoolLatent`` (the
     ``map`` pooling of SigLIP) from its latent queries to the tokens ``x`` it pools, as its
@@ -263,7 +230,7 @@ class TimmVitReader(AttentionReader):
         trunk = model.visual.trunk
         blocks = getattr(trunk, "blocks", None)
         if blocks is None or not hasattr(trunk, "patch_embed") or not all(
-                _timm_attention(b) is not None and hasattr(b, "drop_path1") for b in blocks):
+                timm_attention(b) is not None and hasattr(b, "drop_path1") for b in blocks):
             raise ExplainerUnsupportedError(
                 f"{self.explainer} reads ViT attention maps; timm trunk "
                 f"{type(trunk).__name__} has no ViT blocks of timm's attention")
@@ -281,7 +248,7 @@ class TimmVitReader(AttentionReader):
     def trace(self, pixels: Tensor) -> AttentionTrace:
         with HOOKS:
             trunk = private_model(self.model).visual.trunk
-            attns = [_timm_attention(b) for b in trunk.blocks]
+            attns = [timm_attention(b) for b in trunk.blocks]
             tokens: list[Tensor] = []
             maps: list[Tensor] = []
             handles = [trunk.blocks[0].register_forward_pre_hook(
@@ -290,7 +257,7 @@ class TimmVitReader(AttentionReader):
                         for b in trunk.blocks]
             handles += [a.attn_drop.register_forward_hook(lambda _m, _a, out: maps.append(out))
                         for a in attns]
-            with _unfused(attns), _hooks(*handles):
+            with unfused(attns), hooked(*handles):
                 trunk.forward_features(pixels)
         if len(maps) != len(trunk.blocks) or len(tokens) != len(maps) + 1:
             raise ExplainerUnsupportedError(
@@ -329,7 +296,7 @@ class TimmVitReader(AttentionReader):
         with HOOKS:
             visual = private_model(self.model).visual
             last = visual.trunk.blocks[-1]
-            attn = _timm_attention(last)
+            attn = timm_attention(last)
             branch: list[Tensor] = []
 
             def identity(_module: nn.Module, _args: tuple, a: Tensor) -> Tensor:
@@ -339,7 +306,7 @@ class TimmVitReader(AttentionReader):
             handles = (attn.attn_drop.register_forward_hook(identity),
                        last.drop_path1.register_forward_pre_hook(
                            lambda _m, args: branch.append(args[0])))
-            with _unfused([attn]), _hooks(*handles):
+            with unfused([attn]), hooked(*handles):
                 visual.trunk.forward_features(pixels)
             n = self.grid[0] * self.grid[1]
             return TimmTower(visual).project(visual.trunk.norm(branch[0])[:, -n:])

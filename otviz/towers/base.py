@@ -20,6 +20,7 @@ from otviz.errors import UserInputError
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.registry import Registry
 from otviz.towers.geometry import trace_geometry
+from otviz.towers.sources import LAST, FeatureSource
 
 
 class BackboneLoadError(UserInputError, RuntimeError):
@@ -29,13 +30,16 @@ class BackboneLoadError(UserInputError, RuntimeError):
 class ImageTower:
     """Adapter of one image-tower family (``model.visual``).
 
-    Subclasses implement :meth:`encode` and :meth:`project`; the grid and dimensions
-    default to one forward pass on a blank image at the tower's native size, which
-    subclasses replace where the tower states them.
+    Subclasses implement :meth:`_encode` and :meth:`project`, and say which feature sources
+    they give (:meth:`sources`); the grid and dimensions default to one forward pass on a
+    blank image at the tower's input size, which subclasses replace where the tower states
+    them. ``side``: the input side in pixels this adapter runs the tower at (``None``: the
+    tower's native size; :meth:`at_size`).
     """
 
-    def __init__(self, visual: nn.Module) -> None:
+    def __init__(self, visual: nn.Module, side: int | None = None) -> None:
         self.visual = visual
+        self.side = side
         self._probe: tuple[tuple[int, int], int, int] | None = None
         self._geometry: TokenGeometry | None = None
 
@@ -44,19 +48,74 @@ class ImageTower:
         """The tower family in words, for notes shown to people (``"ModifiedResNet"``)."""
         return type(self.visual).__name__
 
-    def encode(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
-        """``(patches [B, N, width], pooled [B, E])``: width-space patch tokens, row-major on
-        :attr:`grid`, and the tower's own pooled, projected image embedding."""
+    def sources(self) -> tuple[str, ...]:
+        """The feature sources this tower gives, as written (``layer:K`` for any layer;
+        :mod:`otviz.towers.sources`)."""
+        return ("last",)
+
+    @property
+    def depth(self) -> int:
+        """The number of blocks ``layer:K`` counts (towers giving ``layer:K`` state it)."""
         raise NotImplementedError
+
+    def check_source(self, source: FeatureSource) -> FeatureSource:
+        """``source`` with a layer index counted from the start; :class:`UserInputError`
+        naming the sources this tower has when it cannot give ``source``."""
+        if source.form not in self.sources():
+            raise UserInputError(
+                f"features: the {self.family} tower cannot give {source}; "
+                f"it gives {', '.join(self.sources())}")
+        if source.kind != "layer":
+            return source
+        depth = self.depth
+        if not -depth <= int(source.layer) < depth:  # type: ignore[arg-type]
+            raise UserInputError(
+                f"features: {source} is outside the {self.family} tower's {depth} blocks; "
+                f"K runs from 0 to {depth - 1} (or -{depth} to -1 from the end)")
+        return FeatureSource("layer", int(source.layer) % depth)  # type: ignore[arg-type]
+
+    def encode(self, pixels: Tensor, source: FeatureSource = LAST) -> tuple[Tensor, Tensor]:
+        """``(patches [B, N, width], pooled [B, E])``: width-space patch tokens read from
+        ``source``, row-major on :attr:`grid`, and the tower's own pooled, projected image
+        embedding (:class:`UserInputError` for a source the tower cannot give)."""
+        return self._encode(pixels, self.check_source(source))
+
+    def _encode(self, pixels: Tensor, source: FeatureSource) -> tuple[Tensor, Tensor]:
+        """:meth:`encode` for a source this tower gives (a layer counted from the start)."""
+        raise NotImplementedError
+
+    @property
+    def resizable(self) -> bool:
+        """Whether :meth:`at_size` can run this tower at another input size."""
+        return False
+
+    def at_size(self, side: int | None) -> ImageTower:
+        """This adapter's family on the same tower, run at ``side x side`` pixels (``None``
+        or the native side: the native size); :class:`UserInputError` for a tower that
+        cannot be resized."""
+        native = self.native_size
+        if side is None or (side, side) == native:
+            return type(self)(self.visual)
+        if not self.resizable:
+            raise UserInputError(
+                f"image size: the {self.family} tower runs at its native {native[0]} x "
+                f"{native[1]} px only; leave the image size unset")
+        return type(self)(self.visual, int(side))
 
     def project(self, patches: Tensor) -> Tensor:
         """``[B, N, width] -> [B, N, E]``: each position into the joint space."""
         raise NotImplementedError
 
     @property
-    def image_size(self) -> tuple[int, int]:
+    def native_size(self) -> tuple[int, int]:
+        """``(height, width)`` the tower was built for."""
         size = self.visual.preprocess_cfg["size"]
         return (size, size) if isinstance(size, int) else tuple(size)  # type: ignore[return-value]
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """``(height, width)`` of the input this adapter runs the tower at."""
+        return self.native_size if self.side is None else (self.side, self.side)
 
     def _probed(self) -> tuple[tuple[int, int], int, int]:
         """``(grid, width, embed_dim)`` measured on one blank image (cached)."""

@@ -6,7 +6,9 @@ space is that map as is. The tower pools it with a QKV attention pool (``attnpoo
 query is the mean of the map. Projected space, as MaskCLIP does for ResNet CLIPs (Zhou et
 al. 2022, Sec. 3.2): each position through the attention pool's value and output
 projections, ``c_proj(v_proj(x))``, i.e. the pool's output for a query that attends to that
-position alone (positional embedding not added, as in MaskCLIP).
+position alone (positional embedding not added, as in MaskCLIP). So the ``maskclip`` source
+of this family is its ``last`` source read as ever; ``layer:K`` is refused (the stages'
+maps have other widths and no final norm or projection reads them).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from otviz.towers.base import ImageTower, register_image_tower
+from otviz.towers.sources import FeatureSource
 
 
 @register_image_tower(ModifiedResNet)
@@ -33,7 +36,10 @@ class ResNetTower(ImageTower):
     def embed_dim(self) -> int:
         return int(self.visual.output_dim)
 
-    def encode(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
+    def sources(self) -> tuple[str, ...]:
+        return ("last", "maskclip")
+
+    def _encode(self, pixels: Tensor, source: FeatureSource) -> tuple[Tensor, Tensor]:
         _, patches, pooled = self._grid_forward(pixels)
         return patches, pooled
 

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from open_clip.transformer import AttentionalPooler, VisionTransformer
+import torch
+from open_clip.transformer import AttentionalPooler, ResidualAttentionBlock, VisionTransformer
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from otviz.knobs import DENSE_SOURCES
 from otviz.tiny_clip.conv_stem import ConvStem
 from otviz.towers.base import ImageTower, register_image_tower
+from otviz.towers.dense import KEEPS_RESIDUAL, dense_attention
+from otviz.towers.sources import FeatureSource
 
 
 def value_path(attention: nn.MultiheadAttention, x: Tensor) -> Tensor:
@@ -31,15 +35,67 @@ def value_path(attention: nn.MultiheadAttention, x: Tensor) -> Tensor:
     return attention.out_proj(F.linear(x, weight, bias))
 
 
+def interpolated_positions(positions: Tensor, grid: tuple[int, int], prefix: int = 1) -> Tensor:
+    """``[prefix + h * w, D]`` a square grid's position embeddings (after ``prefix`` prefix
+    rows) resized to ``grid`` bicubically, as open_clip's ``resize_pos_embed`` and timm's
+    ``resample_abs_pos_embed`` do (224 -> 448 px on ViT-B/16: 14 x 14 -> 28 x 28)."""
+    old = int(round((positions.shape[0] - prefix) ** 0.5))
+    if (old, old) == tuple(grid):
+        return positions
+    patch = positions[prefix:].reshape(1, old, old, -1).permute(0, 3, 1, 2)
+    patch = F.interpolate(patch.float(), size=grid, mode="bicubic", antialias=True,
+                          align_corners=False).to(positions.dtype)
+    return torch.cat([positions[:prefix], patch.permute(0, 2, 3, 1).reshape(-1, patch.shape[1])])
+
+
+def block_attention_branch(block: ResidualAttentionBlock, x: Tensor, kind: str,
+                           grid: tuple[int, int]) -> Tensor:
+    """``ls_1(out_proj(A v))``: the attention branch of an open_clip block on tokens ``x``
+    with its mixing replaced by the dense path ``kind``
+    (:func:`otviz.towers.dense.dense_attention`)."""
+    mha: nn.MultiheadAttention = block.attn
+    if kind == "maskclip":  # A = I: each token's own value, no T x T matrix needed
+        return block.ls_1(value_path(mha, block.ln_1(x)))
+    b, t, d = x.shape
+    heads = mha.num_heads
+    qkv = F.linear(block.ln_1(x), mha.in_proj_weight, mha.in_proj_bias)
+    q, k, v = (z.reshape(b, t, heads, d // heads).transpose(1, 2) for z in qkv.chunk(3, dim=-1))
+    a = dense_attention(kind, q, k, (d // heads) ** -0.5, grid)
+    return block.ls_1(mha.out_proj((a @ v).transpose(1, 2).reshape(b, t, d)))
+
+
+def dense_block(block: ResidualAttentionBlock, x: Tensor, kind: str, grid: tuple[int, int],
+                ) -> Tensor:
+    """The last block rewritten as the dense path ``kind`` (:mod:`otviz.towers.dense`): its
+    attention branch alone, or with the residual and feed-forward where the path keeps them."""
+    branch = block_attention_branch(block, x, kind, grid)
+    if kind not in KEEPS_RESIDUAL:
+        return branch
+    x = x + branch
+    return x + block.ls_2(block.mlp(block.ln_2(x)))
+
+
 def _through_pooler(pooler: AttentionalPooler, x: Tensor) -> Tensor:
     return value_path(pooler.attn, pooler.ln_k(x))
+
+
+def _standard_blocks(visual: VisionTransformer) -> bool:
+    """Whether every block is a self-attention block of ``nn.MultiheadAttention``."""
+    return all(isinstance(b, ResidualAttentionBlock) and isinstance(b.attn, nn.MultiheadAttention)
+               and not hasattr(b, "ln_1_kv") for b in visual.transformer.resblocks)
 
 
 @register_image_tower(VisionTransformer)
 class VitTower(ImageTower):
     @property
     def grid(self) -> tuple[int, int]:
-        return tuple(self.visual.grid_size)  # type: ignore[return-value]
+        if self.side is None:
+            return tuple(self.visual.grid_size)  # type: ignore[return-value]
+        conv1 = self.visual.conv1
+        param = next(conv1.parameters())
+        with torch.no_grad():
+            out = conv1(torch.zeros(1, 3, *self.image_size, dtype=param.dtype, device=param.device))
+        return (int(out.shape[-2]), int(out.shape[-1]))
 
     @property
     def width(self) -> int:
@@ -68,9 +124,56 @@ class VitTower(ImageTower):
         conv1 = self.visual.conv1
         return conv1, lambda pixels: tuple(conv1(pixels).shape[-2:])
 
-    def encode(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
-        out = self.visual.forward_intermediates(pixels, indices=1, output_fmt="NLC")
-        return self.norm(out["image_intermediates"][-1]), out["image_features"]
+    def sources(self) -> tuple[str, ...]:
+        dense = DENSE_SOURCES if _standard_blocks(self.visual) else ()
+        return ("last", "layer:K", *dense)
+
+    @property
+    def depth(self) -> int:
+        return len(self.visual.transformer.resblocks)
+
+    @property
+    def resizable(self) -> bool:
+        return True
+
+    def _encode(self, pixels: Tensor, source: FeatureSource) -> tuple[Tensor, Tensor]:
+        if source.kind == "last" and self.side is None:  # the tower's own forward, as ever
+            out = self.visual.forward_intermediates(pixels, indices=1, output_fmt="NLC")
+            return self.norm(out["image_intermediates"][-1]), out["image_features"]
+        tokens, pooled = self._tokens(pixels, source)
+        return self.norm(tokens[:, -self.grid[0] * self.grid[1]:]), pooled
+
+    def embeds(self, pixels: Tensor) -> Tensor:
+        """``[B, 1 + h * w, D]`` the first block's input at any input size: open_clip's
+        ``_embeds`` with the position embeddings resized to the grid
+        (:func:`interpolated_positions`)."""
+        v = self.visual
+        x = v.conv1(pixels)
+        grid = (int(x.shape[-2]), int(x.shape[-1]))
+        x = x.flatten(2).transpose(1, 2)
+        cls = v.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
+        positions = interpolated_positions(v.positional_embedding, grid).to(x.dtype)
+        x = torch.cat([cls, x], dim=1) + positions
+        return v.ln_pre(v.patch_dropout(x))
+
+    def _tokens(self, pixels: Tensor, source: FeatureSource) -> tuple[Tensor, Tensor]:
+        """``(tokens [B, T, D], pooled [B, E])``: the tokens ``source`` reads (block
+        ``K``'s output, the last block's, or the last block rewritten as a dense path) and
+        the tower's pooled embedding of its own last block."""
+        v = self.visual
+        *first, last = v.transformer.resblocks
+        x = self.embeds(pixels)
+        read = None
+        for index, block in enumerate(first):
+            x = block(x)
+            if source.kind == "layer" and index == source.layer:
+                read = x
+        if source.kind in DENSE_SOURCES:
+            read = dense_block(last, x, source.kind, self.grid)
+        x = last(x)
+        pooled, _ = v._pool(x)
+        pooled = pooled @ v.proj if v.proj is not None else pooled
+        return (x if read is None else read), pooled
 
     def norm(self, x: Tensor) -> Tensor:
         """Block-output tokens ``[B, T, D]`` -> the width space of :meth:`encode`'s patches."""

@@ -16,7 +16,7 @@ from otviz.explainers.attention import attention, attention_reader, latent_pool_
 from otviz.explainers.base import min_max
 from otviz.explainers.legrad import LeGradExplainer
 from otviz.explainers.maskclip import MaskClipExplainer
-from otviz.explainers.private import private_model
+from otviz.towers.private import private_model
 from otviz.towers.timm_tower import TimmTower
 from tests.towers.conftest import shrunk_backbone
 

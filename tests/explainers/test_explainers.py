@@ -246,7 +246,7 @@ def test_gradcam_never_sees_a_forward_of_the_shared_model():
     """The library's hooks sit on Grad-CAM's private copy of the model: a forward of the
     shared model in the middle of a call (another server thread's Align click, here run from
     a pre-hook on the copy's forward) leaves the map unchanged."""
-    from otviz.explainers.private import private_model
+    from otviz.towers.private import private_model
 
     model, size = TOWERS["vit"]()
     pixels, text = _inputs(size)
