@@ -23,6 +23,7 @@ from otviz.ui.model_sources import ModelSource
 from otviz.ui.phrase_grids import DRAWER
 from otviz.ui.phrases_tab import build_phrases_tab
 from otviz.ui.probe_tab import build_probe_tab
+from otviz.ui.reading_controls import build_reading_controls
 from otviz.ui.train_jobs import TrainingJobs
 from otviz.ui.train_tab import build_train_tab
 from otviz.ui.upload_cache import DELETE_CACHE, own_upload_cache
@@ -82,6 +83,7 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
             # choices still pass; the context names unknown ones
             checkpoint = gr.Dropdown(choices, value=ctx.default_checkpoint(), label="Checkpoint",
                                      allow_custom_value=True, elem_id="shared-checkpoint")
+            build_reading_controls(ctx, checkpoint)
             examples = load_examples()
             if examples:
                 gr.Examples(
