@@ -43,6 +43,14 @@ class Reading:
         parts += [] if self.image_size is None else [f"{self.image_size}{SIZE_SUFFIX}"]
         return "".join(SEPARATOR + part for part in parts)
 
+    @property
+    def train_fields(self) -> dict[str, str | int]:
+        """The training config's fields (``features``, ``image_size``: 0 for native) that
+        train heads on this reading; none for the default."""
+        if self == DEFAULT_READING:
+            return {}
+        return {"features": self.features, "image_size": self.image_size or 0}
+
 
 DEFAULT_READING = Reading()
 
