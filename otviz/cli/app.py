@@ -23,14 +23,30 @@ def build_parser(prog: str = "otviz app") -> argparse.ArgumentParser:
     parser.add_argument("--max-file-size", default=None,
                         help="largest accepted upload, e.g. 50mb (default: "
                         "$OTVIZ_MAX_FILE_SIZE or 50mb)")
+    parser.add_argument("--model", action="append", default=[], metavar="NAME",
+                        help="an open_clip architecture to offer in the picker, e.g. ViT-B-16 "
+                        "(repeatable; each with a --pretrained). Given, these pairs replace "
+                        "$OTVIZ_REMOTE_MODELS and the hub's list")
+    parser.add_argument("--pretrained", action="append", default=[], metavar="SOURCE",
+                        help="the weights of the --model before it: an open_clip pretrained "
+                        "tag (downloaded at first pick), a local weight file (.pt, .pth, "
+                        ".bin, .safetensors) or a local Hugging Face snapshot folder "
+                        "(open_clip_config.json and weights), read with no hub call")
     return parser
 
 
 def main(argv: list[str] | None = None, prog: str = "otviz app") -> int:
     """Parse the app's flags and serve it until interrupted."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if len(args.model) != len(args.pretrained):
+        parser.error(f"--model and --pretrained come in pairs: got {len(args.model)} --model "
+                     f"and {len(args.pretrained)} --pretrained")
     from otviz.ui.app import launch
+    from otviz.ui.model_sources import ModelSource
 
-    launch(args.max_file_size, server_name=args.host, server_port=args.port, share=args.share)
+    models = [ModelSource(*pair) for pair in zip(args.model, args.pretrained, strict=True)]
+    launch(args.max_file_size, models or None, server_name=args.host, server_port=args.port,
+           share=args.share)
     return 0

@@ -19,9 +19,11 @@ from otviz.ui.browse_tab import AlignTarget, BrowseSources, build_browse_tab
 from otviz.ui.context import AppContext, SharedInputs, on_space, remote_models
 from otviz.ui.examples import load_examples
 from otviz.ui.inputs import CheckedImage, guard_callbacks, on_upload
+from otviz.ui.model_sources import ModelSource
 from otviz.ui.phrase_grids import DRAWER
 from otviz.ui.phrases_tab import build_phrases_tab
 from otviz.ui.probe_tab import build_probe_tab
+from otviz.ui.reading_controls import build_reading_controls
 from otviz.ui.train_jobs import TrainingJobs
 from otviz.ui.train_tab import build_train_tab
 from otviz.ui.upload_cache import DELETE_CACHE, own_upload_cache
@@ -81,6 +83,7 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
             # choices still pass; the context names unknown ones
             checkpoint = gr.Dropdown(choices, value=ctx.default_checkpoint(), label="Checkpoint",
                                      allow_custom_value=True, elem_id="shared-checkpoint")
+            build_reading_controls(ctx, checkpoint)
             examples = load_examples()
             if examples:
                 gr.Examples(
@@ -190,16 +193,20 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def launch(max_file_size: str | int | None = None, **kwargs) -> None:
+def launch(
+    max_file_size: str | int | None = None, models: list[ModelSource] | None = None, **kwargs
+) -> None:
     """Build and serve the app with a bounded queue and bounded uploads and its log
     (:func:`server_logging`), Gradio's upload cache under the app's data folder
     (:func:`~otviz.ui.upload_cache.own_upload_cache`); on a Space the benepar parser is
-    fetched at start-up. What start-up built is frozen (:func:`freeze_startup_heap`)."""
+    fetched at start-up. The real CLIPs offered are ``models`` (``otviz app --model NAME
+    --pretrained SOURCE``) when given, else :func:`remote_models`'. What start-up built is
+    frozen (:func:`freeze_startup_heap`)."""
     server_logging()
     own_upload_cache()  # before any component is built: they read it when built
     if on_space() and not try_download_benepar():
         log.info("benepar unavailable: trees come from the built-in parser")
-    app = build_app()
+    app = build_app(AppContext.default(remote_models() if models is None else models))
     freeze_startup_heap()
     stop_on_sigterm()
     DRAWER.start()  # the phrase grids' drawing worker, ready before the first visitor

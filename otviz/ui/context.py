@@ -27,6 +27,8 @@ from otviz.ood import WorldDistance
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, SuiteMethod
 from otviz.tiny_clip.model import DEFAULT_CHECKPOINT
 from otviz.ui.inputs import UploadExplainer, fit_image
+from otviz.ui.model_sources import ModelSource, load_local, parse_model_sources
+from otviz.ui.reading import DEFAULT_READING, Reading, offered_sizes, split_reading
 
 EMBEDDED = "otviz-tiny (embedded)"
 TRAINING_FREE = "training-free"
@@ -38,6 +40,9 @@ FREE_VARIANTS: dict[str, str] = {TRAINING_FREE: "positive", TRAINING_FREE_FAITHF
 SHIPPED_HEADS = "trained heads"
 #: Out-of-distribution verdicts kept (backbone, image) -> far.
 NOTICE_CACHE = 256
+#: Readings other than the default (a feature source, an input size) kept per server, each
+#: with its encoded images and method suites; the least recently used one goes first.
+READINGS_KEPT = 8
 SEPARATOR = " · "
 #: Where shipped method heads live: ``<root>/<method>/`` (or ``<root>/<method>/head/``).
 HEADS_ROOT = DEFAULT_CHECKPOINT.parent / "heads"
@@ -96,22 +101,19 @@ def hub_reachable(timeout_s: float = 2.0) -> bool:
         return False
 
 
-def remote_models(probe: Callable[[], bool] = hub_reachable) -> list[tuple[str, str]]:
+def remote_models(probe: Callable[[], bool] = hub_reachable) -> list[ModelSource]:
     """The real-CLIP picker entries: those of ``$OTVIZ_REMOTE_MODELS`` when set
-    (``name/tag`` separated by commas; empty: none); none offline (``HF_HUB_OFFLINE``);
-    :data:`REMOTE_MODELS` where ``probe`` reaches the hub, on a Space too (a Space that
-    cannot reach it would offer entries that each fail only after the download's
-    timeouts)."""
+    (``NAME/SOURCE`` separated by commas, SOURCE a pretrained tag or a local weight file or
+    snapshot folder: :func:`~otviz.ui.model_sources.parse_model_sources`; empty: none);
+    none offline (``HF_HUB_OFFLINE``); :data:`REMOTE_MODELS` where ``probe`` reaches the
+    hub, on a Space too (a Space that cannot reach it would offer entries that each fail
+    only after the download's timeouts)."""
     listed = os.environ.get(REMOTE_ENV)
     if listed is not None:
-        pairs = [item.strip().split("/", 1) for item in listed.split(",") if item.strip()]
-        bad = [p for p in pairs if len(p) != 2 or not all(p)]
-        if bad:
-            raise ValueError(f"{REMOTE_ENV}: expected name/tag entries, got {listed!r}")
-        return [(name, tag) for name, tag in pairs]
+        return parse_model_sources(listed, REMOTE_ENV)
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return []
-    return list(REMOTE_MODELS) if probe() else []
+    return [ModelSource(*pair) for pair in REMOTE_MODELS] if probe() else []
 
 
 def load_remote(name: str, tag: str, probe: Callable[[], bool] = hub_reachable) -> Backbone:
@@ -148,6 +150,21 @@ class BackboneChoice:
         return identity.get("name") == self.model_name and tags.get("pretrained") == (
             self.pretrained
         )
+
+
+def real_clip_choice(source: ModelSource) -> BackboneChoice:
+    """The picker entry of a real CLIP: a tag downloaded at first pick (its label with the
+    weights' size where known), a local file or snapshot folder read from disk with no hub
+    call; heads train on the same weights (``open_clip_model``, ``pretrained``)."""
+    model_name, pretrained = source.open_clip_args
+    if source.is_local:
+        label, load = source.label, functools.partial(load_local, source)
+    else:
+        note = REMOTE_NOTES.get(source)
+        label = source.label + (f" ({note}; downloaded at first pick)" if note else "")
+        load = functools.partial(load_remote, *source)
+    return BackboneChoice(label, load, COMMON_CONCEPTS, model_name, pretrained,
+                          {"open_clip_model": model_name, "pretrained": pretrained or ""})
 
 
 @dataclass
@@ -211,6 +228,7 @@ class AppContext:
     backbones: list[BackboneChoice]
     head_sets: list[HeadSet] = field(default_factory=list)
     _explainers: dict[str, Explainer] = field(default_factory=dict)
+    _readings: OrderedDict[str, Explainer] = field(default_factory=OrderedDict)
     _suites: dict[str, MethodSuite] = field(default_factory=dict)
     _world_distances: dict[str, WorldDistance] = field(default_factory=dict)
     _notices: OrderedDict[tuple[str, str], bool] = field(default_factory=OrderedDict)
@@ -218,25 +236,17 @@ class AppContext:
 
     @classmethod
     def default(
-        cls, remote: list[tuple[str, str]] | None = None, heads_root: Path = HEADS_ROOT
+        cls, remote: list[ModelSource] | list[tuple[str, str]] | None = None,
+        heads_root: Path = HEADS_ROOT,
     ) -> AppContext:
-        """The embedded tiny CLIP, plus open_clip ``(name, pretrained)`` models that need
-        the network (offered where weights can be downloaded, e.g. on a Space), plus the
-        trained heads found under ``heads_root``."""
+        """The embedded tiny CLIP, plus real CLIPs ``(name, source)`` (a pretrained tag,
+        downloaded at first pick where the hub can be reached, e.g. on a Space, or a local
+        weight file or snapshot folder: :class:`~otviz.ui.model_sources.ModelSource`),
+        plus the trained heads found under ``heads_root``."""
         choices = [BackboneChoice(EMBEDDED, Backbone.from_checkpoint, WORLD_FIT_CAPTIONS,
                                   knows_only_world=True)]
-        for name, tag in remote or []:
-            note = REMOTE_NOTES.get((name, tag))
-            choices.append(
-                BackboneChoice(
-                    f"{name} / {tag}" + (f" ({note}; downloaded at first pick)" if note else ""),
-                    functools.partial(load_remote, name, tag),
-                    COMMON_CONCEPTS,
-                    name,
-                    tag,
-                    {"open_clip_model": name, "pretrained": tag},
-                )
-            )
+        for source in map(ModelSource._make, remote or []):
+            choices.append(real_clip_choice(source))
         ctx = cls(choices)
         for choice in choices:
             heads = {
@@ -284,7 +294,9 @@ class AppContext:
         with self._lock:
             self.head_sets = [h for h in self.head_sets
                               if (h.backbone, h.label) != (backbone, label)]
-            self._suites.pop(f"{backbone}{SEPARATOR}{label}", None)
+            entry = f"{backbone}{SEPARATOR}{label}"
+            for key in [k for k in self._suites if split_reading(k)[0] == entry]:
+                del self._suites[key]
 
     def head_labels(self, backbone: str) -> set[str]:
         """The labels taken on the backbone labelled ``backbone``: its head sets' and the
@@ -300,6 +312,7 @@ class AppContext:
         raise InputError(f"unknown checkpoint {checkpoint!r}: pick one from the list")
 
     def _head_set(self, checkpoint: str) -> HeadSet | None:
+        checkpoint = split_reading(checkpoint)[0]
         choice = self.backbone_choice(checkpoint)
         part = checkpoint[len(choice.label) + len(SEPARATOR):]
         if checkpoint == choice.label or part in FREE_VARIANTS:
@@ -311,8 +324,53 @@ class AppContext:
         raise InputError(f"unknown checkpoint {checkpoint!r}: pick one from the list")
 
     def explainer(self, checkpoint: str) -> Explainer:
-        """The feature cache of the picked checkpoint's backbone (loaded on first use)."""
-        choice = self.backbone_choice(checkpoint)
+        """The feature cache of the picked checkpoint's backbone (loaded on first use), read
+        as the value's reading says (:mod:`otviz.ui.reading`: a feature source, an input
+        size): each reading has its own cache, the last :data:`READINGS_KEPT` are kept."""
+        base = self._base_explainer(checkpoint)
+        key, reading = self.reading(checkpoint)
+        if reading == DEFAULT_READING:
+            return base
+        with self._lock:
+            if key not in self._readings:
+                self._readings[key] = UploadExplainer(
+                    base.backbone.with_features(reading.features, reading.image_size))
+                while len(self._readings) > READINGS_KEPT:
+                    dropped, _ = self._readings.popitem(last=False)
+                    for suite in [k for k in self._suites if self._read_key(k) == dropped]:
+                        del self._suites[suite]
+            self._readings.move_to_end(key)
+            return self._readings[key]
+
+    def reading(self, checkpoint: str) -> tuple[str, Reading]:
+        """``(key, reading)`` of a picker value: the reading its trailing parts ask for,
+        the input size checked against those offered for its backbone
+        (:func:`~otviz.ui.reading.offered_sizes`; the native one written as the default),
+        and the key of its backbone read so (the backbone's label and the reading)."""
+        entry, reading = split_reading(checkpoint)
+        backbone = self._base_explainer(entry).backbone
+        offered = self.sizes(entry)
+        if reading.image_size is not None and reading.image_size not in offered:
+            raise InputError(f"image size: {reading.image_size} px is not offered for this "
+                             f"backbone; pick one of {', '.join(map(str, offered))} px")
+        if reading.image_size == backbone.image_size:
+            reading = Reading(reading.features)
+        return self.backbone_choice(entry).label + reading.suffix, reading
+
+    def _read_key(self, suite_key: str) -> str:
+        """The reading key (:meth:`reading`) a suite's key was made from."""
+        entry, reading = split_reading(suite_key)
+        return entry.split(SEPARATOR)[0] + reading.suffix
+
+    def sizes(self, checkpoint: str) -> list[int]:
+        """The input sides offered for the picked backbone (its native one first)."""
+        tower = self._base_explainer(checkpoint).backbone.image_tower
+        return offered_sizes(int(tower.native_size[0]), tower.resizable)
+
+    def _base_explainer(self, checkpoint: str) -> Explainer:
+        """The feature cache of the picked backbone read as loaded (the last block at its
+        native size)."""
+        choice = self.backbone_choice(split_reading(checkpoint)[0])
         with self._lock:
             if choice.label not in self._explainers:
                 self._explainers[choice.label] = UploadExplainer(choice.load())
@@ -324,7 +382,7 @@ class AppContext:
         choice = self.backbone_choice(checkpoint)
         if not choice.knows_only_world:
             return None
-        backbone = self.explainer(checkpoint).backbone
+        backbone = self._base_explainer(checkpoint).backbone
         with self._lock:
             if choice.label not in self._world_distances:
                 self._world_distances[choice.label] = WorldDistance.calibrate(backbone)
@@ -343,7 +401,7 @@ class AppContext:
         with self._lock:
             far = self._notices.get(key)
         if far is None:
-            far = distance.is_far(self.explainer(checkpoint).backbone, fitted)
+            far = distance.is_far(self._base_explainer(checkpoint).backbone, fitted)
             with self._lock:
                 self._notices[key] = far
                 while len(self._notices) > NOTICE_CACHE:
@@ -351,15 +409,19 @@ class AppContext:
         return WORLD_NOTICE if far else None
 
     def suite(self, checkpoint: str) -> MethodSuite:
-        """The picked checkpoint's methods (loaded on first use): training-free, or with
-        the entry's trained heads in place of their methods. A head trained on another
-        backbone raises :class:`~otviz.checkpoints.store.CheckpointError`."""
-        choice = self.backbone_choice(checkpoint)
-        heads = self._head_set(checkpoint)
+        """The picked checkpoint's methods (loaded on first use) on its backbone read as
+        the value says (:meth:`explainer`): training-free, or with the entry's trained heads
+        in place of their methods. A head trained on another backbone (or read another way)
+        raises :class:`~otviz.checkpoints.store.CheckpointError` or a
+        :class:`~otviz.errors.UserInputError`."""
+        entry = split_reading(checkpoint)[0]
+        choice = self.backbone_choice(entry)
+        heads = self._head_set(entry)
         explainer = self.explainer(checkpoint)
-        part = checkpoint[len(choice.label) + len(SEPARATOR):]
+        read = self.reading(checkpoint)[1].suffix
+        part = entry[len(choice.label) + len(SEPARATOR):]
         free = part if heads is None and part in FREE_VARIANTS else TRAINING_FREE
-        free_key = f"{choice.label}{SEPARATOR}{free}"
+        free_key = f"{choice.label}{SEPARATOR}{free}{read}"
         with self._lock:
             if free_key not in self._suites:
                 self._suites[free_key] = MethodSuite.training_free(
@@ -368,11 +430,10 @@ class AppContext:
                 )
             if heads is None:
                 return self._suites[free_key]
-            if checkpoint not in self._suites:
-                self._suites[checkpoint] = self._with_heads(
-                    self._suites[free_key], heads, checkpoint
-                )
-            return self._suites[checkpoint]
+            key = entry + read
+            if key not in self._suites:
+                self._suites[key] = self._with_heads(self._suites[free_key], heads, key)
+            return self._suites[key]
 
     @staticmethod
     def _with_heads(free: MethodSuite, heads: HeadSet, label: str) -> MethodSuite:

@@ -35,6 +35,7 @@ from otviz.ui.budget import ComputeBudget, Work, server_budget, visitor
 from otviz.ui.context import AppContext, on_space
 from otviz.ui.head_registry import load_head_sets, register_head_set
 from otviz.ui.probe_tab import run_batch_probe
+from otviz.ui.reading import split_reading
 from otviz.ui.train_policy import (
     TrainRequest,
     cache_cap_bytes,
@@ -83,7 +84,9 @@ class JobStatus:
 
 
 class TrainingJob:
-    """One run of one or more methods in a background thread."""
+    """One run of one or more methods in a background thread, on ``backbone``: the picked
+    backbone's label with the page's reading (:mod:`otviz.ui.reading`), which the heads are
+    trained on, probed on and offered with."""
 
     def __init__(self, ctx: AppContext, backbone: str, configs: list[TrainConfig],
                  notes: list[str], evaluate: bool = True, registry: Path | None = None,
@@ -182,8 +185,10 @@ class TrainingJob:
         return heads
 
     def _register_and_probe(self, heads: dict[str, Path]) -> None:
-        entry = register_head_set(self.ctx, self.registry, self.checkpoint,
+        backbone, reading = split_reading(self.checkpoint)
+        entry = register_head_set(self.ctx, self.registry, backbone,
                                   "trained here: " + "+".join(heads), heads, head_sets_cap())
+        entry += reading.suffix  # the heads read the backbone as they were trained
         with self._lock:
             self._entry, self._phase = entry, "evaluating"
         if not self.evaluate or self.stop_event.is_set():
@@ -294,6 +299,7 @@ class TrainingJobs:
                 raise TrainingBusyError(self._busy_message(self._job.status()))
             check_request(request)
             choice = self.ctx.backbone_choice(checkpoint)
+            read, reading = self.ctx.reading(checkpoint)  # heads train on the page's reading
             steps = min(request.config.max_steps or step_cap(), step_cap())
             work = self.budget.acquire(
                 visitor(), "training", len(request.methods) * steps
@@ -304,13 +310,14 @@ class TrainingJobs:
                 run_dir.mkdir(parents=True)
                 write_owner(run_dir)  # in progress: no server sharing the folder evicts it
                 data, n_pairs = resolve_data(request, run_dir / UPLOAD_DIR)
-                configs, notes = train_configs(request, data, n_pairs, choice.train_backbone,
+                configs, notes = train_configs(request, data, n_pairs,
+                                               {**choice.train_backbone, **reading.train_fields},
                                                run_dir, self.cache_dir)
             except BaseException:  # a refused request leaves no files and frees its slot
                 shutil.rmtree(run_dir, ignore_errors=True)
                 self.budget.release(work)
                 raise
-            job = TrainingJob(self.ctx, choice.label, configs, notes, self.evaluate,
+            job = TrainingJob(self.ctx, read, configs, notes, self.evaluate,
                               self.runs_root)
             job.on_end = functools.partial(self._run_ended, job, work)
             self._job = job

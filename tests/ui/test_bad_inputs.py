@@ -638,6 +638,25 @@ def test_odd_checkpoints_are_messages(client, example, picked):
     assert message is not None and "unknown checkpoint" in message
 
 
+#: Readings (the features picker, layer slider and size control: ui/reading.py) no page
+#: sends, with the control their message must name.
+ODD_READINGS = [("features layer:x", "features:"), ("features deepest", "features:"),
+                ("features layer:99", "features:"), ("features <b>sclip</b>", "features:"),
+                ("4000 px", "image size:"), ("-1 px", "image size:"), ("1e9 px", "image size:"),
+                ("features naclip · 0 px", "image size:")]
+
+
+@pytest.mark.parametrize(("tail", "named"), ODD_READINGS)
+@pytest.mark.parametrize("view", ["align", "words", "phrases"])
+def test_odd_readings_are_messages_naming_the_control(client, example, checkpoint, view,
+                                                      tail, named):
+    args, kwargs = view_args(view, handle_file(example[0]), example[1],
+                             f"{checkpoint} · {tail}")
+    message = outcome(client, f"/{view}", *args, **kwargs)
+    assert message is not None and named in message and UNEXPECTED not in message
+    assert not any(tag in message for tag in RAW_HTML)
+
+
 # ----------------------------------------------------------------------- training data
 def _train(client: Client, checkpoint: str, data: str, folder: str, uploads: list) -> str:
     """The message of a refused /train request (the form's other fields at defaults)."""

@@ -1,0 +1,95 @@
+"""How the app reads a backbone's image: the feature source (:mod:`otviz.towers.sources`:
+``last``, ``layer:K``, the dense last-block paths) and the input size, one choice for every
+view.
+
+The choice travels with the checkpoint picker's value, the one input every view already
+takes, as trailing parts: ``"ViT-B-16 / openai · training-free · features layer:8 · 448
+px"`` (:func:`with_reading`); the default reading (``last`` at the tower's native size)
+adds nothing, so the picker's entries are read as before. :func:`split_reading` parses it
+back, checking each part like any input (a bad one is a :class:`~otviz.errors.UserInputError`
+naming ``features`` or ``image size``); the app's context then keys every cache (encoded
+images, method suites, the Align view's grids) by the whole value, so a new reading
+encodes once and is kept like a new image.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from otviz.errors import InputError
+from otviz.knobs import feature_source_parts
+
+#: Between the parts of a picker value (the context's ``SEPARATOR``).
+SEPARATOR = " · "
+FEATURES_PREFIX = "features "
+SIZE_SUFFIX = " px"
+#: The input sides the size control offers, as multiples of the tower's native side
+#: (224 px: 336, 448; ViT position embeddings interpolated, ``Backbone.with_features``).
+SIZE_FACTORS = (1.5, 2.0)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A feature source as written (``last``, ``layer:K``, ``maskclip``, ...) and an input
+    side in pixels (``None``: the tower's native size)."""
+
+    features: str = "last"
+    image_size: int | None = None
+
+    @property
+    def suffix(self) -> str:
+        """The parts this reading adds to a picker value (none for the default)."""
+        parts = [] if self.features == "last" else [f"{FEATURES_PREFIX}{self.features}"]
+        parts += [] if self.image_size is None else [f"{self.image_size}{SIZE_SUFFIX}"]
+        return "".join(SEPARATOR + part for part in parts)
+
+    @property
+    def train_fields(self) -> dict[str, str | int]:
+        """The training config's fields (``features``, ``image_size``: 0 for native) that
+        train heads on this reading; none for the default."""
+        if self == DEFAULT_READING:
+            return {}
+        return {"features": self.features, "image_size": self.image_size or 0}
+
+
+DEFAULT_READING = Reading()
+
+
+def split_reading(value: str) -> tuple[str, Reading]:
+    """``(picker entry, reading)`` of a picker value: the trailing ``features ...`` and
+    ``... px`` parts are the reading, checked (:func:`otviz.knobs.feature_source_parts`; a
+    size a positive whole number of pixels), the rest is the entry."""
+    parts = (value or "").split(SEPARATOR)
+    features, size = "last", None
+    while len(parts) > 1 and (parts[-1].startswith(FEATURES_PREFIX)
+                              or parts[-1].endswith(SIZE_SUFFIX)):
+        part = parts.pop()
+        if part.startswith(FEATURES_PREFIX):
+            kind, layer = feature_source_parts(part[len(FEATURES_PREFIX):])
+            features = kind if layer is None else f"layer:{layer}"
+        else:
+            size = _side(part[: -len(SIZE_SUFFIX)])
+    return SEPARATOR.join(parts), Reading(features, size)
+
+
+def with_reading(entry: str, reading: Reading) -> str:
+    """The picker value of ``entry`` read with ``reading`` (:func:`split_reading`'s
+    inverse; any reading already on ``entry`` is replaced)."""
+    return split_reading(entry)[0] + reading.suffix
+
+
+def offered_sizes(native: int, resizable: bool) -> list[int]:
+    """The input sides the size control offers a tower of native side ``native``: the
+    native one, and :data:`SIZE_FACTORS` times it where the tower can be resized."""
+    return [native] + ([round(native * f) for f in SIZE_FACTORS] if resizable else [])
+
+
+def _side(text: str) -> int:
+    try:
+        side = int(text.strip())
+    except ValueError:
+        side = 0
+    if side <= 0:
+        raise InputError(f"image size: {text.strip()!r} px is not a positive whole number of "
+                         "pixels; pick a size from the list")
+    return side

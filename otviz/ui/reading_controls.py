@@ -1,0 +1,110 @@
+"""The features picker, its layer slider and the input-size control beside the checkpoint
+picker: where every view's patch features come from (the last block, block K, or a dense
+last-block path: MaskCLIP, SCLIP, ClearCLIP, NACLIP) and the side the image tower runs at.
+
+They write their choice into the checkpoint picker's value (:mod:`otviz.ui.reading`), the
+input every view reads, so each view, endpoint and cache honours it with no input of its
+own; a pick in the checkpoint picker keeps the choice where the new backbone offers it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from otviz.ui.context import AppContext
+from otviz.ui.reading import Reading, split_reading, with_reading
+
+#: The features picker's labels for the sources towers give (ImageTower.sources()).
+SOURCE_LABELS = {
+    "last": "last block (default)",
+    "layer:K": "block K (slider)",
+    "maskclip": "MaskCLIP: value path",
+    "sclip": "SCLIP: q-q + k-k attention",
+    "clearclip": "ClearCLIP: q-q, no residual, no FFN",
+    "naclip": "NACLIP: neighbourhood k-k, no FFN",
+}
+LAYER_FORM = "layer:K"
+
+
+@dataclass
+class ReadingControls:
+    """The three controls (built by :func:`build_reading_controls`)."""
+
+    features: gr.Dropdown
+    layer: gr.Slider
+    image_size: gr.Dropdown
+
+
+@dataclass
+class ControlState:
+    """What the controls show for one backbone: the picker value that reads ``reading``,
+    the feature sources its tower gives (``form`` the one shown), its depth for the layer
+    slider (``layer`` shown) and the input sides it offers (``side`` shown)."""
+
+    value: str
+    sources: list[tuple[str, str]]
+    form: str
+    depth: int
+    layer: int
+    sizes: list[tuple[str, int]]
+    side: int
+
+
+def reading_of(features: str | None, layer: float | None, image_size: int | None) -> Reading:
+    """The reading the controls show: ``layer:K`` with the slider's K."""
+    source = features or "last"
+    if source == LAYER_FORM:
+        source = f"layer:{int(layer or 0)}"
+    return Reading(source, int(image_size) if image_size else None)
+
+
+def control_state(ctx: AppContext, checkpoint: str, reading: Reading) -> ControlState:
+    """The controls for the picked backbone showing ``reading``, its source or size replaced
+    by the default where this backbone does not offer it; the library checks the reading
+    on this tower (a source it cannot give is its message)."""
+    tower = ctx.explainer(split_reading(checkpoint)[0]).backbone.image_tower
+    sizes, sources = ctx.sizes(checkpoint), tower.sources()
+    form = LAYER_FORM if reading.features.startswith("layer:") else reading.features
+    depth = tower.depth if LAYER_FORM in sources else 1
+    layer = int(reading.features[len("layer:"):]) if form == LAYER_FORM else depth - 1
+    if form not in sources or not -depth <= layer < depth:
+        reading, form, layer = Reading("last", reading.image_size), "last", depth - 1
+    if reading.image_size not in sizes:
+        reading = Reading(reading.features)
+    value = with_reading(checkpoint, reading)
+    ctx.explainer(value)
+    return ControlState(value, [(SOURCE_LABELS.get(s, s), s) for s in sources], form, depth,
+                        layer % depth, size_choices(sizes), reading.image_size or sizes[0])
+
+
+def size_choices(sizes: list[int]) -> list[tuple[str, int]]:
+    """The size control's entries: each side in pixels, the first marked native."""
+    return [(f"{s} px" + (" (native)" if k == 0 else ""), s) for k, s in enumerate(sizes)]
+
+
+def build_reading_controls(ctx: AppContext, checkpoint: gr.Dropdown) -> ReadingControls:
+    """The controls, on the initial checkpoint's backbone, wired to ``checkpoint``: a
+    change of any rewrites its value; a pick of another entry keeps the choice where that
+    backbone offers it. Their events are the page's own (no API endpoint)."""
+    state = control_state(ctx, checkpoint.value, Reading())
+    with gr.Row():
+        features = gr.Dropdown(state.sources, value=state.form, label="Patch features from",
+                               interactive=True, elem_id="shared-features", scale=2)
+        layer = gr.Slider(0, state.depth - 1, value=state.layer, step=1, label="Block K",
+                          visible=False, elem_id="shared-layer", scale=1)
+        size = gr.Dropdown(state.sizes, value=state.side, label="Input size", interactive=True,
+                           elem_id="shared-image-size", scale=1)
+    controls = [checkpoint, features, layer, size]
+
+    def on_change(value: str, source: str, k: float, side: int) -> tuple:
+        s = control_state(ctx, value, reading_of(source, k, side))
+        return (gr.Dropdown(value=s.value), gr.Dropdown(choices=s.sources, value=s.form),
+                gr.Slider(maximum=s.depth - 1, value=s.layer, visible=s.form == LAYER_FORM),
+                gr.Dropdown(choices=s.sizes, value=s.side))
+
+    for control in controls:
+        control.input(on_change, controls, controls, api_visibility="private",
+                      show_progress="hidden")
+    return ReadingControls(features, layer, size)

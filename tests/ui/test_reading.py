@@ -1,0 +1,134 @@
+"""The features picker, layer slider and input-size control (issue 41, items 2 and 3, the
+app's side): the choice travels in the checkpoint picker's value, is checked like any input,
+and every view reads the backbone that way. Each view's maps on a non-default reading equal
+those of a context whose backbone *is* ``Backbone.with_features(...)`` (the source's own
+features) and differ from the default's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from otviz.errors import InputError, UserInputError
+from otviz.methods import METHODS
+from otviz.suite import WORLD_FIT_CAPTIONS
+from otviz.ui.align.views import align_view
+from otviz.ui.anchors_tab import anchor_maps_view
+from otviz.ui.context import EMBEDDED, AppContext, BackboneChoice
+from otviz.ui.examples import load_examples
+from otviz.ui.phrases_tab import phrases_view
+from otviz.ui.reading import DEFAULT_READING, Reading, offered_sizes, split_reading, with_reading
+from otviz.ui.reading_controls import control_state, reading_of
+
+ENTRY = "otviz-tiny (embedded) · training-free"
+
+
+@pytest.fixture(scope="module")
+def sample() -> tuple[np.ndarray, str]:
+    example = load_examples()[0]
+    return np.asarray(Image.open(example.image_path).convert("RGB")), example.caption
+
+
+def test_a_reading_round_trips_through_the_picker_value():
+    assert with_reading(ENTRY, DEFAULT_READING) == ENTRY
+    value = with_reading(ENTRY, Reading("layer:2", 448))
+    assert value == f"{ENTRY} · features layer:2 · 448 px"
+    assert split_reading(value) == (ENTRY, Reading("layer:2", 448))
+    assert split_reading(f"{ENTRY} · features SCLIP") == (ENTRY, Reading("sclip"))
+    assert with_reading(value, Reading("naclip")) == f"{ENTRY} · features naclip"
+    assert split_reading(ENTRY) == (ENTRY, DEFAULT_READING)
+    assert offered_sizes(224, True) == [224, 336, 448] and offered_sizes(224, False) == [224]
+
+
+@pytest.mark.parametrize(("tail", "field"), [
+    ("features layer:x", "features"), ("features deepest", "features"),
+    ("features ", "features"), ("-3 px", "image size"), ("big px", "image size"),
+    ("0 px", "image size")])
+def test_a_bad_reading_is_a_message_naming_its_control(tail, field):
+    with pytest.raises(UserInputError, match=f"^{field}:"):
+        split_reading(f"{ENTRY} · {tail}")
+
+
+def test_the_context_checks_the_reading_on_the_backbone(ctx):
+    with pytest.raises(InputError, match="image size: 4000 px is not offered"):
+        ctx.explainer(f"{ENTRY} · 4000 px")
+    with pytest.raises(UserInputError, match="features: .*outside"):
+        ctx.explainer(f"{ENTRY} · features layer:40")
+    native = ctx.sizes(ENTRY)[0]
+    assert ctx.reading(f"{ENTRY} · {native} px")[1] == DEFAULT_READING  # native = default
+    assert ctx.explainer(f"{ENTRY} · {native} px") is ctx.explainer(ENTRY)
+    read = ctx.explainer(f"{ENTRY} · features sclip")
+    assert read is ctx.explainer(f"{ENTRY} · features sclip")  # kept: encodes once
+    assert str(read.backbone.features) == "sclip" and read.backbone.model is (
+        ctx.explainer(ENTRY).backbone.model)  # a view of the same model
+
+
+def test_the_controls_keep_what_the_backbone_offers(ctx):
+    state = control_state(ctx, ENTRY, reading_of("layer:K", 1, ctx.sizes(ENTRY)[2]))
+    assert state.value == with_reading(ENTRY, Reading("layer:1", ctx.sizes(ENTRY)[2]))
+    assert state.form == "layer:K" and state.layer == 1
+    assert [v for _, v in state.sources] == list(
+        ctx.explainer(ENTRY).backbone.image_tower.sources())
+    state = control_state(ctx, ENTRY, reading_of("sclip", 0, 999))  # a size not offered
+    assert state.value == f"{ENTRY} · features sclip" and state.side == ctx.sizes(ENTRY)[0]
+
+
+@pytest.fixture(scope="module", params=[("layer:1", 0), ("clearclip", 0), ("sclip", 2)])
+def reading(request) -> tuple[str, int]:
+    """A feature source and the index of an offered input size (0: native)."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def contexts(ctx, reading, tmp_path_factory):
+    """``(ctx, value, reference)``: the app's context and the picker value asking for
+    ``reading``, and a context whose only backbone is the embedded one already read so
+    (``with_features``), picked by ``ENTRY``."""
+    source, size = reading
+    side = ctx.sizes(ENTRY)[size] if size else None
+    read = ctx.explainer(ENTRY).backbone.with_features(source, side)
+    reference = AppContext([BackboneChoice(EMBEDDED, lambda: read, WORLD_FIT_CAPTIONS,
+                                           knows_only_world=True)])
+    return ctx, with_reading(ENTRY, Reading(source, side)), reference
+
+
+def test_the_encoded_features_are_the_sources_own(contexts, sample):
+    ctx, value, reference = contexts
+    backbone = reference.explainer(ENTRY).backbone
+    got = ctx.explainer(value).encode(*sample).features
+    with torch.no_grad():
+        own = backbone.encode([sample[0]], [sample[1]])
+    torch.testing.assert_close(got.patches, own.patches, rtol=0, atol=0)
+    last = ctx.explainer(ENTRY).encode(*sample).features
+    assert got.grid == own.grid
+    assert got.grid != last.grid or not torch.allclose(got.patches, last.patches)
+
+
+def test_every_view_draws_the_sources_maps(contexts, sample):
+    """Align (every method's heatmap), Words (per-word maps), Anchors (ConceptOT's anchor
+    kernels) and Phrases (PowerCLIP's region-node scores): on the reading, equal to the
+    reference context's; on the default, different."""
+    ctx, value, reference = contexts
+
+    def views(c: AppContext, checkpoint: str) -> dict[str, np.ndarray]:
+        explainer = c.explainer(checkpoint)
+        aligned = align_view(explainer, c.suite(checkpoint), *sample)
+        encoded = explainer.encode(*sample)
+        out = {f"align {m}": np.asarray(h, dtype=float) for m, h in aligned.heats.items()
+               if not METHODS[m].flat_map}  # a flat map is the same on any features
+        out["words"] = explainer.word_similarity(encoded).numpy()
+        out["anchors"] = anchor_maps_view(c, checkpoint, *sample).kernel
+        out["phrases"] = phrases_view(c, checkpoint, *sample).q
+        return out
+
+    got, want, default = views(ctx, value), views(reference, ENTRY), views(ctx, ENTRY)
+    assert got.keys() == want.keys() and len(got) > 4
+    changed = set()
+    for name in got:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+        if got[name].shape != default[name].shape or not np.allclose(got[name], default[name]):
+            changed.add(name.split()[0])
+    # every view changes (a map may not: PowerCLIP's subset can be every region either way)
+    assert changed == {"align", "words", "anchors", "phrases"}
