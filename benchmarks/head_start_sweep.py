@@ -11,6 +11,10 @@ settings) and ``--heads DIR`` (existing heads) are scored on the same images. Wr
 
     python benchmarks/head_start_sweep.py --methods dense_uot --lrs 3e-4,1e-3,3e-3 \
         --steps 62,186 --ranks 0 --out benchmarks/head_start_sweep
+
+ConceptOT's anchors (``--anchors``, :mod:`otviz.train.anchor_tether`): ``free`` (trained
+as any parameter), ``hold`` (kept at the training-free k-means anchors) or a number, the
+weight of the pull toward them (``--anchors free,hold,0.1,1``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,25 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def anchor_settings(text: str) -> list[dict[str, float | bool]]:
+    """The TrainConfig anchor fields of each ``--anchors`` entry (free, hold or a weight)."""
+    out: list[dict[str, float | bool]] = []
+    for item in text.split(","):
+        if item == "hold":
+            out.append({"anchor_hold": True, "anchor_pull": 0.0})
+        else:
+            out.append({"anchor_hold": False, "anchor_pull": 0.0 if item == "free" else
+                        float(item)})
+    return out
+
+
+def anchor_label(fields: dict[str, float | bool]) -> str:
+    """``free``, ``hold`` or ``pull <weight>``."""
+    if fields["anchor_hold"]:
+        return "hold"
+    return f"pull {fields['anchor_pull']:g}" if fields["anchor_pull"] else "free"
+
+
 def pointing(suite: MethodSuite, val: EvalSet) -> dict[str, float]:
     """Pointing (overall, colour not unique) of the suite's one method on ``val``."""
     row = grounding_table(suite, val, baselines=False).rows[0]
@@ -56,6 +79,8 @@ def main() -> None:
     ap.add_argument("--runs", default="runs/head-start-sweep")
     ap.add_argument("--out", default="benchmarks/head_start_sweep")
     ap.add_argument("--heads", default="", help="also score these existing heads (DIR/<method>)")
+    ap.add_argument("--anchors", default="free",
+                    help="ConceptOT's anchors: free, hold or pull weights, comma-separated")
     args = ap.parse_args()
     backbone = load_backbone()
     val = EvalSet.build(backbone, args.n_val, "val", 0)
@@ -76,24 +101,26 @@ def main() -> None:
                          **pointing(MethodSuite(backbone, {name: entry}, args.heads), val)})
             print(rows[-1], flush=True)
             _write(out, rows, args)
-        for rank in _ints(args.ranks):
-            for lr in _floats(args.lrs):
-                for steps in _ints(args.steps):
-                    run = Path(args.runs) / f"{name}-r{rank}-lr{lr:g}-s{steps}"
-                    config = TrainConfig(method=name, n_train=args.n_train, lr=lr,
-                                         max_steps=steps, start_rank=rank,
-                                         threads=args.threads, out=str(run), resume=False,
-                                         log_every=0)
-                    t0 = time.perf_counter()
-                    entry = _step_zero(config) if steps == 0 else load_head(
-                        train_method(config).head_checkpoint, backbone)
-                    seconds = time.perf_counter() - t0
-                    suite = MethodSuite(backbone, {name: entry}, run.name)
-                    rows.append({"method": name, "setting": "trained", "lr": lr,
-                                 "steps": steps, "rank": rank, "train_s": round(seconds, 1),
-                                 **pointing(suite, val)})
-                    print(rows[-1], flush=True)
-                    _write(out, rows, args)
+        grid = [(rank, lr, steps, anchors) for rank in _ints(args.ranks)
+                for lr in _floats(args.lrs) for steps in _ints(args.steps)
+                for anchors in anchor_settings(args.anchors)]
+        for rank, lr, steps, anchors in grid:
+            label = anchor_label(anchors)
+            run = Path(args.runs) / (f"{name}-r{rank}-lr{lr:g}-s{steps}"
+                                     f"-{label.replace(' ', '')}")
+            config = TrainConfig(method=name, n_train=args.n_train, lr=lr, max_steps=steps,
+                                 start_rank=rank, start="backbone", threads=args.threads,
+                                 out=str(run), resume=False, log_every=0, **anchors)
+            t0 = time.perf_counter()
+            entry = _step_zero(config) if steps == 0 else load_head(
+                train_method(config).head_checkpoint, backbone)
+            seconds = time.perf_counter() - t0
+            suite = MethodSuite(backbone, {name: entry}, run.name)
+            rows.append({"method": name, "setting": "trained", "lr": lr, "steps": steps,
+                         "rank": rank, "anchors": label, "train_s": round(seconds, 1),
+                         **pointing(suite, val)})
+            print(rows[-1], flush=True)
+            _write(out, rows, args)
 
 
 def _step_zero(config: TrainConfig) -> SuiteMethod:
@@ -108,11 +135,13 @@ def _write(out: Path, rows: list[dict], args: argparse.Namespace) -> None:
     lines = [f"# Heads started from the backbone: validation sweep ({args.n_val} world val "
              f"images, seed 0; training: {args.n_train} world train samples, batch 64, "
              f"{args.threads} threads)", "",
-             "| method | setting | rank | lr | steps | train s | pointing | colour not unique |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| method | setting | rank | anchors | lr | steps | train s | pointing "
+             "| colour not unique |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['method']} | {r['setting']} | {r.get('rank', '')} | "
-                     f"{r.get('lr', '')} | {r.get('steps', '')} | {r.get('train_s', '')} | "
+                     f"{r.get('anchors', '')} | {r.get('lr', '')} | {r.get('steps', '')} | "
+                     f"{r.get('train_s', '')} | "
                      f"{100 * r['pointing']:.1f} | {100 * r['pointing_shared_colour']:.1f} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 

@@ -90,6 +90,11 @@ class TrainConfig:
     # new d_c-wide random projection (ConceptOT's recipe); "auto", "backbone" where the
     # towers' projections are affine maps (the embedded model, open_clip's ViTs), else "random"
     start_rank: NonNegativeInt = 0  # rank of the "backbone" start's update (0: full residual)
+    anchor_hold: bool = False  # ConceptOT from the backbone: keep the anchors at the
+    # training-free k-means anchors (not trained) while the projections' update trains
+    anchor_pull: NonNegative = 0.0  # ConceptOT from the backbone: weight lambda_A of
+    # lambda_A * ||P - P_kmeans||^2, pulling the anchors toward the training-free k-means
+    # anchors while they train (0: no pull)
     kpp_reg: NonNegative = 1e-2  # regulariser of the k-means++ anchor initialisation
     lowrank_variant: LowRankVariant = "faithful"  # low-rank solver (otviz.ot.lowrank)
     # ---------------------------------------------------------------- local loss (Eq. 9-10)

@@ -44,9 +44,16 @@ from otviz.methods.base import METHODS, AlignmentMethod, build_method
 from otviz.methods.start import BACKBONE, resolve_start
 from otviz.patch_grid.masks import random_boxes
 from otviz.train import distributed as D
+from otviz.train.anchor_tether import hold_anchors
 from otviz.train.config import TrainConfig
 from otviz.train.global_head import GlobalHead, check_global_loss
-from otviz.train.losses import NO_LOCAL, TrainObjective, local_objective, local_weight
+from otviz.train.losses import (
+    NO_LOCAL,
+    StepTerms,
+    TrainObjective,
+    local_objective,
+    local_weight,
+)
 from otviz.train.negatives import positive_mask
 from otviz.train.pairs import PairSource, build_source
 from otviz.train.schedule import warmup_cosine
@@ -139,11 +146,12 @@ def _nothing_to_train(config: TrainConfig) -> str | None:
     return None
 
 
-def objective_value(global_loss: float, local: float, regulariser: float,
-                    config: TrainConfig) -> float:
-    """The reported loss of a batch: ``L_global + lambda * L_local + beta * R`` (ConceptOT
-    Eq. 10 plus the anchor regulariser)."""
-    return global_loss + local_weight(config) * local + config.beta * regulariser
+def objective_value(terms: StepTerms, local: float, config: TrainConfig) -> float:
+    """The reported loss of a batch: ``L_global + lambda * L_local + beta * R + R_A``
+    (ConceptOT Eq. 10 plus the anchor regulariser and the anchors' pull,
+    :mod:`otviz.train.anchor_tether`), with ``local`` the whole batch's ``L_local``."""
+    return (float(terms.global_loss) + local_weight(config) * local
+            + config.beta * float(terms.regulariser) + float(terms.anchor_pull))
 
 
 class Validation:
@@ -173,8 +181,7 @@ class Validation:
                 batch.regions = _regions(config, batch.grid, batch.size, 0).to(device)
             excluded = positive_mask(self.data.image_ids[idx], self.data.text_ids[idx])
             _, terms = objective(batch, excluded.to(device), rows)
-            total += objective_value(float(terms.global_loss), float(terms.local_part),
-                                     float(terms.regulariser), config)
+            total += objective_value(terms, float(terms.local_part), config)
             batches += 1
         return total / batches
 
@@ -290,19 +297,22 @@ def _start_method(config: TrainConfig, data: PairSource) -> AlignmentMethod:
     ``"auto"`` on a backbone whose projections are affine maps) its projections at the
     backbone's own and its concept space the backbone's joint space
     (:mod:`otviz.methods.start`: step 0 is the training-free configuration), else the
-    papers' random start. The head records the start it was built with."""
+    papers' random start. The head records the start it was built with. ConceptOT's
+    anchors are taken out of training with ``config.anchor_hold``
+    (:func:`otviz.train.anchor_tether.hold_anchors`)."""
     started = resolve_start(config.start, data.start)
     method_config = dataclasses.replace(config.method_config(), start=started)
     if started != BACKBONE:
-        return build_method(config.method, data.patch_dim, data.token_dim, method_config)
-    start = data.start
-    if start is None:
+        method = build_method(config.method, data.patch_dim, data.token_dim, method_config)
+    elif data.start is None:
         raise ValueError("these training pairs carry no backbone projection to start the "
                          "head from; train with --start random or auto")
-    joint = int(start.patch_map.weight.shape[0])
-    method = build_method(config.method, data.patch_dim, data.token_dim,
-                          dataclasses.replace(method_config, concept_dim=joint))
-    method.start_from_backbone(start)
+    else:
+        joint = int(data.start.patch_map.weight.shape[0])
+        method = build_method(config.method, data.patch_dim, data.token_dim,
+                              dataclasses.replace(method_config, concept_dim=joint))
+        method.start_from_backbone(data.start)
+    hold_anchors(method, config)
     return method
 
 
@@ -392,10 +402,11 @@ class _Run:
         record = {
             "step": self.step + 1,
             "epoch": self.step // self.spe,
-            "loss": objective_value(g, local, reg, cfg),
+            "loss": objective_value(terms, local, cfg),
             "global": g,
             "local": local,
             "regulariser": reg,
+            "anchor_pull": float(terms.anchor_pull),
             "lr": lr,
             "grad_norm": float(grad_norm),
             "seconds": time.perf_counter() - t0,

@@ -9,8 +9,10 @@ token-wise local term beside it lives in :mod:`otviz.train.local_alignment`.
 
 Method heads:
 
-``L = L_global + lambda * L_local + beta * method.regulariser()`` where ``L_local`` depends on
-the method (:func:`local_objective`):
+``L = L_global + lambda * L_local + beta * method.regulariser() (+ R_A)`` where ``R_A`` is
+the pull of ConceptOT's anchors toward the k-means anchors of a backbone start
+(``anchor_pull``, :mod:`otviz.train.anchor_tether`) and ``L_local`` depends on the method
+(:func:`local_objective`):
 
 * ``local_contrastive`` (every patch-token method: Global+Patch, FILIP, Text-Attn, Balanced
   OT, Dense UOT, ConceptOT, and any new one): the bidirectional local contrastive loss of
@@ -53,6 +55,7 @@ from otviz.methods.base import (
     local_objective,
     method_class,
 )
+from otviz.train.anchor_tether import anchor_pull
 from otviz.train.config import TrainConfig
 from otviz.train.global_head import GlobalHead, global_term
 from otviz.train.negatives import HardNegatives, mine_hard_negatives
@@ -133,11 +136,13 @@ def negative_pairs(rows: Tensor, neg: HardNegatives) -> tuple[Tensor, Tensor]:
 class StepTerms:
     """Detached terms of one step on one process.
 
-    ``local_part`` is this process's share of ``L_local`` (the shares sum to it)."""
+    ``local_part`` is this process's share of ``L_local`` (the shares sum to it);
+    ``anchor_pull`` is ``R_A`` (weighted; zero without a pull)."""
 
     global_loss: Tensor
     local_part: Tensor
     regulariser: Tensor
+    anchor_pull: Tensor
 
 
 class TrainObjective(nn.Module):
@@ -169,6 +174,7 @@ class TrainObjective(nn.Module):
         self.logit_scale = logit_scale
         self.world_size = world_size
         self.kind = local_objective(method.name)
+        self.anchor_pull = anchor_pull(method, config)
         self._local: dict[str, Callable[[PairBatch, Tensor, Tensor, Tensor], Tensor]] = {
             LOCAL_CONTRASTIVE: self._local_contrastive,
             QCT: self._qct,
@@ -192,8 +198,12 @@ class TrainObjective(nn.Module):
         )
         local_part = self._local[self.kind](batch, sim, excluded, rows)
         reg = self.method.regulariser()
-        loss = g_loss + local_weight(cfg) * self.world_size * local_part + cfg.beta * reg
-        return loss, StepTerms(g_loss.detach(), local_part.detach(), reg.detach())
+        pull = (reg.new_zeros(()) if self.anchor_pull is None
+                else self.anchor_pull(self.method.anchors))
+        loss = (g_loss + local_weight(cfg) * self.world_size * local_part + cfg.beta * reg
+                + pull)
+        return loss, StepTerms(g_loss.detach(), local_part.detach(), reg.detach(),
+                               pull.detach())
 
     # ------------------------------------------------------------------ local terms
     def _local_contrastive(
