@@ -54,6 +54,12 @@ from otviz.eval.alignment_tables import (
 )
 from otviz.eval.config import TRAINING_FREE, EvalConfig
 from otviz.eval.dataset_trust import dataset_trust_table, shard_trust
+from otviz.eval.grounding_metrics import (
+    POINTING_RULE,
+    empty_regions,
+    pointing_note,
+    tokens_in_boxes,
+)
 from otviz.eval.runner import _atomic_write, chosen_features, load_backbone, write_tables
 from otviz.eval.table import Table
 from otviz.eval.trust.metrics import TrustSettings, require_quantus
@@ -290,8 +296,9 @@ def _grounding_shard(probe: GroundingProbeDataset, k: int, backbone: Backbone,
         item = data.items[j]
         n = next(n for n, p in enumerate(item.phrases) if (p.start, p.end) == (start, end))
         phrases.append([item.key, n, item.phrases[n].text])
+    empty = int(empty_regions(tokens_in_boxes(evalset.geometry, q.gold)).sum())
     return _kept({"rows": table.rows, "hits": hits, "phrases": phrases,
-                  "notes": table.notes, "unreadable": unreadable}, done)
+                  "notes": table.notes, "unreadable": unreadable, "empty": empty}, done)
 
 
 def _kept(result: dict[str, Any], done: Path | None) -> dict[str, Any]:
@@ -339,7 +346,9 @@ def _combined(results: list[dict[str, Any]], data: GroundingSet, split: str) -> 
         if "n" in first:
             row["n"] = total
         table.rows.append(row)
-    table.notes += results[0]["notes"]
+    empty = sum(r.get("empty", 0) for r in results)  # the tie rule's note counts every shard
+    table.notes += [pointing_note(empty) if n.startswith(POINTING_RULE) else n
+                    for n in results[0]["notes"]]
     counts = dict(data.skipped.counts)
     if unreadable:
         counts["caption on an undecodable image"] = unreadable

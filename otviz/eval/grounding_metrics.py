@@ -105,13 +105,16 @@ def empty_regions(inside: Tensor) -> Tensor:
     return ~inside.to(torch.bool).any(dim=1).cpu()
 
 
+#: The pointing game's tie rule in words (the start of :func:`pointing_note`).
+POINTING_RULE = ("pointing game: a tie for the peak is broken uniformly at random and a phrase "
+                 "scores the expected hit, the share of the tied tokens in its gold region (a "
+                 "flat map: the chance of a random token)")
+
+
 def pointing_note(empty: int) -> str:
     """A table's note on the pointing game's tie rule, with the number of phrases whose gold
     region holds no token (``empty``)."""
-    return ("pointing game: a tie for the peak is broken uniformly at random and a phrase "
-            "scores the expected hit, the share of the tied tokens in its gold region (a flat "
-            "map: the chance of a random token); "
-            f"{empty} phrase(s) whose gold region holds no token score 0")
+    return f"{POINTING_RULE}; {empty} phrase(s) whose gold region holds no token score 0"
 
 
 def pointing_hits(heatmaps: Tensor, geometry: Geometries, gold_boxes: Tensor) -> Tensor:

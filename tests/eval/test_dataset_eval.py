@@ -74,7 +74,9 @@ def test_flickr30k_export_points_like_the_world_phrase_by_phrase(world: dict) ->
     assert stamp["model"] == "otviz-tiny" and stamp["shards"] == 2
     record = json.loads((world["root"] / "out-flickr" / "grounding.json").read_text())
     assert record["stamp"]["seed"] == 0
-    assert "15 px tolerance" in (world["root"] / "out-flickr" / "grounding.md").read_text()
+    text = (world["root"] / "out-flickr" / "grounding.md").read_text()
+    assert "15 px tolerance" in text
+    assert text.count("whose gold region holds no token") == 1  # all shards counted once
 
 
 def test_refcoco_and_visual_genome_exports_agree(world: dict) -> None:

@@ -43,8 +43,9 @@ def test_two_processes_gather_the_one_process_table(tmp_path: Path) -> None:
     two, one = _phrases(tmp_path / "two"), _phrases(tmp_path / "one")
     assert len(one) == 5 * sum(len(s.phrases) for s in samples)  # 2 methods, 3 baselines
     assert two == one  # phrase by phrase: item, phrase, text, row, hit, hit with tolerance
-    # FILIP hits some phrases and misses others: the equality says something
-    assert {r["hit"] for r in one if r["method"] == "filip"} == {"0", "1"}
+    # FILIP hits some phrases and misses others (and ties on some: expected hits between):
+    # the equality says something
+    assert {"0.0", "1.0"} <= {r["hit"] for r in one if r["method"] == "filip"}
     tables = [json.loads((tmp_path / d / "grounding.json").read_text()) for d in ("two", "one")]
     rows = [{r["name"]: r for r in t["tables"]["grounding"]["rows"]} for t in tables]
     assert rows[0].keys() == rows[1].keys()

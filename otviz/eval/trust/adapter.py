@@ -34,6 +34,7 @@ from open_clip.modified_resnet import ModifiedResNet
 from open_clip.timm_model import TimmModel
 from open_clip.transformer import VisionTransformer
 from torch import Tensor, nn
+from torchvision.transforms import Compose, Normalize
 
 from otviz.backbone import Backbone, ImageInput, to_rgb
 from otviz.eval.grounding_baselines import centre_prior_heatmaps, colour_oracle_heatmaps
@@ -106,7 +107,13 @@ def caption_phrases(caption: str, tree: Tree, shown: Sequence[int] = ()) -> list
 
 
 def model_pixels(backbone: Backbone, image: ImageInput) -> Tensor:
-    """``[3, S, S]`` the image as the tower sees it (its eval transform), in ``[0, 1]``."""
+    """``[3, S, S]`` the image as the tower sees it (its eval transform), in ``[0, 1]``: the
+    transform's steps before its ``Normalize`` (which :meth:`PhraseScorer.normalise` then
+    applies with the same operations, so a row's features are the grounding table's bit for
+    bit), or, for a transform of another form, its output with the normalisation undone."""
+    steps = getattr(backbone.preprocess, "transforms", None)
+    if steps and isinstance(steps[-1], Normalize):
+        return Compose(steps[:-1])(to_rgb(image)).cpu().clamp(0, 1)
     pixels = backbone.image_tensor([image])[0].cpu()
     mean, std = _mean_std(backbone)
     return (pixels * std + mean).clamp(0, 1)
@@ -299,10 +306,17 @@ class HeatmapSource(ABC):
         return to_pixels(heat, model.geometry).numpy()
 
 
+#: The precision of the patch and token features the grounding table's maps are drawn from
+#: (the feature cache's default storage, :mod:`otviz.data.feature_cache`).
+FEATURE_PRECISION = torch.float16
+
+
 class MethodSource(HeatmapSource):
     """A registered method's phrase heatmap: its alignment of each image with the phrase's
-    caption (features of the scorer's backbone in the method's space), read by the method's
-    ``phrase_patch_map`` over the phrase's tokens, as the grounding table reads it."""
+    caption (features of the scorer's backbone in the method's space, its patch and token
+    features rounded to :data:`FEATURE_PRECISION` as the grounding table's are), read by the
+    method's ``phrase_patch_map`` over the phrase's tokens, as the grounding table reads it:
+    the two tables score one map (a near-tie of an argmax, FILIP's, flipped otherwise)."""
 
     kind = "method"
 
@@ -317,6 +331,7 @@ class MethodSource(HeatmapSource):
         ids = scorer.ids[targets]
         patches, tokens, image_global, text_global = backbone.forward_tensors(
             scorer.normalise(pixels), ids)
+        patches, tokens = (x.to(FEATURE_PRECISION).to(x.dtype) for x in (patches, tokens))
         b, n = patches.shape[:2]
         batch = trim_tokens(PairBatch(
             patches=patches, tokens=tokens,

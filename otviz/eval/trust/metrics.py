@@ -1,4 +1,5 @@
-"""The field's explanation metrics, computed by Quantus on the adapter's model and maps.
+"""The field's explanation metrics on the adapter's model and maps: Quantus', and otviz's own
+localisation metrics.
 
 :func:`trust_scores` runs, for one heatmap source on a set of (image, phrase) rows, the
 metrics of :data:`METRICS` with the settings of :class:`TrustSettings`, and returns one value
@@ -299,6 +300,8 @@ def trust_scores(
 
 
 FLAT = "the maps are flat (one value everywhere): nothing to order or perturb"
+#: Quantus' own progress bars and warnings off (the callers report progress).
+QUIET = {"disable_warnings": True, "display_progressbar": False}
 
 
 def flat_note(names: Sequence[str], rows_refused: Sequence[dict[str, str]]) -> str:
@@ -308,8 +311,6 @@ def flat_note(names: Sequence[str], rows_refused: Sequence[dict[str, str]]) -> s
     keys = dict.fromkeys(k for refused in rows_refused for k in refused)
     labels = ", ".join(METRIC_BY_KEY[k].label for k in keys)
     return f"no {labels} for {', '.join(names)}: {FLAT}"
-#: Quantus' own progress bars and warnings off (the callers report progress).
-QUIET = {"disable_warnings": True, "display_progressbar": False}
 
 
 def _on_lattice(common: dict, lattice: PatchLattice) -> dict:

@@ -42,7 +42,7 @@ MAPS_NOTE = (
     "gold region: the cells of the tokens whose centre lies in the phrase's box; "
     "localisation (pointing, relevance mass and rank, AUC) computed by otviz per phrase, "
     "a tie broken uniformly at random and the expected value scored: the pointing game is "
-    "the grounding table's (tests/eval/test_trust_metrics.py), relevance rank takes the "
+    "the grounding table's (tests/eval/test_trust_localisation.py), relevance rank takes the "
     "pixels tied at the K-th value at random, AUC counts a tied pair 1/2 (Quantus 0.6.0 "
     "counts a tie for the peak as a hit when any tied pixel is in the box: a flat map "
     "pointed everywhere)")
