@@ -41,7 +41,9 @@ class ConceptOT(ProjectedMethod):
 
     Training-free (``config.trainable=False``): identity projections, uniform masses and
     anchors from k-means of token embeddings (:meth:`fit_training_free`); a head started
-    from the backbone starts there too (:meth:`start_from_backbone`).
+    from the backbone starts there too (:meth:`start_from_backbone`), and its training may
+    hold the anchors there or pull them back toward them (``TrainConfig.anchor_hold`` /
+    ``anchor_pull``, :mod:`otviz.train.anchor_tether`).
     """
 
     name = "conceptot"

@@ -43,13 +43,18 @@ def test_affine_map_reads_an_affine_projection_and_refuses_a_layer_norm():
         affine_map(nn.Sequential(nn.LayerNorm(6), linear), 6, torch.zeros(()))
 
 
-@pytest.mark.parametrize("name", list(ALIGN_METHODS))
-def test_step_zero_plan_is_the_training_free_plan(name):
+@pytest.mark.parametrize(
+    ("name", "tether"),
+    [(name, {}) for name in ALIGN_METHODS]
+    + [("conceptot", {"anchor_hold": True}), ("conceptot", {"anchor_pull": 1.0})],
+)
+def test_step_zero_plan_is_the_training_free_plan(name, tether):
     """A head started from the backbone, before any step, gives the training-free plan and
     local score (same solver settings) on the same pairs: width features through the head,
-    projected features through the training-free configuration."""
+    projected features through the training-free configuration; ConceptOT's too with its
+    anchors held at or pulled toward the k-means anchors (otviz.train.anchor_tether)."""
     backbone, start, features = _shipped()
-    config = TrainConfig(method=name)
+    config = TrainConfig(method=name, **tether)
     free_config = dataclasses.replace(config.method_config(), trainable=False)
     free = MethodSuite.training_free(backbone, WORLD_FIT_CAPTIONS, (name,)).methods[name].method
     free.config = free_config
