@@ -121,14 +121,17 @@ def cell_layout(grid: tuple[int, int], max_cells: int) -> tuple[int, int]:
 
 def segment_token_masks(pixel_masks: Tensor, geometry: TokenGeometry) -> Tensor:
     """Pixel segments ``[S, height, width]`` (bool, on a raster of the geometry's frame) as
-    token masks ``[R, N]`` through the token-geometry contract: a token belongs to every
-    segment that covers more than half of its cell (:meth:`TokenGeometry.pool` of the segment's
-    indicator), and to the segment covering most of its cell, so a partition of the picture
-    (superpixels) becomes a partition of the tokens and overlapping masks (SAM) stay
-    overlapping. Segments that own no token are dropped."""
+    token masks ``[R, N]`` through the token-geometry contract, from each segment's share of
+    each token's cell (:meth:`TokenGeometry.pool` of its indicator): a token belongs to every
+    segment covering more than half of its cell, and, where the segments together cover more
+    than half of it, to the one covering most. A partition of the picture (superpixels) thus
+    becomes a partition of the tokens; overlapping masks (SAM) stay overlapping, and a token
+    they barely touch belongs to none. Segments that own no token are dropped."""
     share = geometry.pool(pixel_masks.to(torch.float64))  # [S, N]
     largest = share.argmax(0)
-    member = (share > 0.5) | (largest[None, :] == torch.arange(share.shape[0])[:, None])
+    covered = share.sum(0) > 0.5
+    member = (share > 0.5) | (
+        covered[None, :] & (largest[None, :] == torch.arange(share.shape[0])[:, None]))
     return member[member.any(1)]
 
 

@@ -116,7 +116,8 @@ def _token_of_pixels(geometry: TokenGeometry, width: int, height: int) -> np.nda
 
 def test_segment_token_masks_follow_the_token_geometry():
     """A pixel segment's token mask: tokens whose cell (on the stem's off-centre lattice) it
-    covers more than half of, or most of; checked against counts by plain loops."""
+    covers more than half of, or most of (the two cover every cell); checked against counts
+    by plain loops."""
     height = width = 48
     seg = np.zeros((2, height, width), dtype=bool)
     seg[0, :, :22] = True  # left 22 px: the stem's cells end at 4.5, 12.5, 20.5, 28.5, ...
