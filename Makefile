@@ -119,7 +119,8 @@ OTVIZ := $(BIN)/otviz
 SHIPPED := otviz/assets/checkpoints
 # Each head's recipe, chosen on the world's validation split (benchmarks/head_start_sweep.md):
 # "backbone" heads start at the training-free configuration (otviz.methods.start); ConceptOT,
-# PowerCLIP and Global+Patch (flat by construction) keep the random start that scored best.
+# PowerCLIP and Global+Patch (flat by construction) keep the random start that scored best;
+# PowerCLIP with 15 random boxes (benchmarks/powerclip_sweep.md).
 HEAD_RECIPES := \
 	"global_patch --start random --lr 2e-3 --epochs 3" \
 	"filip --start backbone --lr 1e-3 --max-steps 62" \
@@ -128,7 +129,7 @@ HEAD_RECIPES := \
 	"dense_uot --start backbone --lr 3e-5 --max-steps 62" \
 	"conceptot --start random --lr 2e-3 --epochs 3" \
 	"qc_align --start backbone --lr 3e-3 --max-steps 62" \
-	"powerclip --start random --lr 2e-3 --epochs 3"
+	"powerclip --start random --lr 2e-3 --epochs 3 --n-regions 15"
 remake: install
 	for s in 0 1 2; do \
 		for r in $(HEAD_RECIPES); do \

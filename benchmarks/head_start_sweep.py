@@ -73,6 +73,8 @@ def main() -> None:
     ap.add_argument("--lrs", default="3e-4,1e-3,3e-3")
     ap.add_argument("--steps", default="62,186")
     ap.add_argument("--ranks", default="0")
+    ap.add_argument("--start", default="backbone", help="backbone or random")
+    ap.add_argument("--n-regions", default="10", help="PowerCLIP's random boxes per image (5-15)")
     ap.add_argument("--n-train", type=int, default=4000)
     ap.add_argument("--n-val", type=int, default=300)
     ap.add_argument("--threads", type=int, default=2)
@@ -101,23 +103,25 @@ def main() -> None:
                          **pointing(MethodSuite(backbone, {name: entry}, args.heads), val)})
             print(rows[-1], flush=True)
             _write(out, rows, args)
-        grid = [(rank, lr, steps, anchors) for rank in _ints(args.ranks)
+        grid = [(rank, lr, steps, boxes, anchors) for rank in _ints(args.ranks)
                 for lr in _floats(args.lrs) for steps in _ints(args.steps)
-                for anchors in anchor_settings(args.anchors)]
-        for rank, lr, steps, anchors in grid:
+                for boxes in _ints(args.n_regions) for anchors in anchor_settings(args.anchors)]
+        for rank, lr, steps, boxes, anchors in grid:
             label = anchor_label(anchors)
-            run = Path(args.runs) / (f"{name}-r{rank}-lr{lr:g}-s{steps}"
+            run = Path(args.runs) / (f"{name}-{args.start}-r{rank}-lr{lr:g}-s{steps}-m{boxes}"
                                      f"-{label.replace(' ', '')}")
             config = TrainConfig(method=name, n_train=args.n_train, lr=lr, max_steps=steps,
-                                 start_rank=rank, start="backbone", threads=args.threads,
-                                 out=str(run), resume=False, log_every=0, **anchors)
+                                 start_rank=rank, start=args.start, n_regions=boxes,
+                                 threads=args.threads, out=str(run), resume=False,
+                                 log_every=0, **anchors)
             t0 = time.perf_counter()
             entry = _step_zero(config) if steps == 0 else load_head(
                 train_method(config).head_checkpoint, backbone)
             seconds = time.perf_counter() - t0
             suite = MethodSuite(backbone, {name: entry}, run.name)
-            rows.append({"method": name, "setting": "trained", "lr": lr, "steps": steps,
-                         "rank": rank, "anchors": label, "train_s": round(seconds, 1),
+            rows.append({"method": name, "setting": f"{args.start} start, M={boxes}",
+                         "lr": lr, "steps": steps, "rank": rank, "anchors": label,
+                         "train_s": round(seconds, 1),
                          **pointing(suite, val)})
             print(rows[-1], flush=True)
             _write(out, rows, args)

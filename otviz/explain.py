@@ -21,7 +21,7 @@ from otviz.boundary.images import ImageInput, to_rgb
 from otviz.boundary.text import MAX_CAPTION_CHARS, check_caption  # noqa: F401 (re-exported)
 from otviz.errors import InputError  # noqa: F401 (re-exported: the views import it here)
 from otviz.methods import Alignment, PairBatch
-from otviz.patch_grid.masks import cell_layout, grid_cells, random_boxes, segments
+from otviz.patch_grid.masks import cell_layout, grid_cells, paper_boxes, superpixels
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import MethodSuite
 from otviz.text.parse import ParseResult, batch_node_masks, parse_caption
@@ -101,15 +101,15 @@ class MethodRun:
 
 def region_masks(encoded: Encoded, kind: str, n_regions: int = 9, seed: int = 0) -> Tensor:
     """``[R, N]`` region masks on the pair's patch grid: ``"grid"`` cells, seeded random
-    ``"boxes"`` (PowerCLIP Sec. 3.2) or colour ``"segments"`` (SLIC-like)."""
+    ``"boxes"`` (PowerCLIP Sec. 3.2, 5 to 15 of them) or ``"segments"``, scikit-image's SLIC
+    superpixels of the picture put on the tokens through the pair's token geometry."""
     grid = encoded.grid
     if kind == "grid":
         return grid_cells(grid, *cell_layout(grid, n_regions))
     if kind == "boxes":
-        return random_boxes(grid, n_regions, seed=seed)
+        return paper_boxes(grid, n_regions, seed)
     if kind == "segments":
-        pixels = torch.tensor(encoded.image).permute(2, 0, 1).double() / 255
-        return segments(encoded.geometry.pool(pixels).T, grid, n_regions)
+        return superpixels(np.asarray(encoded.image), encoded.geometry, n_regions)
     raise InputError(f"unknown region kind {kind!r}; choose one of {REGION_KINDS}")
 
 

@@ -8,8 +8,10 @@ in :mod:`otviz.ot.powerset`, the embeddings and the triplet loss here.
 
 Region proposals when the batch carries none (``config.extra["proposals"]``): ``"grid"``
 cells (at most ``n_regions``, :func:`otviz.patch_grid.masks.cell_layout`) or ``"boxes"``, the
-PowerCLIP-R random boxes it trains on (Sec. 3.2, ``n_regions`` boxes drawn with
-``proposal_seed``, the same boxes for every image of the batch). A trained head records
+PowerCLIP-R random boxes it trains on (Sec. 3.2, ``n_regions`` boxes, 5 to 15 as in Sec. 4
+and Table 7, drawn with ``proposal_seed``, the same boxes for every image of the batch).
+Picture-dependent regions (superpixels, SAM: :mod:`otviz.patch_grid.masks`,
+:mod:`otviz.patch_grid.sam`) come with the batch (``PairBatch.regions``). A trained head records
 ``"boxes"`` (:meth:`otviz.train.config.TrainConfig.method_config`); a head without the key
 uses the grid. Nodes default to the single content tokens (the "w/o parse trees" ablation,
 Table 6).
@@ -22,12 +24,19 @@ R2T at most ``R max_B ||p_B||``). ``Alignment.local_score`` is ``S / S_max``, on
 cosine-like scale of the other methods, wherever it is combined with ``s_g`` or compared;
 ``extras["raw_local_score"]`` keeps ``S``. Training uses the raw ``S`` (Eq. 8-9).
 
-Patch map of a node ``B`` (:meth:`PowerCLIP.phrase_patch_map`, used by the grounding eval):
-``map_B(n) = sum_m sigma(q_mB / tau) R_mn``, each region weighted by its soft membership
-in ``B``'s best subset ``A*_B = argmax_A Q_{A,B}`` (``sigma(q / tau)`` is the derivative of
-NLA-T1's ``tau softplus(q / tau)``; ``1[q_mB > 0]`` in exact mode, Corollary 1), summed
-over the regions covering patch ``n``. A phrase uses the tree node whose token set overlaps
-its tokens best (Jaccard; the phrase's own node when it is one).
+Phrase map of a node ``B`` (:meth:`PowerCLIP.phrase_patch_map`, used by the grounding eval
+and the views): Fig. 6's text-to-patch similarity of the phrase, ``s_B(n) = <v_n / ||v_n||,
+p_B>`` (Eq. 10's region-node score of one-patch regions, under the head's projections),
+weighted by the membership of the region subset the powerset alignment selected for ``B``:
+``map_B(n) = (s_B(n) - min_n' s_B(n')) u_B(n)`` with the soft union ``u_B(n) = 1 - prod_m
+(1 - a_mB R_mn)`` of ``B``'s best subset ``A*_B = argmax_A Q_{A,B}``, ``a_mB = sigma(q_mB /
+tau)`` (the derivative of NLA-T1's ``tau softplus(q / tau)``; ``1[q_mB > 0]`` in exact mode,
+Corollary 1). Fig. 6 draws ``s_B`` (the phrase decides where it peaks); the alignment
+decides which regions carry it (Sec. 3.2: the phrase is matched to a subset of regions). A
+node whose best subset is empty (every ``a_mB`` below :data:`EMPTY_SUBSET`: no region
+matches) keeps ``s_B`` unweighted (``u_B = 1``), which the views label "Fig. 6 sim.". A
+phrase uses the tree node whose token set overlaps its tokens best (Jaccard; the phrase's
+own node when it is one).
 
 The plan (for the plan views; PowerCLIP itself has none): each valid node B gets mass
 ``max_m membership_mB / K``, spread uniformly over its tokens and over the soft union
@@ -52,7 +61,7 @@ from otviz.knobs import TRIPLET_NEGATIVES
 from otviz.methods.base import POWERSET_TRIPLET, Alignment, DensePlan, PairBatch, register
 from otviz.methods.projected import ProjectedMethod, build_alignment
 from otviz.ot.powerset import exact_t2r, powerset_similarity
-from otviz.patch_grid.masks import cell_layout, grid_cells, random_boxes
+from otviz.patch_grid.masks import cell_layout, grid_cells, paper_boxes
 
 PROPOSALS = ("grid", "boxes")
 
@@ -181,6 +190,24 @@ def _of_best_node(alignment: Alignment, token_select: Tensor, key: str) -> Tenso
 EMPTY_SUBSET = 1e-6
 
 
+def subset_cover(member: Tensor, regions: Tensor) -> Tensor:
+    """``[B, K, N]`` soft union ``u_B(n) = 1 - prod_m (1 - a_mB R_mn)`` of each node's
+    selected regions (module docstring), from memberships ``member [B, K, R]`` and region
+    masks ``regions [B, R, N]``."""
+    miss = 1.0 - member[..., None] * regions.to(member.dtype)[:, None]  # [B, K, R, N]
+    return 1.0 - miss.prod(2)
+
+
+def phrase_maps(similarity: Tensor, cover: Tensor) -> Tensor:
+    """``[B, K, N]`` phrase maps ``map_B(n) = (s_B(n) - min_n' s_B(n')) u_B(n)`` (module
+    docstring): the text-to-patch similarity ``similarity [B, K, N]`` (Fig. 6) weighted by
+    the soft union ``cover [B, K, N]`` of the selected subset, unweighted where that subset
+    is empty."""
+    shifted = similarity - similarity.amin(-1, keepdim=True)
+    empty = cover.amax(-1, keepdim=True) < EMPTY_SUBSET
+    return shifted * torch.where(empty, torch.ones_like(cover), cover)
+
+
 @dataclass
 class PowersetInputs:
     """Region and phrase embeddings of a batch with their masks."""
@@ -200,7 +227,7 @@ def proposal_regions(grid: tuple[int, int], kind: str, n_regions: int, seed: int
     if kind == "grid":
         return grid_cells(grid, *cell_layout(grid, n_regions))
     if kind == "boxes":
-        return random_boxes(grid, n_regions, seed=seed)
+        return paper_boxes(grid, n_regions, seed)
     raise ValueError(f"unknown region proposals {kind!r}; choose one of {PROPOSALS}")
 
 
@@ -306,12 +333,9 @@ class PowerCLIP(ProjectedMethod):
             best = (self.tau * F.softplus(qt / self.tau) * rmask).sum(-1)
         return member, best
 
-    def _plan(self, inp: PowersetInputs, member: Tensor) -> Tensor:
+    def _plan(self, inp: PowersetInputs, member: Tensor, cover: Tensor) -> Tensor:
         """``[B, N, M]`` plan described in the module docstring."""
         dtype = member.dtype
-        regions = inp.regions.to(dtype)  # [B, R, N]
-        miss = 1.0 - member[..., None] * regions[:, None]  # [B, K, R, N]
-        cover = 1.0 - miss.prod(2)  # [B, K, N] soft union of the chosen regions
         patch_dist = cover / cover.sum(-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
         nodes = inp.nodes.to(dtype)
         token_dist = nodes / nodes.sum(-1, keepdim=True).clamp_min(1.0)
@@ -326,7 +350,11 @@ class PowerCLIP(ProjectedMethod):
             q, self.tau, self.alpha, inp.region_mask, inp.node_mask, self.exact
         )
         member, best = self._membership(q, inp)
-        plan = self._plan(inp, member)
+        cover = subset_cover(member, inp.regions)
+        plan = self._plan(inp, member, cover)
+        # Fig. 6's text-to-patch similarity <v_n / ||v_n||, p_B>: q of one-patch regions
+        similarity = region_node_scores(
+            F.normalize(inp.patch_emb, dim=-1), inp.phrase_emb).transpose(1, 2)
         extras = {
             "regions": inp.regions,
             "region_mask": inp.region_mask,
@@ -335,10 +363,9 @@ class PowerCLIP(ProjectedMethod):
             "region_node_scores": q,
             "node_best_regions": member,
             "node_best_score": best,
-            "node_patch_maps": member @ inp.regions.to(member.dtype),  # [B, K, N]
-            # Fig. 6's text-to-patch similarity <v_n / ||v_n||, p_B>: q of one-patch regions
-            "node_patch_similarity": region_node_scores(
-                F.normalize(inp.patch_emb, dim=-1), inp.phrase_emb).transpose(1, 2),
+            "node_subset_cover": cover,  # [B, K, N]
+            "node_patch_similarity": similarity,  # [B, K, N]
+            "node_patch_maps": phrase_maps(similarity, cover),  # [B, K, N]
             "raw_local_score": raw,
             "exact": self.exact,
         }
@@ -353,25 +380,18 @@ class PowerCLIP(ProjectedMethod):
 
     @staticmethod
     def phrase_patch_map(alignment: Alignment, token_select: Tensor) -> Tensor:
-        """``[B, N]`` patch map of a phrase (module docstring): ``map_B(n) = sum_m
-        sigma(q_mB / tau) R_mn`` of the node ``B`` that best matches ``token_select``
-        (``[B, M]`` or ``[M]``)."""
+        """``[B, N]`` phrase map (module docstring, :func:`phrase_maps`): the Fig. 6
+        similarity of the node ``B`` that best matches ``token_select`` (``[B, M]`` or
+        ``[M]``) weighted by the soft union of its selected regions."""
         return _of_best_node(alignment, token_select, "node_patch_maps")
 
     @classmethod
     def shown_patch_map(cls, alignment: Alignment, token_select: Tensor) -> tuple[Tensor, str]:
-        """The membership map (:meth:`phrase_patch_map`); where the node's best subset is
-        empty (every ``sigma(q / tau)`` below :data:`EMPTY_SUBSET`: no region matches the
-        phrase, an all-zero map) the Fig. 6 text-to-patch similarity instead, shifted to
-        start at 0 and labelled "Fig. 6 sim." (:meth:`phrase_similarity_map`)."""
-        heat = cls.phrase_patch_map(alignment, token_select)
-        empty = heat.amax(-1) < EMPTY_SUBSET  # [B]
-        if not bool(empty.any()):
-            return heat, ""
-        sim = cls.phrase_similarity_map(alignment, token_select)
-        shifted = sim - sim.amin(-1, keepdim=True)
-        return (torch.where(empty[:, None], shifted, heat),
-                "Fig. 6 sim.")
+        """The phrase map (:meth:`phrase_patch_map`), labelled "Fig. 6 sim." where the
+        node's best subset is empty and the map is the unweighted similarity."""
+        cover = _of_best_node(alignment, token_select, "node_subset_cover")
+        empty = bool((cover.amax(-1) < EMPTY_SUBSET).any())
+        return cls.phrase_patch_map(alignment, token_select), "Fig. 6 sim." if empty else ""
 
     @staticmethod
     def phrase_similarity_map(alignment: Alignment, token_select: Tensor) -> Tensor:

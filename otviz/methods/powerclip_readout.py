@@ -63,6 +63,9 @@ class PowersetReadout:
             :data:`MAX_EXACT_REGIONS` regions).
         soft_best: ``[K, R]`` the method's memberships.
         best_score: ``[K]`` the method's best-subset score of each node.
+        cover: ``[K, N]`` soft union of each node's chosen regions over the tokens.
+        phrase_map: ``[K, N]`` each node's phrase map (Fig. 6 similarity on its chosen
+            regions, :func:`otviz.methods.powerclip.phrase_maps`).
         summary: :func:`powerset_summary` at the requested ``tau``.
     """
 
@@ -72,6 +75,8 @@ class PowersetReadout:
     exact_best: np.ndarray | None
     soft_best: np.ndarray
     best_score: np.ndarray
+    cover: np.ndarray
+    phrase_map: np.ndarray
     summary: dict[str, float | None]
 
 
@@ -91,5 +96,7 @@ def powerset_readout(alignment: Alignment, tau: float, alpha: float) -> Powerset
         exact_best=exact_best,
         soft_best=extras["node_best_regions"][0].double().numpy(),
         best_score=extras["node_best_score"][0].double().numpy(),
+        cover=extras["node_subset_cover"][0].double().numpy(),
+        phrase_map=extras["node_patch_maps"][0].double().numpy(),
         summary=powerset_summary(q, region_mask, node_mask, tau, alpha),
     )

@@ -6,10 +6,10 @@ Three generators, all deterministic given their inputs (and seed):
   and widths (PowerCLIP-R);
 * :func:`grid_cells` -- a regular partition of the grid into ``rows x cols`` cells (the
   documented default when a batch carries no regions);
-* :func:`segments` -- a SLIC-like superpixel segmentation: k-means on per-patch descriptors
-  (mean colours or patch features) concatenated with scaled patch coordinates, started from
-  a regular lattice of centres; a stand-in for PowerCLIP-S's SAM masks, which need weights
-  we cannot ship. Unlike SLIC, segments are not forced to be connected.
+* :func:`superpixels` -- scikit-image's SLIC superpixels of the picture, the offline
+  segmentation step in place of PowerCLIP-S's SAM masks (:mod:`otviz.patch_grid.sam` loads
+  SAM where a user has its weights); pixel segments become token masks only through the
+  token geometry (:func:`segment_token_masks`).
 
 :func:`stack_regions` pads per-image masks of different counts to ``[B, R_max, N]`` (all-False
 rows are empty regions, which the methods treat as absent).
@@ -19,8 +19,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
+from skimage.segmentation import slic
 from torch import Tensor
+
+from otviz.errors import UserInputError
+from otviz.patch_grid.tokens import TokenGeometry
 
 
 def _grid_coords(grid: tuple[int, int], device: torch.device | None = None) -> Tensor:
@@ -78,6 +83,20 @@ def random_boxes(
     return masks if batch_size is not None else masks[0]
 
 
+#: PowerCLIP's numbers of random boxes per image, ``M`` (Sec. 4 and Table 7: 5, 10, 15).
+PAPER_BOX_COUNTS = (5, 15)
+
+
+def paper_boxes(grid: tuple[int, int], n_boxes: int, seed: int) -> Tensor:
+    """:func:`random_boxes` with ``n_boxes`` in the paper's range :data:`PAPER_BOX_COUNTS`
+    (PowerCLIP-R, Sec. 4, Table 7); another count is refused, naming ``n_regions``."""
+    lo, hi = PAPER_BOX_COUNTS
+    if not lo <= n_boxes <= hi:
+        raise UserInputError(f"n_regions: PowerCLIP draws {lo} to {hi} random boxes per image "
+                             f"(Table 7), got {n_boxes}")
+    return random_boxes(grid, n_boxes, seed=seed)
+
+
 def grid_cells(grid: tuple[int, int], rows: int, cols: int) -> Tensor:
     """Partition of the grid into ``rows x cols`` near-equal cells, bool ``[rows*cols, N]``.
 
@@ -100,50 +119,43 @@ def cell_layout(grid: tuple[int, int], max_cells: int) -> tuple[int, int]:
     return rows, cols
 
 
-def segments(
-    descriptors: Tensor,
-    grid: tuple[int, int],
-    n_segments: int,
-    spatial_weight: float = 1.0,
-    n_iters: int = 10,
-) -> Tensor:
-    """SLIC-like segments of one image: k-means over ``[descriptor, spatial_weight * (y, x)]``.
+def segment_token_masks(pixel_masks: Tensor, geometry: TokenGeometry) -> Tensor:
+    """Pixel segments ``[S, height, width]`` (bool, on a raster of the geometry's frame) as
+    token masks ``[R, N]`` through the token-geometry contract, from each segment's share of
+    each token's cell (:meth:`TokenGeometry.pool` of its indicator): a token belongs to every
+    segment covering more than half of its cell, and, where the segments together cover more
+    than half of it, to the one covering most. A partition of the picture (superpixels) thus
+    becomes a partition of the tokens; overlapping masks (SAM) stay overlapping, and a token
+    they barely touch belongs to none. Segments that own no token are dropped."""
+    share = geometry.pool(pixel_masks.to(torch.float64))  # [S, N]
+    largest = share.argmax(0)
+    covered = share.sum(0) > 0.5
+    member = (share > 0.5) | (
+        covered[None, :] & (largest[None, :] == torch.arange(share.shape[0])[:, None]))
+    return member[member.any(1)]
 
-    Descriptors are standardised per channel; coordinates are divided by the lattice step
-    ``sqrt(N / n_segments)`` so ``spatial_weight`` trades compactness against colour
-    fidelity as SLIC's ``m`` does. Centres start on a regular lattice (no randomness), so
-    the result is deterministic.
+
+def superpixels(
+    image: np.ndarray, geometry: TokenGeometry, n_segments: int, compactness: float = 10.0
+) -> Tensor:
+    """SLIC superpixels of the picture (Achanta et al. 2012, ``skimage.segmentation.slic``)
+    as token masks (:func:`segment_token_masks`): the offline segmentation step PowerCLIP
+    Sec. 3.2 allows in place of random boxes (the paper uses SAM, Table 7).
 
     Args:
-        descriptors: ``[N, C]`` per-patch descriptors (e.g. mean RGB, patch features).
-        grid: patch grid ``(H, W)``.
-        n_segments: wanted number of segments (an upper bound: empty clusters are dropped).
-        spatial_weight: weight of the spatial coordinates.
-        n_iters: Lloyd iterations.
+        image: ``[height, width, 3]`` picture (uint8 or float) the ``geometry`` is on.
+        geometry: where each token looks on ``image``.
+        n_segments: wanted number of superpixels (SLIC's approximate count).
+        compactness: SLIC's colour-space / space trade-off (higher: squarer segments).
 
     Returns:
-        bool ``[R, N]`` partition of the grid with ``R <= n_segments`` non-empty segments.
+        bool ``[R, N]`` partition of the tokens into ``R`` non-empty regions.
     """
-    h, w = grid
-    n = h * w
-    if descriptors.shape[0] != n:
-        raise ValueError(f"descriptors have {descriptors.shape[0]} rows, grid has {n} patches")
-    x = descriptors.to(torch.float64)
-    x = (x - x.mean(0)) / x.std(0, unbiased=False).clamp_min(1e-12)
-    step = math.sqrt(n / n_segments)
-    pos = _grid_coords(grid).to(torch.float64) * (spatial_weight / step)
-    feats = torch.cat([x, pos], dim=1)
-    rows, cols = cell_layout(grid, n_segments)
-    start = grid_cells(grid, rows, cols).to(torch.float64)
-    centres = start @ feats / start.sum(1, keepdim=True)
-    for _ in range(n_iters):
-        label = torch.cdist(feats, centres).argmin(1)
-        onehot = torch.nn.functional.one_hot(label, centres.shape[0]).to(torch.float64).T
-        count = onehot.sum(1, keepdim=True)
-        centres = torch.where(count > 0, onehot @ feats / count.clamp_min(1), centres)
-    label = torch.cdist(feats, centres).argmin(1)
-    masks = label[None, :] == torch.arange(centres.shape[0])[:, None]
-    return masks[masks.any(1)]
+    labels = slic(image, n_segments=n_segments, compactness=compactness, start_label=0,
+                  channel_axis=-1)
+    labels = torch.from_numpy(labels.astype(np.int64))
+    onehot = labels[None] == torch.arange(int(labels.max()) + 1)[:, None, None]
+    return segment_token_masks(onehot, geometry)
 
 
 def stack_regions(masks: list[Tensor]) -> Tensor:

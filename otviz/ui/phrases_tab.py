@@ -36,10 +36,12 @@ HOW_TO_READ = """**How to read this view.** PowerCLIP (PowerSet alignment) score
 against a caption by matching *sets* of image regions with the *phrases* of the caption's
 parse tree. **Tree**: every phrase node (pick one in the list) is one phrase B; the
 highlighted box and its subtree are the picked node. **Regions**: the masks the image is cut
-into (grid cells, seeded random boxes, or colour segments), numbered. **Best regions**: for
-the picked phrase, the region subset A that maximises the score Q(A, B) (left: exact, by
-enumerating all 2^M subsets; it is the set of regions with a positive score, Corollary 1)
-and PowerCLIP's soft version (right: bright = in the subset). **Table**: the exact
+into (grid cells, 5-15 seeded random boxes as in the paper, or SLIC superpixels), numbered.
+**Best regions**: for the picked phrase, the region subset A that maximises the score
+Q(A, B) (left: exact, by enumerating all 2^M subsets; it is the set of regions with a
+positive score, Corollary 1), PowerCLIP's soft version (middle: bright = in the subset), and
+the phrase's map (right): the similarity of the phrase to each patch (the paper's Fig. 6)
+on the regions of its subset, so two phrases give two maps. **Table**: the exact
 tree-to-regions (T2R) and regions-to-tree (R2T) aggregations, computed by enumerating the
 powerset, next to the linear-time approximations PowerCLIP trains with (NLA-T1 and NLA-T2).
 NLA-T1 is never below T2R and exceeds it by at most tau * M * log 2 (Theorem 1); R2T lies
@@ -169,7 +171,7 @@ def phrases_view(
     subset_fig = best_subset_figure(
         encoded.image, masks, encoded.geometry,
         None if exact_best is None else exact_best[node], soft_best[node],
-        nodes[node].span_text(), soft_label,
+        readout.cover[node], readout.phrase_map[node], nodes[node].span_text(), soft_label,
     )
     note = f"Tree made by the **{parser}** parser."
     if parser == "builtin":
@@ -182,6 +184,7 @@ def phrases_view(
     out.save_figure(subset_fig, f"best_regions_node{node}")
     out.save_array(q0, "region_node_scores", columns=[node_label(n) for n in nodes])
     out.save_array(masks.astype(np.uint8), f"region_masks_{regions}")
+    out.save_array(readout.phrase_map[node].reshape(encoded.grid), f"phrase_map_node{node}")
     out.save_json(
         {
             "caption": encoded.caption,
@@ -242,7 +245,7 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
     tree_plot = FigurePlot(label="Constituency tree", elem_id="phrases-tree")
     with gr.Row():
         regions_plot = FigurePlot(label="Region masks", elem_id="phrases-regions")
-        subset_plot = FigurePlot(label="Best-matching regions of the phrase")
+        subset_plot = FigurePlot(label="Best-matching regions and map of the phrase")
     # wrapped cells: every column fits the page's width
     summary = gr.Dataframe(headers=SUMMARY_HEADERS, label="Exact powerset vs NLA", wrap=True)
     per_node = gr.Dataframe(headers=NODE_HEADERS, label="Best region subset per node",

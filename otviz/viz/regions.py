@@ -23,6 +23,7 @@ from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
+from otviz.methods.powerclip import EMPTY_SUBSET
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.viz.heatmaps import FIELD_PX, draw_heatmap
 from otviz.viz.style import HEAT_CMAP, drawable, new_figure
@@ -132,29 +133,25 @@ def regions_figure(
     return fig
 
 
-def soft_cover(masks: np.ndarray, membership: np.ndarray) -> np.ndarray:
-    """``[N]`` soft union ``1 - prod_m (1 - w_m R_mn)`` of the regions with memberships
-    ``w [R]`` in [0, 1] (the patch cover of a node's best subset, as PowerCLIP's plan in
-    :mod:`otviz.methods.powerclip` forms it)."""
-    masks = np.asarray(masks, dtype=np.float64)
-    return 1.0 - np.prod(1.0 - np.asarray(membership, dtype=np.float64)[:, None] * masks, axis=0)
-
-
 def best_subset_figure(
     image: np.ndarray,
     masks: np.ndarray,
     geometry: TokenGeometry,
     exact_members: np.ndarray | None,
     soft_members: np.ndarray,
+    cover: np.ndarray,
+    phrase_map: np.ndarray,
     phrase: str,
     soft_label: str,
 ) -> Figure:
-    """A node's best-matching region subset: the exact ``A* = argmax_A Q_{A,B}`` as filled
-    regions (``exact_members [R]`` bool; ``None`` when the powerset is too large to
-    enumerate), and the method's soft membership ``soft_members [R]`` as the heat of its
-    soft union over the patches, with the regions of membership > 0.5 outlined."""
-    fig = new_figure(8.6, 4.4)
-    ax_exact, ax_soft = fig.subplots(1, 2)
+    """A node's best-matching region subset beside its phrase map: the exact ``A* =
+    argmax_A Q_{A,B}`` as filled regions (``exact_members [R]`` bool; ``None`` when the
+    powerset is too large to enumerate); the method's soft subset, ``cover [N]`` (the soft
+    union of the regions, memberships ``soft_members [R]``) with the regions of membership
+    > 0.5 outlined; and the phrase map ``phrase_map [N]`` (PowerCLIP Fig. 6's text-to-patch
+    similarity weighted by that cover)."""
+    fig = new_figure(12.8, 4.4)
+    ax_exact, ax_soft, ax_map = fig.subplots(1, 3)
     height, width = image.shape[:2]
     if exact_members is None:
         ax_exact.imshow(image, extent=(0, width, height, 0))
@@ -166,14 +163,22 @@ def best_subset_figure(
         ids = "{" + ", ".join(map(str, chosen)) + "}" if chosen else "∅ (no region scores > 0)"
         draw_regions(ax_exact, image, masks, geometry, shown=chosen,
                      title=textwrap.fill(f"exact A* = {ids}", 45))
-    cover = soft_cover(masks, soft_members).reshape(geometry.grid)
     mappable = draw_heatmap(
-        ax_soft, image, cover, geometry, vmin=0.0, vmax=1.0, cmap=HEAT_CMAP,
-        title=textwrap.fill(soft_label, 45),
+        ax_soft, image, np.asarray(cover).reshape(geometry.grid), geometry, vmin=0.0,
+        vmax=1.0, cmap=HEAT_CMAP, title=textwrap.fill(soft_label, 45),
     )
     likely = [int(m) for m in np.flatnonzero(np.asarray(soft_members) > 0.5)]
     draw_regions(ax_soft, None, masks, geometry, shown=likely, fill=False)
     fig.colorbar(mappable, ax=ax_soft, shrink=0.8, label="soft membership of the subset")
+    empty = float(np.max(cover)) < EMPTY_SUBSET
+    heat = draw_heatmap(
+        ax_map, image, np.asarray(phrase_map).reshape(geometry.grid), geometry, vmin=0.0,
+        cmap=HEAT_CMAP, title=textwrap.fill(
+            "phrase map: Fig. 6 similarity (no region chosen: unweighted)" if empty else
+            "phrase map: Fig. 6 similarity x the subset", 45),
+    )
+    fig.colorbar(heat, ax=ax_map, shrink=0.8, label="similarity - its minimum")
     # wrapped: a whole-caption phrase is wider than the figure
-    fig.suptitle(textwrap.fill(f'Best-matching regions of "{drawable(phrase)}"', 90), fontsize=10)
+    fig.suptitle(textwrap.fill(f'Best-matching regions and map of "{drawable(phrase)}"', 120),
+                 fontsize=10)
     return fig

@@ -1,18 +1,27 @@
 """Region masks cover what they claim: cells partition the grid, boxes are seeded filled
-rectangles, segments partition the grid and follow colour edges."""
+rectangles in the paper's count range, superpixels become token masks through the token
+geometry (where each token looks, not an even split of the picture) and follow colour edges."""
 
+import numpy as np
 import pytest
 import torch
 
+from otviz.errors import UserInputError
 from otviz.patch_grid.masks import (
+    PAPER_BOX_COUNTS,
     boxes_to_masks,
     cell_layout,
     grid_cells,
+    paper_boxes,
     random_boxes,
-    segments,
+    segment_token_masks,
     stack_regions,
+    superpixels,
 )
 from otviz.patch_grid.tokens import TokenGeometry
+
+#: A stem-like geometry: 6x6 tokens on a 48 px frame, centred 3.5 px up-left of the cells.
+STEM = TokenGeometry((6, 6), (48, 48), (8.0, 8.0), (0.5, 0.5))
 
 
 def _bounding_box(mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -90,31 +99,72 @@ def test_boxes_to_masks_matches_loop():
         assert m.tolist() == ref
 
 
-def test_segments_partition_and_follow_colour_edge():
-    grid = (6, 6)
-    image = torch.zeros(3, 24, 24)
-    image[0, :, :12] = 1.0  # left half red, right half blue
-    image[2, :, 12:] = 1.0
-    image += 0.01 * torch.randn(3, 24, 24, generator=torch.Generator().manual_seed(0))
-    desc = TokenGeometry.cell_centred(grid, (24, 24)).pool(image.double()).T
-    assert desc.shape == (36, 3)
-    segs = segments(desc, grid, n_segments=4, spatial_weight=0.1)
-    assert torch.equal(segs.sum(0), torch.ones(36, dtype=torch.long))
-    left = torch.zeros(6, 6, dtype=torch.bool)
-    left[:, :3] = True
-    left = left.reshape(-1)
-    for s in segs:  # no segment straddles the colour edge
-        assert bool((s & left).sum() == 0) or bool((s & ~left).sum() == 0)
-    assert torch.equal(segments(desc, grid, 4, spatial_weight=0.1), segs)
+def _token_of_pixels(geometry: TokenGeometry, width: int, height: int) -> np.ndarray:
+    """``[height, width]`` token whose centre is nearest each pixel centre (plain loops
+    over the geometry's centres: the reference for which pixels a token owns)."""
+    centres = geometry.centres().numpy()
+    out = np.zeros((height, width), dtype=np.int64)
+    for y in range(height):
+        for x in range(width):
+            d = np.abs(centres - [x + 0.5, y + 0.5])
+            # nearest along each axis separately: the cells are a product of intervals
+            col = int(np.argmin(d[: geometry.grid[1], 0]))
+            row = int(np.argmin(d[:: geometry.grid[1], 1]))
+            out[y, x] = row * geometry.grid[1] + col
+    return out
 
 
-def test_segments_compact_with_large_spatial_weight():
-    grid = (8, 8)
-    desc = torch.randn(64, 3, generator=torch.Generator().manual_seed(1))
-    segs = segments(desc, grid, n_segments=4, spatial_weight=100.0)
-    assert segs.shape[0] == 4  # colour noise is swamped: the 2x2 lattice cells come back
-    assert torch.equal(segs.sum(0), torch.ones(64, dtype=torch.long))
-    assert {int(s.sum()) for s in segs} == {16}
+def test_segment_token_masks_follow_the_token_geometry():
+    """A pixel segment's token mask: tokens whose cell (on the stem's off-centre lattice) it
+    covers more than half of, or most of (the two cover every cell); checked against counts
+    by plain loops."""
+    height = width = 48
+    seg = np.zeros((2, height, width), dtype=bool)
+    seg[0, :, :22] = True  # left 22 px: the stem's cells end at 4.5, 12.5, 20.5, 28.5, ...
+    seg[1] = ~seg[0]
+    got = segment_token_masks(torch.from_numpy(seg), STEM)
+    owner = _token_of_pixels(STEM, width, height)
+    for s in range(2):
+        for n in range(STEM.n):
+            cell = owner == n
+            share = seg[s][cell].mean()
+            other = seg[1 - s][cell].mean()
+            assert bool(got[s, n]) == (share > 0.5 or share > other)
+    assert torch.equal(got.sum(0), torch.ones(STEM.n, dtype=torch.long))  # still a partition
+    # the stem's third column spans x in [12.5, 20.5): wholly left; an even split (cells
+    # [16, 24)) would cut it at 22 and put the third column's boundary elsewhere
+    assert bool(got[0].reshape(6, 6)[:, 2].all()) and not bool(got[0].reshape(6, 6)[:, 3].any())
+
+
+def test_superpixels_partition_tokens_and_follow_colour_edges():
+    rng = np.random.default_rng(0)
+    image = np.zeros((48, 48, 3), dtype=np.uint8)
+    image[:, :20] = (220, 30, 30)  # red left, blue right; the edge at x = 20.5 is a cell edge
+    image[:, 20:] = (30, 30, 220)
+    image = np.clip(image + rng.integers(-5, 6, image.shape), 0, 255).astype(np.uint8)
+    regions = superpixels(image, STEM, n_segments=4)
+    assert regions.shape[1] == STEM.n and regions.shape[0] >= 2
+    assert torch.equal(regions.sum(0), torch.ones(STEM.n, dtype=torch.long))
+    red = torch.zeros(6, 6, dtype=torch.bool)
+    red[:, :3] = True  # the tokens whose cells lie left of x = 20.5
+    red = red.reshape(-1)
+    for r in regions:  # no region straddles the colour edge
+        assert not bool((r & red).any()) or not bool((r & ~red).any())
+    assert torch.equal(superpixels(image, STEM, n_segments=4), regions)  # deterministic
+
+
+@pytest.mark.parametrize("m", [PAPER_BOX_COUNTS[0], 10, PAPER_BOX_COUNTS[1]])
+def test_paper_boxes_draw_m_seeded_boxes_in_the_papers_range(m):
+    assert PAPER_BOX_COUNTS == (5, 15)  # PowerCLIP Table 7: M = 5, 10, 15
+    got = paper_boxes((6, 7), m, seed=4)
+    assert torch.equal(got, random_boxes((6, 7), m, seed=4))
+    assert got.shape == (m, 42) and bool(got.any(1).all())
+
+
+@pytest.mark.parametrize("m", [1, 4, 16, 64])
+def test_paper_boxes_refuse_counts_outside_the_papers_range(m):
+    with pytest.raises(UserInputError, match="n_regions"):
+        paper_boxes((6, 7), m, seed=0)
 
 
 def test_stack_regions_pads_with_empty_rows():

@@ -1,6 +1,7 @@
-"""PowerCLIP's head: the patch map equals its documented formula, region proposals, the
-triplet loss variants against their definitions, and a short seeded training on world pairs
-that separates matched from mismatched pairs (the shipped head collapsed: every q < 0)."""
+"""PowerCLIP's head: the phrase map equals its documented formula and depends on the phrase,
+region proposals, the triplet loss variants against their definitions, and a short seeded
+training on world pairs that separates matched from mismatched pairs (the shipped head
+collapsed: every q < 0)."""
 
 from __future__ import annotations
 
@@ -48,18 +49,72 @@ def _method(**extra) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("exact", [False, True])
-def test_phrase_patch_map_is_membership_weighted_region_cover(exact: bool) -> None:
+def test_phrase_map_is_similarity_weighted_by_the_selected_subset(exact: bool) -> None:
+    """The map, computed by hand from Eq. 2-4 and 10: the node's text-to-patch cosine (Fig. 6)
+    shifted to start at 0, times the soft union of the regions in its best subset."""
     batch = _pair()
     tau = 0.05
-    out = _method(tau=tau, exact=exact).align(batch)
-    q = out.extras["region_node_scores"]  # [B, R, K]
+    method = _method(tau=tau, exact=exact)
+    out = method.align(batch)
     select = torch.zeros(2, 5, dtype=torch.bool)
-    select[:, 2:] = True  # exactly node 1
-    got = type(_method()).phrase_patch_map(out, select)
+    select[:, 2:] = True  # exactly node 1, "circle left of": tokens 2-4, one leaf
+    got = type(method).phrase_patch_map(out, select)
     for b in range(2):
-        member = (q[b, :, 1] > 0).to(DT) if exact else torch.sigmoid(q[b, :, 1] / tau)
-        want = sum(member[r] * batch.regions[b, r].to(DT) for r in range(4))
+        # the training-free projections are the identity on unit-norm features
+        v = batch.patches[b] / batch.patches[b].norm(dim=-1, keepdim=True)
+        t = batch.tokens[b] / batch.tokens[b].norm(dim=-1, keepdim=True)
+        leaf = t[2:].sum(0)
+        p_b = leaf / leaf.norm()  # Eq. 3-4: one leaf
+        sim = v @ p_b  # [N] Fig. 6
+        regions = batch.regions[b].to(DT)
+        q = torch.stack([(regions[r] @ v) / (regions[r] @ v).norm()
+                         for r in range(4)]) @ p_b  # Eq. 2 and 10
+        member = (q > 0).to(DT) if exact else torch.sigmoid(q / tau)
+        union = torch.ones(regions.shape[1], dtype=DT)
+        for r in range(4):
+            union = union * (1 - member[r] * regions[r])
+        want = (sim - sim.min()) * (1 - union)
         torch.testing.assert_close(got[b], want)
+
+
+def test_two_phrases_of_one_image_get_different_maps() -> None:
+    """The map depends on the phrase: two nodes of one caption whose selected subsets cover
+    the same patches still differ, through their own text-to-patch similarity."""
+    batch = _pair()
+    batch.regions = torch.ones(2, 1, 12, dtype=torch.bool)  # one region: the whole image
+    method = _method(tau=0.05)
+    out = method.align(batch)
+    first, second = (torch.zeros(2, 5, dtype=torch.bool) for _ in range(2))
+    first[:, :2] = True
+    second[:, 2:] = True
+    a = type(method).phrase_patch_map(out, first)
+    b = type(method).phrase_patch_map(out, second)
+    cover = out.extras["node_subset_cover"][:, :2]
+    assert bool((cover > 0).all())  # both nodes keep patches, so neither map is the fallback
+    for i in range(2):
+        rank_a, rank_b = a[i].argsort().argsort().to(DT), b[i].argsort().argsort().to(DT)
+        assert torch.corrcoef(torch.stack([rank_a, rank_b]))[0, 1] < 0.9
+        assert a[i].argmax() != b[i].argmax() or not torch.allclose(a[i], b[i])
+
+
+def test_empty_subset_keeps_the_unweighted_similarity() -> None:
+    """A node no region matches (every q < 0, exact mode: an empty best subset) shows its
+    Fig. 6 similarity, shifted to start at 0, and the view labels it so."""
+    batch = _pair()
+    batch.regions = torch.ones(2, 1, 12, dtype=torch.bool)  # one region: q is one number
+    method = _method(exact=True)
+    q = method.align(batch).extras["region_node_scores"][:, 0, 1]
+    batch.tokens[0, 2:] *= -torch.sign(q[0])  # node 1: q < 0 in image 0 (empty subset),
+    batch.tokens[1, 2:] *= torch.sign(q[1])  # q > 0 in image 1 (the whole image chosen)
+    out = method.align(batch)
+    q = out.extras["region_node_scores"][:, :, 1]
+    select = torch.zeros(2, 5, dtype=torch.bool)
+    select[:, 2:] = True
+    heat, label = type(method).shown_patch_map(out, select)
+    sim = type(method).phrase_similarity_map(out, select)
+    assert float(q[0, 0]) < 0 < float(q[1, 0])
+    torch.testing.assert_close(heat, sim - sim.amin(-1, keepdim=True))  # cover 1 in image 1
+    assert label == "Fig. 6 sim."
 
 
 def test_text_to_patch_similarity_is_q_of_one_patch_regions() -> None:

@@ -258,3 +258,23 @@ def test_builder_wires_into_blocks(ctx):
     # the click and the node picker's edit; the other edits run the latter again
     named = ["image", "caption", "checkpoint", "regions", "node", "tau"]
     assert api_parameters(demo) == {"/phrases": named, "/phrases_node": named}
+
+
+def test_the_map_beside_the_subset_is_the_phrases_own(ctx, checkpoint, image):
+    """The right panel draws the picked node's phrase map (PowerCLIP's Fig. 6 similarity on
+    its chosen regions, the map its pointing is scored on), and two phrase nodes of one
+    caption give two different maps."""
+    explainer, suite = ctx.explainer(checkpoint), ctx.suite(checkpoint)
+    encoded = explainer.encode(image, CAPTION)
+    extras = explainer.align(encoded, suite, ["powerclip"], "boxes")["powerclip"].alignment.extras
+    maps = {}
+    for _, k in phrases_view(ctx, checkpoint, image, CAPTION, "boxes").choices[:3]:
+        v = phrases_view(ctx, checkpoint, image, CAPTION, "boxes", node=k)
+        files = {Path(p).name: Path(p) for p in v.files.write()}
+        maps[k] = np.load(files[f"phrase_map_node{k}.npy"])
+        np.testing.assert_allclose(maps[k].reshape(-1), extras["node_patch_maps"][0, k].numpy(),
+                                   rtol=1e-6)
+        heat = v.subset_figure.axes[2].images[1]  # [0]: the picture, [1]: the map over it
+        assert heat.get_extent() == [0, image.shape[1], image.shape[0], 0]
+    first, *others = maps.values()
+    assert any(not np.allclose(first, other) for other in others)

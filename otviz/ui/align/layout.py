@@ -47,11 +47,11 @@ but its projections were trained at the temperature the note names. *ConceptOT*'
 Nystrom plan (checkpoint "training-free, ConceptOT faithful") can hold negative entries:
 they are never drawn as mass (clipped at 0, the titles and the score table's "negative
 mass" column say how much); the default training-free entry uses the nonnegative variant.
-*PowerCLIP*'s panel is its own readout: the regions of the phrase's tree node weighted by
-their membership sigmoid(q / tau) in the node's best subset (the map its pointing game is
-scored on; pick *boxes*, the proposals its head trained on, or *grid*); when no region is
-in the best subset (all memberships ~0) the panel shows its Fig. 6 text-to-patch similarity
-instead, titled "Fig. 6 sim.".
+*PowerCLIP*'s panel is its own readout (PowerCLIP Fig. 6): the text-to-patch similarity of
+the phrase's tree node, weighted by the regions of the node's best subset (membership
+sigmoid(q / tau)); the map its pointing game is scored on. Pick *boxes*, the proposals its
+head trained on, *grid* or *segments* (superpixels). When no region is in the best subset
+(all memberships ~0) the similarity is shown unweighted, titled "Fig. 6 sim.".
 Global+Patch, FILIP, Text-Attn and PowerCLIP have no reference masses. *Scores:* global
 cosine s_g, local score s_l, their combination s_g + λ·s_l (ConceptOT App. G.4), the
 solver's final marginal error (blank without an OT solver) and the solve time.
