@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 
 from otviz.cli.args import at_least
 from otviz.cli.args import parser as command_parser
@@ -27,10 +28,21 @@ def build_parser(prog: str = "otviz app") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "otviz app") -> int:
-    """Parse the app's flags and serve it until interrupted."""
+    """Parse the app's flags and serve it until ``SIGTERM`` or ``SIGINT`` (exit status 0,
+    :mod:`otviz.ui.shutdown`)."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     args = build_parser(prog).parse_args(argv)
-    from otviz.ui.app import launch
+    from otviz.ui.shutdown import stop_on_signals
 
-    launch(args.max_file_size, server_name=args.host, server_port=args.port, share=args.share)
+    previous = stop_on_signals()  # a stop while the app is imported (seconds) is clean too
+    try:
+        from otviz.ui.app import launch
+
+        launch(args.max_file_size, server_name=args.host, server_port=args.port,
+               share=args.share)
+    except KeyboardInterrupt:  # stopped before serving: nothing runs yet
+        pass
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return 0

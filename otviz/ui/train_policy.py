@@ -244,6 +244,18 @@ def resolve_data(request: TrainRequest, upload_dir: Path) -> tuple[str, int]:
     return str(path), len(dataset)
 
 
+def asked_steps(config: TrainConfig, n_pairs: int) -> int:
+    """The optimiser steps a method of ``config`` asks for on ``n_pairs`` pairs (its
+    ``max_steps``, else its epochs of whole batches), before the server's cap."""
+    return config.max_steps or config.epochs * max(1, n_pairs // config.batch_size)
+
+
+def planned_steps(config: TrainConfig, n_pairs: int) -> int:
+    """The optimiser steps a method of ``config`` takes here: :func:`asked_steps` within
+    :func:`step_cap`."""
+    return min(asked_steps(config, n_pairs), step_cap())
+
+
 def train_configs(
     request: TrainRequest,
     data: str,
@@ -257,8 +269,7 @@ def train_configs(
     ``backbone``'s TrainConfig fields, features cached in ``cache_dir`` (default:
     TrainConfig's), with the step cap applied; and notes on the caps."""
     cap, config = step_cap(), request.config
-    steps_per_epoch = max(1, n_pairs // config.batch_size)
-    planned = config.max_steps or config.epochs * steps_per_epoch
+    planned = asked_steps(config, n_pairs)
     notes = []
     max_steps = config.max_steps
     if planned > cap:

@@ -101,8 +101,8 @@ def test_costs_start_from_the_measured_figures_and_follow_measurements():
     drawn = (1 - SMOOTHING) * budget_module.SEED_MAP_S + SMOOTHING * 0.1
     assert costs.unit("metric:mprt") == pytest.approx(mprt)
     assert costs.trust(3, ["mprt"]) == pytest.approx(3 * (mprt + drawn))
-    costs.record("train_step", float("nan"))  # ignored
-    assert costs.unit("train_step") == budget_module.SEED_STEP_S
+    costs.record("train_pair", float("nan"))  # ignored
+    assert costs.unit("train_pair") == budget_module.SEED_PAIR_STEP_S
 
 
 def test_the_server_budget_follows_the_space_and_the_environment(monkeypatch):
