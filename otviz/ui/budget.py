@@ -79,7 +79,11 @@ SMOOTHING = 0.3
 
 class BudgetRefused(InputError):
     """Expensive work refused by the server's compute budget (the message says when to try
-    again)."""
+    again: ``retry_s`` seconds, ``None`` for work too large to admit at all)."""
+
+    def __init__(self, message: str, retry_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_s = retry_s
 
 
 @dataclass
@@ -232,15 +236,16 @@ class ComputeBudget:
                 self._running.append(work)
                 return work
         if mine >= self.per_visitor:
+            wait = self.retry_after_s(visitor)
             raise BudgetRefused(
                 f"{what} not started: your previous expensive computation is still running "
                 f"(at most {self.per_visitor} at a time per visitor); try again in about "
-                f"{self.retry_after_s(visitor)} s")
+                f"{wait} s", wait)
         wait = self.retry_after_s()
         raise BudgetRefused(
             f"{what} not started: the server is busy with {self.slots} expensive "
             f"computation(s) (trust metrics, training, explainers); try again in about "
-            f"{wait} s")
+            f"{wait} s", wait)
 
     def _check_memory(self, what: str) -> None:
         """Raise :class:`BudgetRefused` when the process's resident memory is over the cap
@@ -258,7 +263,7 @@ class ComputeBudget:
         raise BudgetRefused(
             f"{what} not started: the server is using {_megabytes(used)} of memory, over "
             f"the {_megabytes(self.max_rss_mb)} at which it starts no more expensive work "
-            f"({why}); try again in about {wait} s")
+            f"({why}); try again in about {wait} s", wait)
 
     def release(self, work: Work) -> None:
         with self._lock, contextlib.suppress(ValueError):
