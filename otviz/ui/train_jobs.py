@@ -16,7 +16,6 @@ import functools
 import json
 import logging
 import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -32,25 +31,23 @@ from otviz.explain import InputError
 from otviz.suite import METHOD_LABELS, MethodSuite
 from otviz.train.config import TrainConfig
 from otviz.train.loop import ENCODING, TrainResult, train_method
+from otviz.ui.app_dirs import FEATURES, RUNS, app_dir, cache_cap_bytes, runs_cap_bytes
 from otviz.ui.budget import ComputeBudget, Work, server_budget, visitor
-from otviz.ui.context import AppContext, on_space
+from otviz.ui.context import AppContext
 from otviz.ui.head_registry import load_head_sets, register_head_set
 from otviz.ui.probe_tab import run_batch_probe
 from otviz.ui.shutdown import track
 from otviz.ui.train_policy import (
     TrainRequest,
-    cache_cap_bytes,
     check_request,
     head_sets_cap,
     planned_steps,
     resolve_data,
-    runs_cap_bytes,
     train_configs,
 )
 
 log = logging.getLogger("otviz.ui.train_jobs")
 
-RUNS_ROOT = Path("runs") / "app"
 #: The folder of a run that holds its unpacked upload (removed when the run ends).
 UPLOAD_DIR = "data"
 #: The record of a run's outcome (:func:`status_record`), written in its folder when it ends.
@@ -262,9 +259,10 @@ class TrainingJobs:
 
     Args:
         ctx: where finished heads are registered.
-        runs_root: where run directories (and unpacked uploads) and the head registry go.
-        cache_dir: the frozen-backbone feature cache (default: TrainConfig's; on a Space,
-            in the temp dir).
+        runs_root: where run directories (and unpacked uploads) and the head registry go
+            (default: the app's runs folder, :mod:`otviz.ui.app_dirs`).
+        cache_dir: the frozen-backbone feature cache (default: the app's, shared with
+            Browse).
         evaluate: score finished heads on the examples gallery's probe.
         budget: the compute budget runs take a slot of (default: the server's).
     """
@@ -274,30 +272,25 @@ class TrainingJobs:
                  budget: ComputeBudget | None = None) -> None:
         self.ctx = ctx
         self.budget = budget or server_budget()
-        tmp = Path(tempfile.gettempdir())
-        self.runs_root = Path(runs_root or (tmp / "otviz-runs" if on_space() else RUNS_ROOT))
-        self.cache_dir = cache_dir or (tmp / "otviz-features" if on_space() else None)
+        self.runs_root = Path(runs_root or app_dir(RUNS))
+        self.cache_dir = Path(cache_dir or app_dir(FEATURES))
         self.evaluate = evaluate
         self._lock = threading.RLock()  # start() trims the runs, which reads the job
         self._job: TrainingJob | None = None
         for head_set in load_head_sets(self.runs_root):
             if any(b.label == head_set.backbone for b in ctx.backbones):
                 ctx.add_head_set(head_set.backbone, head_set.label, head_set.heads)
-        FeatureCache(self.feature_cache_dir).remove_stale_builds()
+        FeatureCache(self.cache_dir).remove_stale_builds()
         self.trim_cache()
         self.trim_runs()
         track(self)  # a server stop ends the run in progress at its next step
 
-    @property
-    def feature_cache_dir(self) -> Path:
-        return Path(self.cache_dir or TrainConfig.cache_dir)
-
     def trim_cache(self) -> None:
         """Cut the feature cache to :func:`cache_cap_bytes` (least recently used first)."""
-        FeatureCache(self.feature_cache_dir).evict(cache_cap_bytes())
+        FeatureCache(self.cache_dir).evict(cache_cap_bytes())
 
     def trim_runs(self) -> list[Path]:
-        """Cut the runs folder to :func:`~otviz.ui.train_policy.runs_cap_bytes`: finished
+        """Cut the runs folder to :func:`~otviz.ui.app_dirs.runs_cap_bytes`: finished
         runs go oldest first; the run in progress (here or in another live process) and the
         runs holding a head the picker offers stay. Returns the removed run directories."""
         job = self.current()

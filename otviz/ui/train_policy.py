@@ -34,13 +34,6 @@ SPACE_MAX_PAIRS, LOCAL_MAX_PAIRS = 5000, 200_000
 MAX_EPOCHS = 100
 #: The only server folder the "local folder" data source may read (unset: no such source).
 DATA_ROOT_ENV = "OTVIZ_DATA_ROOT"
-#: The feature cache is cut back to this many MB (least recently used entries first) at
-#: start and after every run, Space / elsewhere; ``OTVIZ_FEATURE_CACHE_MB`` overrides.
-SPACE_CACHE_MB, LOCAL_CACHE_MB = 2048, 8192
-#: The runs folder is cut back to this many MB (oldest finished run first) at start, before
-#: a run unpacks its upload and after every run, Space / elsewhere; ``OTVIZ_RUNS_MB``
-#: overrides. A run in progress may add one upload (at most the 500 MB unpack cap) on top.
-SPACE_RUNS_MB, LOCAL_RUNS_MB = 1024, 10240
 #: Head sets trained here that the picker keeps, Space / elsewhere (``OTVIZ_MAX_TRAINED_HEADS``
 #: overrides): beyond, the oldest leaves the picker and its run may be evicted.
 SPACE_MAX_HEAD_SETS, LOCAL_MAX_HEAD_SETS = 20, 200
@@ -60,22 +53,6 @@ def step_cap() -> int:
 def pair_cap() -> int:
     """The most training pairs a run may use here."""
     return SPACE_MAX_PAIRS if on_space() else LOCAL_MAX_PAIRS
-
-
-def _cap_bytes(env_name: str, space_mb: int, local_mb: int) -> int:
-    env = os.environ.get(env_name)
-    mb = int(env) if env else (space_mb if on_space() else local_mb)
-    return max(0, mb) * 2**20
-
-
-def cache_cap_bytes() -> int:
-    """The feature cache's size cap in bytes."""
-    return _cap_bytes("OTVIZ_FEATURE_CACHE_MB", SPACE_CACHE_MB, LOCAL_CACHE_MB)
-
-
-def runs_cap_bytes() -> int:
-    """The runs folder's size cap in bytes."""
-    return _cap_bytes("OTVIZ_RUNS_MB", SPACE_RUNS_MB, LOCAL_RUNS_MB)
 
 
 def head_sets_cap() -> int:
