@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from otviz.train.loop import STATE_DIR
+from otviz.ui.app_dirs import APP_DIR_ENV, RUNS
 from otviz.ui.context import EMBEDDED, SEPARATOR, TRAINING_FREE
 from otviz.ui.shutdown import STOP_DEADLINE_S
+from otviz.ui.train_jobs import RECORD_FILE
 from tests.conftest import free_port
 from tests.helpers import ROOT, api_client, child_env, train_api_args
 
@@ -29,7 +31,8 @@ pytestmark = pytest.mark.slow
 
 
 class ServedApp:
-    """``python app.py`` on a free port, its working folder ``cwd`` (runs, caches)."""
+    """``python app.py`` on a free port in the working folder ``cwd``, writing under
+    ``cwd / "app"`` (its root, :mod:`otviz.ui.app_dirs`)."""
 
     def __init__(self, cwd: Path) -> None:
         self.port = free_port()
@@ -38,7 +41,8 @@ class ServedApp:
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, str(ROOT / "app.py"), "--port", str(self.port)], cwd=cwd,
-                env={**child_env(), "PYTHONFAULTHANDLER": "1"}, stdout=out,
+                env={**child_env(), "PYTHONFAULTHANDLER": "1", APP_DIR_ENV: str(cwd / "app")},
+                stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_up()
 
@@ -86,7 +90,7 @@ def test_an_idle_server_stops_cleanly(tmp_path, signum):
 
 
 def run_records(cwd: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in (cwd / "runs").rglob("run.json")]
+    return [json.loads(p.read_text()) for p in (cwd / "app" / RUNS).rglob(RECORD_FILE)]
 
 
 def test_sigterm_mid_training_stops_the_run_and_the_server(tmp_path):
@@ -109,4 +113,4 @@ def test_sigterm_mid_training_stops_the_run_and_the_server(tmp_path):
     assert record["state"] == "stopped", record
     result = record["results"]["conceptot"]
     assert result["status"] == "stopped" and 0 < result["steps"] < result["total_steps"], record
-    assert list((tmp_path / "runs").rglob(STATE_DIR)), "a stopped run keeps its resume state"
+    assert list((tmp_path / "app" / RUNS).rglob(STATE_DIR)), "a stopped run keeps its state"
