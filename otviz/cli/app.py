@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 
 from otviz.cli.args import at_least
 from otviz.cli.args import parser as command_parser
@@ -36,17 +37,27 @@ def build_parser(prog: str = "otviz app") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "otviz app") -> int:
-    """Parse the app's flags and serve it until interrupted."""
+    """Parse the app's flags and serve it until ``SIGTERM`` or ``SIGINT`` (exit status 0,
+    :mod:`otviz.ui.shutdown`)."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     if len(args.model) != len(args.pretrained):
         parser.error(f"--model and --pretrained come in pairs: got {len(args.model)} --model "
                      f"and {len(args.pretrained)} --pretrained")
-    from otviz.ui.app import launch
-    from otviz.ui.model_sources import ModelSource
+    from otviz.ui.shutdown import stop_on_signals
 
-    models = [ModelSource(*pair) for pair in zip(args.model, args.pretrained, strict=True)]
-    launch(args.max_file_size, models or None, server_name=args.host, server_port=args.port,
-           share=args.share)
+    previous = stop_on_signals()  # a stop while the app is imported (seconds) is clean too
+    try:
+        from otviz.ui.app import launch
+        from otviz.ui.model_sources import ModelSource
+
+        models = [ModelSource(*pair) for pair in zip(args.model, args.pretrained, strict=True)]
+        launch(args.max_file_size, models or None, server_name=args.host, server_port=args.port,
+               share=args.share)
+    except KeyboardInterrupt:  # stopped before serving: nothing runs yet
+        pass
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return 0

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
-import signal
 import sys
-import threading
+from typing import NoReturn
 
 import gradio as gr
 
@@ -24,6 +24,8 @@ from otviz.ui.phrase_grids import DRAWER
 from otviz.ui.phrases_tab import build_phrases_tab
 from otviz.ui.probe_tab import build_probe_tab
 from otviz.ui.reading_controls import build_reading_controls
+from otviz.ui.shutdown import finish, stop_on_signals, wait_for_stop
+from otviz.ui.startup_imports import import_lazy_modules
 from otviz.ui.train_jobs import TrainingJobs
 from otviz.ui.train_tab import build_train_tab
 from otviz.ui.upload_cache import DELETE_CACHE, own_upload_cache
@@ -170,18 +172,6 @@ def server_logging() -> None:
     logging.getLogger("otviz").setLevel(logging.INFO)
 
 
-def stop_on_sigterm() -> None:
-    """Let ``SIGTERM`` (a service manager's or a Space's stop) end the server as Ctrl-C does,
-    so that :func:`launch` shuts its drawing worker down (no process or semaphore is left).
-    Python's default for ``SIGTERM`` ends the process at once, skipping every ``finally``."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _interrupt)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def freeze_startup_heap() -> None:
     """Take everything built so far out of the garbage collector's scans (``gc.freeze``):
     the libraries, the models and the Blocks, some 650,000 objects that live as long as the
@@ -195,22 +185,38 @@ def freeze_startup_heap() -> None:
 
 def launch(
     max_file_size: str | int | None = None, models: list[ModelSource] | None = None, **kwargs
-) -> None:
+) -> NoReturn:
     """Build and serve the app with a bounded queue and bounded uploads and its log
     (:func:`server_logging`), Gradio's upload cache under the app's data folder
     (:func:`~otviz.ui.upload_cache.own_upload_cache`); on a Space the benepar parser is
-    fetched at start-up. The real CLIPs offered are ``models`` (``otviz app --model NAME
-    --pretrained SOURCE``) when given, else :func:`remote_models`'. What start-up built is
-    frozen (:func:`freeze_startup_heap`)."""
-    server_logging()
-    own_upload_cache()  # before any component is built: they read it when built
-    if on_space() and not try_download_benepar():
-        log.info("benepar unavailable: trees come from the built-in parser")
-    app = build_app(AppContext.default(remote_models() if models is None else models))
-    freeze_startup_heap()
-    stop_on_sigterm()
-    DRAWER.start()  # the phrase grids' drawing worker, ready before the first visitor
+    fetched at start-up, and the libraries events would import lazily are imported
+    (:mod:`otviz.ui.startup_imports`). The real CLIPs offered are ``models`` (``otviz app
+    --model NAME --pretrained SOURCE``) when given, else :func:`remote_models`'. What
+    start-up built is frozen (:func:`freeze_startup_heap`).
+    Serves until ``SIGTERM`` or ``SIGINT``, then ends the process with status 0
+    (:mod:`otviz.ui.shutdown`: the work running stopped at its next step)."""
+    stop_on_signals()
+    app = None
     try:
-        app.launch(**{**serve_options(app, max_file_size), **kwargs})
-    finally:
-        DRAWER.stop()
+        server_logging()
+        own_upload_cache()  # before any component is built: they read it when built
+        if on_space() and not try_download_benepar():
+            log.info("benepar unavailable: trees come from the built-in parser")
+        import_lazy_modules()  # no event imports them in a thread of its own (a deadlock)
+        app = build_app(AppContext.default(remote_models() if models is None else models))
+        freeze_startup_heap()
+        DRAWER.start()  # the phrase grids' drawing worker, ready before the first visitor
+        app.launch(**{**serve_options(app, max_file_size), **kwargs,
+                      "prevent_thread_lock": True})
+        wait_for_stop()
+    except KeyboardInterrupt:  # the signal's handler leaves start-up, or the wait, at once
+        pass
+    finish(functools.partial(_close, app))
+
+
+def _close(app: gr.Blocks | None) -> None:
+    """Close the server (if it was built) and shut the drawing worker down (a worker cut
+    short still exits with the server: :func:`~otviz.ui.phrase_grids._worker_start`)."""
+    if app is not None:
+        app.close()
+    DRAWER.stop()

@@ -25,6 +25,7 @@ from torch import Tensor
 from otviz.boundary.images import check_headers
 from otviz.boundary.paths import NOT_FOUND
 from otviz.data.datasets import DatasetError, load_image_captions
+from otviz.data.feature_cache import FeatureCache
 from otviz.data.grounding_sets import detect_layout
 from otviz.data.upload_store import UploadStore
 from otviz.eval.browse import (
@@ -48,6 +49,7 @@ from otviz.explain import InputError
 from otviz.explainers import explainer_choices, explainers_needed
 from otviz.suite import method_choices
 from otviz.ui.align import AlignLink
+from otviz.ui.app_dirs import FEATURES, UPLOADS, UPLOADS_CAP_BYTES, app_dir, cache_cap_bytes
 from otviz.ui.budget import server_budget, visitor
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.events import on_edit
@@ -84,13 +86,14 @@ read the kept results."""
 @dataclass
 class BrowseSources:
     """Where the view's tables come from: computed tables kept in memory, the on-disk
-    feature cache and the folder that uploads are unpacked into (an
-    :class:`~otviz.data.upload_store.UploadStore` capped at ``uploads_cap_bytes``)."""
+    feature cache (capped, :func:`~otviz.ui.app_dirs.cache_cap_bytes`) and the folder that
+    uploads are unpacked into (an :class:`~otviz.data.upload_store.UploadStore` capped at
+    ``uploads_cap_bytes``), by default the app's (:mod:`otviz.ui.app_dirs`)."""
 
     cache: BrowseCache = field(default_factory=BrowseCache)
-    features_dir: Path = Path(".cache/otviz-features")
-    uploads_dir: Path = Path(".cache/otviz-uploads")
-    uploads_cap_bytes: int = 2 * 2**30
+    features_dir: Path = field(default_factory=lambda: app_dir(FEATURES))
+    uploads_dir: Path = field(default_factory=lambda: app_dir(UPLOADS))
+    uploads_cap_bytes: int = UPLOADS_CAP_BYTES
     max_images: int = MAX_IMAGES  # images of an upload read (the first ones)
     roots: dict[tuple, Path] = field(default_factory=dict)  # table key -> its unpacked upload
     notes: dict[tuple, str] = field(default_factory=dict)  # table key -> what it left out
@@ -98,6 +101,16 @@ class BrowseSources:
     @property
     def uploads(self) -> UploadStore:
         return UploadStore(self.uploads_dir, self.uploads_cap_bytes)
+
+    def kept(self, key: tuple, compute: Callable[[], BrowseTable]) -> BrowseTable:
+        """The table of ``key`` (computed on first use, then kept); a computed table's
+        features cut the feature cache back to its cap (least recently used first)."""
+        def computed() -> BrowseTable:
+            table = compute()
+            FeatureCache(self.features_dir).evict(cache_cap_bytes())
+            return table
+
+        return self.cache.get(key, computed)
 
 
 @dataclass
@@ -139,7 +152,7 @@ def load_table(
             raise InputError("the number of images is empty") from None
         if not 1 <= n <= MAX_IMAGES:
             raise InputError(f"the number of images must be in [1, {MAX_IMAGES}]")
-        return sources.cache.get(
+        return sources.kept(
             (checkpoint, source, split, n, explainers),
             lambda: with_explainers(lambda: world_browse(
                 suite, n, split, cache_dir=sources.features_dir, explainers=explainers),
@@ -179,7 +192,7 @@ def load_table(
     if not paths:
         raise InputError("no files uploaded: upload a .zip of the folder, or the images and "
                          "their captions file")
-    table = sources.cache.get(key, compute)
+    table = sources.kept(key, compute)
     if key in sources.roots:
         sources.uploads.touch(sources.roots[key])
     if notes is not None and key in sources.notes:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from otviz.explain import InputError
 from otviz.ui.context import on_space
+from otviz.ui.shutdown import refuse_if_stopping
 
 #: Expensive pieces of work at once per server, on a Space / elsewhere
 #: (``OTVIZ_EXPENSIVE_SLOTS`` overrides).
@@ -67,24 +68,31 @@ SEED_METRIC_S = {
 }
 #: Seconds per map of an explainer: the dearest of the embedded model's, one map at a time,
 #: was 84 ms (Chefer; Grad-CAM 80, LeGrad 45, MaskCLIP 30) on the 2-core machine at load
-#: ~9.7; and per optimiser step of app training (a bound).
-SEED_EXPLAINER_S, SEED_STEP_S = 0.1, 0.5
+#: ~9.7; and per training pair of an optimiser step of app training (a bound: 0.5 s a step
+#: of the form's batch of 64). A step's cost grows with its batch, so the estimate is per
+#: pair: a rate learned at batch 8 applied per step to a batch of 64 said "about 5 s" while
+#: the slot stayed busy 40-80 s more.
+SEED_EXPLAINER_S, SEED_PAIR_STEP_S = 0.1, 0.5 / 64
 #: Weight of a new measurement in the running estimate.
 SMOOTHING = 0.3
 
 
 class BudgetRefused(InputError):
     """Expensive work refused by the server's compute budget (the message says when to try
-    again)."""
+    again: ``retry_s`` seconds, ``None`` for work too large to admit at all)."""
+
+    def __init__(self, message: str, retry_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_s = retry_s
 
 
 @dataclass
 class CostModel:
     """Seconds per unit of each kind of work (a metric's map, an explainer's map, a training
-    step), seeded and then a running average of what was measured."""
+    pair of an optimiser step), seeded and then a running average of what was measured."""
 
     seconds: dict[str, float] = field(default_factory=lambda: {
-        "map": SEED_MAP_S, "explainer": SEED_EXPLAINER_S, "train_step": SEED_STEP_S,
+        "map": SEED_MAP_S, "explainer": SEED_EXPLAINER_S, "train_pair": SEED_PAIR_STEP_S,
         **{f"metric:{k}": v for k, v in SEED_METRIC_S.items()}})
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -113,14 +121,24 @@ class CostModel:
                         total / 1000 / max(1, n_maps))
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Work:
-    """One admitted piece of expensive work."""
+    """One admitted piece of expensive work: estimated ``cost_s`` seconds at its start;
+    ``remaining`` (set by work that measures its own progress, e.g. a training run) tells
+    the seconds it still needs from what it has done and its measured rate."""
 
     visitor: str
     what: str
     cost_s: float
     started: float
+    remaining: Callable[[], float] | None = None
+
+    def left_s(self, now: float) -> float:
+        """Seconds until this work is expected to end: its own live estimate, else its
+        estimate at the start less the time since."""
+        if self.remaining is not None:
+            return self.remaining()
+        return self.started + self.cost_s - now
 
 
 def resident_mb() -> float | None:
@@ -188,19 +206,22 @@ class ComputeBudget:
         with self._lock:
             return list(self._running)
 
-    def retry_after_s(self) -> int:
-        """Seconds until the soonest running work is expected to end (at least
-        :data:`MIN_RETRY_S`)."""
+    def retry_after_s(self, visitor: str | None = None) -> int:
+        """Seconds until the soonest running work (of ``visitor``, if given) is expected to
+        end, from the work still to do (:meth:`Work.left_s`); at least :data:`MIN_RETRY_S`."""
         now = self._clock()
         with self._lock:
-            left = [w.started + w.cost_s - now for w in self._running]
+            running = [w for w in self._running if visitor in (None, w.visitor)]
+        left = [w.left_s(now) for w in running]
         return max(MIN_RETRY_S, math.ceil(min(left, default=0.0)))
 
     def acquire(self, visitor: str, what: str, cost_s: float,
                 capped: bool = True) -> Work:
         """Admit ``what`` (estimated ``cost_s`` seconds) for ``visitor`` or raise
-        :class:`BudgetRefused`; ``capped=False`` skips the per-request cap (work bounded
-        otherwise: training by its step cap). Release it with :meth:`release`."""
+        :class:`BudgetRefused` (an :class:`InputError` while the server stops);
+        ``capped=False`` skips the per-request cap (work bounded otherwise: training by its
+        step cap). Release it with :meth:`release`."""
+        refuse_if_stopping(what)
         if capped and cost_s > self.max_request_s:
             raise BudgetRefused(
                 f"{what} would take about {cost_s:.0f} s of computing, more than the "
@@ -214,16 +235,17 @@ class ComputeBudget:
                 work = Work(visitor, what, cost_s, self._clock())
                 self._running.append(work)
                 return work
-        wait = self.retry_after_s()
         if mine >= self.per_visitor:
+            wait = self.retry_after_s(visitor)
             raise BudgetRefused(
                 f"{what} not started: your previous expensive computation is still running "
                 f"(at most {self.per_visitor} at a time per visitor); try again in about "
-                f"{wait} s")
+                f"{wait} s", wait)
+        wait = self.retry_after_s()
         raise BudgetRefused(
             f"{what} not started: the server is busy with {self.slots} expensive "
             f"computation(s) (trust metrics, training, explainers); try again in about "
-            f"{wait} s")
+            f"{wait} s", wait)
 
     def _check_memory(self, what: str) -> None:
         """Raise :class:`BudgetRefused` when the process's resident memory is over the cap
@@ -241,7 +263,7 @@ class ComputeBudget:
         raise BudgetRefused(
             f"{what} not started: the server is using {_megabytes(used)} of memory, over "
             f"the {_megabytes(self.max_rss_mb)} at which it starts no more expensive work "
-            f"({why}); try again in about {wait} s")
+            f"({why}); try again in about {wait} s", wait)
 
     def release(self, work: Work) -> None:
         with self._lock, contextlib.suppress(ValueError):

@@ -26,6 +26,7 @@ from otviz.explain import Explainer, InputError
 from otviz.ood import WorldDistance
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, SuiteMethod
 from otviz.tiny_clip.model import DEFAULT_CHECKPOINT
+from otviz.ui.app_dirs import on_space  # noqa: F401  (where the views have always asked)
 from otviz.ui.inputs import UploadExplainer, fit_image
 from otviz.ui.model_sources import ModelSource, load_local, parse_model_sources
 from otviz.ui.reading import DEFAULT_READING, Reading, offered_sizes, split_reading
@@ -85,11 +86,6 @@ WORLD_NOTICE = (
     "(offered where the server can download weights, or listed in OTVIZ_REMOTE_MODELS, e.g. "
     "ViT-B-16/openai), or in Python use Backbone.from_pretrained(\"ViT-B-16\", \"openai\")."
 )
-
-
-def on_space() -> bool:
-    """Whether the app runs as a Hugging Face Space (the Space sets ``SPACE_ID``)."""
-    return bool(os.environ.get("SPACE_ID"))
 
 
 def hub_reachable(timeout_s: float = 2.0) -> bool:

@@ -36,9 +36,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
+from otviz.data.disk_lru import disk_bytes, evict_least_recent, last_change_ns
+from otviz.ui.app_dirs import DOWNLOADS, DOWNLOADS_CAP_BYTES, app_dir
 from otviz.viz.plotly_static import static_figure
 
-DOWNLOAD_ROOT = Path(tempfile.gettempdir()) / "otviz-downloads"
 MAX_AGE_S = 3600.0
 PNG_DPI = 120
 
@@ -49,8 +50,9 @@ def _safe_name(name: str) -> str:
     return stem or "file"
 
 
-def _prune(root: Path, max_age_s: float) -> None:
-    """Remove request directories under ``root`` older than ``max_age_s`` seconds."""
+def _prune(root: Path, max_age_s: float, max_bytes: int) -> None:
+    """Remove request directories under ``root`` older than ``max_age_s`` seconds, then the
+    least recently written beyond ``max_bytes`` (the newest always stays)."""
     cutoff = time.time() - max_age_s
     for entry in root.glob("req-*"):
         try:
@@ -58,6 +60,8 @@ def _prune(root: Path, max_age_s: float) -> None:
                 shutil.rmtree(entry, ignore_errors=True)
         except FileNotFoundError:  # pruned concurrently by another request
             continue
+    entries = sorted((d for d in root.glob("req-*") if d.is_dir()), key=last_change_ns)
+    evict_least_recent(entries, [disk_bytes(d) for d in entries], max_bytes)
 
 
 def _jsonable(obj: Any) -> Any:
@@ -83,14 +87,17 @@ class DownloadDir:
     """One request's download directory; every ``save_*`` appends to :attr:`files`.
 
     Args:
-        root: parent of the request directories (default: ``<tmp>/otviz-downloads``).
-        max_age_s: request directories older than this are removed on creation.
+        root: parent of the request directories (default: the app's ``downloads`` folder,
+            :mod:`otviz.ui.app_dirs`).
+        max_age_s: request directories older than this are removed on creation, and the
+            least recently written beyond ``max_bytes``.
     """
 
-    def __init__(self, root: Path | None = None, max_age_s: float = MAX_AGE_S) -> None:
-        root = Path(root) if root is not None else DOWNLOAD_ROOT
+    def __init__(self, root: Path | None = None, max_age_s: float = MAX_AGE_S,
+                 max_bytes: int = DOWNLOADS_CAP_BYTES) -> None:
+        root = Path(root) if root is not None else app_dir(DOWNLOADS)
         root.mkdir(parents=True, exist_ok=True)
-        _prune(root, max_age_s)
+        _prune(root, max_age_s, max_bytes)
         self.path = Path(tempfile.mkdtemp(prefix="req-", dir=root))
         self.files: list[Path] = []
 

@@ -9,14 +9,13 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
 
 import numpy as np
 
 from otviz.backbone import Backbone
 from otviz.explain import Encoded
 from otviz.explainers import EXPLAINERS, explain_pairs, unavailable
-from otviz.ui.budget import server_budget, visitor
+from otviz.ui.budget import BudgetRefused, server_budget, visitor
 
 TOGGLE_LABEL = "Explainers too (Grad-CAM, LeGrad, MaskCLIP, Chefer: gradients / attention, no OT)"
 DEFAULT_ON = False
@@ -70,15 +69,47 @@ def explainer_panels(maps: dict[str, np.ndarray | str]) -> list[tuple[str, np.nd
              m) for name, m in maps.items()]
 
 
+#: An explainer's panel when the compute budget refused its map: the methods' maps are
+#: drawn all the same.
+SKIPPED_NOTE = "not drawn: the server is busy; click Align again{when} to add it"
+
+
+def skipped_note(refused: BudgetRefused) -> str:
+    """The panel note of an explainer map the budget refused (with when to try again)."""
+    when = "" if refused.retry_s is None else f" in about {refused.retry_s} s"
+    return SKIPPED_NOTE.format(when=when)
+
+
+class ExplainedBy:
+    """``phrase -> explainer_maps(...)`` of one pair. When the server's compute budget
+    refuses them, every explainer's panel is a note (:func:`skipped_note`) instead and
+    :attr:`refused` keeps the refusal (the view says it, and keeps no such grid), so the
+    methods' maps are drawn anyway; with ``fallback=False`` (a prefetch) the refusal is
+    raised instead."""
+
+    def __init__(self, backbone: Backbone, encoded: Encoded, who: str | None = None,
+                 fallback: bool = True) -> None:
+        self.backbone, self.encoded, self.who, self.fallback = backbone, encoded, who, fallback
+        self.refused: BudgetRefused | None = None
+
+    def __call__(self, phrase: str) -> dict[str, np.ndarray | str]:
+        try:
+            return explainer_maps(self.backbone, self.encoded, phrase, self.who)
+        except BudgetRefused as refused:
+            if not self.fallback:
+                raise
+            self.refused = refused
+            return {name: skipped_note(refused) for name in EXPLAINERS}
+
+
 def explained_by(backbone: Backbone, encoded: Encoded, on: bool, prefetch: bool = False
-                 ) -> Callable[[str], dict[str, np.ndarray | str]] | None:
-    """``phrase -> explainer_maps(...)`` for the pair, or ``None`` when ``on`` is off (the
-    grid then draws the methods alone, as without explainers). A ``prefetch`` (the grids of
-    phrases not picked yet) is admitted apart from the visitor's own clicks: it takes a
-    server slot but never makes the visitor's next pick wait for it."""
+                 ) -> ExplainedBy | None:
+    """:class:`ExplainedBy` of the pair, or ``None`` when ``on`` is off (the grid then draws
+    the methods alone, as without explainers). A ``prefetch`` (the grids of phrases not
+    picked yet) is admitted apart from the visitor's own clicks: it takes a server slot but
+    never makes the visitor's next pick wait for it; refused, it draws nothing."""
     if not on:
         return None
     if prefetch:
-        return lambda phrase: explainer_maps(backbone, encoded, phrase,
-                                             f"{visitor()} (prefetch)")
-    return lambda phrase: explainer_maps(backbone, encoded, phrase)
+        return ExplainedBy(backbone, encoded, f"{visitor()} (prefetch)", fallback=False)
+    return ExplainedBy(backbone, encoded)

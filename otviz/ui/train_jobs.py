@@ -13,9 +13,9 @@ unpacked upload goes and the feature cache and the runs folder are cut back to t
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -31,31 +31,39 @@ from otviz.explain import InputError
 from otviz.suite import METHOD_LABELS, MethodSuite
 from otviz.train.config import TrainConfig
 from otviz.train.loop import ENCODING, TrainResult, train_method
+from otviz.ui.app_dirs import FEATURES, RUNS, app_dir, cache_cap_bytes, runs_cap_bytes
 from otviz.ui.budget import ComputeBudget, Work, server_budget, visitor
-from otviz.ui.context import AppContext, on_space
+from otviz.ui.context import AppContext
 from otviz.ui.head_registry import load_head_sets, register_head_set
 from otviz.ui.probe_tab import run_batch_probe
 from otviz.ui.reading import split_reading
+from otviz.ui.shutdown import track
 from otviz.ui.train_policy import (
     TrainRequest,
-    cache_cap_bytes,
     check_request,
     head_sets_cap,
+    planned_steps,
     resolve_data,
-    runs_cap_bytes,
-    step_cap,
     train_configs,
 )
 
 log = logging.getLogger("otviz.ui.train_jobs")
 
-RUNS_ROOT = Path("runs") / "app"
 #: The folder of a run that holds its unpacked upload (removed when the run ends).
 UPLOAD_DIR = "data"
+#: The record of a run's outcome (:func:`status_record`), written in its folder when it ends.
+RECORD_FILE = "run.json"
+#: Weight of a new measurement in a run's seconds per step (and per encoded pair).
+RATE_SMOOTHING = 0.3
 
 
 class TrainingBusyError(InputError):
     """Another training run holds this server."""
+
+
+class StoppedWhileEncoding(Exception):
+    """Stop came while the feature cache was being built (raised from its progress report,
+    which the build's cleanup then handles)."""
 
 
 # --------------------------------------------------------------------- jobs
@@ -86,13 +94,20 @@ class JobStatus:
 class TrainingJob:
     """One run of one or more methods in a background thread, on ``backbone``: the picked
     backbone's label with the page's reading (:mod:`otviz.ui.reading`), which the heads are
-    trained on, probed on and offered with."""
+    trained on, probed on and offered with; ``planned`` steps each, guessed at ``step_s``
+    seconds a step until the run measures its own."""
 
     def __init__(self, ctx: AppContext, backbone: str, configs: list[TrainConfig],
-                 notes: list[str], evaluate: bool = True, registry: Path | None = None,
-                 on_end: Callable[[], None] | None = None) -> None:
+                 notes: list[str], planned: list[int], step_s: float, evaluate: bool = True,
+                 registry: Path | None = None, on_end: Callable[[], None] | None = None
+                 ) -> None:
         self.id = uuid.uuid4().hex[:12]
         self.ctx, self.checkpoint, self.configs = ctx, backbone, configs
+        # the steps each method will take, and the seconds a step is guessed to take until
+        # this run has measured its own (remaining_s)
+        self.planned, self._guessed_step_s = planned, step_s
+        self._rates: dict[str, float] = {}  # phase -> measured seconds per unit
+        self._reported: float | None = None
         self.evaluate, self.registry, self.on_end = evaluate, registry, on_end
         self.stop_event = threading.Event()
         self.finished = threading.Event()
@@ -121,13 +136,37 @@ class TrainingJob:
             )
 
     def _progress(self, step: int, total: int, metrics: dict[str, float]) -> None:
+        if ENCODING in metrics and self.stop_event.is_set():
+            raise StoppedWhileEncoding
+        now, phase = time.perf_counter(), ENCODING if ENCODING in metrics else "training"
         with self._lock:
-            self._step, self._total = step, total
-            if ENCODING in metrics:
-                self._phase = ENCODING
-            else:
-                self._phase = "training"
+            if self._reported is not None and self._phase == phase and step > self._step:
+                seconds = (now - self._reported) / (step - self._step)
+                old = self._rates.get(phase, seconds)
+                self._rates[phase] = (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * seconds
+            self._reported = now
+            self._step, self._total, self._phase = step, total, phase
+            if phase == "training":
                 self._histories[self._method].append(dict(metrics))
+
+    def remaining_s(self) -> float:
+        """Seconds this run still needs to train: the steps left of the method in training
+        and the planned steps of those after it, at the seconds per step measured in this
+        run (wall clock between its progress reports; before its first, the guess it was
+        started with), plus while encoding, the pairs left at the measured encoding rate.
+        The probe that scores the heads after training is not counted (seconds)."""
+        with self._lock:
+            step_s = self._rates.get("training", self._guessed_step_s)
+            index = [c.method for c in self.configs].index(self._method)
+            later = sum(self.planned[index + 1:])
+            if self._phase == "training":
+                return step_s * (self._total - self._step + later)
+            if self._phase == ENCODING:
+                encoding = (self._total - self._step) * self._rates.get(ENCODING, 0.0)
+                return encoding + step_s * (self.planned[index] + later)
+            if self._phase == "":  # a method about to start
+                return step_s * (self.planned[index] + later)
+            return 0.0  # evaluating
 
     def _run(self) -> None:
         try:
@@ -174,7 +213,11 @@ class TrainingJob:
                 break
             with self._lock:
                 self._method, self._step, self._total = config.method, 0, 0
-            result = train_method(config, self._progress, self.stop_event)
+                self._phase, self._reported = "", None
+            try:
+                result = train_method(config, self._progress, self.stop_event)
+            except StoppedWhileEncoding:
+                result = TrainResult(config.method, "stopped", "stopped while encoding the data")
             with self._lock:
                 self._results[config.method] = result
                 self._notes += result.notes
@@ -221,9 +264,10 @@ class TrainingJobs:
 
     Args:
         ctx: where finished heads are registered.
-        runs_root: where run directories (and unpacked uploads) and the head registry go.
-        cache_dir: the frozen-backbone feature cache (default: TrainConfig's; on a Space,
-            in the temp dir).
+        runs_root: where run directories (and unpacked uploads) and the head registry go
+            (default: the app's runs folder, :mod:`otviz.ui.app_dirs`).
+        cache_dir: the frozen-backbone feature cache (default: the app's, shared with
+            Browse).
         evaluate: score finished heads on the examples gallery's probe.
         budget: the compute budget runs take a slot of (default: the server's).
     """
@@ -233,29 +277,25 @@ class TrainingJobs:
                  budget: ComputeBudget | None = None) -> None:
         self.ctx = ctx
         self.budget = budget or server_budget()
-        tmp = Path(tempfile.gettempdir())
-        self.runs_root = Path(runs_root or (tmp / "otviz-runs" if on_space() else RUNS_ROOT))
-        self.cache_dir = cache_dir or (tmp / "otviz-features" if on_space() else None)
+        self.runs_root = Path(runs_root or app_dir(RUNS))
+        self.cache_dir = Path(cache_dir or app_dir(FEATURES))
         self.evaluate = evaluate
         self._lock = threading.RLock()  # start() trims the runs, which reads the job
         self._job: TrainingJob | None = None
         for head_set in load_head_sets(self.runs_root):
             if any(b.label == head_set.backbone for b in ctx.backbones):
                 ctx.add_head_set(head_set.backbone, head_set.label, head_set.heads)
-        FeatureCache(self.feature_cache_dir).remove_stale_builds()
+        FeatureCache(self.cache_dir).remove_stale_builds()
         self.trim_cache()
         self.trim_runs()
-
-    @property
-    def feature_cache_dir(self) -> Path:
-        return Path(self.cache_dir or TrainConfig.cache_dir)
+        track(self)  # a server stop ends the run in progress at its next step
 
     def trim_cache(self) -> None:
         """Cut the feature cache to :func:`cache_cap_bytes` (least recently used first)."""
-        FeatureCache(self.feature_cache_dir).evict(cache_cap_bytes())
+        FeatureCache(self.cache_dir).evict(cache_cap_bytes())
 
     def trim_runs(self) -> list[Path]:
-        """Cut the runs folder to :func:`~otviz.ui.train_policy.runs_cap_bytes`: finished
+        """Cut the runs folder to :func:`~otviz.ui.app_dirs.runs_cap_bytes`: finished
         runs go oldest first; the run in progress (here or in another live process) and the
         runs holding a head the picker offers stay. Returns the removed run directories."""
         job = self.current()
@@ -267,11 +307,14 @@ class TrainingJobs:
         return evict_oldest_dirs(self.runs_root, runs_cap_bytes(), kept)
 
     def _run_ended(self, job: TrainingJob, work: Work) -> None:
-        """A run's end: its unpacked upload goes, and the resume state of each method that
+        """A run's end: its record (:data:`RECORD_FILE`) is written, its unpacked upload
+        goes, and the resume state of each method that
         finished (its head stays; a stopped method keeps its state), and its owner file
         (another server may now evict it); its budget slot is freed, its measured time per
         step updates the budget's estimate, both caps are applied."""
         run_dir = Path(job.configs[0].out).parent
+        if run_dir.is_dir():  # a failed run's folder is gone
+            (run_dir / RECORD_FILE).write_text(json.dumps(status_record(job.status())))
         shutil.rmtree(run_dir / UPLOAD_DIR, ignore_errors=True)
         (run_dir / OWNER_FILE).unlink(missing_ok=True)
         self.budget.release(work)
@@ -279,7 +322,8 @@ class TrainingJobs:
             if result.status == "finished" and result.state_checkpoint:
                 shutil.rmtree(result.state_checkpoint, ignore_errors=True)
             if result.seconds_per_step:
-                self.budget.costs.record("train_step", result.seconds_per_step)
+                self.budget.costs.record("train_pair",
+                                         result.seconds_per_step / job.configs[0].batch_size)
         self.trim_cache()
         self.trim_runs()
 
@@ -300,10 +344,11 @@ class TrainingJobs:
             check_request(request)
             choice = self.ctx.backbone_choice(checkpoint)
             read, reading = self.ctx.reading(checkpoint)  # heads train on the page's reading
-            steps = min(request.config.max_steps or step_cap(), step_cap())
+            config = request.config
+            step_s = config.batch_size * self.budget.costs.unit("train_pair")
             work = self.budget.acquire(
-                visitor(), "training", len(request.methods) * steps
-                * self.budget.costs.unit("train_step"), capped=False)
+                visitor(), "training", len(request.methods) * step_s
+                * planned_steps(config, config.n_train), capped=False)
             self.trim_runs()  # room for this run's upload
             run_dir = self.runs_root / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
             try:
@@ -317,9 +362,11 @@ class TrainingJobs:
                 shutil.rmtree(run_dir, ignore_errors=True)
                 self.budget.release(work)
                 raise
-            job = TrainingJob(self.ctx, read, configs, notes, self.evaluate,
-                              self.runs_root)
+            job = TrainingJob(self.ctx, read, configs, notes,
+                              [planned_steps(c, n_pairs) for c in configs], step_s,
+                              self.evaluate, self.runs_root)
             job.on_end = functools.partial(self._run_ended, job, work)
+            work.remaining = job.remaining_s  # a refusal's "try again in" follows the run
             self._job = job
             job.thread.start()
             return job
@@ -333,6 +380,18 @@ class TrainingJobs:
             return False
         job.stop_event.set()
         return True
+
+    def stop_all(self) -> None:
+        """Ask the run in progress, if any, to stop at its next step (the server stops)."""
+        job = self.current()
+        if job is not None:
+            job.stop_event.set()
+
+    def wait_stopped(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` for the run in progress, if any, to end (its record
+        and resume state written); whether it did."""
+        job = self.current()
+        return job is None or job.finished.wait(timeout_s)
 
     @staticmethod
     def _busy_message(status: JobStatus) -> str:

@@ -34,13 +34,6 @@ SPACE_MAX_PAIRS, LOCAL_MAX_PAIRS = 5000, 200_000
 MAX_EPOCHS = 100
 #: The only server folder the "local folder" data source may read (unset: no such source).
 DATA_ROOT_ENV = "OTVIZ_DATA_ROOT"
-#: The feature cache is cut back to this many MB (least recently used entries first) at
-#: start and after every run, Space / elsewhere; ``OTVIZ_FEATURE_CACHE_MB`` overrides.
-SPACE_CACHE_MB, LOCAL_CACHE_MB = 2048, 8192
-#: The runs folder is cut back to this many MB (oldest finished run first) at start, before
-#: a run unpacks its upload and after every run, Space / elsewhere; ``OTVIZ_RUNS_MB``
-#: overrides. A run in progress may add one upload (at most the 500 MB unpack cap) on top.
-SPACE_RUNS_MB, LOCAL_RUNS_MB = 1024, 10240
 #: Head sets trained here that the picker keeps, Space / elsewhere (``OTVIZ_MAX_TRAINED_HEADS``
 #: overrides): beyond, the oldest leaves the picker and its run may be evicted.
 SPACE_MAX_HEAD_SETS, LOCAL_MAX_HEAD_SETS = 20, 200
@@ -60,22 +53,6 @@ def step_cap() -> int:
 def pair_cap() -> int:
     """The most training pairs a run may use here."""
     return SPACE_MAX_PAIRS if on_space() else LOCAL_MAX_PAIRS
-
-
-def _cap_bytes(env_name: str, space_mb: int, local_mb: int) -> int:
-    env = os.environ.get(env_name)
-    mb = int(env) if env else (space_mb if on_space() else local_mb)
-    return max(0, mb) * 2**20
-
-
-def cache_cap_bytes() -> int:
-    """The feature cache's size cap in bytes."""
-    return _cap_bytes("OTVIZ_FEATURE_CACHE_MB", SPACE_CACHE_MB, LOCAL_CACHE_MB)
-
-
-def runs_cap_bytes() -> int:
-    """The runs folder's size cap in bytes."""
-    return _cap_bytes("OTVIZ_RUNS_MB", SPACE_RUNS_MB, LOCAL_RUNS_MB)
 
 
 def head_sets_cap() -> int:
@@ -244,6 +221,18 @@ def resolve_data(request: TrainRequest, upload_dir: Path) -> tuple[str, int]:
     return str(path), len(dataset)
 
 
+def asked_steps(config: TrainConfig, n_pairs: int) -> int:
+    """The optimiser steps a method of ``config`` asks for on ``n_pairs`` pairs (its
+    ``max_steps``, else its epochs of whole batches), before the server's cap."""
+    return config.max_steps or config.epochs * max(1, n_pairs // config.batch_size)
+
+
+def planned_steps(config: TrainConfig, n_pairs: int) -> int:
+    """The optimiser steps a method of ``config`` takes here: :func:`asked_steps` within
+    :func:`step_cap`."""
+    return min(asked_steps(config, n_pairs), step_cap())
+
+
 def train_configs(
     request: TrainRequest,
     data: str,
@@ -257,8 +246,7 @@ def train_configs(
     ``backbone``'s TrainConfig fields, features cached in ``cache_dir`` (default:
     TrainConfig's), with the step cap applied; and notes on the caps."""
     cap, config = step_cap(), request.config
-    steps_per_epoch = max(1, n_pairs // config.batch_size)
-    planned = config.max_steps or config.epochs * steps_per_epoch
+    planned = asked_steps(config, n_pairs)
     notes = []
     max_steps = config.max_steps
     if planned > cap:

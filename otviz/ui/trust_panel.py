@@ -58,6 +58,7 @@ from otviz.ui.budget import ComputeBudget, CostModel, server_budget, visitor
 from otviz.ui.context import AppContext
 from otviz.ui.examples import Example, load_examples
 from otviz.ui.inputs import user_errors
+from otviz.ui.shutdown import refuse_if_stopping
 from otviz.ui.trust_browse import trust_unavailable
 
 TITLE = "Trust: which heatmap can you trust? (explanation metrics, computed on demand)"
@@ -218,6 +219,7 @@ def trust_rows(
             for k, source in enumerate(sources):
                 part = cache.get((*base, source.name, name))
                 if part is None:
+                    refuse_if_stopping("the trust metrics")
                     yield list(rows), _progress(name, source, k, len(sources))
                     part = _score_part(row, source, keys, settings, maps,
                                        budget and budget.costs)

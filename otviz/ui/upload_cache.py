@@ -3,9 +3,9 @@ files it serves back), under the app's data folder, cleaned at start and on a sc
 
 * **Where.** :func:`own_upload_cache` points Gradio's cache (``GRADIO_TEMP_DIR``, which
   Gradio reads when a component is built, when the server starts and on every request) at
-  one folder per server process under :data:`UPLOAD_CACHE`, next to the feature cache and
-  the unpacked uploads. A folder the host chose (``GRADIO_TEMP_DIR`` set before the app
-  starts) is kept as it is.
+  one folder per server process under the app's ``gradio`` folder
+  (:mod:`otviz.ui.app_dirs`), next to the feature cache and the unpacked uploads. A folder
+  the host chose (``GRADIO_TEMP_DIR`` set before the app starts) is kept as it is.
 * **At start.** The folders of servers that are gone are removed (each records its owner
   process, as the store of unpacked uploads does: :mod:`otviz.data.disk_lru`).
 * **On a schedule.** Gradio's own mechanism, ``gr.Blocks(delete_cache=DELETE_CACHE)``:
@@ -33,9 +33,8 @@ from gradio.utils import get_upload_folder
 from otviz.boundary.paths import inside
 from otviz.data.disk_lru import discard, owner_alive, write_owner
 from otviz.errors import UserInputError
+from otviz.ui.app_dirs import GRADIO, app_dir
 
-#: Gradio's upload cache of the served app, one folder per server process below it.
-UPLOAD_CACHE = Path(".cache/otviz-gradio")
 #: ``gr.Blocks(delete_cache=(frequency, age))``: every hour, the cached files older than
 #: six hours are deleted (an upload stays long enough for a session's page turns).
 DELETE_CACHE = (3600, 6 * 3600)
@@ -52,13 +51,15 @@ _REFUSED_LOCK = threading.Lock()
 EMPTY_FOLDER_AGE_S = 60.0
 
 
-def own_upload_cache(parent: Path = UPLOAD_CACHE) -> Path:
-    """Point Gradio's upload cache at this process's folder under ``parent`` (unless the
-    host set ``GRADIO_TEMP_DIR``), after removing the folders of processes that are gone.
-    Call it before the app's components are built. Returns the cache folder."""
+def own_upload_cache(parent: Path | None = None) -> Path:
+    """Point Gradio's upload cache at this process's folder under ``parent`` (default: the
+    app's, :mod:`otviz.ui.app_dirs`) unless the host set ``GRADIO_TEMP_DIR``, after removing
+    the folders of processes that are gone. Call it before the app's components are built.
+    Returns the cache folder."""
     host = os.environ.get(_GRADIO_TEMP_DIR)
     if host:
         return Path(host)
+    parent = parent or app_dir(GRADIO)
     parent.mkdir(parents=True, exist_ok=True)
     for entry in parent.iterdir():
         if entry.is_dir() and not entry.name.startswith(".") and not owner_alive(entry):

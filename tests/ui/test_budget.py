@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from otviz.ui import budget as budget_module
@@ -101,8 +102,8 @@ def test_costs_start_from_the_measured_figures_and_follow_measurements():
     drawn = (1 - SMOOTHING) * budget_module.SEED_MAP_S + SMOOTHING * 0.1
     assert costs.unit("metric:mprt") == pytest.approx(mprt)
     assert costs.trust(3, ["mprt"]) == pytest.approx(3 * (mprt + drawn))
-    costs.record("train_step", float("nan"))  # ignored
-    assert costs.unit("train_step") == budget_module.SEED_STEP_S
+    costs.record("train_pair", float("nan"))  # ignored
+    assert costs.unit("train_pair") == budget_module.SEED_PAIR_STEP_S
 
 
 def test_the_server_budget_follows_the_space_and_the_environment(monkeypatch):
@@ -229,6 +230,35 @@ def test_explainer_maps_are_admitted_by_the_budget(tools, full_budget):
     encoded = explainer.encode(e.image_path, e.caption)
     with pytest.raises(BudgetRefused, match="the explainer maps not started"):
         explainer_maps(explainer.backbone, encoded, "a phrase no one asked for")
+
+
+def test_align_draws_the_methods_maps_when_the_budget_refuses_the_explainers(tools,
+                                                                             full_budget):
+    """Issue 43.6: the click is answered with every method's map, the explainers' panels say
+    they were skipped and when to try again, and the grid equals the one drawn with those
+    notes in place (a plain re-composition of the same layout)."""
+    from otviz.explainers import EXPLAINERS
+    from otviz.ui.align.compute import encode_and_align, phrase_maps
+    from otviz.ui.align.settings import AlignSettings
+    from otviz.ui.align.views import align_view
+    from otviz.ui.examples import load_examples
+    from otviz.ui.explainer_panels import SKIPPED_NOTE
+    from otviz.viz.panels import compose_heatmaps
+
+    explainer, suite = tools
+    e = load_examples()[2]
+    settings = AlignSettings(explainers=True)
+    view = align_view(explainer, suite, e.image_path, e.caption, settings=settings)
+    assert "the explainer maps not started: the server is busy" in view.explainers_refused
+    assert "try again in about 60 s" in view.explainers_refused
+    note = SKIPPED_NOTE.format(when=" in about 60 s")
+    encoded, runs = encode_and_align(explainer, suite, e.image_path, e.caption, settings)
+    maps = phrase_maps(runs, encoded, view.phrase, lambda _: dict.fromkeys(EXPLAINERS, note))
+    expected = compose_heatmaps(encoded.image, **maps.layout(encoded, False))
+    assert np.array_equal(view.grid, expected)
+    for name, heat in view.heats.items():  # the methods' maps, as without explainers
+        assert np.array_equal(heat, maps.heats[name]), name
+    assert [w.what for w in full_budget.running()] == ["training"]  # nothing admitted
 
 
 def test_browse_explainer_columns_are_admitted_by_the_budget(ctx, full_budget, monkeypatch,

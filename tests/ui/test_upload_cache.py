@@ -25,7 +25,6 @@ from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from otviz.ui import upload_cache
 from otviz.ui.app import build_app
 from otviz.ui.inputs import CheckedFile
 from otviz.ui.trust_browse import ALL, NO_METRIC
@@ -81,7 +80,6 @@ def test_only_files_inside_the_cache_are_discarded(tmp_path, monkeypatch):
     assert elsewhere.exists() and cache.is_dir()
     assert discard_upload(upload) and not upload.exists() and (cache / "ab").is_dir()
     assert remove_empty_folders(cache, min_age_s=0) == 1 and not (cache / "ab").exists()
-    assert upload_cache.UPLOAD_CACHE == Path(".cache/otviz-gradio")
 
 
 def test_emptied_folders_go_once_they_have_stayed_empty(tmp_path):

@@ -36,6 +36,8 @@ class AlignView:
     rows: list[ScoreRow]
     convergence: go.Figure
     quota_note: str
+    #: Why the explainers' panels are notes (the compute budget refused their maps), if so.
+    explainers_refused: str | None = None
 
 
 def phrase_view(
@@ -103,7 +105,8 @@ def align_view(
     """The Align click: encode and solve (cached), then every figure of the view. A
     ``phrase`` / ``token`` still valid for this caption is kept, else the defaults;
     QC-Align runs with CAME at ``settings.came_temperature`` (``None``: its own); with
-    ``settings.explainers``, the grid has the explainers' panels after the methods'."""
+    ``settings.explainers``, the grid has the explainers' panels after the methods' (notes
+    saying they were skipped, when the server's compute budget refuses them)."""
     encoded, runs = encode_and_align(explainer, suite, image, caption, settings)
     phrases = phrase_choices(encoded)
     if phrase not in {v for _, v in phrases}:
@@ -111,8 +114,8 @@ def align_view(
     tokens = token_choices(encoded)
     if token not in {v for _, v in tokens}:
         token = 0
-    grid, heats = phrase_grid(encoded, runs, phrase, settings.shared_scale,
-                              explained_by(explainer.backbone, encoded, settings.explainers))
+    explained = explained_by(explainer.backbone, encoded, settings.explainers)
+    grid, heats = phrase_grid(encoded, runs, phrase, settings.shared_scale, explained)
     rows = score_rows(runs, settings.lambda_local)
     errors = [r.marginal_error for r in rows if r.name in ALIGN_METHODS]
     return AlignView(
@@ -127,4 +130,5 @@ def align_view(
         rows=rows,
         convergence=convergence_figure([METHOD_LABELS[n] for n in ALIGN_METHODS], errors),
         quota_note=quota_note(runs, suite, settings.came_temperature),
+        explainers_refused=str(explained.refused) if explained and explained.refused else None,
     )

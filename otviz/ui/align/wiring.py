@@ -58,6 +58,12 @@ PREFETCH = {"queue": False, "show_progress": "hidden", "api_visibility": "privat
 HIDDEN = {"api_visibility": "private"}
 
 
+def explainers_skipped(refusal: str) -> str:
+    """What the page says when the explainers' maps were refused but the methods' drawn."""
+    return (f"The methods' maps are shown; the explainers' were skipped ({refusal}). Click "
+            "Align again later to add them.")
+
+
 @dataclass
 class AlignLink:
     """What another view needs to open a pair in Align: the phrase picker to set, the Align
@@ -131,7 +137,10 @@ class AlignCallbacks:
         if notice:
             gr.Warning(notice, duration=None, title="Far from the synthetic world")
         pair = self._pair(encoded, checkpoint, settings)
-        self.grids.put(pair, v.phrase, settings.shared_scale, encode_jpeg(v.grid))
+        if v.explainers_refused:  # the methods' maps are shown; the grid is not kept
+            gr.Warning(explainers_skipped(v.explainers_refused))
+        else:
+            self.grids.put(pair, v.phrase, settings.shared_scale, encode_jpeg(v.grid))
         return {
             c.phrase: gr.Dropdown(choices=v.phrase_choices, value=v.phrase),
             c.token: gr.Dropdown(choices=v.token_choices, value=v.token),
@@ -192,9 +201,12 @@ class AlignCallbacks:
         jpeg = self.grids.get(pair, phrase or "", settings.shared_scale)
         if jpeg is not None:
             return {self.c.grid: decode_jpeg(jpeg)}
-        raster = phrase_grid(encoded, runs, phrase, settings.shared_scale,
-                             explained_by(explainer.backbone, encoded, settings.explainers))[0]
-        self.grids.put(pair, phrase or "", settings.shared_scale, encode_jpeg(raster))
+        explained = explained_by(explainer.backbone, encoded, settings.explainers)
+        raster = phrase_grid(encoded, runs, phrase, settings.shared_scale, explained)[0]
+        if explained is not None and explained.refused is not None:
+            gr.Warning(explainers_skipped(str(explained.refused)))
+        else:
+            self.grids.put(pair, phrase or "", settings.shared_scale, encode_jpeg(raster))
         return {self.c.grid: raster}
 
     def on_plan(self, image: Any, caption: str | None, checkpoint: str,
