@@ -97,3 +97,18 @@ def test_forward_checks_stay():
     bad = PairBatch(**{**batch.__dict__, "patch_mask": batch.patch_mask.long()})
     with pytest.raises(SolverInputError, match="patch_mask must be a bool tensor"):
         method(bad)
+
+
+@pytest.mark.parametrize(
+    ("extra", "knob"),
+    [({"came_temperature": 0.0}, "came_temperature"),
+     ({"came_temperature": float("nan")}, "came_temperature"),
+     ({"came_negative_slope": float("nan")}, "came_negative_slope"),
+     ({"came_negative_slope": -1.0}, "came_negative_slope")],
+)
+def test_qc_align_refuses_bad_came_knobs_by_name(extra, knob):
+    method = build_method("qc_align", 8, 8, MethodConfig(trainable=False, extra=extra))
+    with pytest.raises(InputError, match=rf"^qc_align: {knob}"):
+        method(_batch(torch.float64))
+    with pytest.raises(InputError, match="came_temperature"):
+        build_method("qc_align", 8, 8, MethodConfig(trainable=False)).with_came_temperature(-1)
