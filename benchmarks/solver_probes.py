@@ -20,6 +20,7 @@ import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import ot as pot
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import otviz.ot as ot
+from otviz.bench.runners import random_batch
 from otviz.errors import OtvizError
 from otviz.methods import MethodConfig, PairBatch, build_method
 from otviz.ot._knobs import eps_floor
@@ -105,14 +107,11 @@ def _config_probes() -> list[Probe]:
 
 
 def _method_batch(seed: int, dtype) -> PairBatch:
-    gen = torch.Generator().manual_seed(seed)
-    return PairBatch(
-        patches=torch.randn(2, 6, 8, generator=gen, dtype=dtype),
-        tokens=torch.randn(2, 4, 8, generator=gen, dtype=dtype),
-        patch_mask=torch.ones(2, 6, dtype=torch.bool),
-        token_mask=torch.ones(2, 4, dtype=torch.bool),
-        image_global=torch.randn(2, 4, generator=gen, dtype=dtype),
-        text_global=torch.randn(2, 4, generator=gen, dtype=dtype), grid=(2, 3))
+    """Two random pairs of 9 patches and 4 tokens (:func:`otviz.bench.runners.random_batch`)
+    in ``dtype``."""
+    b = random_batch(2, 9, 4, 8, seed)
+    return replace(b, patches=b.patches.to(dtype), tokens=b.tokens.to(dtype),
+                   image_global=b.image_global.to(dtype), text_global=b.text_global.to(dtype))
 
 
 def _solver_knob_probes(seed: int) -> list[Probe]:
