@@ -148,6 +148,31 @@ def _solver_knob_probes(seed: int) -> list[Probe]:
             p["cost"], p["a"], p["b"], 0.2, torch.tensor([0.1, -1.0, 0.2], dtype=torch.float64),
             0.5), "tau_a"),
     ]
+    def finite(result) -> str | None:
+        return None if bool(torch.isfinite(_plan(result)).all()) else "NaN plan"
+
+    solvers = _solvers(p)
+    out += [
+        ("accept", "sinkhorn_log eps=np.float32(0.1)", lambda: solvers["sinkhorn_log"](
+            np.float32(0.1)), finite),
+        ("accept", "partial_ot_log eps=1 (int)", lambda: solvers["partial_ot_log"](1), finite),
+        ("accept", "uot eps 0-D tensor with grad, tau [B] with inf", lambda: solvers[
+            "sinkhorn_unbalanced_log"](torch.tensor(0.2, dtype=torch.float64,
+                                                    requires_grad=True),
+                                       tau=torch.tensor([0.1, INF, 2.0], dtype=torch.float64)),
+         finite),
+        ("accept", "MethodConfig numpy numbers", lambda: MethodConfig(
+            eps=np.float64(0.07), n_iters=np.int64(5), tau_v=np.float32(0.2)),
+         lambda c: None if c.n_iters == 5 else "n_iters changed"),
+        ("eps", "lowrank eps [B] with a NaN entry", lambda: solvers["lowrank_uot"](
+            torch.tensor([0.1, NAN, 0.2], dtype=torch.float64)), "eps"),
+        ("eps", "sinkhorn_log eps [B] requiring grad, one negative", lambda: solvers[
+            "sinkhorn_log"](torch.tensor([0.1, -0.2, 0.3], dtype=torch.float64,
+                                         requires_grad=True)), "eps"),
+        ("other", "uot tau_b [B-1]", lambda: ot.sinkhorn_unbalanced_log(
+            p["cost"], p["a"], p["b"], 0.2, 0.5, torch.tensor([0.1, 0.2], dtype=torch.float64)),
+         "tau_b"),
+    ]
     for name in ("dense_uot", "conceptot", "qc_align", "balanced_ot"):
         for dtype in (torch.float32, torch.float64):
             def run(name=name, dtype=dtype):

@@ -290,8 +290,9 @@ def clean_problem(
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """The common checks of a ``(cost, a, b, eps)`` problem: one dtype and device
     (:func:`check_tensors`), :func:`clean_cost`, :func:`clean_masses` for ``a`` and ``b``
-    (when given) and :func:`check_eps` against the cost's scale (:func:`cost_scale`);
-    returns ``(cost, a, b)`` cleaned of non-finite masked entries."""
+    (when given) and the checks of :func:`check_eps` against the cost's scale
+    (:func:`cost_scale`, which needs a valid ``eps`` first); returns ``(cost, a, b)``
+    cleaned of non-finite masked entries."""
     check_tensors(solver, cost=cost, a=a, b=b)
     cost = clean_cost(cost, solver, row_mask, col_mask)
     bsz, n, m = cost.shape
