@@ -20,6 +20,7 @@ import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import ot as pot
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import otviz.ot as ot
+from otviz.bench.runners import random_batch
 from otviz.errors import OtvizError
 from otviz.methods import MethodConfig, PairBatch, build_method
 from otviz.ot._knobs import eps_floor
@@ -105,14 +107,11 @@ def _config_probes() -> list[Probe]:
 
 
 def _method_batch(seed: int, dtype) -> PairBatch:
-    gen = torch.Generator().manual_seed(seed)
-    return PairBatch(
-        patches=torch.randn(2, 6, 8, generator=gen, dtype=dtype),
-        tokens=torch.randn(2, 4, 8, generator=gen, dtype=dtype),
-        patch_mask=torch.ones(2, 6, dtype=torch.bool),
-        token_mask=torch.ones(2, 4, dtype=torch.bool),
-        image_global=torch.randn(2, 4, generator=gen, dtype=dtype),
-        text_global=torch.randn(2, 4, generator=gen, dtype=dtype), grid=(2, 3))
+    """Two random pairs of 9 patches and 4 tokens (:func:`otviz.bench.runners.random_batch`)
+    in ``dtype``."""
+    b = random_batch(2, 9, 4, 8, seed)
+    return replace(b, patches=b.patches.to(dtype), tokens=b.tokens.to(dtype),
+                   image_global=b.image_global.to(dtype), text_global=b.text_global.to(dtype))
 
 
 def _solver_knob_probes(seed: int) -> list[Probe]:
@@ -148,6 +147,31 @@ def _solver_knob_probes(seed: int) -> list[Probe]:
         ("other", "uot tau [B] negative entry", lambda: ot.sinkhorn_unbalanced_log(
             p["cost"], p["a"], p["b"], 0.2, torch.tensor([0.1, -1.0, 0.2], dtype=torch.float64),
             0.5), "tau_a"),
+    ]
+    def finite(result) -> str | None:
+        return None if bool(torch.isfinite(_plan(result)).all()) else "NaN plan"
+
+    solvers = _solvers(p)
+    out += [
+        ("accept", "sinkhorn_log eps=np.float32(0.1)", lambda: solvers["sinkhorn_log"](
+            np.float32(0.1)), finite),
+        ("accept", "partial_ot_log eps=1 (int)", lambda: solvers["partial_ot_log"](1), finite),
+        ("accept", "uot eps 0-D tensor with grad, tau [B] with inf", lambda: solvers[
+            "sinkhorn_unbalanced_log"](torch.tensor(0.2, dtype=torch.float64,
+                                                    requires_grad=True),
+                                       tau=torch.tensor([0.1, INF, 2.0], dtype=torch.float64)),
+         finite),
+        ("accept", "MethodConfig numpy numbers", lambda: MethodConfig(
+            eps=np.float64(0.07), n_iters=np.int64(5), tau_v=np.float32(0.2)),
+         lambda c: None if c.n_iters == 5 else "n_iters changed"),
+        ("eps", "lowrank eps [B] with a NaN entry", lambda: solvers["lowrank_uot"](
+            torch.tensor([0.1, NAN, 0.2], dtype=torch.float64)), "eps"),
+        ("eps", "sinkhorn_log eps [B] requiring grad, one negative", lambda: solvers[
+            "sinkhorn_log"](torch.tensor([0.1, -0.2, 0.3], dtype=torch.float64,
+                                         requires_grad=True)), "eps"),
+        ("other", "uot tau_b [B-1]", lambda: ot.sinkhorn_unbalanced_log(
+            p["cost"], p["a"], p["b"], 0.2, 0.5, torch.tensor([0.1, 0.2], dtype=torch.float64)),
+         "tau_b"),
     ]
     for name in ("dense_uot", "conceptot", "qc_align", "balanced_ot"):
         for dtype in (torch.float32, torch.float64):

@@ -47,6 +47,7 @@ from otviz.methods.projected import (
     fixed_count,
     masked_similarity,
 )
+from otviz.ot._knobs import check_number
 from otviz.ot.came import CameResult, solve_came
 from otviz.ot.divergence import sinkhorn_divergence
 from otviz.ot.unbalanced import solve_dense
@@ -83,16 +84,22 @@ class QCAlign(ProjectedMethod):
     @property
     def came_temperature(self) -> float:
         """CAME's softmax temperature (``config.extra["came_temperature"]``, default 1)."""
-        temperature = float(self.config.extra.get("came_temperature", 1.0))
-        if not temperature > 0:
-            raise ValueError(f"CAME temperature must be > 0, got {temperature}")
-        return temperature
+        temperature = self.config.extra.get("came_temperature", 1.0)
+        check_number("came_temperature", temperature, self.name, above=0.0)
+        return float(temperature)
+
+    @property
+    def came_negative_slope(self) -> float:
+        """The slope of CAME's leaky-ReLU (``config.extra["came_negative_slope"]``, default
+        0.01; finite, >= 0)."""
+        slope = self.config.extra.get("came_negative_slope", 0.01)
+        check_number("came_negative_slope", slope, self.name, at_least=0.0)
+        return float(slope)
 
     def with_came_temperature(self, temperature: float) -> QCAlign:
         """This method with CAME's softmax at ``temperature`` (> 0), sharing its projections
         (trained or identity; CAME itself has no parameters)."""
-        if not temperature > 0:
-            raise ValueError(f"CAME temperature must be > 0, got {temperature}")
+        check_number("came_temperature", temperature, self.name, above=0.0)
         clone = copy.copy(self)
         extra = {**self.config.extra, "came_temperature": float(temperature)}
         clone.config = dataclasses.replace(self.config, extra=extra)
@@ -104,7 +111,7 @@ class QCAlign(ProjectedMethod):
             y,
             batch.patch_mask,
             batch.token_mask,
-            negative_slope=self.config.extra.get("came_negative_slope", 0.01),
+            negative_slope=self.came_negative_slope,
             temperature=self.came_temperature,
         )
 

@@ -344,7 +344,8 @@ def sinkhorn_log(
         cost: ``[B, N, M]`` cost matrices.
         a, b: ``[B, N]``, ``[B, M]`` marginals (equal total mass per problem over valid
             entries; masked entries are ignored).
-        eps, n_iters, tol: the :class:`otviz.ot.SinkhornSettings` (``tol``: stop once every
+        eps, n_iters, tol: the :class:`otviz.ot.SinkhornSettings` (``eps``: a number, a
+            0-D or a ``[B]`` tensor, one per problem; ``tol``: stop once every
             problem's relative marginal error, ``|P1 - a|_1`` over the plan's mass, is
             ``<= tol``; warns when some problem is above it after ``n_iters``; ``None``:
             exactly ``n_iters`` iterations, :mod:`otviz.ot._result`).
@@ -353,8 +354,11 @@ def sinkhorn_log(
 
     Raises:
         SolverInputError: a 2-D or empty cost, NaN/inf costs on valid pairs, negative or
-            missing masses, unequal total masses, ``eps <= 0``, mixed dtypes or devices,
-            integer tensors, masks of the wrong shape or dtype (:mod:`otviz.ot._checks`).
+            missing masses, unequal total masses, mixed dtypes or devices, integer tensors,
+            masks of the wrong shape or dtype (:mod:`otviz.ot._checks`); its subclass
+            ``KnobError`` for a bad ``eps`` (``<= 0``, NaN, of another batch, or below the
+            dtype's floor for this cost, :func:`otviz.ot._knobs.eps_floor`), ``n_iters``
+            or ``tol`` (:mod:`otviz.ot._knobs`).
 
     Returns:
         :class:`SolverResult` with the dense plan, ``log_u``/``log_v`` (``f/eps``, ``g/eps`` in

@@ -6,9 +6,12 @@ below its dtype's floor with Python numbers only; the forward checks stay."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from otviz.bench.runners import random_batch
 from otviz.errors import InputError
 from otviz.methods import MethodConfig, PairBatch, build_method
 from otviz.ot import SolverInputError
@@ -53,16 +56,11 @@ def test_defaults_and_edge_values_are_accepted():
 
 
 def _batch(dtype: torch.dtype, seed: int = 2) -> PairBatch:
-    gen = torch.Generator().manual_seed(seed)
-    return PairBatch(
-        patches=torch.randn(2, 6, 8, generator=gen, dtype=dtype),
-        tokens=torch.randn(2, 4, 8, generator=gen, dtype=dtype),
-        patch_mask=torch.ones(2, 6, dtype=torch.bool),
-        token_mask=torch.ones(2, 4, dtype=torch.bool),
-        image_global=torch.randn(2, 4, generator=gen, dtype=dtype),
-        text_global=torch.randn(2, 4, generator=gen, dtype=dtype),
-        grid=(2, 3),
-    )
+    """Two random pairs of 9 patches and 4 tokens (:func:`otviz.bench.runners.random_batch`)
+    in ``dtype``."""
+    b = random_batch(2, 9, 4, 8, seed)
+    return replace(b, patches=b.patches.to(dtype), tokens=b.tokens.to(dtype),
+                   image_global=b.image_global.to(dtype), text_global=b.text_global.to(dtype))
 
 
 def test_the_reported_regression_is_refused_at_the_config():
@@ -97,3 +95,18 @@ def test_forward_checks_stay():
     bad = PairBatch(**{**batch.__dict__, "patch_mask": batch.patch_mask.long()})
     with pytest.raises(SolverInputError, match="patch_mask must be a bool tensor"):
         method(bad)
+
+
+@pytest.mark.parametrize(
+    ("extra", "knob"),
+    [({"came_temperature": 0.0}, "came_temperature"),
+     ({"came_temperature": float("nan")}, "came_temperature"),
+     ({"came_negative_slope": float("nan")}, "came_negative_slope"),
+     ({"came_negative_slope": -1.0}, "came_negative_slope")],
+)
+def test_qc_align_refuses_bad_came_knobs_by_name(extra, knob):
+    method = build_method("qc_align", 8, 8, MethodConfig(trainable=False, extra=extra))
+    with pytest.raises(InputError, match=rf"^qc_align: {knob}"):
+        method(_batch(torch.float64))
+    with pytest.raises(InputError, match="came_temperature"):
+        build_method("qc_align", 8, 8, MethodConfig(trainable=False)).with_came_temperature(-1)

@@ -354,3 +354,24 @@ def test_hostile_values_never_give_nan_plans():
             res = ot.sinkhorn_log(cost, a, b, eps, 20, None, p.row_mask, p.col_mask)
         assert bool(torch.isfinite(res.plan).all()), dtype
         assert math.isclose(float(res.plan.sum((1, 2))[0]), 1.0, rel_tol=1e-2)
+
+
+def test_per_problem_knobs_follow_the_cache_sized_sub_batches(monkeypatch):
+    import otviz.ot.sinkhorn as sinkhorn
+
+    p = _problem(seed=12, bsz=7)
+    eps = torch.linspace(0.05, 0.8, 7, dtype=torch.float64)
+    tau = torch.linspace(0.1, 3.0, 7, dtype=torch.float64)
+    whole = ot.sinkhorn_unbalanced_log(p.cost, p.a, p.b, eps, tau, 0.4, 30, None)
+    monkeypatch.setattr(sinkhorn, "CHUNK_ELEMS", 2 * 6 * 5)  # two problems per sub-batch
+    parts = ot.sinkhorn_unbalanced_log(p.cost, p.a, p.b, eps, tau, 0.4, 30, None)
+    assert torch.allclose(parts.plan, whole.plan, rtol=1e-12, atol=1e-15)
+
+
+def test_large_filler_on_masked_pairs_does_not_raise_the_floor():
+    p = _problem(seed=13)
+    pairs = p.row_mask[:, :, None] & p.col_mask[:, None, :]
+    filled = p.cost.masked_fill(~pairs, 1e30)  # finite junk where masked
+    res = ot.sinkhorn_log(filled, p.a, p.b, 1e-3, 5, None, p.row_mask, p.col_mask)
+    plain = ot.sinkhorn_log(p.cost, p.a, p.b, 1e-3, 5, None, p.row_mask, p.col_mask)
+    assert torch.equal(res.plan, plain.plan)
