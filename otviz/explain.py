@@ -49,7 +49,8 @@ class Encoded:
         caption: the caption.
         features: the backbone's features of the pair (batch of one).
         parse: the caption's constituency tree and the parser that made it.
-        key: the cache key of the pair.
+        key: the cache key of the pair: the image's hash, the caption and the backbone's
+            feature choice (:func:`feature_choice_key`).
         geometry: where each image token looks on ``image`` (the tower's token geometry
             through the preprocessing's resize and crop): what every view draws with.
     """
@@ -58,7 +59,7 @@ class Encoded:
     caption: str
     features: TokenFeatures
     parse: ParseResult
-    key: tuple[str, str]
+    key: tuple[str, str, str]
     geometry: TokenGeometry
 
     @property
@@ -112,21 +113,30 @@ def region_masks(encoded: Encoded, kind: str, n_regions: int = 9, seed: int = 0)
     raise InputError(f"unknown region kind {kind!r}; choose one of {REGION_KINDS}")
 
 
+def feature_choice_key(backbone: Backbone) -> str:
+    """``"<source>@<side>px"``: which features of the model a backbone reads
+    (:meth:`otviz.backbone.Backbone.with_features`), part of every cache key here, so a
+    change of source or input size re-encodes once and is then cached like an image."""
+    return f"{backbone.features}@{backbone.image_size}px"
+
+
 class Explainer:
     """Encodes (image, caption) pairs with a backbone, with an LRU feature cache.
 
     Args:
         backbone: the model giving patch and token features. Similarity maps are computed
             in the model's shared embedding space, so a ``"width"`` backbone's features are
-            projected with the model's own projections for them.
+            projected with the model's own projections for them. ``backbone`` may be
+            replaced by a view reading other features
+            (:meth:`~otviz.backbone.Backbone.with_features`): the caches key on that choice.
         cache_size: how many encoded pairs to keep.
     """
 
     def __init__(self, backbone: Backbone, cache_size: int = 32) -> None:
         self.backbone = backbone
         self.cache_size = cache_size
-        self._cache: OrderedDict[tuple[str, str], Encoded] = OrderedDict()
-        self._projected: OrderedDict[tuple[str, str], TokenFeatures] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, str], Encoded] = OrderedDict()
+        self._projected: OrderedDict[tuple[str, str, str], TokenFeatures] = OrderedDict()
         self._runs: OrderedDict[tuple[str, ...], MethodRun] = OrderedDict()
         self._lock = threading.Lock()  # the caches are read and written from server threads
 
@@ -156,7 +166,8 @@ class Explainer:
             raise InputError("no image: upload one or pick an example")
         caption = check_caption(caption)
         rgb = np.asarray(to_rgb(image))
-        key = (hashlib.sha1(rgb.tobytes() + str(rgb.shape).encode()).hexdigest(), caption)
+        key = (hashlib.sha1(rgb.tobytes() + str(rgb.shape).encode()).hexdigest(), caption,
+               feature_choice_key(self.backbone))
         hit = self._cached(self._cache, key, compute)
         if hit is not None:
             return hit

@@ -20,9 +20,9 @@ import types
 import typing
 from typing import Any
 
-from otviz.knobs import AtLeast, ListOf, OneOf
+from otviz.knobs import AtLeast, ListOf, OneOf, SourceForm
 
-Rule = AtLeast | OneOf | ListOf
+Rule = AtLeast | OneOf | ListOf | SourceForm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +75,7 @@ def field_rule(tp: Any) -> tuple[Any, Rule | None]:
     rule = None
     if typing.get_origin(tp) is typing.Annotated:
         tp, *extras = typing.get_args(tp)
-        rule = next((e for e in extras if isinstance(e, (AtLeast, OneOf, ListOf))), None)
+        rule = next((e for e in extras if isinstance(e, Rule)), None)
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
         tp = args[0]

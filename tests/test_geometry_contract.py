@@ -56,6 +56,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     # an upload larger than the app keeps is shrunk before anything is computed on it
     ("ui/inputs.py", "pil-stretch", "to_rgb(image).resize(new, Image.Resampling.LANCZOS)"):
         "shrinks the uploaded photo itself (the geometry is then taken on the shrunk picture)",
+    # a ViT run at a larger input resizes its position embeddings to the larger grid
+    ("towers/vit.py", "interpolate", "patch = F.interpolate(patch, size=grid, mode="):
+        "resizes the position-embedding table to the token grid (the geometry of the larger "
+        "grid is traced from the patch embedding itself)",
 }
 
 #: Calls that put token values on pixels through the geometry; a function of the package

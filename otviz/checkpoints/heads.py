@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-from otviz.checkpoints.identity import backbone_identity
+from otviz.checkpoints.identity import backbone_identity, describe_choice
 from otviz.checkpoints.store import (
     CheckpointError,
     load_checkpoint,
@@ -69,9 +69,17 @@ def save_method_checkpoint(
 
 
 def _check_backbone(path: Path, saved: dict[str, Any], now: dict[str, Any]) -> None:
-    """Raise unless ``now`` is the backbone of identity ``saved``: the fields of
-    :data:`_IDENTITY_KEYS` the saved identity has must agree (an identity with none of them,
-    e.g. in-memory features, must be equal as a whole)."""
+    """Raise unless ``now`` is the backbone of identity ``saved``: the feature source and
+    input size must agree (unrecorded: ``last`` at the native size), and the fields of
+    :data:`_IDENTITY_KEYS` the saved identity has (an identity with none of them, e.g.
+    in-memory features, must be equal as a whole)."""
+    if (saved.get("features", "last"), saved.get("image_size")) != (
+            now.get("features", "last"), now.get("image_size")):
+        raise CheckpointError(
+            f"method head {path} was trained on {describe_choice(saved)}; this backbone "
+            f"reads {describe_choice(now)}: train a head on it (otviz train --features "
+            f"{now.get('features', 'last')}) or use the training-free methods "
+            "(otviz eval --heads training-free)")
     keys = [k for k in _IDENTITY_KEYS if k in saved]
     differ = [k for k in keys if saved[k] != now.get(k)]
     if differ or (not keys and saved != now):

@@ -16,13 +16,15 @@ import torch
 def backbone_fingerprint(backbone: Any) -> dict[str, Any]:
     """What identifies a backbone's features: a BLAKE2 hash of its weights (every state-dict
     tensor, its name, dtype and shape), its name and provenance tags, feature space, context
-    length, patch grid and image preprocessing."""
+    length, patch grid and image preprocessing, and, where not the default, the feature
+    source and input size (:meth:`otviz.backbone.Backbone.with_features`; an identity
+    without them means ``last`` at the native size)."""
     h = hashlib.blake2b(digest_size=16)
     for name, t in sorted(backbone.model.state_dict().items()):
         h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\n".encode())
         h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
     tags = {k: backbone.info[k] for k in ("model_name", "pretrained") if k in backbone.info}
-    return {
+    identity = {
         "weights": h.hexdigest(),
         "name": backbone.name,
         "tags": tags,
@@ -31,6 +33,28 @@ def backbone_fingerprint(backbone: Any) -> dict[str, Any]:
         "grid": list(backbone.grid),
         "preprocess": getattr(backbone.model.visual, "preprocess_cfg", None),
     }
+    return {**identity, **feature_choice(backbone)}
+
+
+def feature_choice(backbone: Any) -> dict[str, Any]:
+    """``{"features": ..., "image_size": ...}`` of a backbone whose features are not the
+    default (last block, native size): the keys that differ from it, else ``{}``."""
+    choice: dict[str, Any] = {}
+    source = str(getattr(backbone, "features", "last"))
+    if source != "last":
+        choice["features"] = source
+    tower = getattr(backbone, "image_tower", None)
+    if getattr(tower, "side", None) is not None:
+        choice["image_size"] = int(tower.side)
+        choice["preprocess"] = backbone.preprocess_cfg
+    return choice
+
+
+def describe_choice(identity: dict[str, Any]) -> str:
+    """``"features naclip at 448 px"`` of an identity (``last`` / native when unrecorded)."""
+    size = identity.get("image_size")
+    return f"features {identity.get('features', 'last')} at " + (
+        f"{size} px" if size else "the native size")
 
 
 def backbone_identity(backbone: Any) -> dict[str, Any]:

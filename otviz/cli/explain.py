@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from otviz.cli.args import parser
+from otviz.cli.args import at_least, feature_source_text, parser
+from otviz.knobs import FEATURE_SOURCE_NAMES
 from otviz.ui.examples import Example, load_examples
 
 
@@ -24,6 +25,12 @@ def build_parser(prog: str = "otviz explain") -> argparse.ArgumentParser:
     p.add_argument("--out", default="explain.png", help="figure path (.png, .pdf, .svg)")
     p.add_argument("--checkpoint", default=None,
                    help="backbone checkpoint folder (default: the shipped tiny CLIP)")
+    p.add_argument("--features", type=feature_source_text, default="last",
+                   metavar="|".join(FEATURE_SOURCE_NAMES),
+                   help="where the patch features come from: the last block, block K "
+                   "(negative from the end) or a dense last-block path")
+    p.add_argument("--image-size", type=at_least(int, 0), default=0, metavar="N",
+                   help="run the image tower at N x N px (0: its native size; ViTs only)")
     return p
 
 
@@ -58,6 +65,7 @@ def main(argv: list[str], prog: str = "otviz explain") -> int:
     backbone = Backbone.from_checkpoint(args.checkpoint) if args.checkpoint else (
         Backbone.from_checkpoint()
     )
+    backbone = backbone.with_features(args.features, args.image_size or None)
     explainer = Explainer(backbone)
     encoded = explainer.encode(str(chosen.image_path), chosen.caption)
     fig = word_similarity_figure(encoded, explainer.word_similarity(encoded),

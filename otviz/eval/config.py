@@ -11,7 +11,16 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from otviz import assets
-from otviz.knobs import OTCLIP_LOSSES, Count, ListOf, NonNegative, NonNegativeInt, OTCLIPLosses
+from otviz.knobs import (
+    OTCLIP_LOSSES,
+    Count,
+    FeatureSourceText,
+    ImageSide,
+    ListOf,
+    NonNegative,
+    NonNegativeInt,
+    OTCLIPLosses,
+)
 
 ALIGNMENT_TABLES = ("retrieval", "probe", "grounding", "anchors", "cost")
 CLASSIFICATION_TABLES = ("zero_shot", "long_tailed", "selective")
@@ -72,6 +81,11 @@ class EvalConfig:
     model: str = ""  # --dataset: any open_clip model name ("" : the tiny-CLIP --backbone)
     pretrained: str = ""  # --dataset: its pretrained tag or weight file (e.g. openai)
     device: str = ""  # --dataset: torch device of the backbone ("" : cuda when present)
+    features: FeatureSourceText = "last"  # where the patch features come from: last, layer:K
+    # (block K, negative from the end), maskclip, sclip, clearclip, naclip (trained heads are
+    # refused on a source they were not trained on: pair another with --heads training-free)
+    image_size: ImageSide = 0  # run the image tower at this side in px (0 : its native size;
+    # ViTs only, position embeddings interpolated)
 
     def table_names(self) -> list[str]:
         if self.tables == "all":

@@ -54,7 +54,7 @@ from otviz.eval.alignment_tables import (
 )
 from otviz.eval.config import TRAINING_FREE, EvalConfig
 from otviz.eval.dataset_trust import dataset_trust_table, shard_trust
-from otviz.eval.runner import _atomic_write, load_backbone, write_tables
+from otviz.eval.runner import _atomic_write, chosen_features, load_backbone, write_tables
 from otviz.eval.table import Table
 from otviz.eval.trust.metrics import TrustSettings, require_quantus
 from otviz.eval.world_set import (
@@ -79,8 +79,9 @@ def dataset_backbone(config: EvalConfig) -> Backbone:
     checkpoint ``config.backbone``; on the CPU (:func:`to_device` moves it once the
     methods are fitted, which they are on the CPU where they score)."""
     if not config.model:
-        return load_backbone(config.backbone)
-    return Backbone.from_pretrained(config.model, config.pretrained or None)
+        return chosen_features(load_backbone(config.backbone), config)
+    return chosen_features(Backbone.from_pretrained(config.model, config.pretrained or None),
+                           config)
 
 
 def to_device(backbone: Backbone, device: str) -> None:

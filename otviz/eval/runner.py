@@ -97,8 +97,13 @@ def over_seeds(
     return [S.aggregate(r) for r in runs.values()] + [S.claims_table(runs, judged)]
 
 
+def chosen_features(backbone: Backbone, config: EvalConfig) -> Backbone:
+    """``backbone`` reading the features ``config`` names (``--features``, ``--image-size``)."""
+    return backbone.with_features(config.features, config.image_size or None)
+
+
 def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -> list[Table]:
-    backbone = load_backbone(config.backbone)
+    backbone = chosen_features(load_backbone(config.backbone), config)
     tables: dict[str, Table] = {}
     suite = None
     if any(n in ALIGNMENT_TABLES for n in names):

@@ -217,7 +217,7 @@ class GroundingProbeDataset:
 
 def model_input_size(backbone: Backbone) -> tuple[int, int]:
     """The model's input ``(width, height)`` (its preprocessing's size)."""
-    size = backbone.model.visual.preprocess_cfg["size"]
+    size = backbone.preprocess_cfg["size"]
     h, w = (size, size) if isinstance(size, int) else size
     return int(w), int(h)
 

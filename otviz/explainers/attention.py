@@ -10,12 +10,13 @@ A reader gives, for preprocessed pixels:
   layer's tokens (for the last layer's, the model's image embedding);
 * :meth:`AttentionReader.pooled_row`: which mix of token rows of a token-to-token matrix the
   pooled output reads (the class token's row; the patch rows' mean; for an attention pooler,
-  its attention weights over the tokens);
-* :meth:`AttentionReader.value_patches`: MaskCLIP's value path of the last block, projected
-  per patch into the joint space.
+  its attention weights over the tokens).
+
+(MaskCLIP's value path is a feature source of the towers, :mod:`otviz.towers.dense`.)
 
 Families: open_clip's ``VisionTransformer`` (class token, mean, CoCa's attention pooler),
-whose blocks are re-run here with the attention map written out (:func:`vit_blocks`), and
+whose blocks are re-run here with the attention map written out (:func:`vit_blocks`, at the
+input size of the tower adapter it is given), and
 timm's ViT-style trunks (timm ``VisionTransformer``: SigLIP, SigLIP 2; ``Eva``: EVA02,
 EVA-CLIP, PE), whose own forward is run on the explainers' private copy of the model
 (:mod:`otviz.towers.private`) with their unfused attention path switched on and the
@@ -35,9 +36,9 @@ from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
 from torch import Tensor, nn
 
 from otviz.explainers.base import ExplainerUnsupportedError
+from otviz.towers import ImageTower
 from otviz.towers.private import HOOKS, hooked, private_model, timm_attention, unfused
-from otviz.towers.timm_tower import TimmTower
-from otviz.towers.vit import VitTower, value_path
+from otviz.towers.vit import VitTower
 
 
 @dataclass
@@ -85,11 +86,6 @@ class AttentionReader(ABC):
         """``[B, T]`` the row of a token-to-token ``matrix`` ``[B, T, T]`` that the pooled
         output reads, for the last layer's ``tokens``."""
 
-    @abstractmethod
-    def value_patches(self, pixels: Tensor) -> Tensor:
-        """``[B, N, E]`` MaskCLIP's value path of the last block, per patch, in the joint
-        space (:mod:`otviz.explainers.maskclip`)."""
-
     def layer_readout(self, tokens: Tensor) -> Tensor:
         """``[B, E]`` LeGrad's reading of an intermediate layer's ``tokens`` as an image
         embedding: the tower's own :meth:`readout` unless the family says otherwise."""
@@ -119,13 +115,13 @@ def block_forward(block: ResidualAttentionBlock, x: Tensor) -> tuple[Tensor, Ten
     return x + block.ls_2(block.mlp(block.ln_2(x))), a
 
 
-def vit_blocks(visual: VisionTransformer, pixels: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+def vit_blocks(tower: VitTower, pixels: Tensor) -> tuple[list[Tensor], list[Tensor]]:
     """``(tokens, maps)``: the input of the first block then each block's output
     (``L + 1`` tensors ``[B, T, D]``) and each block's attention map (``L`` tensors
-    ``[B, heads, T, T]``) for preprocessed ``pixels``."""
-    x = visual._embeds(pixels)
+    ``[B, heads, T, T]``) for preprocessed ``pixels`` at the ``tower`` adapter's input size."""
+    x = tower.embeds(pixels)
     tokens, maps = [x], []
-    for block in visual.transformer.resblocks:
+    for block in tower.visual.transformer.resblocks:
         x, a = block_forward(block, x)
         tokens.append(x)
         maps.append(a)
@@ -147,7 +143,7 @@ class OpenClipVitReader(AttentionReader):
     """open_clip's ``VisionTransformer`` of standard blocks (``nn.MultiheadAttention``),
     pooled by class token, by mean, or by CoCa's attention pooler."""
 
-    def __init__(self, model: nn.Module, explainer: str) -> None:
+    def __init__(self, model: nn.Module, explainer: str, tower: VitTower | None = None) -> None:
         super().__init__(model, explainer)
         visual = model.visual
         if not all(isinstance(b, ResidualAttentionBlock) and isinstance(
@@ -161,14 +157,14 @@ class OpenClipVitReader(AttentionReader):
                 f"{explainer}: the pooling of this ViT ({visual.attn_pool_type or 'attention'}"
                 f" pooler, pool type {visual.pool_type!r}) has no rule here")
         self.visual = visual
-        self.tower = VitTower(visual)
+        self.tower = tower if tower is not None else VitTower(visual)
 
     @property
     def grid(self) -> tuple[int, int]:
         return self.tower.grid
 
     def trace(self, pixels: Tensor) -> AttentionTrace:
-        return AttentionTrace(*vit_blocks(self.visual, pixels))
+        return AttentionTrace(*vit_blocks(self.tower, pixels))
 
     def readout(self, tokens: Tensor) -> Tensor:
         pooled, _ = self.visual._pool(tokens)
@@ -192,16 +188,6 @@ class OpenClipVitReader(AttentionReader):
         _, weights = pooler.attn(query, keys, keys, need_weights=True)  # [B, Q, T], head mean
         mix = _query_weights(visual.pool_type, weights.shape[1]).to(weights)
         return torch.einsum("q,bqt,bts->bs", mix, weights.detach(), matrix)
-
-    @torch.no_grad()
-    def value_patches(self, pixels: Tensor) -> Tensor:
-        *first, last = self.visual.transformer.resblocks
-        x = self.visual._embeds(pixels)
-        for block in first:
-            x, _ = block_forward(block, x)
-        branch = last.ls_1(value_path(last.attn, last.ln_1(x)))
-        n = self.grid[0] * self.grid[1]
-        return self.tower.project(self.tower.norm(branch[:, -n:]))
 
 
 # ----------------------------------------------------------------------- timm ViT trunks
@@ -287,37 +273,15 @@ class TimmVitReader(AttentionReader):
         mix = mix[:, 0] if trunk.attn_pool.pool == "token" or mix.shape[1] == 1 else mix.mean(1)
         return torch.einsum("bt,bts->bs", mix, matrix[:, start:])
 
-    @torch.no_grad()
-    def value_patches(self, pixels: Tensor) -> Tensor:
-        """The last block's attention branch with its attention map replaced by the identity
-        (each token attends to itself alone: its value, through the module's output
-        projection, gate and norm, and the block's layer scale or post-norm as the block
-        applies them), then the trunk's final norm and the tower's per-position head."""
-        with HOOKS:
-            visual = private_model(self.model).visual
-            last = visual.trunk.blocks[-1]
-            attn = timm_attention(last)
-            branch: list[Tensor] = []
 
-            def identity(_module: nn.Module, _args: tuple, a: Tensor) -> Tensor:
-                eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-                return eye.expand_as(a)
-
-            handles = (attn.attn_drop.register_forward_hook(identity),
-                       last.drop_path1.register_forward_pre_hook(
-                           lambda _m, args: branch.append(args[0])))
-            with unfused([attn]), hooked(*handles):
-                visual.trunk.forward_features(pixels)
-            n = self.grid[0] * self.grid[1]
-            return TimmTower(visual).project(visual.trunk.norm(branch[0])[:, -n:])
-
-
-def attention_reader(model: nn.Module, explainer: str) -> AttentionReader:
-    """The reader of ``model``'s image tower; :class:`ExplainerUnsupportedError` (naming
-    ``explainer``) for a tower family without one."""
+def attention_reader(model: nn.Module, explainer: str, tower: ImageTower | None = None,
+                     ) -> AttentionReader:
+    """The reader of ``model``'s image tower (through the adapter ``tower``: the input size
+    it runs at); :class:`ExplainerUnsupportedError` (naming ``explainer``) for a tower family
+    without one."""
     visual = getattr(model, "visual", None)
     if isinstance(visual, VisionTransformer):
-        return OpenClipVitReader(model, explainer)
+        return OpenClipVitReader(model, explainer, tower if isinstance(tower, VitTower) else None)
     if isinstance(visual, TimmModel):
         return TimmVitReader(model, explainer)
     raise ExplainerUnsupportedError(

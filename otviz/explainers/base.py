@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from otviz.errors import UserInputError
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.registry import Registry
+from otviz.towers import ImageTower, image_tower
 
 
 class ExplainerUnsupportedError(UserInputError, ValueError):
@@ -36,14 +37,18 @@ class PhraseExplainer(ABC):
     Args:
         model: an open_clip ``CLIP`` / ``CustomTextCLIP`` (its ``visual`` tower is read; the
             model is not changed, bar the gradients a backward pass leaves on it).
+        tower: the adapter of that image tower the explainer reads it through (the input
+            size it runs at; :meth:`otviz.backbone.Backbone.with_features`); default: the
+            tower's own adapter at its native size.
     """
 
     name: ClassVar[str]
     label: ClassVar[str]
     source: ClassVar[str]
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, tower: ImageTower | None = None) -> None:
         self.model = model
+        self.tower = tower if tower is not None else image_tower(model)
 
     def check(self) -> None:
         """Raise :class:`ExplainerUnsupportedError` when this explainer cannot read the
@@ -84,11 +89,13 @@ def register_explainer(cls: type[PhraseExplainer]) -> type[PhraseExplainer]:
     return EXPLAINERS.add(cls.name, cls)
 
 
-def get_explainer(name: str, model: nn.Module) -> PhraseExplainer:
-    """The registered explainer ``name`` on ``model``; a KeyError lists the known names."""
+def get_explainer(name: str, model: nn.Module, tower: ImageTower | None = None,
+                  ) -> PhraseExplainer:
+    """The registered explainer ``name`` on ``model`` read through ``tower`` (default: its
+    own adapter); a KeyError lists the known names."""
     if name not in EXPLAINERS:
         raise KeyError(f"unknown explainer {name!r}; known: {', '.join(EXPLAINERS)}")
-    return EXPLAINERS[name](model)
+    return EXPLAINERS[name](model, tower)
 
 
 def min_max(maps: Tensor, eps: float = 1e-12) -> Tensor:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from otviz.explainers.base import PhraseExplainer, register_explainer
+from otviz.explainers.base import ExplainerUnsupportedError, PhraseExplainer, register_explainer
 from otviz.explainers.towers import cam_target
 from otviz.towers.private import HOOKS, private_model
 
@@ -67,9 +67,15 @@ class GradCamExplainer(PhraseExplainer):
     source = "Selvaraju et al. 2017, via the grad-cam library (pytorch-grad-cam)"
 
     def check(self) -> None:
+        if self.tower.side is not None:
+            raise ExplainerUnsupportedError(
+                f"{self.label} runs the model's own forward, at the tower's native "
+                f"{self.tower.native_size[0]} px only (this backbone runs at "
+                f"{self.tower.image_size[0]} px)")
         cam_target(self.model.visual)
 
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
+        self.check()
         with HOOKS, torch.enable_grad():
             model = private_model(self.model)
             target = cam_target(model.visual)

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from otviz.explainers.attention import attention_reader
 from otviz.explainers.base import PhraseExplainer, min_max, register_explainer
+from otviz.towers import ImageTower
 
 
 @register_explainer
@@ -38,17 +39,18 @@ class LeGradExplainer(PhraseExplainer):
     label = "LeGrad"
     source = "Bousselham et al. 2024 (arXiv 2404.03214), reimplemented from the paper"
 
-    def __init__(self, model: nn.Module, first_layer: int = 0) -> None:
-        super().__init__(model)
+    def __init__(self, model: nn.Module, tower: ImageTower | None = None,
+                 first_layer: int = 0) -> None:
+        super().__init__(model, tower)
         self.first_layer = first_layer
 
     def check(self) -> None:
-        attention_reader(self.model, self.label)
+        attention_reader(self.model, self.label, self.tower)
 
     def layer_maps(self, pixels: Tensor, text: Tensor) -> Tensor:
         """``[L', B, N]`` the per-layer signals ``E^l`` over the patch tokens, for the layers
         ``first_layer .. L-1`` (before the sum and the min-max)."""
-        reader = attention_reader(self.model, self.label)
+        reader = attention_reader(self.model, self.label, self.tower)
         n = reader.grid[0] * reader.grid[1]
         with torch.enable_grad():
             # a leaf input: the attention maps are in the graph even on a frozen model
@@ -66,6 +68,6 @@ class LeGradExplainer(PhraseExplainer):
         return torch.stack(signals).detach()
 
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
-        grid = attention_reader(self.model, self.label).grid
+        grid = attention_reader(self.model, self.label, self.tower).grid
         heat = min_max(self.layer_maps(pixels, text).sum(0))
         return heat.reshape(heat.shape[0], *grid)

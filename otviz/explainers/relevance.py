@@ -32,12 +32,12 @@ class CheferExplainer(PhraseExplainer):
     source = "Chefer, Gur & Wolf, ICCV 2021 (gradient-weighted attention rollout)"
 
     def check(self) -> None:
-        attention_reader(self.model, self.label)
+        attention_reader(self.model, self.label, self.tower)
 
     def relevance(self, pixels: Tensor, text: Tensor) -> tuple[Tensor, Tensor]:
         """``(R [B, T, T], tokens [B, T, D])``: the relevance matrix (module docstring) and
         the last layer's tokens (what the pooling reads)."""
-        reader = attention_reader(self.model, self.label)
+        reader = attention_reader(self.model, self.label, self.tower)
         with torch.enable_grad():
             trace = reader.trace(pixels.detach().requires_grad_(True))
             emb = F.normalize(reader.readout(trace.tokens[-1]), dim=-1)
@@ -50,7 +50,7 @@ class CheferExplainer(PhraseExplainer):
         return r, trace.tokens[-1].detach()
 
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
-        reader = attention_reader(self.model, self.label)
+        reader = attention_reader(self.model, self.label, self.tower)
         h, w = reader.grid
         r, tokens = self.relevance(pixels, text)
         return min_max(reader.pooled_row(tokens, r)[:, -h * w :]).reshape(-1, h, w)

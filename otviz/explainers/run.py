@@ -42,7 +42,7 @@ def explain_pairs(
     the backbone's patch grid, ``chunk`` pairs per call (images are preprocessed per chunk)."""
     if len(images) != len(phrases):
         raise ValueError(f"{len(images)} images but {len(phrases)} phrases")
-    explainer = get_explainer(name, backbone.model)
+    explainer = get_explainer(name, backbone.model, backbone.image_tower)
     text = phrase_embeddings(backbone, phrases)
     parts, start = [], time.perf_counter()
     for s in range(0, len(phrases), chunk):
@@ -79,12 +79,14 @@ def explainer_names(spec: str) -> tuple[str, ...]:
 
 
 def unavailable(backbone: Backbone, name: str) -> str | None:
-    """``"<label>: not available for <family> towers"`` when the explainer ``name`` cannot
-    read the backbone's image tower (:meth:`~otviz.explainers.base.PhraseExplainer.check`),
-    else ``None``."""
+    """``"<label>: not available for <family> towers"`` (or the explainer's reason at a
+    non-native input size) when the explainer ``name`` cannot read the backbone's image
+    tower (:meth:`~otviz.explainers.base.PhraseExplainer.check`), else ``None``."""
     try:
-        get_explainer(name, backbone.model).check()
-    except ExplainerUnsupportedError:
+        get_explainer(name, backbone.model, backbone.image_tower).check()
+    except ExplainerUnsupportedError as e:
+        if backbone.image_tower.side is not None:
+            return str(e)
         return (f"{EXPLAINERS[name].label}: not available for "
                 f"{backbone.image_tower.family} towers")
     return None

@@ -89,6 +89,10 @@ class ImageTower:
         """Whether :meth:`at_size` can run this tower at another input size."""
         return False
 
+    def on(self, visual: nn.Module) -> ImageTower:
+        """This adapter (family and input size) on another copy of the tower."""
+        return type(self)(visual, self.side)
+
     def at_size(self, side: int | None) -> ImageTower:
         """This adapter's family on the same tower, run at ``side x side`` pixels (``None``
         or the native side: the native size); :class:`UserInputError` for a tower that

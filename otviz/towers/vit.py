@@ -43,8 +43,7 @@ def interpolated_positions(positions: Tensor, grid: tuple[int, int], prefix: int
     if (old, old) == tuple(grid):
         return positions
     patch = positions[prefix:].reshape(1, old, old, -1).permute(0, 3, 1, 2)
-    patch = F.interpolate(patch.float(), size=grid, mode="bicubic", antialias=True,
-                          align_corners=False).to(positions.dtype)
+    patch = F.interpolate(patch, size=grid, mode="bicubic", antialias=True, align_corners=False)
     return torch.cat([positions[:prefix], patch.permute(0, 2, 3, 1).reshape(-1, patch.shape[1])])
 
 

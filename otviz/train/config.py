@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 from otviz.knobs import (
     DEFAULT_LAMBDA,
     Count,
+    FeatureSourceText,
     HeadStart,
+    ImageSide,
     LowRankVariant,
     MethodName,
     NonNegative,
@@ -64,6 +66,9 @@ class TrainConfig:
     open_clip_model: str = ""  # an open_clip name instead (e.g. ViT-B-16): real CLIP mode
     pretrained: str = ""  # open_clip pretrained tag or weight file ("" : random init)
     cache_dir: str = ".cache/otviz-features"  # frozen-backbone feature cache
+    features: FeatureSourceText = "last"  # where the patch features come from: last, layer:K
+    # (block K, negative from the end), maskclip, sclip, clearclip, naclip; the head records it
+    image_size: ImageSide = 0  # run the image tower at this side in px (0 : its native size)
     # ---------------------------------------------------------------- optimisation (Table 6)
     epochs: Count = 3  # ConceptOT: 3 for transport methods, 8 for the simpler scorers
     max_steps: NonNegativeInt = 0  # > 0: stop after this many steps instead (epochs unbounded)

@@ -213,7 +213,9 @@ def build_source(
     """The frozen backbone's cached features of the configured data.
 
     Backbone: the tiny-CLIP checkpoint ``config.backbone`` (default: the shipped one) or the
-    open_clip model ``config.open_clip_model`` with ``config.pretrained``. Data: the world's
+    open_clip model ``config.open_clip_model`` with ``config.pretrained``, reading the patch
+    features ``config.features`` at ``config.image_size`` (the head's checkpoint records
+    both in the backbone's identity). Data: the world's
     train split (``n_train`` samples, ``world_seed``) or an image-caption folder. Trees
     (gold ones for the world, parsed captions for folders) only for a method that reads them
     (``uses_trees``: PowerCLIP). ``validation``: the world's ``val`` split instead
@@ -230,6 +232,7 @@ def build_source(
         backbone = Backbone.from_checkpoint(config.backbone)
     else:
         backbone = Backbone.from_checkpoint()
+    backbone = backbone.with_features(config.features, config.image_size or None)
     if validation:
         if config.data != "world":
             raise ValueError("--n-val draws validation pairs from the world: use --data world")

@@ -23,6 +23,7 @@ from otviz.explainers.maskclip import MaskClipExplainer
 from otviz.explainers.relevance import CheferExplainer
 from otviz.explainers.towers import CAM_TARGETS, cam_target, register_cam_target
 from otviz.patch_grid.tokens import TokenGeometry
+from otviz.towers.vit import VitTower
 
 TEXT = CLIPTextCfg(context_length=8, vocab_size=64, width=32, heads=2, layers=1)
 
@@ -92,7 +93,7 @@ def test_gradcam_is_the_gradient_weighted_activation_map(tower):
 def test_vit_blocks_reproduce_the_towers_forward():
     model = _vit(layers=3)
     pixels, _ = _inputs(32)
-    tokens, maps = vit_blocks(model.visual, pixels)
+    tokens, maps = vit_blocks(VitTower(model.visual), pixels)
     assert len(tokens) == 4 and len(maps) == 3
     assert torch.allclose(OpenClipVitReader(model, "test").readout(tokens[-1]),
                           model.encode_image(pixels), atol=1e-5)
@@ -230,7 +231,7 @@ def test_chefer_relevance_is_the_product_of_gradient_weighted_attention(pool):
     model = _vit(layers=2, pool=pool)
     pixels, text = _inputs(32)
     leaf = pixels.clone().requires_grad_(True)
-    tokens, maps = vit_blocks(model.visual, leaf)
+    tokens, maps = vit_blocks(VitTower(model.visual), leaf)
     s = (F.normalize(OpenClipVitReader(model, "test").readout(tokens[-1]), dim=-1) * text).sum()
     grads = torch.autograd.grad(s, maps)
     eye = torch.eye(17)

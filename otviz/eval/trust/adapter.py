@@ -226,7 +226,7 @@ class PhraseScorer(nn.Module):
 
     @property
     def side(self) -> int:
-        return int(self.backbone.model.visual.preprocess_cfg["size"][0])
+        return int(self.backbone.image_size)
 
     @property
     def geometry(self) -> TokenGeometry:
@@ -235,7 +235,7 @@ class PhraseScorer(nn.Module):
 
     @property
     def preprocess(self) -> dict[str, Any]:
-        return dict(self.backbone.model.visual.preprocess_cfg)
+        return dict(self.backbone.preprocess_cfg)
 
     def normalise(self, pixels: Tensor) -> Tensor:
         """``[0, 1]`` pixels -> the tower's normalised input."""
@@ -334,7 +334,8 @@ class ExplainerSource(HeatmapSource):
     kind = "explainer"
 
     def patch_maps(self, scorer: PhraseScorer, pixels: Tensor, targets: Tensor) -> Tensor:
-        explainer = get_explainer(self.name, scorer.explained_model())
+        model = scorer.explained_model()
+        explainer = get_explainer(self.name, model, scorer.backbone.image_tower.on(model.visual))
         text = scorer.text[targets].to(scorer.backbone.device)
         return explainer.maps(scorer.normalise(pixels), text, scorer.geometry)
 

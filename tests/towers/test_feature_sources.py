@@ -1,0 +1,275 @@
+"""The feature sources (otviz/towers/sources.py, dense.py) against plain references written
+here from the papers' equations, with explicit q / k / v matmuls on the blocks' weights: on a
+random open_clip ViT-B/16 (full size) and a random timm ViT through open_clip (SigLIP's
+family, shrunken); ``layer:K`` against the block's tokens through the tower's own final norm
+and projection; larger inputs against open_clip's own resized model."""
+
+from __future__ import annotations
+
+import open_clip
+import pytest
+import torch
+import torch.nn.functional as F
+
+from otviz.errors import UserInputError
+from otviz.knobs import FEATURE_SOURCE_NAMES
+from otviz.towers import image_tower
+from otviz.towers.sources import FeatureSource, parse_feature_source
+from otviz.towers.timm_tower import TimmTower
+from otviz.towers.vit import VitTower
+from tests.towers.conftest import shrunk_backbone
+
+DENSE = ("maskclip", "sclip", "clearclip", "naclip")
+SIGMA = 5.0  # NACLIP's Gaussian standard deviation (patches)
+
+
+@pytest.fixture(scope="module")
+def vit_b16():
+    """A random ViT-B/16 in float64, an input, and its blocks' tokens (model's own forward)."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = open_clip.create_model("ViT-B-16", pretrained=None).double().eval()
+    pixels = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1)).double()
+    with torch.no_grad():
+        blocks = open_clip_blocks(model.visual, pixels)
+    return model, pixels, blocks
+
+
+@pytest.fixture(scope="module")
+def timm_vit(tmp_path_factory):
+    torch.set_num_threads(1)
+    backbone = shrunk_backbone("ViT-B-16-SigLIP", tmp_path_factory.mktemp("hf"), seed=3)
+    model = backbone.model.double().eval()
+    size = image_tower(model).image_size
+    pixels = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(2)).double()
+    return model, pixels
+
+
+# ----------------------------------------------------------------- the references
+def gaussian_omega(grid: tuple[int, int], prefix: int) -> torch.Tensor:
+    """NACLIP's Omega as the authors build it (Eq. 8-9): a (2h-1) x (2w-1) Gaussian window
+    of ``exp(-d^2 / (2 sigma^2))`` laid on each patch's one-hot map by a 'same' convolution;
+    zero rows and columns for the prefix tokens."""
+    h, w = grid
+    dy = torch.arange(-(h - 1), h, dtype=torch.float64)
+    dx = torch.arange(-(w - 1), w, dtype=torch.float64)
+    window = torch.exp(-(dy[:, None] ** 2 + dx[None, :] ** 2) / (2 * SIGMA**2))
+    one_hot = torch.eye(h * w, dtype=torch.float64).reshape(h * w, 1, h, w)
+    spread = F.conv2d(one_hot, window[None, None], padding=(h - 1, w - 1)).reshape(h * w, h * w)
+    omega = torch.zeros(prefix + h * w, prefix + h * w, dtype=torch.float64)
+    omega[prefix:, prefix:] = spread
+    return omega
+
+
+def mixing(kind: str, q, k, scale: float, grid, prefix: int) -> torch.Tensor:
+    """``A`` of each paper: MaskCLIP I; SCLIP softmax(s qq^T) + softmax(s kk^T); ClearCLIP
+    softmax(s qq^T); NACLIP softmax(s kk^T + Omega)."""
+    if kind == "maskclip":
+        return torch.eye(q.shape[-2], dtype=q.dtype).expand(*q.shape[:-2], -1, -1)
+    qq = torch.softmax(scale * torch.einsum("bhtd,bhsd->bhts", q, q), dim=-1)
+    kk = scale * torch.einsum("bhtd,bhsd->bhts", k, k)
+    if kind == "sclip":
+        return qq + torch.softmax(kk, dim=-1)
+    if kind == "clearclip":
+        return qq
+    return torch.softmax(kk + gaussian_omega(grid, prefix), dim=-1)
+
+
+def heads(z: torch.Tensor, n: int) -> torch.Tensor:
+    b, t, d = z.shape
+    return z.reshape(b, t, n, d // n).permute(0, 2, 1, 3)
+
+
+def merge(z: torch.Tensor) -> torch.Tensor:
+    b, n, t, d = z.shape
+    return z.permute(0, 2, 1, 3).reshape(b, t, n * d)
+
+
+def open_clip_reference(kind: str, visual, x: torch.Tensor) -> torch.Tensor:
+    """``[B, N, E]`` the last block rewritten as ``kind`` on the tokens ``x`` entering it,
+    then ``ln_post`` and ``proj`` (SCLIP keeps the residual and the feed-forward)."""
+    block = visual.transformer.resblocks[-1]
+    attn = block.attn
+    d, n = x.shape[-1], attn.num_heads
+    y = F.layer_norm(x, (d,), block.ln_1.weight, block.ln_1.bias, block.ln_1.eps)
+    w, b = attn.in_proj_weight, attn.in_proj_bias
+    q, k, v = (heads(y @ w[i * d:(i + 1) * d].T + b[i * d:(i + 1) * d], n) for i in range(3))
+    grid = tuple(visual.grid_size)
+    a = mixing(kind, q, k, (d // n) ** -0.5, grid, 1)
+    out = merge(a @ v) @ attn.out_proj.weight.T + attn.out_proj.bias
+    if kind == "sclip":
+        z = x + out
+        z2 = F.layer_norm(z, (d,), block.ln_2.weight, block.ln_2.bias, block.ln_2.eps)
+        hidden = F.gelu(z2 @ block.mlp.c_fc.weight.T + block.mlp.c_fc.bias)
+        out = z + hidden @ block.mlp.c_proj.weight.T + block.mlp.c_proj.bias
+    ln = visual.ln_post
+    return F.layer_norm(out, (d,), ln.weight, ln.bias, ln.eps)[:, 1:] @ visual.proj
+
+
+def open_clip_blocks(visual, pixels: torch.Tensor) -> list[torch.Tensor]:
+    """The first block's input and every block's output, by the model's own modules."""
+    x = visual._embeds(pixels)
+    out = [x]
+    for block in visual.transformer.resblocks:
+        x = block(x)
+        out.append(x)
+    return out
+
+
+def timm_blocks(trunk, pixels: torch.Tensor) -> list[torch.Tensor]:
+    x = trunk.norm_pre(trunk.patch_drop(trunk._pos_embed(trunk.patch_embed(pixels))))
+    out = [x]
+    for block in trunk.blocks:
+        x = block(x)
+        out.append(x)
+    return out
+
+
+def timm_reference(kind: str, visual, x: torch.Tensor) -> torch.Tensor:
+    """The same for a timm ViT block (``norm1``, fused ``qkv``, ``proj``, layer scales),
+    then the trunk's final norm and the tower's per-position head."""
+    trunk = visual.trunk
+    block = trunk.blocks[-1]
+    attn = block.attn
+    assert isinstance(attn.q_norm, torch.nn.Identity) and isinstance(attn.norm, torch.nn.Identity)
+    d, n = x.shape[-1], attn.num_heads
+    y = block.norm1(x)
+    qkv = y @ attn.qkv.weight.T + attn.qkv.bias
+    q, k, v = (heads(z, n) for z in qkv.split(d, dim=-1))
+    grid = tuple(trunk.patch_embed.grid_size)
+    prefix = x.shape[1] - grid[0] * grid[1]
+    a = mixing(kind, q, k, (d // n) ** -0.5, grid, prefix)
+    out = block.ls1(merge(a @ v) @ attn.proj.weight.T + attn.proj.bias)
+    if kind == "sclip":
+        z = x + out
+        out = z + block.ls2(block.mlp(block.norm2(z)))
+    return TimmTower(visual).project(trunk.norm(out)[:, prefix:])
+
+
+# ----------------------------------------------------------------- the tests
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", DENSE)
+def test_each_dense_path_on_open_clip_vit_b16_is_its_papers_equations(vit_b16, kind):
+    model, pixels, blocks = vit_b16
+    tower = VitTower(model.visual)
+    with torch.no_grad():
+        expected = open_clip_reference(kind, model.visual, blocks[-2])
+        patches, pooled = tower.encode(pixels, FeatureSource(kind))
+        ours = tower.project(patches)
+        readout = model.visual.ln_post(blocks[-1][:, 0]) @ model.visual.proj
+    assert torch.allclose(pooled, readout, atol=1e-10)  # the model's own image embedding
+    assert ours.shape == (1, 196, 512)
+    assert torch.allclose(ours, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", DENSE)
+def test_each_dense_path_on_a_timm_vit_is_its_papers_equations(timm_vit, kind):
+    model, pixels = timm_vit
+    tower = image_tower(model)
+    with torch.no_grad():
+        x = timm_blocks(model.visual.trunk, pixels)[-2]
+        expected = timm_reference(kind, model.visual, x)
+        ours = tower.project(tower.encode(pixels, FeatureSource(kind))[0])
+    assert torch.allclose(ours, expected, atol=1e-5, rtol=0)
+
+
+def test_naclips_neighbourhood_matches_the_authors_window():
+    """Omega of otviz (grid distances) equals the authors' construction (a convolved
+    window), prefix rows and columns zero."""
+    from otviz.towers.dense import neighbourhood_bias
+
+    assert torch.allclose(neighbourhood_bias((5, 7), 1), gaussian_omega((5, 7), 1), atol=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layer", [0, -3])
+def test_layer_k_is_the_blocks_tokens_through_the_towers_norm_and_projection(vit_b16, layer):
+    model, pixels, blocks = vit_b16
+    visual, tower = model.visual, VitTower(model.visual)
+    with torch.no_grad():
+        tokens = blocks[1:][layer]
+        expected = visual.ln_post(tokens)[:, 1:] @ visual.proj
+        ours = tower.project(tower.encode(pixels, parse_feature_source(f"layer:{layer}"))[0])
+    assert torch.allclose(ours, expected, atol=1e-8)
+
+
+def test_layer_k_on_a_timm_vit_reads_the_trunks_final_norm(timm_vit):
+    model, pixels = timm_vit
+    tower = image_tower(model)
+    trunk = model.visual.trunk
+    with torch.no_grad():
+        tokens = timm_blocks(trunk, pixels)[1]
+        prefix = tokens.shape[1] - tower.grid[0] * tower.grid[1]
+        expected = trunk.norm(tokens)[:, prefix:]
+        ours = tower.encode(pixels, FeatureSource("layer", 0))[0]
+    assert torch.allclose(ours, expected, atol=1e-10)
+
+
+@pytest.mark.slow
+def test_the_last_layer_and_last_are_the_same_and_the_default_is_untouched(vit_b16):
+    model, pixels, _ = vit_b16
+    tower = VitTower(model.visual)
+    with torch.no_grad():
+        last, pooled = tower.encode(pixels)
+        out = model.visual.forward_intermediates(pixels, indices=1, output_fmt="NLC")
+        layer, _ = tower.encode(pixels, FeatureSource("layer", -1))
+    assert torch.equal(last, model.visual.ln_post(out["image_intermediates"][-1]))
+    assert torch.equal(pooled, out["image_features"])
+    assert torch.allclose(layer, last, atol=1e-10)
+
+
+@pytest.mark.slow
+def test_448_px_gives_a_28_by_28_grid_equal_to_open_clips_resized_model():
+    """ViT-B/16 at 448 px: 28 x 28 tokens, the same features as open_clip's own model built
+    at 448 px with the 224 px weights and its position embeddings resized
+    (``open_clip.model.resize_pos_embed``, bicubic); the geometry follows."""
+    from open_clip.model import resize_pos_embed
+
+    torch.manual_seed(0)
+    model = open_clip.create_model("ViT-B-16", pretrained=None).eval()
+    big = open_clip.create_model("ViT-B-16", pretrained=None, force_image_size=448)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    resize_pos_embed(state, big)
+    big.load_state_dict(state)
+    big.eval()
+    tower = VitTower(model.visual).at_size(448)
+    pixels = torch.randn(1, 3, 448, 448, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        patches, pooled = tower.encode(pixels)
+        out = big.visual.forward_intermediates(pixels, indices=1, output_fmt="NLC")
+    assert tower.grid == (28, 28) and patches.shape[1] == 784
+    assert torch.allclose(pooled, out["image_features"], atol=1e-5)
+    assert torch.allclose(patches, big.visual.ln_post(out["image_intermediates"][-1]), atol=1e-5)
+    geometry = tower.geometry
+    assert geometry.grid == (28, 28)
+    assert torch.allclose(geometry.centres(), VitTower(big.visual).geometry.centres())
+
+
+def test_sources_are_parsed_and_refused_with_the_accepted_forms():
+    assert str(parse_feature_source(" Layer:-2 ")) == "layer:-2"
+    assert parse_feature_source("naclip") == FeatureSource("naclip")
+    assert {str(parse_feature_source(n.replace("K", "3"))) for n in FEATURE_SOURCE_NAMES} == {
+        "last", "layer:3", *DENSE}
+    for bad in ("layer", "layer:x", "layer:1.5", "dino", ""):
+        with pytest.raises(UserInputError) as e:
+            parse_feature_source(bad)
+        assert all(form in str(e.value) for form in FEATURE_SOURCE_NAMES)
+
+
+def test_a_tower_refuses_what_it_cannot_give_naming_what_it_has(tmp_path, timm_vit):
+    resnet = shrunk_backbone("RN50", tmp_path, seed=0)
+    with pytest.raises(UserInputError, match="cannot give sclip; it gives last, maskclip"):
+        resnet.with_features("sclip")
+    with pytest.raises(UserInputError, match="cannot give layer:2; it gives last, maskclip"):
+        resnet.with_features("layer:2")
+    with pytest.raises(UserInputError, match="native 64 x 64 px only"):
+        resnet.with_features("last", 128)
+    model, pixels = timm_vit
+    tower = image_tower(model)
+    assert tower.sources() == FEATURE_SOURCE_NAMES
+    with pytest.raises(UserInputError, match="outside .* 2 blocks; K runs from 0 to 1"):
+        tower.encode(pixels, FeatureSource("layer", 2))
+    eva = shrunk_backbone("EVA02-B-16", tmp_path, seed=0)
+    with pytest.raises(UserInputError, match="cannot give clearclip; it gives last, layer:K, "
+                                             "maskclip"):
+        eva.with_features("clearclip")
