@@ -8,23 +8,27 @@ block (after its first norm), ``s = d^-1/2`` the block's own attention scale:
 
 * MaskCLIP (Zhou et al., ECCV 2022, Sec. 3.2): ``A = I`` (each token reads its own value);
   no residual, no feed-forward.
-* SCLIP (Wang et al., 2023, Eq. 4, correlative self-attention):
+* SCLIP (Wang et al., 2023, its correlative self-attention):
   ``A = softmax(s q q^T) + softmax(s k k^T)``; the block's residual and feed-forward kept
   (as the authors' code runs it).
-* ClearCLIP (Lan et al., ECCV 2024, Sec. 4, Eq. 6): ``A = softmax(s q q^T)``; no residual,
+* ClearCLIP (Lan et al., ECCV 2024, its q-q attention): ``A = softmax(s q q^T)``; no residual,
   no feed-forward.
-* NACLIP (Hajimiri et al., WACV 2025, Eq. 7-9, "reduced" architecture):
+* NACLIP (Hajimiri et al., WACV 2025, neighbourhood attention in its "reduced"
+  architecture):
   ``A = softmax(s k k^T + Omega)`` with ``Omega[p, p'] = exp(-|pos_p - pos_p'|^2 /
   (2 sigma^2))`` a Gaussian of the two patches' grid distance (sigma = 5 patches, the
-  paper's setting; zero for prefix tokens); no residual, no feed-forward.
+  authors' default; zero for prefix tokens); no residual, no feed-forward.
+
+The equations are the papers'; which terms each keeps (residual, feed-forward, scale, the
+Gaussian added to the logits) was checked against the authors' code.
 
 The block's output on every path is ``out_proj(A v)`` through the block's own layer scale
 (its attention-branch terms), plus the residual and feed-forward where the path keeps them;
 the tower's final norm and projection then read it as they read the last block.
-Receptive field: every path keeps each token at its grid cell (the token grid and the
-token geometry are unchanged); MaskCLIP's token reads only its own input token in the last
-block, NACLIP's adds a bias toward the neighbourhood, the others mix the whole image as the
-last block does.
+Receptive field: every path keeps each token centred on its grid cell (the token grid and
+the token geometry are unchanged; tests/towers/test_token_geometry_families.py measures
+it). MaskCLIP's token reads only its own input token in the last block, NACLIP's adds a
+bias toward the neighbourhood, the others mix the whole image as the last block does.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ READS_QUERIES_OR_KEYS = frozenset({"sclip", "clearclip", "naclip"})
 
 def neighbourhood_bias(grid: tuple[int, int], prefix: int, sigma: float = NACLIP_SIGMA,
                        ) -> Tensor:
-    """``[T, T]`` NACLIP's ``Omega`` (Eq. 8-9): ``exp(-|pos_p - pos_p'|^2 / (2 sigma^2))``
+    """``[T, T]`` NACLIP's neighbourhood term ``Omega``: ``exp(-|pos_p - pos_p'|^2 / (2 sigma^2))``
     between patches at grid positions ``pos`` (row-major, after ``prefix`` prefix tokens),
     zero in the prefix tokens' rows and columns."""
     h, w = grid

@@ -47,7 +47,7 @@ def timm_vit(tmp_path_factory):
 
 # ----------------------------------------------------------------- the references
 def gaussian_omega(grid: tuple[int, int], prefix: int) -> torch.Tensor:
-    """NACLIP's Omega as the authors build it (Eq. 8-9): a (2h-1) x (2w-1) Gaussian window
+    """NACLIP's Omega as the authors build it: a (2h-1) x (2w-1) Gaussian window
     of ``exp(-d^2 / (2 sigma^2))`` laid on each patch's one-hot map by a 'same' convolution;
     zero rows and columns for the prefix tokens."""
     h, w = grid

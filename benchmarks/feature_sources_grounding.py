@@ -1,0 +1,90 @@
+"""Pointing per feature source on the embedded model: one table (method x source, mean and
+95 % interval over the world seeds) and the layer sweep figure (pointing vs block K per
+method), from the ``otviz eval`` runs of each source:
+
+    for src in last naclip clearclip sclip maskclip layer:0 layer:1 layer:2; do
+      otviz eval --heads training-free --tables grounding --n-test 100 --n-compositional 0 \
+          --seeds 0,1,2 --threads 1 --features $src --out RUNS/${src/:/} \
+          $( [ $src = last ] && echo --explainers all )
+    done
+    python benchmarks/feature_sources_grounding.py RUNS --out benchmarks/eval/feature_sources
+
+Each run's ``tables.json`` is copied to ``OUT/<source>.json``; ``OUT/pointing.md`` is the
+table, ``OUT/layer_sweep.png`` the figure (the tiny CLIP has 4 blocks: ``layer:3`` is
+``last``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+SOURCES = ("last", "layer:0", "layer:1", "layer:2", "maskclip", "sclip", "clearclip", "naclip")
+
+
+def _rows(path: Path) -> dict[str, dict]:
+    return {r["method"]: r for r in json.loads(path.read_text())["tables"]["grounding"]["rows"]}
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return ""
+    low, high = row.get("pointing_ci", (row["pointing"], row["pointing"]))
+    return f"{100 * row['pointing']:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/eval/feature_sources"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    tables = {}
+    for source in SOURCES:
+        run = args.runs / source.replace(":", "") / "tables.json"
+        if run.exists():
+            shutil.copyfile(run, args.out / f"{source.replace(':', '')}.json")
+            tables[source] = _rows(run)
+    methods = list(tables["last"])
+    header = "| map | " + " | ".join(f"`{s}`" for s in tables) + " |"
+    lines = ["**Pointing game (%) on the world's test draws, tiny CLIP, training-free methods; "
+             "mean [95 % interval] over 3 world seeds**", "", header,
+             "|---|" + "---:|" * len(tables)]
+    lines += [f"| {m} | " + " | ".join(_cell(t.get(m)) for t in tables.values()) + " |"
+              for m in methods]
+    (args.out / "pointing.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    _layer_figure(tables, methods, args.out / "layer_sweep.png")
+
+
+def _layer_figure(tables: dict[str, dict], methods: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = [s for s in ("layer:0", "layer:1", "layer:2", "last") if s in tables]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for method in methods:
+        rows = [tables[s].get(method) for s in layers]
+        if any(r is None for r in rows) or method in ("Uniform map", "Global+Patch"):
+            continue
+        means = [100 * r["pointing"] for r in rows]
+        errors = [[100 * (r["pointing"] - r["pointing_ci"][0]) for r in rows],
+                  [100 * (r["pointing_ci"][1] - r["pointing"]) for r in rows]]
+        ax.errorbar(range(len(layers)), means, yerr=errors, marker="o", capsize=3,
+                    label=method)
+    ax.set_xticks(range(len(layers)), [s.replace("last", "3 (last)").replace("layer:", "")
+                                       for s in layers])
+    ax.set_xlabel("block K the patch features are read from (layer:K)")
+    ax.set_ylabel("pointing game (%)")
+    ax.set_title("Layer sweep, tiny CLIP, 3 world seeds (95 % intervals)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
