@@ -12,7 +12,8 @@ the process's peak resident set (``getrusage``'s ``ru_maxrss``) and the rise of 
 over the resident set before the first click (torch allocates outside ``tracemalloc``'s
 view). The old tree (``--old``, e.g. ``git worktree add /tmp/old 801c3ef``) has only the
 default reading, run alternately with the new tree's default ``--rounds`` times; the other
-readings run on the new tree, once each.
+readings (:data:`READINGS`) run on the new tree, once each; the JSON and table are
+rewritten after every process, so a run cut short keeps what it measured.
 
 Usage: ``python benchmarks/align_click_cost.py --old /tmp/old [--model ViT-B-16]
 [--clicks 5] [--rounds 3] [--out benchmarks/align_click_cost.json]``; writes the JSON and
@@ -29,18 +30,17 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The readings timed on the new tree: every source (``layer:6``: block 6 of 12) at the
-#: native 224 px, and these at 448 px (14 x 14 -> 28 x 28 tokens; the other dense paths
-#: differ from SCLIP's only in the last block's attention: left out for time on a shared
-#: 2-core machine).
-SOURCES = ("last", "layer:6", "maskclip", "sclip", "clearclip", "naclip")
-AT_448 = ("last", "layer:6", "maskclip", "sclip")
-SIZES = (224, 448)
+#: The readings timed on the new tree, in this order (what matters most first, so that a
+#: run cut short still says it): the default at 448 px (14 x 14 -> 28 x 28 tokens), every
+#: other source (``layer:6``: block 6 of 12) at the native 224 px, then two at 448 px.
+READINGS = (("last", 448), ("layer:6", 224), ("maskclip", 224), ("sclip", 224),
+            ("clearclip", 224), ("naclip", 224), ("sclip", 448), ("layer:6", 448))
 SEED = 0
 
 
@@ -102,24 +102,21 @@ def median_interval(samples: list[float], seed: int = SEED) -> tuple[float, floa
     return float(np.median(x)), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
 
 
-def measure(old: Path, model: str, clicks: int, rounds: int) -> list[dict]:
+def measure(old: Path, model: str, clicks: int, rounds: int,
+            done: Callable[[list[dict]], None]) -> list[dict]:
     """Every configuration's runs: old and new default alternated ``rounds`` times, then
-    each other reading of the new tree once."""
-    runs = []
-    for r in range(rounds):
-        for tree, name in ((old, "old"), (ROOT, "new")):
-            runs.append({"tree": name, "features": "last", "size": 224, "round": r,
-                         **run_child(tree, model, "last", 224, clicks)})
-            print(f"{name} last 224 round {r}: {np.median(runs[-1]['seconds']):.3f} s",
-                  file=sys.stderr)
-    for size in SIZES:
-        for features in SOURCES if size == 224 else AT_448:
-            if (features, size) == ("last", 224):
-                continue
-            runs.append({"tree": "new", "features": features, "size": size, "round": 0,
-                         **run_child(ROOT, model, features, size, clicks)})
-            print(f"new {features} {size}: {np.median(runs[-1]['seconds']):.3f} s",
-                  file=sys.stderr)
+    each of :data:`READINGS` on the new tree once; ``done`` gets the runs so far after
+    each."""
+    plan = [(tree, name, "last", 224, r) for r in range(rounds)
+            for tree, name in ((old, "old"), (ROOT, "new"))]
+    plan += [(ROOT, "new", features, size, 0) for features, size in READINGS]
+    runs: list[dict] = []
+    for tree, name, features, size, r in plan:
+        runs.append({"tree": name, "features": features, "size": size, "round": r,
+                     **run_child(tree, model, features, size, clicks)})
+        print(f"{name} {features} {size} round {r}: {np.median(runs[-1]['seconds']):.3f} s",
+              file=sys.stderr)
+        done(runs)
     return runs
 
 
@@ -142,8 +139,8 @@ def summarise(runs: list[dict]) -> list[dict]:
 
 def markdown(result: dict) -> str:
     rows = result["rows"]
-    base = next(r for r in rows if r["tree"] == "new" and r["features"] == "last"
-                and r["size"] == 224)
+    base = next((r for r in rows if r["tree"] == "new" and r["features"] == "last"
+                 and r["size"] == 224), rows[0])
     lines = [
         "# Align click cost per feature source and input size",
         "",
@@ -186,16 +183,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/align_click_cost.json")
     args = parser.parse_args(argv)
     load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    runs = measure(args.old, args.model, args.clicks, args.rounds)
-    result = {"model": args.model, "clicks": args.clicks, "rounds": args.rounds,
-              "machine": f"{os.cpu_count()} CPUs, {platform.platform()}, Python "
-                         f"{platform.python_version()}",
-              "load_before": load_before,
-              "load_after": ", ".join(f"{x:.1f}" for x in os.getloadavg()),
-              "rows": summarise(runs), "runs": runs}
-    args.out.write_text(json.dumps(result, indent=1))
-    args.out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+
+    def write(runs: list[dict]) -> str:
+        result = {"model": args.model, "clicks": args.clicks, "rounds": args.rounds,
+                  "machine": f"{os.cpu_count()} CPUs, {platform.platform()}, Python "
+                             f"{platform.python_version()}",
+                  "load_before": load_before,
+                  "load_after": ", ".join(f"{x:.1f}" for x in os.getloadavg()),
+                  "rows": summarise(runs), "runs": runs}
+        args.out.write_text(json.dumps(result, indent=1))
+        args.out.with_suffix(".md").write_text(markdown(result))
+        return markdown(result)
+
+    print(write(measure(args.old, args.model, args.clicks, args.rounds, write)))
     return 0
 
 

@@ -71,7 +71,7 @@ def control_state(ctx: AppContext, checkpoint: str, reading: Reading) -> Control
     layer = int(reading.features[len("layer:"):]) if form == LAYER_FORM else depth - 1
     if form not in sources or not -depth <= layer < depth:
         reading, form, layer = Reading("last", reading.image_size), "last", depth - 1
-    if reading.image_size not in sizes:
+    if reading.image_size not in sizes[1:]:  # the native side is the default
         reading = Reading(reading.features)
     value = with_reading(checkpoint, reading)
     ctx.explainer(value)
@@ -100,7 +100,8 @@ def build_reading_controls(ctx: AppContext, checkpoint: gr.Dropdown) -> ReadingC
 
     def on_change(value: str, source: str, k: float, side: int) -> tuple:
         s = control_state(ctx, value, reading_of(source, k, side))
-        return (gr.Dropdown(value=s.value), gr.Dropdown(choices=s.sources, value=s.form),
+        return (gr.Dropdown(value=s.value, allow_custom_value=True),
+                gr.Dropdown(choices=s.sources, value=s.form),
                 gr.Slider(maximum=s.depth - 1, value=s.layer, visible=s.form == LAYER_FORM),
                 gr.Dropdown(choices=s.sizes, value=s.side))
 

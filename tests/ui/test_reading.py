@@ -132,3 +132,28 @@ def test_every_view_draws_the_sources_maps(contexts, sample):
             changed.add(name.split()[0])
     # every view changes (a map may not: PowerCLIP's subset can be every region either way)
     assert changed == {"align", "words", "anchors", "phrases"}
+
+
+def test_a_control_change_rewrites_the_picker_value(ctx):
+    """The controls' page events (no API endpoint): block K shows the slider and writes
+    ``layer:K``; another backbone pick keeps the choice; the size control writes its side."""
+    import gradio as gr
+
+    from otviz.ui.reading_controls import build_reading_controls
+
+    with gr.Blocks() as blocks:
+        picker = gr.Dropdown([ENTRY], value=ENTRY, allow_custom_value=True)
+        controls = build_reading_controls(ctx, picker)
+    events = [f for f in blocks.fns.values() if f.fn is not None]
+    assert len(events) == 4 and all(f.api_visibility == "private" for f in events)
+    on_change = events[0].fn
+    assert controls.features.value == "last" and not controls.layer.visible
+    side = ctx.sizes(ENTRY)[1]
+    value, features, layer, size = on_change(ENTRY, "layer:K", 3, side)
+    assert value.value == f"{ENTRY} · features layer:3 · {side} px"
+    assert layer.visible and layer.value == 3 and features.value == "layer:K"
+    picked = f"{ENTRY.split(' · ')[0]} · training-free, ConceptOT faithful"
+    value, *_ = on_change(picked, "layer:K", 3, side)  # a pick keeps the reading
+    assert value.value == f"{picked} · features layer:3 · {side} px"
+    value, _, layer, size = on_change(value.value, "maskclip", 3, ctx.sizes(ENTRY)[0])
+    assert value.value == f"{picked} · features maskclip" and not layer.visible

@@ -18,6 +18,7 @@ import torch
 
 from otviz.boundary.paths import unpack_uploads
 from otviz.checkpoints.heads import head_meta, load_method_checkpoint
+from otviz.errors import UserInputError
 from otviz.explain import InputError
 from otviz.suite import MethodSuite
 from otviz.train.loop import train_method
@@ -409,3 +410,21 @@ def test_rejected_requests_leave_no_files(ctx, cache_dir, tmp_path):
     with pytest.raises(InputError, match="not found or not allowed"):
         jobs.start(request, ctx.checkpoint_choices()[0])
     assert not any((tmp_path / "runs").rglob("*"))
+
+
+def test_heads_train_on_the_pages_reading_and_are_offered_with_it(ctx, cache_dir, tmp_path):
+    """Picked with a reading (the features picker, the size control), the Train tab trains
+    on it: the config carries it, the head records it, the picker entry reads it, and the
+    same head on the default reading is refused with the library's message."""
+    jobs = jobs_for(ctx, tmp_path, cache_dir)
+    reading = " · features layer:2"
+    job = jobs.start(train_request_of(["filip"], max_steps=1, **SMALL),
+                     ctx.checkpoint_choices()[0] + reading)
+    status = wait(job)
+    assert status.state == "finished", status.error
+    assert (job.configs[0].features, job.configs[0].image_size) == ("layer:2", 0)
+    assert status.picker_entry == f"{EMBEDDED} · trained here: filip{reading}"
+    suite = ctx.suite(status.picker_entry)  # the head on the reading it was trained on
+    assert suite.methods["filip"].source == "trained (trained here: filip)"
+    with pytest.raises(UserInputError, match="layer:2"):
+        ctx.suite(status.picker_entry.removesuffix(reading))
