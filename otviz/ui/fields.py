@@ -44,19 +44,21 @@ def _range(component: Any) -> dict[str, Any]:
 def _dropdown(component: gr.Dropdown) -> dict[str, Any]:
     choices = None if component.allow_custom_value else _values(component.choices)
     kind = Kind.CHOICES if component.multiselect else Kind.CHOICE
-    return {"kind": kind, "choices": choices}
+    return {"kind": kind, "choices": choices, "optional": component.value is None}
 
 
 #: The field of each input component class: its kind and what it declares (range,
-#: choices). A component class without an entry (and not a subclass of one) is not a
-#: person's input (``gr.State``: the view's own); ``tests/ui/test_fields.py`` checks that
-#: every public endpoint's parameter has one.
+#: choices, whether the page may send it empty: an image or a file not uploaded, a picker
+#: or a number field empty from the start). A component class without an entry (and not a
+#: subclass of one) is not a person's input (``gr.State``: the view's own);
+#: ``tests/ui/test_fields.py`` checks that every public endpoint's parameter has one.
 DECLARED: dict[type, Callable[[Any], dict[str, Any]]] = {
     gr.Textbox: lambda c: {"kind": Kind.TEXT},
-    gr.Number: lambda c: {"kind": Kind.NUMBER, **_range(c)},
+    gr.Number: lambda c: {"kind": Kind.NUMBER, **_range(c), "optional": c.value is None},
     gr.Slider: lambda c: {"kind": Kind.NUMBER, **_range(c)},
     gr.Checkbox: lambda c: {"kind": Kind.FLAG},
-    gr.Radio: lambda c: {"kind": Kind.CHOICE, "choices": _values(c.choices)},
+    gr.Radio: lambda c: {"kind": Kind.CHOICE, "choices": _values(c.choices),
+                         "optional": c.value is None},
     gr.Dropdown: _dropdown,
     gr.CheckboxGroup: lambda c: {"kind": Kind.CHOICES, "choices": _values(c.choices)},
     gr.Image: lambda c: {"kind": Kind.FILE, "optional": True},
@@ -73,13 +75,17 @@ def declared(component: Any) -> Callable[[Any], dict[str, Any]] | None:
     return None
 
 
-def component_field(component: Any, name: str, optional: bool) -> Field | None:
+def component_field(component: Any, name: str, optional: bool | None = None
+                    ) -> Field | None:
     """The field of ``component`` read as parameter ``name``; ``optional`` when it may be
-    empty (``null``). ``None`` for a component that is not a person's input."""
+    empty (``null``), as :data:`DECLARED` says unless given. ``None`` for a component that
+    is not a person's input."""
     declare = declared(component)
     if declare is None:
         return None
-    spec = {"optional": optional, **declare(component)}
+    spec = declare(component)
+    if optional is not None:
+        spec["optional"] = optional
     label = getattr(component, "label", None)
     return Field(name=name, label=str(label) if label else None, **spec)
 
@@ -99,8 +105,9 @@ class EventFields:
     def __init__(self, block_fn: BlockFunction) -> None:
         self.endpoint = block_fn.api_name or block_fn.name or "this event"
         self.names = parameter_names(block_fn)
-        # a field empty from the start (no picked phrase yet) may be sent empty
-        self.optional = [getattr(c, "value", None) is None for c in block_fn.inputs]
+        # whether each may be sent empty, as wired (a session's copy may have a value since)
+        self.optional = [None if f is None else f.optional
+                         for f in map(component_field, block_fn.inputs, self.names)]
 
     def check(self, block_fn: BlockFunction, inputs: list[Any], state: Any) -> None:
         """Refuse ``inputs`` with an :class:`~otviz.errors.InputError` naming the first
