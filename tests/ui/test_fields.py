@@ -32,7 +32,7 @@ def taken(parameter: dict) -> set[str]:
         "File": {"list"} if python_type.startswith("list") else {"object"},
     }[component]
     default = parameter["parameter_default"]
-    empty_first = component in ("Dropdown", "Radio", "Number") and default is None
+    empty_first = component in ("Dropdown", "Radio", "Number", "Textbox") and default is None
     if component in ("Image", "File") or empty_first:  # the page sends them empty
         kinds = kinds | {"nothing"}
     return kinds
