@@ -51,7 +51,8 @@ def _dropdown(component: gr.Dropdown) -> dict[str, Any]:
 #: choices, whether it may be sent empty: an image or a file not uploaded, a picker, text or
 #: number field empty from the start, which API clients send as ``null`` when left out). A
 #: component class without an entry (and not a subclass of one) is not a person's input
-#: (``gr.State``: the view's own); ``tests/ui/test_fields.py`` checks that every public endpoint's parameter has one.
+#: (``gr.State``: the view's own); ``tests/ui/test_fields.py`` checks that every public
+#: endpoint's parameter has one.
 DECLARED: dict[type, Callable[[Any], dict[str, Any]]] = {
     gr.Textbox: lambda c: {"kind": Kind.TEXT, "optional": c.value is None},
     gr.Number: lambda c: {"kind": Kind.NUMBER, **_range(c), "optional": c.value is None},
