@@ -16,6 +16,7 @@ import re
 import shutil
 import sys
 import tempfile
+import unicodedata
 import zipfile
 import zlib
 from collections.abc import Sequence
@@ -40,7 +41,9 @@ def inside(root: str | os.PathLike, path: str | os.PathLike) -> bool:
 
 def confine(root: str | os.PathLike, base: Path, name: str) -> Path | None:
     """``base / name`` when ``name`` is relative, has no ``..`` and resolves inside ``root``
-    (symlinks followed); ``None`` otherwise (the caller answers :data:`NOT_FOUND`)."""
+    (symlinks followed); ``None`` otherwise (the caller answers :data:`NOT_FOUND`). A name
+    that is not there is looked up in its other Unicode normal form (``café`` composed or
+    decomposed), as a file saved on another system is named."""
     posix, windows = PurePosixPath(name), PureWindowsPath(name)
     if not name or "\0" in name:
         return None
@@ -49,7 +52,16 @@ def confine(root: str | os.PathLike, base: Path, name: str) -> Path | None:
     if ".." in posix.parts or ".." in windows.parts:
         return None
     path = base / posix
+    if not path.exists():  # saved under the other Unicode normal form (macOS writes NFD)
+        path = next((base / form for form in _normal_forms(name) if (base / form).exists()),
+                    path)
     return path if inside(root, path) else None
+
+
+def _normal_forms(name: str) -> list[str]:
+    """``name`` composed (NFC) and decomposed (NFD), where these differ from it."""
+    return [form for form in (unicodedata.normalize(f, name) for f in ("NFC", "NFD"))
+            if form != name]
 
 
 def unpack_uploads(files: Sequence[str | os.PathLike], target: Path) -> Path:

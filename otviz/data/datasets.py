@@ -50,7 +50,6 @@ from otviz.boundary.text import MAX_CAPTION_CHARS, check_caption
 from otviz.errors import InputError, UserInputError
 from otviz.world import Sample, World, WorldConfig
 
-_SHOWN = 5  # missing paths listed in an error message
 _PATH_HEADERS = {"path", "image", "file", "filename", "filepath", "image_path"}
 _CAPTION_HEADERS = {"caption", "text", "sentence"}
 #: Where :func:`_find_annotation` looks for the files it names when it finds no annotation.
@@ -69,10 +68,9 @@ class MissingFilesError(DatasetError, FileNotFoundError):
 
     def __init__(self, what: str, missing: Sequence[Path | str], confined: bool = False) -> None:
         self.missing = [Path(p) for p in missing]
-        shown = ", ".join(str(p) for p in self.missing[:_SHOWN])
-        more = f" (and {len(self.missing) - _SHOWN} more)" if len(self.missing) > _SHOWN else ""
+        shown = listed([str(p) for p in self.missing])
         state = NOT_FOUND if confined else "missing"
-        super().__init__(f"{what}: {len(self.missing)} file(s) {state}: {shown}{more}")
+        super().__init__(f"{what}: {len(self.missing)} file(s) {state}: {shown}")
 
 
 class MalformedDatasetError(DatasetError):

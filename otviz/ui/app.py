@@ -87,8 +87,9 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
                                      allow_custom_value=True, elem_id="shared-checkpoint")
             build_reading_controls(ctx, checkpoint)
             examples = load_examples()
+            picker = None
             if examples:
-                gr.Examples(
+                picker = gr.Examples(
                     [[str(e.image_path), e.caption] for e in examples],
                     inputs=[image, caption],
                     label="Examples from the synthetic world",
@@ -96,7 +97,7 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
                     elem_id="examples",
                 )
     image.upload(on_upload, image, image, api_visibility="private")
-    return SharedInputs(image, caption, checkpoint)
+    return SharedInputs(image, caption, checkpoint, picker)
 
 
 def build_app(
@@ -123,6 +124,9 @@ def build_app(
                                  browse)
             with gr.Tab(TRAIN_TITLE, id=tab_id(TRAIN_TITLE), elem_id=tab_id(TRAIN_TITLE)):
                 build_train_tab(ctx, shared, jobs)
+        if shared.examples is not None:  # a picked example is aligned at once
+            links[VIEWS[0][0]].after(shared.examples.load_input_event,
+                                     api_visibility="private")
         # heads trained in another session since this page was built
         app.load(lambda: gr.Dropdown(choices=ctx.checkpoint_choices()), None,
                  shared.checkpoint, api_visibility="private")

@@ -194,6 +194,8 @@ class SharedInputs:
     image: gr.Image
     caption: gr.Textbox
     checkpoint: gr.Dropdown
+    #: The shipped examples under them (``None`` where none are shipped).
+    examples: gr.Examples | None = None
 
 
 def find_heads(root: Path = HEADS_ROOT) -> list[tuple[str, dict[str, Any], Path]]:

@@ -21,6 +21,7 @@ import gradio as gr
 import gradio.component_meta
 import numpy as np
 from gradio.data_classes import FileData, ListFiles
+from gradio.exceptions import InvalidPathError
 from gradio.utils import NamedString
 from gradio_client import utils as client_utils
 from PIL import Image
@@ -37,6 +38,7 @@ from otviz.boundary.images import (
 from otviz.boundary.paths import scrub_server_paths
 from otviz.errors import UserInputError
 from otviz.explain import Encoded, Explainer
+from otviz.ui.fields import EventFields
 from otviz.ui.upload_cache import discard_upload, discarded_if_refused, why_gone
 
 log = logging.getLogger("otviz.ui")
@@ -128,17 +130,26 @@ def guard_callbacks(blocks: gr.Blocks) -> None:
 
 
 def quiet_refusals(blocks: gr.Blocks) -> None:
-    """Gradio's own checks of an event's inputs, which run before any callback (a value
-    not among a dropdown's, a radio's or a checkbox group's choices, sent through the API)
-    refuse with a ``gr.Error`` that Gradio logs with its traceback: ``blocks`` logs one
-    line with an id instead, as for the app's user errors. On the Blocks itself, the
+    """Every event's inputs checked as typed fields (:class:`~otviz.ui.fields.EventFields`)
+    before Gradio reads them, and Gradio's own refusals of an input (a file path that was
+    never uploaded, sent through the raw API) one log line with an id and a message naming
+    the field, as for the app's user errors, never a traceback. On the Blocks itself, the
     object that preprocesses every event's inputs (components are copied per session)."""
     preprocess = blocks.preprocess_data
+    events: dict[int, EventFields] = {}
 
     @functools.wraps(preprocess)
-    async def preprocess_data(*args, **kwargs):
+    async def preprocess_data(block_fn, inputs, state, *args, **kwargs):
+        fields = events.get(id(block_fn))
+        if fields is None:
+            fields = events[id(block_fn)] = EventFields(block_fn)
         try:
-            return await preprocess(*args, **kwargs)
+            fields.check(block_fn, inputs, state)
+            return await preprocess(block_fn, inputs, state, *args, **kwargs)
+        except UserInputError as e:
+            raise user_error("input check", str(e)) from None
+        except InvalidPathError:
+            raise user_error("input check", fields.not_uploaded(block_fn, inputs)) from None
         except gr.Error as e:
             if e.print_exception:
                 raise user_error("input check", e.message) from None

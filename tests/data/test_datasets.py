@@ -3,12 +3,14 @@ errors, and the world behind the same protocol."""
 
 import json
 import os
+import unicodedata
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from otviz.boundary.problems import SHOWN_PROBLEMS
 from otviz.data.datasets import (
     CaptionFolder,
     DatasetError,
@@ -105,16 +107,19 @@ def test_csv_with_and_without_header(tmp_path):
 
 
 def test_missing_files_listed(tmp_path):
-    rows = "".join(f"missing_{k}.png,caption {k}\n" for k in range(7))
+    """Every missing file named in one message, up to the cap, the others counted."""
+    n = SHOWN_PROBLEMS + 5
+    rows = "".join(f"missing_{k}.png,caption {k}\n" for k in range(n))
     (tmp_path / "d.csv").write_text(rows)
     with pytest.raises(MissingFilesError) as err:
         load_caption_csv(tmp_path / "d.csv")
-    assert len(err.value.missing) == 7 and isinstance(err.value, FileNotFoundError)
+    assert len(err.value.missing) == n and isinstance(err.value, FileNotFoundError)
     message = str(err.value)
-    assert "7 file(s) missing" in message and "missing_0.png" in message
-    assert "missing_4.png" in message and "missing_5.png" not in message and "2 more" in message
+    assert f"{n} file(s) missing" in message and "missing_0.png" in message
+    assert f"missing_{SHOWN_PROBLEMS - 1}.png" in message
+    assert f"missing_{SHOWN_PROBLEMS}.png" not in message and message.endswith("(and 5 more)")
     # skipping the check loads the table anyway
-    assert len(load_caption_csv(tmp_path / "d.csv", check_files=False)) == 7
+    assert len(load_caption_csv(tmp_path / "d.csv", check_files=False)) == n
     with pytest.raises(MissingFilesError, match="annotation file"):
         load_coco_captions(tmp_path / "annotations" / "captions_val2017.json")
 
@@ -140,17 +145,31 @@ def test_malformed_files(tmp_path):
         load_caption_csv(bad, check_files=False)
 
 
+@pytest.mark.parametrize(("saved", "named"), [("NFD", "NFC"), ("NFC", "NFD")])
+def test_a_name_in_another_unicode_normal_form_finds_its_file(tmp_path, saved, named):
+    """A CSV naming ``café.png`` composed finds the file saved decomposed (as macOS writes
+    names) and the other way round; the path stays confined to the upload."""
+    name = "caf\u00e9.png"
+    write_png(tmp_path / unicodedata.normalize(saved, name), 1)
+    (tmp_path / "c.csv").write_text(f"{unicodedata.normalize(named, name)},a red circle\n",
+                                    encoding="utf-8")
+    ds = load_caption_csv(tmp_path / "c.csv", root=tmp_path)
+    assert ds.image_paths == [tmp_path / unicodedata.normalize(saved, name)]
+    assert ds.image_paths[0].is_file()
+
+
 def test_entry_problems_reported_together(tmp_path):
     """Every bad row of a CSV and every bad entry of a COCO or Karpathy file, and the missing
-    images, come in one message: the first three named, the rest counted (the loaders used
-    to stop at the first)."""
+    images, come in one message, every one named (the loaders used to stop at the first,
+    then named three)."""
     write_png(tmp_path / "ok.png", 1)
     bad = tmp_path / "captions.csv"
     bad.write_text('ok.png,fine\na.png,"  "\nb.png,two,three\n,no path\nc.png,!!!\n'
                    'gone.png,present caption\n')
     assert refusal(lambda: load_caption_csv(bad, root=tmp_path)) == (
         "captions.csv: 4 problems: line 2: the caption is empty: type what the image shows; "
-        "line 3: expected 2 fields (path,caption), got 3; line 4: empty image path (and 1 more)"
+        "line 3: expected 2 fields (path,caption), got 3; line 4: empty image path; line 5: "
+        "the caption has no letter or digit: type what the image shows"
         "; and images: 1 file(s) not found or not allowed: gone.png")
     ann = coco_folder(tmp_path / "coco")
     good = json.loads(ann.read_text())
@@ -166,7 +185,7 @@ def test_entry_problems_reported_together(tmp_path):
         {"split": "test", "filename": "ok.png", "sentences": 3}, "no object"]}))
     message = refusal(lambda: load_karpathy(karpathy, tmp_path, root=tmp_path))
     assert message.startswith("dataset_x.json: 4 problems: images[0]: the caption is empty")
-    assert message.endswith("(and 1 more)")
+    assert message.count("; ") == 3 and "more)" not in message
 
 
 def refusal(load) -> str:
@@ -190,7 +209,7 @@ def test_no_annotation_file_says_what_is_accepted(tmp_path):
         "annotations/captions_test.json (COCO captions of split test), or a dataset_*.json "
         "(Karpathy split); found instead 4 other .json/.csv file(s): "
         "annotations/captions_train2017.json; annotations/captions_val2017.json; "
-        "annotations/instances_val2017.json (and 1 more)")
+        "annotations/instances_val2017.json; annotations/person_keypoints_val2017.json")
     assert str(tmp_path) not in message
     empty = tmp_path / "images_only"
     write_png(empty / "a.png", 1)

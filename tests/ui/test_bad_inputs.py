@@ -699,7 +699,8 @@ def test_hostile_training_data_opens_no_server_file(client, checkpoint, live_app
 def test_no_server_folder_without_a_data_root(client, checkpoint):
     for folder in ("/etc", "/root/.ssh", "."):
         message = _train(client, checkpoint, "local folder", folder, [])
-        assert "not in the list of choices: ['world', 'upload']" in message  # Gradio's check
+        assert message == ("source (the \"Training data\" field): text ('local folder') is not "
+                           "one of its choices: 'world', 'upload'")
 
 
 def test_a_zip_cannot_unpack_outside_its_folder(client, checkpoint, tmp_path):

@@ -345,6 +345,7 @@ def test_the_tab_builds_in_the_app_and_opens_rows_in_align(ctx, checkpoint, sour
     assert caption == item.caption and np.array_equal(image, world.load_image(item.image))
     opened = align_view(ctx.explainer(checkpoint), ctx.suite(checkpoint), image, caption,
                         phrase=phrase)
-    assert opened.phrase == phrase == f"span:{item.start}:{item.end}"
+    assert phrase == f"span:{item.start}:{item.end}"  # the row's span, kept with its words
+    assert opened.phrase == f"{phrase}:{' '.join(caption.split()[item.start:item.end])}"
     with pytest.raises(InputError, match="not on this page"):
         open_row(world, v.rows, 12)

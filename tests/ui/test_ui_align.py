@@ -300,15 +300,16 @@ def test_score_table(view, tools, sample, encoded):
 def test_phrase_choices_are_words_and_parse_tree_phrases(encoded):
     choices = phrase_choices(encoded)
     values = {v: label for label, v in choices}
-    for k, w in enumerate(encoded.words):
-        assert values[f"span:{k}:{k + 1}"] == f'word "{w.text}"'
+    for k, w in enumerate(encoded.words):  # a value carries the span and its words
+        assert values[f"span:{k}:{k + 1}:{w.text}"] == f'word "{w.text}"'
     nps = [n for n in encoded.parse.tree.phrases("NP") if n.end - n.start > 1]
     assert nps
     for node in nps:
-        label = values[f"span:{node.start}:{node.end}"]
+        label = values[f"span:{node.start}:{node.end}:{node.span_text()}"]
         assert label.endswith(f'"{node.span_text()}"')
     first = min(nps, key=lambda n: (n.start, n.end - n.start))  # the first base NP
-    assert default_phrase(choices) == f"span:{first.start}:{first.end}"
+    assert default_phrase(encoded, choices) == (
+        f"span:{first.start}:{first.end}:{first.span_text()}")
 
 
 def test_phrase_heatmaps_equal_alignment_heatmap(tools, sample, encoded, view):

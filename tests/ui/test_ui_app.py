@@ -127,6 +127,22 @@ def test_the_views_downloads_are_written_after_their_pictures(built):
     assert {step.outputs[0].elem_id for step in steps} == set(boxes.values())
 
 
+def test_clicking_an_example_runs_align(built):
+    """The examples' loader (a click on a sample) is followed, on success, by the Align
+    click itself: the same callback, inputs and outputs as the Align button's."""
+    _, app = built
+    align = app.fns[next(k for k, f in app.fns.items() if f.api_name == "align")]
+    examples = next(b for b in app.blocks.values() if isinstance(b, gr.Dataset))
+    loads = [k for k, f in app.fns.items() if (examples._id, "click") in
+             [(t[0], t[1]) for t in f.targets]]
+    follows = [f for f in app.fns.values() if f.trigger_after in loads
+               and f.trigger_only_on_success and f.fn is not None
+               and inspect.unwrap(f.fn) == inspect.unwrap(align.fn)]
+    assert len(loads) == 1 and len(follows) == 1
+    assert follows[0].inputs == align.inputs and follows[0].outputs == align.outputs
+    assert follows[0].api_visibility == "private"
+
+
 def test_every_callback_turns_errors_into_page_messages(built):
     _, app = built
     callbacks = [fn.fn for fn in app.fns.values() if fn.fn is not None]

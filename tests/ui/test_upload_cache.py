@@ -193,9 +193,9 @@ def test_an_expired_upload_is_told_so(live_app, example, checkpoint):
     assert refused and message == "old.png is no longer on the server (expired): upload it again"
 
 
-def test_gradios_own_choice_checks_log_one_line(client, example, checkpoint, caplog, capfd):
-    """A value not among an input's choices, sent through the API, is refused by Gradio
-    before any callback: one log line with an id, no traceback."""
+def test_choice_checks_log_one_line(client, example, checkpoint, caplog, capfd):
+    """A value not among an input's choices, sent through the API, is refused before any
+    callback with a message naming the field: one log line with an id, no traceback."""
     image = handle_file(example[0])
     caplog.set_level("INFO", logger="otviz.ui")
     capfd.readouterr()
@@ -207,12 +207,12 @@ def test_gradios_own_choice_checks_log_one_line(client, example, checkpoint, cap
                      "filip", "all rows", [], "set order", NO_METRIC, ALL, 1, 12), {}),
     }
     for api, (args, named) in calls.items():
-        with pytest.raises(AppError, match="is not in the list of choices"):
+        with pytest.raises(AppError, match="is not one of its choices"):
             client.predict(*args, **named, api_name=api)
-    lines = [r for r in caplog.records if "is not in the list of choices" in r.getMessage()]
+    lines = [r for r in caplog.records if "is not one of its choices" in r.getMessage()]
     assert len(lines) == len(calls) and all(r.exc_info is None for r in lines)
-    assert all(re.match(r"user error [0-9a-f]{8} in input check: Value: ", r.getMessage())
-               for r in lines)
+    assert [re.match(r"user error [0-9a-f]{8} in input check: (\w+)", r.getMessage())[1]
+            for r in lines] == ["method", "token", "source"]
     assert "Traceback" not in capfd.readouterr().err
 
 

@@ -10,7 +10,7 @@ import gradio as gr
 
 from otviz.explain import REGION_KINDS
 from otviz.suite import DEFAULT_LAMBDA, method_choices
-from otviz.ui.align.choices import resolve_phrase
+from otviz.ui.align.choices import shown_words
 from otviz.ui.align.settings import (
     CAME_TEMPERATURES,
     DEFAULT_CAME_TEMPERATURE,
@@ -160,7 +160,7 @@ def build_controls(ctx: AppContext, shared: SharedInputs) -> AlignControls:
             prepare = gr.Button("Prepare downloads")
             files = gr.File(label="Downloads", file_count="multiple")
     build_trust_panel(ctx, [shared.image, shared.caption, shared.checkpoint, phrase, explainers],
-                      resolve_phrase)
+                      shown_words)
     gr.Markdown(HOW_TO_READ)
     return AlignControls(
         shared.image, shared.caption, shared.checkpoint, run, regions, shared_scale,

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from otviz.explain import Explainer
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS, MethodSuite
-from otviz.ui.align.choices import default_phrase, phrase_choices, token_choices
+from otviz.ui.align.choices import phrase_choices, phrase_text, shown_phrase, token_choices
 from otviz.ui.align.compute import encode_and_align, quota_note, score_rows
 from otviz.ui.align.drawing import PlanView, draw_plan, phrase_grid
 from otviz.ui.align.settings import DEFAULT_METHOD, DEFAULT_SETTINGS, AlignSettings
@@ -38,6 +38,8 @@ class AlignView:
     quota_note: str
     #: Why the explainers' panels are notes (the compute budget refused their maps), if so.
     explainers_refused: str | None = None
+    #: Says when the phrase shown is not the one picked (:func:`shown_phrase`).
+    phrase_note: str | None = None
 
 
 def phrase_view(
@@ -109,8 +111,9 @@ def align_view(
     saying they were skipped, when the server's compute budget refuses them)."""
     encoded, runs = encode_and_align(explainer, suite, image, caption, settings)
     phrases = phrase_choices(encoded)
-    if phrase not in {v for _, v in phrases}:
-        phrase = default_phrase(phrases)
+    phrase, phrase_note = shown_phrase(encoded, phrases, phrase)
+    if phrase not in {v for _, v in phrases}:  # a run of words that is no tree node
+        phrases.append((f'"{phrase_text(encoded, phrase)}"', phrase))
     tokens = token_choices(encoded)
     if token not in {v for _, v in tokens}:
         token = 0
@@ -131,4 +134,5 @@ def align_view(
         convergence=convergence_figure([METHOD_LABELS[n] for n in ALIGN_METHODS], errors),
         quota_note=quota_note(runs, suite, settings.came_temperature),
         explainers_refused=str(explained.refused) if explained and explained.refused else None,
+        phrase_note=phrase_note,
     )

@@ -133,6 +133,8 @@ class AlignCallbacks:
         if signed:
             gr.Warning(f"negative plan mass in {', '.join(signed)}: clipped at 0 on screen, "
                        "see the score table")
+        if v.phrase_note:
+            gr.Info(v.phrase_note)
         notice = self.ctx.world_notice(checkpoint, image)
         if notice:
             gr.Warning(notice, duration=None, title="Far from the synthetic world")
