@@ -103,13 +103,13 @@ def median_interval(samples: list[float], seed: int = SEED) -> tuple[float, floa
 
 
 def measure(old: Path, model: str, clicks: int, rounds: int,
-            done: Callable[[list[dict]], None]) -> list[dict]:
+            done: Callable[[list[dict]], None], readings: bool = True) -> list[dict]:
     """Every configuration's runs: old and new default alternated ``rounds`` times, then
-    each of :data:`READINGS` on the new tree once; ``done`` gets the runs so far after
-    each."""
+    each of :data:`READINGS` on the new tree once (unless ``readings`` is false);
+    ``done`` gets the runs so far after each."""
     plan = [(tree, name, "last", 224, r) for r in range(rounds)
             for tree, name in ((old, "old"), (ROOT, "new"))]
-    plan += [(ROOT, "new", features, size, 0) for features, size in READINGS]
+    plan += [(ROOT, "new", features, size, 0) for features, size in READINGS if readings]
     runs: list[dict] = []
     for tree, name, features, size, r in plan:
         runs.append({"tree": name, "features": features, "size": size, "round": r,
@@ -180,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="ViT-B-16")
     parser.add_argument("--clicks", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--default-only", action="store_true",
+                        help="only the old and new default, alternated")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/align_click_cost.json")
     args = parser.parse_args(argv)
     load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -195,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.with_suffix(".md").write_text(markdown(result))
         return markdown(result)
 
-    print(write(measure(args.old, args.model, args.clicks, args.rounds, write)))
+    print(write(measure(args.old, args.model, args.clicks, args.rounds, write,
+                        not args.default_only)))
     return 0
 
 
