@@ -53,8 +53,9 @@ def main(argv: list[str] | None = None, prog: str = "otviz app") -> int:
         from otviz.ui.model_sources import ModelSource
 
         models = [ModelSource(*pair) for pair in zip(args.model, args.pretrained, strict=True)]
-        launch(args.max_file_size, models or None, server_name=args.host, server_port=args.port,
-               share=args.share)
+        offered = {"models": models} if models else {}  # else the hub's list (remote_models)
+        launch(args.max_file_size, server_name=args.host, server_port=args.port,
+               share=args.share, **offered)
     except KeyboardInterrupt:  # stopped before serving: nothing runs yet
         pass
     finally:

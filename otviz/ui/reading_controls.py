@@ -79,6 +79,13 @@ def control_state(ctx: AppContext, checkpoint: str, reading: Reading) -> Control
                         layer % depth, size_choices(sizes), reading.image_size or sizes[0])
 
 
+def slider_top(depth: int) -> int:
+    """The block slider's maximum: the last block, at least 1 (Gradio refuses a slider whose
+    minimum is its maximum; a tower without ``layer:K``, depth 1, keeps the slider hidden and
+    a pick past its last block falls back to ``last`` in :func:`control_state`)."""
+    return max(depth - 1, 1)
+
+
 def size_choices(sizes: list[int]) -> list[tuple[str, int]]:
     """The size control's entries: each side in pixels, the first marked native."""
     return [(f"{s} px" + (" (native)" if k == 0 else ""), s) for k, s in enumerate(sizes)]
@@ -92,7 +99,7 @@ def build_reading_controls(ctx: AppContext, checkpoint: gr.Dropdown) -> ReadingC
     with gr.Row():
         features = gr.Dropdown(state.sources, value=state.form, label="Patch features from",
                                interactive=True, elem_id="shared-features", scale=2)
-        layer = gr.Slider(0, state.depth - 1, value=state.layer, step=1, label="Block K",
+        layer = gr.Slider(0, slider_top(state.depth), value=state.layer, step=1, label="Block K",
                           visible=False, elem_id="shared-layer", scale=1)
         size = gr.Dropdown(state.sizes, value=state.side, label="Input size", interactive=True,
                            elem_id="shared-image-size", scale=1)
@@ -102,7 +109,8 @@ def build_reading_controls(ctx: AppContext, checkpoint: gr.Dropdown) -> ReadingC
         s = control_state(ctx, value, reading_of(source, k, side))
         return (gr.Dropdown(value=s.value, allow_custom_value=True),
                 gr.Dropdown(choices=s.sources, value=s.form),
-                gr.Slider(maximum=s.depth - 1, value=s.layer, visible=s.form == LAYER_FORM),
+                gr.Slider(maximum=slider_top(s.depth), value=s.layer,
+                          visible=s.form == LAYER_FORM),
                 gr.Dropdown(choices=s.sizes, value=s.side))
 
     for control in controls:
