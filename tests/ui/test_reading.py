@@ -19,6 +19,7 @@ from otviz.ui.anchors_tab import anchor_maps_view
 from otviz.ui.context import EMBEDDED, AppContext, BackboneChoice
 from otviz.ui.examples import load_examples
 from otviz.ui.phrases_tab import phrases_view
+from otviz.ui.probe_tab import run_probe
 from otviz.ui.reading import DEFAULT_READING, Reading, offered_sizes, split_reading, with_reading
 from otviz.ui.reading_controls import control_state, reading_of
 
@@ -108,8 +109,10 @@ def test_the_encoded_features_are_the_sources_own(contexts, sample):
 
 def test_every_view_draws_the_sources_maps(contexts, sample):
     """Align (every method's heatmap), Words (per-word maps), Anchors (ConceptOT's anchor
-    kernels) and Phrases (PowerCLIP's region-node scores): on the reading, equal to the
-    reference context's; on the default, different."""
+    kernels), Phrases (PowerCLIP's region-node scores) and Probe (every method's combined
+    score of the caption and its edits): on the reading, equal to the reference context's;
+    on the default, different. (Zero-shot reads the pooled embeddings only, which no
+    feature source changes.)"""
     ctx, value, reference = contexts
 
     def views(c: AppContext, checkpoint: str) -> dict[str, np.ndarray]:
@@ -121,6 +124,7 @@ def test_every_view_draws_the_sources_maps(contexts, sample):
         out["words"] = explainer.word_similarity(encoded).numpy()
         out["anchors"] = anchor_maps_view(c, checkpoint, *sample).kernel
         out["phrases"] = phrases_view(c, checkpoint, *sample).q
+        out["probe"] = run_probe(explainer, c.suite(checkpoint), *sample).combined()
         return out
 
     got, want, default = views(ctx, value), views(reference, ENTRY), views(ctx, ENTRY)
@@ -131,7 +135,7 @@ def test_every_view_draws_the_sources_maps(contexts, sample):
         if got[name].shape != default[name].shape or not np.allclose(got[name], default[name]):
             changed.add(name.split()[0])
     # every view changes (a map may not: PowerCLIP's subset can be every region either way)
-    assert changed == {"align", "words", "anchors", "phrases"}
+    assert changed == {"align", "words", "anchors", "phrases", "probe"}
 
 
 def test_a_control_change_rewrites_the_picker_value(ctx):
