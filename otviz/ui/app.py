@@ -96,7 +96,7 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
                     examples_per_page=4,
                     elem_id="examples",
                 )
-    image.upload(on_upload, image, image, api_visibility="private")
+    image.upload(on_upload, image, image, api_visibility="private", preprocess=False)
     return SharedInputs(image, caption, checkpoint, picker)
 
 
