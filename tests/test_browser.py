@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import io
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -652,6 +653,49 @@ def test_a_bad_upload_after_an_example_is_a_message(browser, live_app, tmp_path)
         clear.first.click()
     page.locator("#shared-image input[type=file]").first.set_input_files(str(truncated))
     assert "cut.png is not an image this app can read" in _toast(page)
+    page.close()
+
+
+class LogRecords(logging.Handler):
+    """The records of the server's loggers (uvicorn's own do not reach the root)."""
+
+    LOGGERS = ("", "uvicorn", "uvicorn.error", "uvicorn.asgi", "gradio")
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def __enter__(self) -> LogRecords:
+        for name in self.LOGGERS:
+            logging.getLogger(name).addHandler(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeHandler(self)
+
+
+def test_a_refused_upload_clears_its_preview_and_logs_no_traceback(browser, live_app,
+                                                                   tmp_path):
+    """A file that is no image, uploaded through the browser: its message, no preview left
+    in the input (no broken picture), and nothing in the server log at warning level or
+    above (the page's fetch of the preview once met the file half removed: an ASGI
+    FileNotFoundError traceback)."""
+    notes = tmp_path / "notes.png"
+    notes.write_bytes(b"these are notes, not an image " * 40)
+    page = browser.new_page(viewport=VIEWPORT)
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(live_app.url)
+    with LogRecords() as log:
+        page.locator("#shared-image input[type=file]").set_input_files(str(notes))
+        assert "notes.png is not an image this app can read" in _toast(page)
+        page.wait_for_function("() => !document.querySelector('#shared-image img')")
+        page.wait_for_timeout(1500)  # any late fetch of the preview answered
+    assert [r.getMessage() for r in log.records if r.exc_info or r.levelno >= logging.ERROR
+            ] == []
     page.close()
 
 

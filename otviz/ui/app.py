@@ -62,7 +62,22 @@ MAX_UPLOAD_ENV = "OTVIZ_MAX_FILE_SIZE"
 #: Gradio also marks every output with a bare "Error" (its status tracker's ``span.error``)
 #: beside the toast that says what is wrong: those marks are hidden, the toast stays.
 APP_CSS = ('label[data-testid="block-label"].float { position: static !important; }\n'
-           '.wrap:has(> span.error) { display: none !important; }')
+           '.wrap:has(> span.error) { display: none !important; }\n'
+           # the image input's label, made static above, takes its row of the box's fixed
+           # height: the rest is a column the upload area shrinks to fit, its upload / webcam
+           # / paste icons kept inside the box instead of cut off at its bottom edge
+           '#shared-image { display: flex; flex-direction: column; }\n'
+           '#shared-image > .image-container { flex: 1 1 0; min-height: 0; }\n'
+           # a page too narrow for the heatmap grid at its own size (4 panels of 288 px)
+           # shows it so, scrolled sideways, instead of shrunk until its titles are unreadable
+           '@media (max-width: 1100px) {\n'
+           '  #align-grid .image-container { overflow-x: auto; }\n'
+           # block layout: a centred row would overflow on the left too, out of the scroll
+           '  #align-grid .image-container > button, #align-grid .image-frame'
+           ' { display: block; width: max-content; min-width: 100%; }\n'
+           '  #align-grid .image-container img { width: auto; height: auto;'
+           ' max-width: none; max-height: none; }\n'
+           '}')
 
 
 def tab_id(title: str) -> str:
@@ -96,7 +111,7 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
                     examples_per_page=4,
                     elem_id="examples",
                 )
-    image.upload(on_upload, image, image, api_visibility="private")
+    image.upload(on_upload, image, image, api_visibility="private", preprocess=False)
     return SharedInputs(image, caption, checkpoint, picker)
 
 

@@ -22,7 +22,7 @@ import gradio.component_meta
 import numpy as np
 from gradio.data_classes import FileData, ListFiles
 from gradio.exceptions import InvalidPathError
-from gradio.utils import NamedString
+from gradio.utils import NamedString, get_upload_folder
 from gradio_client import utils as client_utils
 from PIL import Image
 
@@ -35,11 +35,16 @@ from otviz.boundary.images import (
     header_size,
     to_rgb,
 )
-from otviz.boundary.paths import scrub_server_paths
+from otviz.boundary.paths import inside, scrub_server_paths
 from otviz.errors import UserInputError
 from otviz.explain import Encoded, Explainer
 from otviz.ui.fields import EventFields
-from otviz.ui.upload_cache import discard_upload, discarded_if_refused, why_gone
+from otviz.ui.upload_cache import (
+    PREVIEW_GRACE_S,
+    discard_upload,
+    discarded_if_refused,
+    why_gone,
+)
 
 log = logging.getLogger("otviz.ui")
 
@@ -201,11 +206,11 @@ def gone(path: str, name: str) -> str:
     return why_gone(path) or f"{name} is no longer on the server (expired): upload it again"
 
 
-def decode_upload(payload: Any) -> np.ndarray | None:
+def decode_upload(payload: Any, discard_after_s: float = 0.0) -> np.ndarray | None:
     """An image component's upload (a file, or a ``data:`` URL) as uint8 RGB ``[H, W, 3]``,
     decoded once by :func:`~otviz.boundary.images.decode_image` (pixel limit and aspect
     ratio from the header first, 16-bit scaled); a bad upload is a page message naming it,
-    and its file leaves Gradio's cache at once."""
+    and its file leaves Gradio's cache at once (``discard_after_s`` seconds later)."""
     if payload is None:
         return None
     name = getattr(payload, "orig_name", None) or "the upload"
@@ -223,7 +228,7 @@ def decode_upload(payload: Any) -> np.ndarray | None:
         if not Path(path).is_file():
             raise ImageInputError(gone(path, name))
         try:
-            with discarded_if_refused([path]):
+            with discarded_if_refused([path], discard_after_s):
                 return np.asarray(decode_image(path, name))
         except ImageInputError as e:  # the same reason as an event that removed it meanwhile
             raise ImageInputError(why_gone(path) or str(e)) from None
@@ -317,10 +322,22 @@ class UploadExplainer(Explainer):
 
 
 @user_errors
-def on_upload(image: np.ndarray | None) -> np.ndarray | None:
-    """The shared image's upload callback: scale a large upload down in the page (with a
-    warning saying so) or refuse it with a message."""
-    fitted, note = fit_image(image)
+def on_upload(payload: dict | None) -> np.ndarray | None:
+    """The shared image's upload callback, on the upload as the page sent it
+    (``preprocess=False``): scale a large upload down in the page (with a warning saying so)
+    or refuse it with its message, the page's preview of it cleared (a refused upload left
+    in the input is a broken picture). A refused file leaves Gradio's cache
+    :data:`~otviz.ui.upload_cache.PREVIEW_GRACE_S` later, once the page's fetch of the
+    preview is served."""
+    file = None if payload is None else FileData(**payload)
+    if file is not None and file.path and not inside(Path(get_upload_folder()).resolve(),
+                                                     file.path):
+        raise UserInputError(f"{file.orig_name or 'the upload'} is not an upload of this page")
+    try:
+        fitted, note = fit_image(decode_upload(file, PREVIEW_GRACE_S))
+    except gr.Error as refused:
+        gr.Warning(refused.message)
+        return None
     if note is None:
         return gr.skip()
     gr.Warning(note)

@@ -11,7 +11,7 @@ import importlib.util
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gradio as gr
 import pandas as pd
@@ -50,15 +50,18 @@ class TrustValues:
 
     def __init__(self, budget: ComputeBudget | None = None) -> None:
         self.budget = budget
-        self._values: dict[tuple[int, str, str], tuple[BrowseTable, Tensor]] = {}
+        self._values: dict[tuple[int, str, str],
+                           tuple[BrowseTable, Tensor, dict[int, str]]] = {}
         self._lock = threading.Lock()
 
-    def get(self, suite: MethodSuite, table: BrowseTable, name: str, metric: str) -> Tensor:
+    def get(self, suite: MethodSuite, table: BrowseTable, name: str,
+            metric: str) -> tuple[Tensor, dict[int, str]]:
+        """``(values, reasons)``: the metric per row, and row -> why its value is NaN."""
         key = (id(table), name, metric)
         with self._lock:
             hit = self._values.get(key)
         if hit is not None and hit[0] is table:
-            return hit[1]
+            return hit[1], hit[2]
         free = METRIC_BY_KEY[metric].needs_boxes and table.gold is None  # all NaN, no work
         admitted = contextlib.nullcontext()
         if self.budget is not None and not free:
@@ -66,15 +69,16 @@ class TrustValues:
             admitted = self.budget.admit(visitor(), "sorting by a trust metric", cost)
         with admitted:
             start = time.perf_counter()
-            values = browse_trust_values(suite, table, name, metric)
+            reasons: dict[int, str] = {}
+            values = browse_trust_values(suite, table, name, metric, reasons=reasons)
         if self.budget is not None and not free and len(table.items):
             self.budget.costs.record_trust(
                 {metric: 1000 * (time.perf_counter() - start)}, len(table.items))
         with self._lock:
             self._values = {k: v for k, v in self._values.items() if k[0] != id(table)
                             or v[0] is table}
-            self._values[key] = (table, values)
-        return values
+            self._values[key] = (table, values, reasons)
+        return values, reasons
 
 
 def trust_order(values: Tensor, higher: bool, keep: str = ALL) -> Callable[[Tensor], Tensor]:
@@ -99,20 +103,29 @@ def trust_order(values: Tensor, higher: bool, keep: str = ALL) -> Callable[[Tens
 
 @dataclass
 class TrustSort:
-    """Browse's rows by a trust metric: the picked metric's label, its value per query and
-    the reordering of the rows."""
+    """Browse's rows by a trust metric: the picked metric's label, its value per query, the
+    reordering of the rows and, per query without a value, why."""
 
     label: str
     values: Tensor
     reorder: Callable[[Tensor], Tensor]
     note: str | None = None  # why the metric's column is blank, when it is
+    reasons: dict[int, str] = field(default_factory=dict)
 
     def annotate(self, frame: pd.DataFrame, rows: list[int]) -> pd.DataFrame:
-        """The page's table with the metric's value of each row as a last column."""
+        """The page's table with the metric's value of each row as a last column; a row
+        without one reads ``"— "`` and its reason, as Browse's other blank cells read ``"—"``
+        (the column's ``note`` stands for all of them when the whole column is blank)."""
         frame = frame.copy()
         if len(frame) == len(rows):
-            frame[f"A: {self.label}"] = [round(float(self.values[q]), 3) for q in rows]
+            frame[f"A: {self.label}"] = [self._cell(q) for q in rows]
         return frame
+
+    def _cell(self, q: int) -> float | str:
+        value = float(self.values[q])
+        if value == value:  # not NaN
+            return round(value, 3)
+        return "—" if self.note or q not in self.reasons else f"— {self.reasons[q]}"
 
 
 def trust_sort(cache: TrustValues, suite: MethodSuite, table: BrowseTable, name: str,
@@ -124,11 +137,11 @@ def trust_sort(cache: TrustValues, suite: MethodSuite, table: BrowseTable, name:
         raise InputError(f"unknown trust metric {metric!r}")
     key = METRIC_CHOICES[metric]
     higher = next(m.higher for m in METRICS if m.key == key)
-    values = cache.get(suite, table, name, key)
+    values, reasons = cache.get(suite, table, name, key)
     note = None
     if METRIC_BY_KEY[key].needs_boxes and table.gold is None:
         note = NO_BOXES.format(metric=metric)
-    return TrustSort(metric, values, trust_order(values, higher, keep or ALL), note)
+    return TrustSort(metric, values, trust_order(values, higher, keep or ALL), note, reasons)
 
 
 def trust_unavailable() -> str | None:

@@ -13,7 +13,10 @@ files it serves back), under the app's data folder, cleaned at start and on a sc
   go; all of them go when the server stops.
 * **Refused uploads** are removed at once by the input that refused them
   (:func:`discard_upload`): an image that is not one, too large or too thin, a file of a
-  type the input does not take, an uploaded .zip the view cannot read. Later events that
+  type the input does not take, an uploaded .zip the view cannot read (an image refused by
+  its upload event :data:`PREVIEW_GRACE_S` later: the page fetches the file it just sent to
+  show its preview, and a file removed while the server sends it is a traceback in the
+  log). Later events that
   name a removed upload are told why it was refused (:func:`why_gone`). Their emptied
   folders go a minute later (:func:`remove_empty_folders`, run with every refusal).
 """
@@ -49,6 +52,9 @@ _REFUSED_LOCK = threading.Lock()
 #: it empties can vanish between Gradio's ``mkdir`` and its move of a concurrent upload of
 #: the same bytes into it, which fails that upload (seen as a 500 in the hostile catalogue).
 EMPTY_FOLDER_AGE_S = 60.0
+#: How long a refused image upload stays for the page's fetch of its preview (served in
+#: milliseconds; the refusal clears the preview).
+PREVIEW_GRACE_S = 10.0
 
 
 def own_upload_cache(parent: Path | None = None) -> Path:
@@ -128,14 +134,21 @@ def lone_archive(uploads: Sequence[str | os.PathLike]) -> list[str | os.PathLike
 
 
 @contextlib.contextmanager
-def discarded_if_refused(uploads: Sequence[str | os.PathLike]) -> Iterator[None]:
+def discarded_if_refused(uploads: Sequence[str | os.PathLike],
+                         delay_s: float = 0.0) -> Iterator[None]:
     """Remove ``uploads`` from Gradio's cache when the block refuses them with a user
-    error; only one upload at a time, whose refusal is certainly about it (an image, a
+    error (``delay_s`` seconds later, its reason known to :func:`why_gone` at once); only
+    one upload at a time, whose refusal is certainly about it (an image, a
     .zip: :func:`lone_archive`). Several files uploaded side by side stay (the person may
     remove the bad one and send the rest again); Gradio's schedule removes them."""
     try:
         yield
     except UserInputError as e:
-        if len(uploads) == 1:
+        if len(uploads) == 1 and delay_s > 0:
+            _remember(str(uploads[0]), str(e))
+            timer = threading.Timer(delay_s, discard_upload, (uploads[0], str(e)))
+            timer.daemon = True
+            timer.start()
+        elif len(uploads) == 1:
             discard_upload(uploads[0], str(e))
         raise

@@ -97,3 +97,36 @@ def test_trust_values_streamed_in_chunks_equal_one_pass(tmp_path, monkeypatch) -
         # float32 model calls on batches of other sizes differ in the last bits only (seen:
         # 2e-5 relative on sparseness, a Gini index over near-tied map values)
         torch.testing.assert_close(chunked, whole, rtol=1e-4, atol=1e-6, msg=metric)
+
+
+def test_a_row_whose_map_is_zero_says_why_it_has_no_max_sensitivity(tmp_path,
+                                                                     monkeypatch) -> None:
+    """Grad-CAM's map of a phrase it finds no positive evidence for is 0 everywhere (its
+    ReLU), and max-sensitivity's ``|a - a'| / |a|`` is then ``0 / 0``: the row is blank, and
+    the Browse cell says why instead of staying empty. Here Method A's maps of the even
+    phrases are zeroed: exactly those rows are blank, each with the flat-map reason."""
+    from otviz.eval.trust import adapter
+    from otviz.eval.trust.browse import FLAT_MAP
+
+    suite, table = world_table(tmp_path, 2)
+    real = adapter.MethodSource.patch_maps
+
+    def zero_on_even(self, scorer, pixels, targets):
+        maps = real(self, scorer, pixels, targets)
+        return torch.where((targets % 2 == 0)[:, None], torch.zeros_like(maps), maps)
+
+    monkeypatch.setattr(adapter.MethodSource, "patch_maps", zero_on_even)
+    reasons: dict[int, str] = {}
+    values = browse_trust_values(suite, table, "filip", "max_sensitivity", reasons=reasons)
+    blank = [q for q in range(len(table.items)) if math.isnan(float(values[q]))]
+    assert blank and len(blank) < len(table.items)
+    assert blank == sorted(reasons)  # every blank row has a reason, no valued row has one
+    flat = FLAT_MAP.format(metric="Max-sensitivity", value=0.0)
+    assert all(reasons[q] == flat for q in blank)
+    by = TrustSort("Max-sensitivity ↓", values, trust_order(values, higher=False),
+                   reasons=reasons)
+    rows = list(range(len(table.items)))
+    view = browse_view(table, ["filip"], "filip", "filip", per_page=len(rows))
+    cells = by.annotate(view.frame, view.rows)["A: Max-sensitivity ↓"].tolist()
+    for q, cell in zip(view.rows, cells, strict=True):
+        assert cell == (f"— {flat}" if q in blank else round(float(values[q]), 3))

@@ -4,7 +4,11 @@ generator callbacks) turned into page messages."""
 
 from __future__ import annotations
 
+import io
 import re
+import time
+import uuid
+from pathlib import Path
 
 import gradio as gr
 import numpy as np
@@ -46,8 +50,55 @@ def test_large_images_are_scaled_down_keeping_the_aspect_ratio():
     np.testing.assert_array_equal(fitted, expected)
     assert note == "the image was scaled down from 1500x3000 to 512x1024 pixels"
     with pytest.warns(UserWarning, match="scaled down"):  # gr.Warning outside a request
-        np.testing.assert_array_equal(on_upload(image), expected)
-    assert on_upload(gradient(100, 100)) == gr.skip()
+        np.testing.assert_array_equal(on_upload(uploaded(image, "tall.png")), expected)
+    assert on_upload(uploaded(gradient(100, 100), "small.png")) == gr.skip()
+    assert on_upload(None) == gr.skip()
+
+
+def huge_file(side: int) -> bytes:
+    """A PNG of ``side x side`` black pixels: a few kB on disk."""
+    out = io.BytesIO()
+    Image.new("1", (side, side)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def uploaded(image: np.ndarray | bytes, name: str) -> dict:
+    """``image`` (pixels, or a file's bytes) saved in Gradio's upload cache, as the page's
+    upload event sends it (``preprocess=False``)."""
+    from gradio.utils import get_upload_folder
+
+    folder = Path(get_upload_folder()) / uuid.uuid4().hex
+    folder.mkdir(parents=True)
+    path = folder / name
+    if isinstance(image, bytes):
+        path.write_bytes(image)
+    else:
+        Image.fromarray(image).save(path)
+    return {"path": str(path), "orig_name": name}
+
+
+def test_a_refused_upload_clears_the_preview_and_its_file_goes_after_the_grace(
+        monkeypatch):
+    """A refused upload is its message (a warning) and an empty input (no broken preview);
+    its file stays for the page's fetch of the preview, then leaves the cache; a path
+    outside the upload cache is refused without being read."""
+    from otviz.ui import upload_cache
+
+    monkeypatch.setattr(upload_cache, "PREVIEW_GRACE_S", 0.2)
+    monkeypatch.setattr("otviz.ui.inputs.PREVIEW_GRACE_S", 0.2)
+    payload = uploaded(b"not an image at all", "notes.png")
+    with pytest.warns(UserWarning, match="notes.png is not an image this app can read"):
+        assert on_upload(payload) is None
+    path = Path(payload["path"])
+    assert path.is_file()  # the preview's fetch still finds it
+    assert "notes.png is not an image" in upload_cache.why_gone(payload["path"])
+    for _ in range(50):
+        if not path.exists():
+            break
+        time.sleep(0.05)
+    assert not path.exists()
+    with pytest.raises(gr.Error, match="not an upload of this page"):
+        on_upload({"path": __file__, "orig_name": "x.png"})
 
 
 def test_huge_images_are_refused_before_any_work():
@@ -55,8 +106,8 @@ def test_huge_images_are_refused_before_any_work():
     huge = np.broadcast_to(np.zeros((1, 1, 3), np.uint8), (side, side, 3))  # no memory
     with pytest.raises(InputError, match="too large"):
         fit_image(huge)
-    with pytest.raises(gr.Error, match="too large"):
-        on_upload(huge)
+    with pytest.warns(UserWarning, match="huge.png is too large"):
+        assert on_upload(uploaded(huge_file(side), "huge.png")) is None
     with pytest.raises(ImageInputError, match="not an image"):
         fit_image(np.zeros(5))
 

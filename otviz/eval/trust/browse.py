@@ -20,7 +20,7 @@ from otviz.eval.trust.adapter import (
     phrase_colour,
     trust_inputs,
 )
-from otviz.eval.trust.metrics import METRIC_BY_KEY, TrustSettings, trust_scores
+from otviz.eval.trust.metrics import METRIC_BY_KEY, TrustScores, TrustSettings, trust_scores
 from otviz.explainers import EXPLAINERS
 from otviz.suite import MethodSuite
 
@@ -28,11 +28,20 @@ from otviz.suite import MethodSuite
 #: image with more is a chunk of its own): Quantus' own batch size, so that a chunk is one
 #: batch of its model and explanation calls.
 CHUNK_ROWS = 64
+#: Why a row has no value (:func:`blank_reason`), ``{metric}`` its label.
+NO_BOX = "no {metric}: the phrase has no gold box"
+UNREAD = "no {metric}: the model reads none of the phrase's words (all past its context)"
+FLAT_MAP = ("no {metric}: the map of this phrase is {value:g} everywhere (its explainer "
+            "found nothing for it), and a flat map has no order or norm to measure")
+REFUSED = "no {metric}: Quantus refused the maps ({why})"
+ONE_PHRASE = "no {metric}: the caption has no other phrase to draw"
+NO_VALUE = "no {metric}: Quantus gave no value"
 
 
 def browse_trust_values(
     suite: MethodSuite, table: BrowseTable, name: str, metric: str,
     settings: TrustSettings | None = None, chunk_rows: int = CHUNK_ROWS,
+    reasons: dict[int, str] | None = None,
 ) -> Tensor:
     """``[P]`` float64: the ``metric`` of the map ``name`` (a method, explainer or baseline)
     for each query of ``table``; NaN where it does not apply (no gold box for a localisation
@@ -45,7 +54,10 @@ def browse_trust_values(
         raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRIC_BY_KEY)}")
     out = torch.full((len(table.items),), float("nan"), dtype=torch.float64)
     needs_boxes = METRIC_BY_KEY[metric].needs_boxes
+    reasons = {} if reasons is None else reasons
     if not table.items or (needs_boxes and table.gold is None):
+        reasons.update(dict.fromkeys(range(len(table.items)),
+                                     NO_BOX.format(metric=METRIC_BY_KEY[metric].label)))
         return out
     sources = heatmap_sources(suite.methods, [n for n in EXPLAINERS if n == name])
     source = next((s for s in sources if s.name == name), None)
@@ -55,7 +67,7 @@ def browse_trust_values(
     for q, it in enumerate(table.items):
         by_image.setdefault(it.image, []).append(q)
     for chunk in image_chunks(by_image, chunk_rows):
-        _score_chunk(suite, table, source, metric, settings, chunk, out)
+        _score_chunk(suite, table, source, metric, settings, chunk, out, reasons)
     return out
 
 
@@ -75,25 +87,51 @@ def image_chunks(by_image: dict[int, list[int]], rows: int) -> Iterator[dict[int
 
 
 def _score_chunk(suite: MethodSuite, table: BrowseTable, source: HeatmapSource, metric: str,
-                 settings: TrustSettings, by_image: dict[int, list[int]], out: Tensor) -> None:
+                 settings: TrustSettings, by_image: dict[int, list[int]], out: Tensor,
+                 reasons: dict[int, str]) -> None:
     """The ``metric`` of the queries of ``by_image`` (image -> its queries), written into
-    ``out`` at their rows (left NaN for a phrase the model reads none of)."""
+    ``out`` at their rows; a row left NaN gets its reason in ``reasons``."""
+    label = METRIC_BY_KEY[metric].label
     phrases = [[_phrase(table, q) for q in queries] for queries in by_image.values()]
     try:
         inputs = trust_inputs(suite.backbone, [table.load_image(j) for j in by_image],
                               phrases, settings.mprt_blocks or None)
     except UnreadPhrasesError:
+        reasons.update(dict.fromkeys((q for qs in by_image.values() for q in qs),
+                                     UNREAD.format(metric=label)))
         return
     row_of = {id(p): k for k, p in enumerate(inputs.scorer.phrases)}
     scores = trust_scores(inputs.scorer, source, inputs.pixels, inputs.targets, inputs.masks,
                           settings, metrics=[metric])
-    values = scores.values.get(metric)
-    if values is None:
-        return
     for queries, own in zip(by_image.values(), phrases, strict=True):
         for q, phrase in zip(queries, own, strict=True):
-            if id(phrase) in row_of:  # left out: the model reads none of its words
-                out[q] = float(values[row_of[id(phrase)]])
+            if id(phrase) not in row_of:  # left out: the model reads none of its words
+                reasons[q] = UNREAD.format(metric=label)
+                continue
+            row = row_of[id(phrase)]
+            if metric in scores.values:
+                out[q] = float(scores.values[metric][row])
+            if out[q].isnan():
+                reasons[q] = blank_reason(scores, metric, row, inputs.scorer.phrases)
+
+
+def blank_reason(scores: TrustScores, metric: str, row: int, phrases: list[TrustPhrase]) -> str:
+    """Why ``scores`` has no ``metric`` value at ``row`` (of the scored ``phrases``): Quantus
+    refused the batch's maps; the row's map is flat (e.g. Grad-CAM's ``ReLU`` map of a phrase
+    it finds no positive evidence for is 0 everywhere, and max-sensitivity's ratio
+    ``|a - a'| / |a|``, Yeh et al. 2019 Eq. 2 with Quantus' normalised maps, is then
+    ``0 / 0``); random logit's caption has one phrase; else Quantus returned NaN."""
+    label = METRIC_BY_KEY[metric].label
+    if metric in scores.refused:
+        return REFUSED.format(metric=label, why=scores.refused[metric])
+    heat = scores.maps[row] if scores.maps is not None else None
+    if heat is not None and float(heat.max()) == float(heat.min()):
+        return FLAT_MAP.format(metric=label, value=float(heat.max()))
+    if metric == "random_logit":
+        caption = phrases[row].caption
+        if sum(p.caption == caption for p in phrases) < 2:
+            return ONE_PHRASE.format(metric=label)
+    return NO_VALUE.format(metric=label)
 
 
 def _phrase(table: BrowseTable, q: int) -> TrustPhrase:
