@@ -9,7 +9,8 @@ may empty); elsewhere ``.cache/otviz-app`` in the working folder. Below it:
   :func:`cache_cap_bytes`, cut least recently used first after every Browse table and run);
 * ``uploads/``: Browse's unpacked uploads (:data:`UPLOADS_CAP_BYTES`);
 * ``gradio/``: Gradio's upload cache (:mod:`otviz.ui.upload_cache`: files older than six
-  hours deleted every hour);
+  hours deleted every hour, and the oldest uploads beyond :func:`upload_cache_cap_bytes`
+  every minute);
 * ``runs/``: the app's training runs and their heads (:func:`runs_cap_bytes`);
 * ``downloads/``: the views' download files (:data:`DOWNLOADS_CAP_BYTES`, and an hour's age).
 
@@ -37,6 +38,9 @@ SPACE_CACHE_MB, LOCAL_CACHE_MB = 2048, 8192
 #: a run unpacks its upload and after every run, Space / elsewhere; ``OTVIZ_RUNS_MB``
 #: overrides. A run in progress may add one upload (at most the 500 MB unpack cap) on top.
 SPACE_RUNS_MB, LOCAL_RUNS_MB = 1024, 10240
+#: Gradio's upload cache is cut back to this many MB (oldest upload first, every minute),
+#: Space / elsewhere; ``OTVIZ_UPLOAD_CACHE_MB`` overrides.
+SPACE_GRADIO_MB, LOCAL_GRADIO_MB = 1024, 4096
 #: Browse's unpacked uploads kept at most, in bytes.
 UPLOADS_CAP_BYTES = 2 * 2**30
 #: The download files kept at most, in bytes (oldest request first beyond).
@@ -70,6 +74,11 @@ def _cap_bytes(env_name: str, space_mb: int, local_mb: int) -> int:
 def cache_cap_bytes() -> int:
     """The feature cache's size cap in bytes."""
     return _cap_bytes("OTVIZ_FEATURE_CACHE_MB", SPACE_CACHE_MB, LOCAL_CACHE_MB)
+
+
+def upload_cache_cap_bytes() -> int:
+    """Gradio's upload cache's size cap in bytes."""
+    return _cap_bytes("OTVIZ_UPLOAD_CACHE_MB", SPACE_GRADIO_MB, LOCAL_GRADIO_MB)
 
 
 def runs_cap_bytes() -> int:

@@ -10,7 +10,9 @@ files it serves back), under the app's data folder, cleaned at start and on a sc
   process, as the store of unpacked uploads does: :mod:`otviz.data.disk_lru`).
 * **On a schedule.** Gradio's own mechanism, ``gr.Blocks(delete_cache=DELETE_CACHE)``:
   every hour, the files this server cached that are older than :data:`DELETE_CACHE`'s age
-  go; all of them go when the server stops.
+  go; all of them go when the server stops. And every :data:`CAP_EVERY_S` seconds the cache
+  is cut back to its size cap (:func:`cap_upload_cache`, oldest upload first: a visitor who
+  uploads a lot cannot fill the disk within the six hours).
 * **Refused uploads** are removed at once by the input that refused them
   (:func:`discard_upload`): an image that is not one, too large or too thin, a file of a
   type the input does not take, an uploaded .zip the view cannot read (an image refused by
@@ -34,9 +36,16 @@ from pathlib import Path
 from gradio.utils import get_upload_folder
 
 from otviz.boundary.paths import inside
-from otviz.data.disk_lru import discard, owner_alive, write_owner
+from otviz.data.disk_lru import (
+    discard,
+    disk_bytes,
+    evict_least_recent,
+    last_change_ns,
+    owner_alive,
+    write_owner,
+)
 from otviz.errors import UserInputError
-from otviz.ui.app_dirs import GRADIO, app_dir
+from otviz.ui.app_dirs import GRADIO, app_dir, upload_cache_cap_bytes
 
 #: ``gr.Blocks(delete_cache=(frequency, age))``: every hour, the cached files older than
 #: six hours are deleted (an upload stays long enough for a session's page turns).
@@ -55,6 +64,11 @@ EMPTY_FOLDER_AGE_S = 60.0
 #: How long a refused image upload stays for the page's fetch of its preview (served in
 #: milliseconds; the refusal clears the preview).
 PREVIEW_GRACE_S = 10.0
+#: How often the upload cache is cut back to its size cap, in seconds.
+CAP_EVERY_S = 60.0
+#: What the events naming an upload the cap removed are told (:func:`why_gone`).
+EVICTED = ("this upload was removed: the server's upload cache was full and it was among the "
+           "oldest; upload it again")
 
 
 def own_upload_cache(parent: Path | None = None) -> Path:
@@ -74,7 +88,38 @@ def own_upload_cache(parent: Path | None = None) -> Path:
     folder.mkdir(exist_ok=True)
     write_owner(folder)
     os.environ[_GRADIO_TEMP_DIR] = str(folder)
+    _keep_capped(folder)
     return folder
+
+
+def cap_upload_cache(cache: Path, max_bytes: int) -> list[Path]:
+    """Cut Gradio's upload cache ``cache`` back to ``max_bytes``: its uploads (Gradio keeps
+    each in a folder named by its bytes' hash) go least recently changed first, the newest
+    always stays; the events that name a removed file later are told why
+    (:data:`EVICTED`, :func:`why_gone`). Returns the folders removed."""
+    uploads = sorted((f for f in cache.iterdir() if f.is_dir() and not f.name.startswith(".")),
+                     key=last_change_ns)
+    sizes = [disk_bytes(f, recursive=True) for f in uploads]
+    if sum(sizes) <= max_bytes:
+        return []
+    files = {f: [str(p) for p in f.rglob("*")] for f in uploads}  # their names, before
+    removed = evict_least_recent(uploads, sizes, max_bytes)
+    for folder in removed:
+        for path in files[folder]:
+            _remember(path, EVICTED)
+    return removed
+
+
+def _keep_capped(cache: Path) -> None:
+    """Cut ``cache`` back to its cap every :data:`CAP_EVERY_S` seconds, in a daemon thread
+    (it ends with the server)."""
+    def sweep() -> None:
+        while True:
+            time.sleep(CAP_EVERY_S)
+            with contextlib.suppress(OSError):  # the cache removed at stop: nothing to cut
+                cap_upload_cache(cache, upload_cache_cap_bytes())
+
+    threading.Thread(target=sweep, name="otviz-upload-cap", daemon=True).start()
 
 
 def discard_upload(path: str | os.PathLike, reason: str | None = None) -> bool:

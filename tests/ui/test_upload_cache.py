@@ -236,3 +236,30 @@ def checkpoint(live_app) -> str:
 @pytest.fixture(scope="module")
 def ctx(live_app):
     return live_app.ctx
+
+
+def test_the_cache_is_cut_to_its_cap_oldest_upload_first(tmp_path, monkeypatch):
+    """Filled past its cap, the upload cache loses its oldest uploads first (the newest
+    stays even alone above the cap); an event naming a removed file is told why; the cap
+    is read from OTVIZ_UPLOAD_CACHE_MB."""
+    from otviz.ui.app_dirs import upload_cache_cap_bytes
+    from otviz.ui.upload_cache import EVICTED, cap_upload_cache, why_gone
+
+    cache = tmp_path / "cache"
+    folders = []
+    for k in range(5):  # five 1000-byte uploads, changed 10 s apart
+        folder = cache / f"hash{k}"
+        folder.mkdir(parents=True)
+        (folder / f"image{k}.png").write_bytes(b"x" * 1000)
+        os.utime(folder, ns=(10**9 * (100 + 10 * k),) * 2)
+        folders.append(folder)
+    (cache / "owner.pid").write_text("1")  # the owner file is not an upload
+    assert cap_upload_cache(cache, 5000) == []
+    removed = cap_upload_cache(cache, 2500)
+    assert removed == folders[:3] and all(not f.exists() for f in removed)
+    assert [f.exists() for f in folders[3:]] == [True, True]
+    assert why_gone(str(folders[0] / "image0.png")) == EVICTED
+    assert why_gone(str(folders[4] / "image4.png")) is None
+    assert cap_upload_cache(cache, 0) == [folders[3]] and folders[4].exists()
+    monkeypatch.setenv("OTVIZ_UPLOAD_CACHE_MB", "3")
+    assert upload_cache_cap_bytes() == 3 * 2**20
