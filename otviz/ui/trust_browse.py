@@ -7,6 +7,7 @@ number of rows: :mod:`otviz.eval.trust.browse`; seconds to minutes on 2 cores), 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import threading
 import time
@@ -24,6 +25,7 @@ from otviz.eval.trust.metrics import METRIC_BY_KEY, METRICS
 from otviz.explain import InputError
 from otviz.suite import MethodSuite
 from otviz.ui.budget import ComputeBudget, visitor
+from otviz.ui.shutdown import refuse_if_stopping
 
 NO_METRIC = "no trust metric"
 ALL, BETTER, WORSE = "all rows", "better half", "worse half"
@@ -70,7 +72,9 @@ class TrustValues:
         with admitted:
             start = time.perf_counter()
             reasons: dict[int, str] = {}
-            values = browse_trust_values(suite, table, name, metric, reasons=reasons)
+            values = browse_trust_values(  # a server stop ends it before its next chunk
+                suite, table, name, metric, reasons=reasons,
+                before_chunk=functools.partial(refuse_if_stopping, "the trust sort"))
         if self.budget is not None and not free and len(table.items):
             self.budget.costs.record_trust(
                 {metric: 1000 * (time.perf_counter() - start)}, len(table.items))

@@ -130,3 +130,36 @@ def test_a_row_whose_map_is_zero_says_why_it_has_no_max_sensitivity(tmp_path,
     cells = by.annotate(view.frame, view.rows)["A: Max-sensitivity ↓"].tolist()
     for q, cell in zip(view.rows, cells, strict=True):
         assert cell == (f"— {flat}" if q in blank else round(float(values[q]), 3))
+
+
+
+def test_a_server_stop_ends_the_trust_sort_before_its_next_chunk(tmp_path, monkeypatch) -> None:
+    """Browse's trust sort runs its stop check before each chunk of images: a stop after
+    the first chunk ends the work there, no further chunk scored; in the app the check is
+    the server's stop (SIGTERM), whose message the event shows (issue 43: stopped at its
+    next step, not cut at the deadline)."""
+    import otviz.eval.trust.browse as trust_browse
+    from otviz.errors import InputError
+    from otviz.ui import shutdown
+
+    suite, table = world_table(tmp_path, 6)
+    scored, chunks = trust_browse.trust_scores, []
+
+    def spy(scorer, source, pixels, *args, **kwargs):
+        chunks.append(len(pixels))
+        return scored(scorer, source, pixels, *args, **kwargs)
+
+    def stop_after_one() -> None:
+        if chunks:
+            raise InputError("stopped")
+
+    monkeypatch.setattr(trust_browse, "trust_scores", spy)
+    with pytest.raises(InputError, match="stopped"):
+        browse_trust_values(suite, table, "filip", "mass", TrustSettings(regions=2),
+                            chunk_rows=5, before_chunk=stop_after_one)
+    assert len(chunks) == 1
+    chunks.clear()
+    monkeypatch.setattr(shutdown, "stopping", lambda: True)
+    with pytest.raises(InputError, match="the trust sort not finished: the server is stopping"):
+        TrustValues().get(suite, table, "filip", "mass")
+    assert chunks == []

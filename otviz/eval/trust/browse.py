@@ -6,7 +6,7 @@ so the memory it takes is bounded by a chunk's, whatever the number of images.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -41,14 +41,15 @@ NO_VALUE = "no {metric}: Quantus gave no value"
 def browse_trust_values(
     suite: MethodSuite, table: BrowseTable, name: str, metric: str,
     settings: TrustSettings | None = None, chunk_rows: int = CHUNK_ROWS,
-    reasons: dict[int, str] | None = None,
+    reasons: dict[int, str] | None = None, before_chunk: Callable[[], None] | None = None,
 ) -> Tensor:
     """``[P]`` float64: the ``metric`` of the map ``name`` (a method, explainer or baseline)
     for each query of ``table``; NaN where it does not apply (no gold box for a localisation
     metric, a phrase the model reads no word of, maps Quantus refuses); ``settings`` default
     to :class:`TrustSettings`. The images are taken in chunks of at most ``chunk_rows``
     queries (:func:`image_chunks`), each scored on its own: the random draws (noise,
-    subsets, the other phrase of random logit) are seeded per chunk."""
+    subsets, the other phrase of random logit) are seeded per chunk. ``before_chunk`` runs
+    before each chunk (the served app's stop check: it raises to end the work there)."""
     settings = settings or TrustSettings()
     if metric not in METRIC_BY_KEY:
         raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRIC_BY_KEY)}")
@@ -67,6 +68,8 @@ def browse_trust_values(
     for q, it in enumerate(table.items):
         by_image.setdefault(it.image, []).append(q)
     for chunk in image_chunks(by_image, chunk_rows):
+        if before_chunk is not None:
+            before_chunk()
         _score_chunk(suite, table, source, metric, settings, chunk, out, reasons)
     return out
 
