@@ -5,6 +5,7 @@ of :mod:`otviz.viz.probe` and :mod:`otviz.viz.anchors`."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -101,11 +102,14 @@ def grounding_grid_figure(
     column_titles: Sequence[str],
     geometry: TokenGeometry,
     panel_size: float = 1.7,
+    notes: Sequence[str | None] = (),
 ) -> Figure:
     """Rows: examples (image, queried phrase, gold box in cyan); columns: methods, each
     panel the method's phrase heatmap on its own colour scale (masses differ by method),
     drawn where its tokens look (``geometry``: the token geometry on the images, which
-    share one size)."""
+    share one size). A column with a note (``notes``, one per column or none: a map flat by
+    construction, :func:`~otviz.suite.flat_map_reasons`) shows that reason in words over
+    its image instead of a map drawn as if it were a result, as the app's grid does."""
     rows, cols = len(images), len(column_titles)
     fig = new_figure(panel_size * cols + 0.4, panel_size * rows + 0.5)
     axes = fig.subplots(rows, cols, squeeze=False)
@@ -113,9 +117,14 @@ def grounding_grid_figure(
         for c in range(cols):
             ax = axes[r, c]
             heat = np.asarray(heats[r][c], dtype=float)
+            note = notes[c] if notes else None
             draw_heatmap(ax, images[r], heat, geometry, vmin=float(heat.min()),
-                         vmax=float(heat.max()), box=boxes[r],
+                         vmax=float(heat.max()), box=boxes[r], alpha=0.0 if note else 0.6,
                          title=column_titles[c] if r == 0 else None)
+            if note:
+                ax.text(0.5, 0.5, textwrap.fill(note, 26), transform=ax.transAxes,
+                        ha="center", va="center", fontsize=4.5,
+                        bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none"})
             if c == 0:
                 ax.set_ylabel(row_titles[r], fontsize=7)
     fig.suptitle("Phrase heatmaps (plan columns summed over the phrase's tokens); "

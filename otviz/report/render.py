@@ -34,6 +34,7 @@ from otviz.suite import (
     ALIGN_METHODS,
     METHOD_LABELS,
     MethodSuite,
+    flat_map_reasons,
     word_concept_embeddings,
 )
 from otviz.viz.anchors import affinity_figure, anchor_matrix_figure, cluster_order
@@ -151,7 +152,8 @@ def grounding_examples_figure(suite: MethodSuite, data: EvalSet, n_examples: int
         [data.samples[int(q.image[k])].image for k in first],
         [[heats[m][i] for m in range(len(names))] for i in range(len(first))],
         [q.boxes[k].tolist() for k in first], [f'"{q.texts[k]}"' for k in first],
-        [METHOD_LABELS[n] for n in names], data.geometry)
+        [METHOD_LABELS[n] for n in names], data.geometry,
+        notes=[flat_map_reasons().get(n) for n in names])
 
 
 def render_report(config: ReportConfig) -> list[Path]:
