@@ -34,7 +34,7 @@ from torch import Tensor
 
 from otviz.boundary.images import header_size
 from otviz.data.datasets import CaptionFolder, DatasetError
-from otviz.data.feature_cache import FeatureCache
+from otviz.data.feature_cache import FeatureCache, Progress
 from otviz.data.grounding_sets import load_grounding_set
 from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries
 from otviz.eval.grounding_metrics import box_iou, phrase_token_select, pointing_hits
@@ -298,16 +298,17 @@ def browse_table(
 def world_browse(
     suite: MethodSuite, n_images: int, split: str = "test", seed: int = 0,
     cache_dir: str | Path = ".cache/otviz-features", threshold: float = 0.5,
-    explainers: Sequence[str] = (),
+    explainers: Sequence[str] = (), progress: Progress | None = None,
 ) -> BrowseTable:
     """The :class:`BrowseTable` of images ``0..n-1`` of a world split (the world the suite's
-    backbone was trained on, true captions only), encoded through the feature cache, with
-    the ``explainers``' columns after the methods'."""
+    backbone was trained on, true captions only), encoded through the feature cache (with
+    ``progress`` after each batch: the served app's stop check), with the ``explainers``'
+    columns after the methods'."""
     if not 1 <= int(n_images) <= MAX_IMAGES:
         raise InputError(f"the number of images must be in [1, {MAX_IMAGES}]")
     config = world_config_of(suite.backbone, negatives=False)
     data = EvalSet.build(suite.backbone, int(n_images), split, seed, str(cache_dir),
-                         config=config)
+                         progress, config=config)
     side = data.samples[0].image.shape
     sizes = torch.tensor([[side[1], side[0]]], dtype=torch.long).expand(data.n_images, 2)
     return browse_table(suite, data, world_queries(data), sizes,
@@ -318,20 +319,21 @@ def world_browse(
 def grounding_set_browse(
     suite: MethodSuite, root: str | Path, layout: tuple[str, str], cache_dir: str | Path,
     max_images: int = MAX_IMAGES, threshold: float = 0.5, explainers: Sequence[str] = (),
+    progress: Progress | None = None,
 ) -> tuple[BrowseTable, list[str]]:
     """``(table, notes)``: the :class:`BrowseTable` of the grounding set ``layout`` =
     ``(kind, split)`` at ``root`` (confined to it;
     :func:`~otviz.data.grounding_sets.detect_layout`), its first ``max_images`` images, every
     phrase with a gold box (hits against the enclosing box of its gold boxes), the images
-    fitted to the model's input as the evaluation fits them; ``notes`` says what the reader
-    skipped."""
+    fitted to the model's input as the evaluation fits them, encoded with ``progress`` as
+    :func:`world_browse` does; ``notes`` says what the reader skipped."""
     try:
         data = load_grounding_set(layout[0], root, layout[1], limit=max_images)
     except DatasetError as e:
         raise InputError(f"cannot read the {layout[0]} folder: {e}") from None
     frame = model_input_size(suite.backbone)
     evalset = EvalSet(GroundingProbeDataset(data, frame), suite.backbone,
-                      FeatureCache(cache_dir))
+                      FeatureCache(cache_dir), progress)
     sizes = torch.tensor([frame], dtype=torch.long).expand(evalset.n_images, 2)
     table = browse_table(suite, evalset, world_queries(evalset), sizes,
                          lambda j: evalset.samples[j].image, threshold=threshold,
@@ -357,14 +359,14 @@ def first_captions(folder: CaptionFolder, max_images: int = MAX_IMAGES) -> Capti
 
 def folder_browse(
     suite: MethodSuite, folder: CaptionFolder, cache_dir: str | Path, threshold: float = 0.5,
-    explainers: Sequence[str] = (),
+    explainers: Sequence[str] = (), progress: Progress | None = None,
 ) -> BrowseTable:
     """The :class:`BrowseTable` of an image-caption folder (one caption per image, e.g. from
     :func:`first_captions`), encoded through the feature cache in ``cache_dir``, with the
-    ``explainers``' columns after the methods'; every image's header is checked against the
-    pixel limit before anything is decoded."""
+    ``explainers``' columns after the methods' (``progress`` as in :func:`world_browse`);
+    every image's header is checked against the pixel limit before anything is decoded."""
     sizes = [header_size(p, p.name) for p in folder.image_paths]
-    data = EvalSet(ParsedCaptions(folder), suite.backbone, FeatureCache(cache_dir))
+    data = EvalSet(ParsedCaptions(folder), suite.backbone, FeatureCache(cache_dir), progress)
     data.features(suite.backbone.space)
 
     def load(j: int) -> np.ndarray:

@@ -54,6 +54,7 @@ from otviz.ui.budget import server_budget, visitor
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.events import on_edit
 from otviz.ui.inputs import CheckedFile, fit_image, user_errors
+from otviz.ui.shutdown import refuse_if_stopping
 from otviz.ui.trust_browse import TrustValues, trust_controls, trust_sort
 from otviz.ui.upload_cache import discarded_if_refused, lone_archive
 from otviz.viz.browse import browse_frame, browse_page_image
@@ -128,6 +129,12 @@ def _uploaded_paths(files: Any) -> list[str]:
     return [f if isinstance(f, str) else str(getattr(f, "name", f)) for f in files or []]
 
 
+def stop_check(done: int, total: int) -> None:
+    """The progress hook of Browse's feature encoding: a server stop (``SIGTERM``) ends the
+    encoding at its next batch with the stopping message (:mod:`otviz.ui.shutdown`)."""
+    refuse_if_stopping("loading the table")
+
+
 def load_table(
     ctx: AppContext, sources: BrowseSources, checkpoint: str, source: str,
     n_images: float | None = DEFAULT_IMAGES, split: str = "test", files: Any = None,
@@ -155,7 +162,8 @@ def load_table(
         return sources.kept(
             (checkpoint, source, split, n, explainers),
             lambda: with_explainers(lambda: world_browse(
-                suite, n, split, cache_dir=sources.features_dir, explainers=explainers),
+                suite, n, split, cache_dir=sources.features_dir, explainers=explainers,
+                progress=stop_check),
                 n, explainers),
         )
     paths = _uploaded_paths(files)
@@ -166,7 +174,8 @@ def load_table(
             layout = detect_layout(root)  # a grounding data set: gold boxes and hits
             if layout is not None:
                 table, skipped = grounding_set_browse(suite, root, layout, sources.features_dir,
-                                                      sources.max_images, explainers=explainers)
+                                                      sources.max_images, explainers=explainers,
+                                                      progress=stop_check)
                 sources.roots[key] = root
                 if skipped:
                     sources.notes[key] = "; ".join(skipped)
@@ -181,7 +190,8 @@ def load_table(
             shown = first_captions(folder, sources.max_images)
             check_headers(shown.image_paths)  # every bad image named at once
             table = with_explainers(lambda: folder_browse(
-                suite, shown, sources.features_dir, explainers=explainers),
+                suite, shown, sources.features_dir, explainers=explainers,
+                progress=stop_check),
                 len(shown.image_paths), explainers)
         sources.roots[key] = root
         note = skipped_note(folder.n_images, sources.max_images)

@@ -349,3 +349,21 @@ def test_the_tab_builds_in_the_app_and_opens_rows_in_align(ctx, checkpoint, sour
     assert opened.phrase == f"{phrase}:{' '.join(caption.split()[item.start:item.end])}"
     with pytest.raises(InputError, match="not on this page"):
         open_row(world, v.rows, 12)
+
+
+def test_a_server_stop_ends_a_table_load_at_its_next_batch(ctx, checkpoint, caption_zip,
+                                                           tmp_path, monkeypatch):
+    """A stop (SIGTERM) while Browse encodes a world split or an uploaded folder ends the
+    encoding at its next batch with the stopping message, nothing kept; once the server
+    runs again, the same load builds its table (the aborted build broke no cache)."""
+    from otviz.ui import shutdown
+
+    fresh = BrowseSources(B.BrowseCache(), tmp_path / "features", tmp_path / "uploads")
+    monkeypatch.setattr(shutdown, "stopping", lambda: True)
+    for source, args in [(WORLD_SOURCE, {"n_images": 2}),
+                         (UPLOAD_SOURCE, {"files": [str(caption_zip)]})]:
+        with pytest.raises(InputError, match="loading the table not finished: the server is "
+                                             "stopping"):
+            load_table(ctx, fresh, checkpoint, source, **args)
+    monkeypatch.setattr(shutdown, "stopping", lambda: False)
+    assert len(load_table(ctx, fresh, checkpoint, WORLD_SOURCE, 2).items) > 0
