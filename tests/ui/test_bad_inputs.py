@@ -425,25 +425,37 @@ def _uploaded(url: str, value):
     return value
 
 
-def call_selected(url: str, fn_index: int, args: list) -> str | None:
-    """A ``select`` event as the page sends it (with the clicked cell), through the queue:
-    gradio_client sends no event data."""
+def call_streamed(url: str, fn_index: int, args: list, event_data: dict | None = None,
+                  warned: bool = False) -> str | None:
+    """An event as the page sends it, through the queue (gradio_client sends no event data
+    and drops the toasts): its error, else with ``warned`` its first warning toast (an event
+    whose refusal is a toast, the input cleared: the image upload's), else ``None``."""
     session = os.urandom(8).hex()
     data = [_uploaded(url, a) for a in args]
     join = httpx.post(f"{url}gradio_api/queue/join", timeout=60, **PLAIN_HTTP, json={
         "data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": None,
-        "event_data": {"index": [0, 0], "value": "", "selected": True}})
+        "event_data": event_data})
     join.raise_for_status()
+    toast = None
     with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session},
                       timeout=120, **PLAIN_HTTP) as stream:
         for line in stream.iter_lines():
             if not line.startswith("data:"):
                 continue
             message = json.loads(line[5:])
+            if message.get("msg") == "log" and message.get("level") == "warning":
+                toast = toast or str(message.get("log") or "")
             if message.get("msg") == "process_completed":
                 output = message.get("output") or {}
-                return None if message.get("success") else str(output.get("error") or "")
+                if not message.get("success"):
+                    return str(output.get("error") or "")
+                return toast if warned else None
     return ""
+
+
+#: Events whose refusal is a warning toast with the input cleared, not an error: the shared
+#: image's upload (a refused upload left in the input would be a broken preview).
+TOAST_REFUSALS = ("on_upload",)
 
 
 def drive(url: str, group: EventGroup, tally: Tally, tmp: Path, image: str,
@@ -459,7 +471,10 @@ def drive(url: str, group: EventGroup, tally: Tally, tmp: Path, image: str,
 
     def run(args: list) -> str | None:
         if group.needs_event_data:
-            return call_selected(url, fn_index, args)
+            return call_streamed(url, fn_index, args,
+                                 {"index": [0, 0], "value": "", "selected": True})
+        if group.callback.endswith(TOAST_REFUSALS):
+            return call_streamed(url, fn_index, args, warned=True)
         return call(client, fn_index, [args[k] for k in keep])
 
     for k, kind in group.slots:
