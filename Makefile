@@ -12,8 +12,9 @@
 #   make screenshots   rerun the browser tests, writing the views to docs/screenshots/
 #   make remake   everything measured on the shipped backbone, re-made in order: the eight
 #                 heads for 3 seeds (seed 0 shipped), the eval tables over those seeds, the
-#                 manifest's eval records, top-16/128 retrieval over 3 seeds, the ablation over
-#                 3 seeds, the OT-CLIP loss table, the report figures and the backbone-quality
+#                 trust tables over those seeds, the manifest's eval records, top-16/128 retrieval
+#                 over 3 seeds, the ablation and the OT-CLIP loss table over 3 seeds, the report
+#                 figures and the backbone-quality
 #                 benchmark (2 cores, idle: heads and eval about 30 min, the top-128 retrieval
 #                 about 40 min, the ablation about 25 min)
 PYTHON ?= python3
@@ -139,7 +140,9 @@ remake: install
 	done
 	rm -rf $(SHIPPED)/heads && cp -r runs/heads-s0 $(SHIPPED)/heads
 	$(OTVIZ) eval --heads 'runs/heads-s{seed}' --seeds 0,1,2 --n-test 1000 --n-compositional 500 \
-		--also-candidates '' --threads 2 --out runs/eval
+		--also-candidates '' --explainers legrad --threads 2 --out runs/eval
+	$(OTVIZ) eval --heads 'runs/heads-s{seed}' --seeds 0,1,2 --tables trust --n-test 10 \
+		--explainers all --threads 2 --out benchmarks/eval/trust
 	$(OTVIZ) eval --heads $(SHIPPED)/heads --tables retrieval,probe,grounding --n-test 1000 \
 		--n-compositional 500 --also-candidates '' --threads 2 --out runs/eval-shipped \
 		--manifest $(SHIPPED)/manifest.json
@@ -147,7 +150,7 @@ remake: install
 		--tables retrieval --threads 2 --out runs/eval-rerank
 	$(OTVIZ) ablate --n-train 4000 --max-steps 60 --lr 2e-3 --threads 2 --out runs/ablation \
 		--n-test 500 --seeds 0,1,2 --tables-out runs/eval
-	$(OTVIZ) eval --otclip-losses --out runs/eval
+	$(OTVIZ) eval --otclip-losses --otclip-seeds 0,1,2 --out runs/eval
 	$(OTVIZ) report --eval-dir runs/eval --out benchmarks/eval/figures
 	cp runs/eval/tables.* runs/eval/ablation.* runs/eval/otclip_losses.* benchmarks/eval/
 	cp runs/eval-rerank/tables.json benchmarks/eval/retrieval_rerank.json

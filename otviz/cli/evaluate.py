@@ -35,14 +35,17 @@ def main(argv: list[str], prog: str = "otviz eval") -> int:
     from otviz.eval.runner import record_eval_metrics, run_eval, write_tables
 
     if args.otclip_losses:
-        from otviz.eval.otclip_table import otclip_loss_table
+        from otviz.eval.otclip_table import otclip_loss_tables
 
         otc = dataclass_from_args(OTCLIPTableConfig, args)
-        table, logs = with_bars(args.quiet, lambda bars: otclip_loss_table(otc, bars))
+        table, logs = with_bars(args.quiet, lambda bars: otclip_loss_tables(otc, bars))
         print(table.markdown())
         if args.out:
-            paths = write_tables([table], args.out, {"config": asdict(otc), "command": command,
-                                                     "logs": logs}, stem="otclip_losses")
+            first = next(iter(logs))  # the report's convergence curves: the first seed's runs
+            paths = write_tables([table], args.out, {
+                "config": asdict(otc), "command": command, "logs": logs[first],
+                "logs_seed": first, "logs_per_seed": {str(s): v for s, v in logs.items()}},
+                stem="otclip_losses")
             print("wrote " + ", ".join(str(p) for p in paths))
         return 0
     config = dataclass_from_args(EvalConfig, args)

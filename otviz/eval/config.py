@@ -139,10 +139,18 @@ class OTCLIPTableConfig:
     otclip_threads: Count = 2  # torch threads per process
     otclip_processes: Count = 1  # data-parallel pre-training processes
     otclip_seed: NonNegativeInt = 0  # seed of the pre-training and the world
-    otclip_runs: str = "runs/otclip"  # the pre-trained models go to <runs>/<loss>
+    otclip_seeds: str = ""  # comma list: one pre-training per loss and seed, mean and 95 %
+    # interval over the seeds (otviz.eval.seeds); "" : the one seed above
+    otclip_runs: str = "runs/otclip"  # the pre-trained models go to <runs>/<loss> (with
+    # several seeds: <runs>/s<seed>/<loss>)
 
     def losses(self) -> list[str]:
         return known_names(self.otclip_kinds, OTCLIP_LOSSES, "OT-CLIP losses")
+
+    def seed_list(self) -> list[int]:
+        """The seeds of ``otclip_seeds``, or ``[otclip_seed]`` when it is empty."""
+        seeds = [int(s) for s in self.otclip_seeds.split(",") if s.strip()]
+        return seeds or [self.otclip_seed]
 
 
 @dataclass

@@ -5,13 +5,15 @@ steps and schedule), then each model is scored on the world's zero-shot classifi
 (vanilla softmax, as OT-CLIP Table 1) and on held-out retrieval.
 
 ``otviz eval --otclip-losses`` runs it; the flags are the :class:`OTCLIPTableConfig`
-fields (all prefixed ``otclip_``).
+fields (all prefixed ``otclip_``); ``--otclip-seeds`` repeats it per seed and reports the mean
+and Student-t interval (:func:`otclip_loss_tables`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from otviz.backbone import Backbone
@@ -19,6 +21,7 @@ from otviz.eval.classification_metrics import accuracy
 from otviz.eval.classification_tables import classification_sets, temperature
 from otviz.eval.config import OTCLIPTableConfig
 from otviz.eval.held_out import HeldOutRetrieval
+from otviz.eval.seeds import aggregate
 from otviz.eval.table import Column, Table
 from otviz.ot.zeroshot import zero_shot_predict
 from otviz.train.pretrain import pretrain
@@ -100,3 +103,26 @@ def otclip_loss_table(
         "final loss values are not comparable across losses (different objectives)",
     ]
     return table, logs
+
+
+def otclip_loss_tables(
+    config: OTCLIPTableConfig, progress: StageProgress | None = None
+) -> tuple[Table, dict[int, dict[str, list[dict[str, float]]]]]:
+    """:func:`otclip_loss_table` at each seed of ``config.seed_list()`` (pre-training and
+    world drawn from the seed, models under ``<otclip_runs>/s<seed>`` when there are several);
+    one seed gives its table, several the mean and Student-t interval over them
+    (:func:`otviz.eval.seeds.aggregate`). Returns the table and the training logs per seed."""
+    seeds = config.seed_list()
+    if len(seeds) == 1:
+        table, logs = otclip_loss_table(replace(config, otclip_seed=seeds[0]), progress)
+        return table, {seeds[0]: logs}
+    runs, logs_per_seed = [], {}
+    for seed in seeds:
+        one = replace(config, otclip_seed=seed,
+                      otclip_runs=str(Path(config.otclip_runs) / f"s{seed}"))
+        table, logs_per_seed[seed] = otclip_loss_table(one, progress)
+        runs.append(table)
+    table = aggregate(runs)
+    table.notes[-1] = (f"intervals: Student-t over {len(seeds)} seeds (seed of the "
+                       "pre-training and of the world's samples)")
+    return table, logs_per_seed
