@@ -5,10 +5,11 @@ For each scene with two objects A and B of different colours and different shape
 captions name one object: the true caption of A ("a small red circle") and a conflicting
 caption that gives A's size and shape with B's colour ("a small blue circle"; false of
 the scene: no object is a small blue circle). For each word (size, colour, shape) we find
-where its heatmap peaks (the centre of its hottest patch, as in the pointing game): inside
-A's box, inside B's box, or elsewhere. A model that binds shape to place puts the shape
-word on A in both captions, and the conflicting colour word on B; a colour detector puts
-every word of the conflicting caption on B.
+where its heatmap peaks (the centre of its hottest patch, as in the pointing game, a tie
+split evenly among the tied patches): inside A's box, inside B's box, or elsewhere. A
+model that binds shape to place puts the shape word on A in both captions, and the
+conflicting colour word on B; a colour detector puts every word of the conflicting caption
+on B.
 
 Heatmaps come from a :data:`HeatmapSource`: a method's ``Alignment.heatmap`` of the word's
 tokens (:func:`method_source`) or the app's Words view, the cosine of the word with each
@@ -136,11 +137,11 @@ def words_view_source(explainer: Explainer) -> HeatmapSource:
 
 
 def peak_shares(locations: Tensor) -> dict[str, float]:
-    """Shares of :func:`~otviz.eval.grounding_metrics.peak_locations` over boxes ``(A, B)``:
-    ``on_a`` (0), ``on_b`` (1), ``elsewhere`` (2) and ``no_peak`` (flat map, -1)."""
-    loc = locations.long()
-    return {place: float((loc == code).double().mean())
-            for place, code in zip(PLACES, (0, 1, 2, -1), strict=True)}
+    """Mean shares of :func:`~otviz.eval.grounding_metrics.peak_locations` over boxes
+    ``(A, B)`` (``[n, 4]``: a tie for the peak split among the tied tokens' places):
+    ``on_a``, ``on_b``, ``elsewhere`` and ``no_peak`` (flat map)."""
+    means = locations.double().mean(dim=0)
+    return {place: float(means[c]) for c, place in enumerate(PLACES)}
 
 
 def binding_results(

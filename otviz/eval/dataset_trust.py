@@ -79,7 +79,7 @@ def dataset_trust_table(results: Sequence[dict[str, Any]], title: str,
     results = [r for r in results if r["rows"]]
     n_images = sum(r["images"] for r in results)
     n_phrases = sum(r["phrases"] for r in results)
-    table = Table("trust", f"Localisation of {n_phrases} gold phrases ({title}; Quantus)",
+    table = Table("trust", f"Localisation of {n_phrases} gold phrases ({title}; otviz's tie rule)",
                   trust_columns(DATASET_TRUST_METRICS))
     for name, first in results[0]["rows"].items():
         parts = [r["rows"][name] for r in results]

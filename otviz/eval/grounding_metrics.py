@@ -130,20 +130,28 @@ def pointing_hits(heatmaps: Tensor, geometry: Geometries, gold_boxes: Tensor) ->
 
 
 def peak_locations(heatmaps: Tensor, geometry: Geometries, boxes: Tensor) -> Tensor:
-    """``[n]`` long: which of ``K`` candidate boxes holds each heatmap's peak (the centre of
-    its hottest token, the first maximum among ties): the index of the first box containing
-    it, ``K`` when none does (elsewhere), ``-1`` for a flat heatmap (no peak).
+    """``[n, K + 2]`` float64: where each heatmap's peak lies among ``K`` candidate boxes, with
+    the pointing game's tie rule (:func:`expected_hits`: the peak drawn uniformly among the
+    tied maxima, :func:`peak_tokens`). Column ``k < K``: the share of the tied tokens whose
+    centre lies in box ``k`` (the first box containing it); column ``K``: in none
+    (elsewhere); column ``K + 1``: 1 for a flat heatmap (no peak; its other columns are 0).
+    A map with one maximum puts all its weight on one column.
 
     Args:
         heatmaps: ``[n, N]`` over the token grid.
         geometry: the token geometry on the picture (one, or one per heatmap).
         boxes: ``[n, K, 4]`` pixel boxes per heatmap.
     """
-    centres = peak_centres(heatmaps, geometry)
-    inside = points_in_boxes(centres[:, None, :], boxes)  # [n, K]
-    k = boxes.shape[1]
-    first = torch.where(inside, torch.arange(k), k).amin(dim=1)
-    return torch.where(is_flat(heatmaps), -1, first)
+    n, k = heatmaps.shape[0], boxes.shape[1]
+    tied = peak_tokens(heatmaps).double()  # [n, N]
+    centres = token_centres(geometry, n)  # [n, N, 2]
+    inside = points_in_boxes(centres[:, :, None, :], boxes[:, None, :, :])  # [n, N, K]
+    first = torch.where(inside, torch.arange(k), k).amin(dim=2)  # [n, N]: box, K elsewhere
+    shares = (F.one_hot(first, k + 1).double() * tied[..., None]).sum(dim=1)
+    shares = shares / tied.sum(dim=1, keepdim=True)
+    flat = is_flat(heatmaps)
+    shares[flat] = 0.0
+    return torch.cat([shares, flat[:, None].double()], dim=1)
 
 
 def pointing_game(heatmaps: Tensor, geometry: Geometries, gold_boxes: Tensor) -> float:

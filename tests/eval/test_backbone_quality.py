@@ -45,15 +45,24 @@ def test_peak_locations_on_hand_made_heatmaps() -> None:
     heat = torch.tensor([[0.0, 5.0, 1.0, 1.0],   # peak (60, 10): in box B
                          [9.0, 0.0, 0.0, 0.0],   # peak (20, 10): in box A
                          [0.0, 0.0, 0.0, 3.0],   # peak (60, 30): in neither
-                         [2.0, 2.0, 2.0, 2.0]])  # flat: no peak
-    boxes = torch.tensor([[[0, 0, 40, 20], [40, 0, 80, 20]]] * 4, dtype=torch.float64)
+                         [2.0, 2.0, 2.0, 2.0],   # flat: no peak
+                         [4.0, 4.0, 0.0, 4.0]])  # a 3-way tie: A, B, neither
+    boxes = torch.tensor([[[0, 0, 40, 20], [40, 0, 80, 20]]] * 5, dtype=torch.float64)
     loc = peak_locations(heat, TokenGeometry.cell_centred((2, 2), (80, 40)), boxes)
-    assert loc.tolist() == [1, 0, 2, -1]
-    assert peak_shares(loc) == {"on_a": 0.25, "on_b": 0.25, "elsewhere": 0.25, "no_peak": 0.25}
+    third = 1 / 3
+    expected = [[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1], [third, third, third, 0]]
+    assert torch.allclose(loc, torch.tensor(expected, dtype=torch.float64))
+    assert peak_shares(loc[:4]) == {"on_a": 0.25, "on_b": 0.25, "elsewhere": 0.25,
+                                    "no_peak": 0.25}
+    assert peak_shares(loc[4:]) == pytest.approx({"on_a": third, "on_b": third,
+                                                  "elsewhere": third, "no_peak": 0.0})
     # the first box wins where boxes overlap; pointing_hits agrees with box 0, the flat map
-    # scoring the chance of a random token (1 of 4 centres in box A)
+    # scoring the chance of a random token (1 of 4 centres in box A), the tie its share in A
     assert pointing_hits(heat, TokenGeometry.cell_centred((2, 2), (80, 40)),
-                         boxes[:, 0]).tolist() == [0.0, 1.0, 0.0, 0.25]
+                         boxes[:, 0]).tolist() == pytest.approx([0.0, 1.0, 0.0, 0.25, third])
+    overlap = torch.tensor([[[0, 0, 80, 20], [40, 0, 80, 20]]], dtype=torch.float64)
+    assert peak_locations(heat[:1], TokenGeometry.cell_centred((2, 2), (80, 40)),
+                          overlap).tolist() == [[1.0, 0.0, 0.0, 0.0]]
 
 
 def _objects() -> list[SceneObject]:

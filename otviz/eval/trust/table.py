@@ -100,7 +100,8 @@ def trust_tables(
     sources = heatmap_sources(suite.methods, explainers)
     n_rows = len(inputs.targets)
     table = Table("trust", f"Which heatmap can you trust? {n_rows} gold noun phrases of "
-                  f"{n_images} world {split} images (Quantus)", trust_columns(metrics))
+                  f"{n_images} world {split} images (localisation: otviz's tie rule; the "
+                  "rest: Quantus)", trust_columns(metrics))
     cost: dict[str, dict[str, list[float]]] = {k: {} for k in KINDS}
     for k, source in enumerate(sources, start=1):
         scores = trust_scores(inputs.scorer, source, inputs.pixels, inputs.targets,
