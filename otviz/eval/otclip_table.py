@@ -34,7 +34,9 @@ LOSS_LABELS = {"infonce": "InfoNCE", "entropic_ot": "Entropic OT", "dbot": "DBOT
 
 
 def pretrain_config(config: OTCLIPTableConfig, loss: str) -> PretrainConfig:
-    """The pre-training run of ``loss`` at the table's shared budget."""
+    """The pre-training run of ``loss`` at the table's shared budget: a CLIP as OT-CLIP
+    trains it (Sec. 4.1: a ViT with its patch embedding, the loss alone: no token-wise local
+    term and no world hard negatives, which the shipped tiny CLIP's recipe adds)."""
     w = config.otclip_width
     return PretrainConfig(
         steps=config.otclip_steps, batch_size=config.otclip_batch_size, lr=config.otclip_lr,
@@ -42,7 +44,8 @@ def pretrain_config(config: OTCLIPTableConfig, loss: str) -> PretrainConfig:
         n_train=config.otclip_n_train, n_test=config.otclip_n_test, embed_dim=w,
         vision_width=w, vision_layers=config.otclip_layers, vision_heads=config.otclip_heads,
         text_width=w, text_layers=config.otclip_layers, text_heads=config.otclip_heads,
-        vision_pos_embed="sin_cos_2d", loss=loss, hard_negatives=0,
+        vision_pos_embed="sin_cos_2d", vision_stem="patch", loss=loss, hard_negatives=0,
+        local_weight=0.0,
         threads=config.otclip_threads,
         processes=config.otclip_processes, eval_every=0,
         out=str(Path(config.otclip_runs) / loss),
