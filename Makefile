@@ -148,7 +148,7 @@ remake: install
 		--manifest $(SHIPPED)/manifest.json
 	$(OTVIZ) eval --heads 'runs/heads-s{seed}' --seeds 0,1,2 --n-test 1000 --n-compositional 500 \
 		--tables retrieval --threads 2 --out runs/eval-rerank
-	$(OTVIZ) ablate --n-train 4000 --max-steps 60 --lr 2e-3 --threads 2 --out runs/ablation \
+	$(OTVIZ) ablate --start random --n-train 4000 --max-steps 60 --lr 2e-3 --threads 2 --out runs/ablation \
 		--n-test 500 --seeds 0,1,2 --tables-out runs/eval
 	$(OTVIZ) eval --otclip-losses --otclip-seeds 0,1,2 --out runs/eval
 	$(OTVIZ) report --eval-dir runs/eval --out benchmarks/eval/figures
