@@ -39,19 +39,6 @@ def phrase_token_select(token_word: Tensor, token_mask: Tensor, spans: Tensor) -
     return (token_word >= start) & (token_word < end) & token_mask
 
 
-def peak_centres(heatmaps: Tensor, geometry: Geometries) -> Tensor:
-    """``[n, 2]`` pixel point ``(x, y)`` (float64) where each heatmap's hottest token looks:
-    its receptive-field centre in the tower's token geometry (the first maximum wins ties).
-
-    Args:
-        heatmaps: ``[n, N]`` over the token grid, row-major.
-        geometry: the token geometry on the picture (one, or one per heatmap).
-    """
-    n = heatmaps.shape[0]
-    peak = heatmaps.argmax(dim=1).cpu()
-    return token_centres(geometry, n)[torch.arange(n), peak]
-
-
 def points_in_boxes(points: Tensor, boxes: Tensor) -> Tensor:
     """``[...]`` bool: point ``(x, y)`` inside its half-open pixel box (``[..., 2]`` points,
     ``[..., 4]`` boxes, broadcast)."""

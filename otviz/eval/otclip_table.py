@@ -125,7 +125,4 @@ def otclip_loss_tables(
                       otclip_runs=str(Path(config.otclip_runs) / f"s{seed}"))
         table, logs_per_seed[seed] = otclip_loss_table(one, progress)
         runs.append(table)
-    table = aggregate(runs)
-    table.notes[-1] = (f"intervals: Student-t over {len(seeds)} seeds (seed of the "
-                       "pre-training and of the world's samples)")
-    return table, logs_per_seed
+    return aggregate(runs, seeded="the pre-training and of the world's samples"), logs_per_seed

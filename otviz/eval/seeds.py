@@ -111,11 +111,15 @@ def per_seed_values(runs: Sequence[Table], row: str, key: str) -> list[float]:
     return out
 
 
-def aggregate(runs: Sequence[Table], level: float = LEVEL) -> Table:
+#: What a seed draws in the comparison's tables (the intervals' note).
+SEEDED = "the head training where heads were trained per seed, and of the test draw"
+
+
+def aggregate(runs: Sequence[Table], level: float = LEVEL, seeded: str = SEEDED) -> Table:
     """One table over seeds (``runs``: the same table per seed): each measured cell (a
     column of format pct / num / ms that is not a setting) becomes the mean, with
     ``<key>_ci = [low, high]`` and ``<key>_seeds`` (the per-seed values); Markdown shows
-    ``mean [low, high]``."""
+    ``mean [low, high]``; ``seeded`` says in the notes what a seed draws."""
     first = runs[0]
     table = Table(first.key, f"{first.title}; mean [{level:.0%} interval] over "
                   f"{len(runs)} seeds", list(first.columns), notes=_merged_notes(runs))
@@ -133,8 +137,7 @@ def aggregate(runs: Sequence[Table], level: float = LEVEL) -> Table:
             iv = seed_interval(values, level)
             out[key], out[f"{key}_ci"], out[f"{key}_seeds"] = iv.mean, [iv.low, iv.high], values
         table.rows.append(out)
-    table.notes.append(f"intervals: Student-t over {len(runs)} seeds (seed of the head "
-                       "training where heads were trained per seed, and of the test draw)")
+    table.notes.append(f"intervals: Student-t over {len(runs)} seeds (seed of {seeded})")
     return table
 
 
