@@ -16,6 +16,7 @@ and looks at the interval of ``m_A - m_B``: it **holds** when the interval lies 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -142,13 +143,27 @@ def aggregate(runs: Sequence[Table], level: float = LEVEL, seeded: str = SEEDED)
 
 
 def _merged_notes(runs: Sequence[Table]) -> list[str]:
-    """The notes of the per-seed tables: a note every seed shares once, one that differs
-    (the heads a seed used) as its per-seed values."""
+    """The notes of the per-seed tables: a note every seed shares once; one that differs
+    (the heads a seed used, a count) once with its differing words as ``a / b / c`` in seed
+    order, or, where the seeds' notes differ in more than a few words, as its per-seed
+    values."""
     out = []
     for k, note in enumerate(runs[0].notes):
         values = [t.notes[k] if k < len(t.notes) else "" for t in runs]
-        out.append(note if len(set(values)) == 1 else "per seed: " + "; ".join(values))
+        out.append(note if len(set(values)) == 1 else _merged_note(values))
     return out
+
+
+def _merged_note(values: Sequence[str]) -> str:
+    """One note from its per-seed versions: word by word where they differ in at most a
+    quarter of their words (at least one), else ``per seed: v0; v1; ...``."""
+    tokens = [re.split(r"(\s+|[;,:()])", v) for v in values]
+    if len({len(t) for t in tokens}) == 1:
+        columns = list(zip(*tokens, strict=True))
+        differing = sum(len(set(c)) > 1 for c in columns)
+        if differing <= max(1, sum(bool(c[0].strip()) for c in columns) // 4):
+            return "".join(c[0] if len(set(c)) == 1 else " / ".join(c) for c in columns)
+    return "per seed: " + "; ".join(values)
 
 
 CLAIM_COLUMNS = [

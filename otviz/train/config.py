@@ -112,7 +112,8 @@ class TrainConfig:
     powerset_gamma: NonNegative = 0.2  # triplet margin (the paper gives no value)
     powerset_negatives: TripletNegatives = "all"  # "all" (mean hinge, VSE++) or "hardest"
     # (Eq. 9)
-    n_regions: Count = 10  # random boxes per image (PowerCLIP-R, Sec. 3.2)
+    n_regions: Count = 15  # random boxes per image (PowerCLIP-R, Sec. 3.2; M = 15 won on
+    # validation among the paper's 5-15, docs/reproduced.md)
     # ---------------------------------------------------------------- global term
     train_global_head: bool = False  # a trainable linear head on the pooled embeddings
     global_loss: OTCLIPLoss = "infonce"  # OT-CLIP loss kind (otviz.train.otclip_losses)

@@ -89,7 +89,18 @@ def test_settings_are_not_averaged_over_seeds() -> None:
     for seed, table in enumerate(runs):
         table.notes = ["recipe: lr 0.002", f"heads: heads-s{seed}"]
     assert aggregate(runs).notes[:2] == [
-        "recipe: lr 0.002", "per seed: heads: heads-s0; heads: heads-s1; heads: heads-s2"]
+        "recipe: lr 0.002", "heads: heads-s0 / heads-s1 / heads-s2"]
+
+
+def test_notes_that_differ_between_seeds_are_merged_word_by_word() -> None:
+    cols = [Column("name", "Variant", "text"), Column("r1", "R@1")]
+    notes = [["the 303 phrases of one colour; seed 0", "refused: a"],
+             ["the 311 phrases of one colour; seed 1", "refused: a; b"],
+             ["the 300 phrases of one colour; seed 2", "refused: a; b; c"]]
+    runs = [Table("t", "T", cols, [{"name": "x", "r1": 0.5}], notes=n) for n in notes]
+    assert aggregate(runs).notes[:2] == [
+        "the 303 / 311 / 300 phrases of one colour; seed 0 / 1 / 2",
+        "per seed: refused: a; refused: a; b; refused: a; b; c"]  # not word-aligned
 
 
 def test_paper_recipe_preset() -> None:
