@@ -38,11 +38,11 @@ def main(argv: list[str], prog: str = "otviz eval") -> int:
         from otviz.eval.otclip_table import otclip_loss_tables
 
         otc = dataclass_from_args(OTCLIPTableConfig, args)
-        table, logs = with_bars(args.quiet, lambda bars: otclip_loss_tables(otc, bars))
-        print(table.markdown())
+        tables, logs = with_bars(args.quiet, lambda bars: otclip_loss_tables(otc, bars))
+        print("\n\n".join(t.markdown() for t in tables))
         if args.out:
             first = next(iter(logs))  # the report's convergence curves: the first seed's runs
-            paths = write_tables([table], args.out, {
+            paths = write_tables(tables, args.out, {
                 "config": asdict(otc), "command": command, "logs": logs[first],
                 "logs_seed": first, "logs_per_seed": {str(s): v for s, v in logs.items()}},
                 stem="otclip_losses")

@@ -6,13 +6,14 @@ steps and schedule), then each model is scored on the world's zero-shot classifi
 
 ``otviz eval --otclip-losses`` runs it; the flags are the :class:`OTCLIPTableConfig`
 fields (all prefixed ``otclip_``); ``--otclip-seeds`` repeats it per seed and reports the mean
-and Student-t interval (:func:`otclip_loss_tables`).
+and Student-t interval (:func:`otclip_loss_tables`) and, paired by seed, whether each OT loss
+beats InfoNCE (:func:`otclip_claims`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from otviz.eval.classification_metrics import accuracy
 from otviz.eval.classification_tables import classification_sets, temperature
 from otviz.eval.config import OTCLIPTableConfig
 from otviz.eval.held_out import HeldOutRetrieval
-from otviz.eval.seeds import aggregate
+from otviz.eval.seeds import aggregate, claims_table
 from otviz.eval.table import Column, Table
 from otviz.ot.zeroshot import zero_shot_predict
 from otviz.train.pretrain import pretrain
@@ -31,6 +32,8 @@ StageProgress = Callable[[str, int, int], None]
 LOSS_LABELS = {"infonce": "InfoNCE", "entropic_ot": "Entropic OT", "dbot": "DBOT",
                "unbalanced_ot": "Unbalanced OT", "fgw_ot": "Fused Gromov OT",
                "ufg_ot": "U-FG OT"}
+#: What OT-CLIP Table 1 compares (zero-shot) and the retrieval it also reports.
+CLAIM_METRICS = ("zs_mean", "i2t_r1", "t2i_r1")
 
 
 def pretrain_config(config: OTCLIPTableConfig, loss: str) -> PretrainConfig:
@@ -110,19 +113,36 @@ def otclip_loss_table(
 
 def otclip_loss_tables(
     config: OTCLIPTableConfig, progress: StageProgress | None = None
-) -> tuple[Table, dict[int, dict[str, list[dict[str, float]]]]]:
+) -> tuple[list[Table], dict[int, dict[str, list[dict[str, float]]]]]:
     """:func:`otclip_loss_table` at each seed of ``config.seed_list()`` (pre-training and
     world drawn from the seed, models under ``<otclip_runs>/s<seed>`` when there are several);
     one seed gives its table, several the mean and Student-t interval over them
-    (:func:`otviz.eval.seeds.aggregate`). Returns the table and the training logs per seed."""
+    (:func:`otviz.eval.seeds.aggregate`) and :func:`otclip_claims`. Returns the tables and
+    the training logs per seed."""
     seeds = config.seed_list()
     if len(seeds) == 1:
         table, logs = otclip_loss_table(replace(config, otclip_seed=seeds[0]), progress)
-        return table, {seeds[0]: logs}
+        return [table], {seeds[0]: logs}
     runs, logs_per_seed = [], {}
     for seed in seeds:
         one = replace(config, otclip_seed=seed,
                       otclip_runs=str(Path(config.otclip_runs) / f"s{seed}"))
         table, logs_per_seed[seed] = otclip_loss_table(one, progress)
         runs.append(table)
-    return aggregate(runs, seeded="the pre-training and of the world's samples"), logs_per_seed
+    tables = [aggregate(runs, seeded="the pre-training and of the world's samples")]
+    if "infonce" in config.otclip_kinds.split(",") and len(runs[0].rows) > 1:
+        tables.append(otclip_claims(runs))
+    return tables, logs_per_seed
+
+
+def otclip_claims(runs: Sequence[Table], baseline: str = "infonce") -> Table:
+    """OT-CLIP's claim that its losses beat InfoNCE (Sec. 4.2, Table 1), judged per loss and
+    metric (:data:`CLAIM_METRICS`) from the paired per-seed differences of the per-seed
+    tables ``runs`` (:func:`otviz.eval.seeds.claims_table`)."""
+    losses = [row["name"] for row in runs[0].rows if row["name"] != baseline]
+    claims = [("otclip_losses", metric, loss, baseline)
+              for loss in losses for metric in CLAIM_METRICS]
+    table = claims_table({"otclip_losses": runs}, claims)
+    table.key = "otclip_claims"
+    table.title = f"Does an OT loss beat InfoNCE? {table.title}"
+    return table
