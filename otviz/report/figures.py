@@ -15,6 +15,11 @@ from otviz.patch_grid.tokens import TokenGeometry
 from otviz.viz.heatmaps import draw_heatmap
 from otviz.viz.style import new_figure, plt
 
+#: Characters of a 9 pt title per inch of figure width (titles longer than the figure wrap).
+TITLE_CHARS_PER_INCH = 13
+#: Characters of a 7 pt legend entry per inch (its columns stay inside the figure).
+LEGEND_CHARS_PER_INCH = 17
+
 
 def grouped_bars_figure(
     groups: Sequence[str],
@@ -31,7 +36,8 @@ def grouped_bars_figure(
     scale = 100.0 if percent else 1.0
     k, n = len(series), len(groups)
     width = 0.8 / max(k, 1)
-    fig = new_figure(max(5.0, 0.35 * n * max(k, 1) + 1.8), 3.4)
+    fig_width = max(5.0, 0.35 * n * max(k, 1) + 1.8)
+    fig = new_figure(fig_width, 3.4)
     ax = fig.add_subplot()
     palette = plt.get_cmap("tab10")
     for s, (label, values) in enumerate(series.items()):
@@ -44,17 +50,26 @@ def grouped_bars_figure(
                          * scale for i in (0, 1))
             ax.errorbar(pos, vals, yerr=[vals - low, high - vals], fmt="none", ecolor="black",
                         elinewidth=0.8, capsize=2)
-        ax.bar_label(bars, labels=["-" if np.isnan(v) else f"{v:.0f}" if percent else f"{v:.2f}"
-                                   for v in vals], fontsize=6, padding=1,
-                     label_type="edge" if spans is None else "center")
+        texts = ax.bar_label(bars, labels=["-" if np.isnan(v) else f"{v:.0f}" if percent
+                                           else f"{v:.2f}" for v in vals], fontsize=6, padding=1,
+                             label_type="edge" if spans is None else "center")
+        if spans is not None:  # readable where an interval's whisker crosses the value
+            for text in texts:
+                text.set_bbox({"boxstyle": "round,pad=0.15", "facecolor": "white",
+                               "edgecolor": "none", "alpha": 0.75})
     ax.set_xticks(np.arange(n), list(groups), rotation=20, ha="right", fontsize=8)
-    if percent:
-        ax.set_ylim(0, 108)
-    ax.set_ylabel(ylabel, fontsize=8)
-    ax.set_title(title, fontsize=9)
-    ax.tick_params(axis="y", labelsize=7)
+    legend_rows = 0
     if k > 1:
-        ax.legend(fontsize=7, frameon=False, ncols=min(k, 4), loc="upper left")
+        fits = int(LEGEND_CHARS_PER_INCH * fig_width) // (max(map(len, series)) + 5)
+        ncols = max(1, min(k, 4, fits))
+        legend_rows = -(-k // ncols)
+        ax.legend(fontsize=7, frameon=False, ncols=ncols, loc="upper left")
+    if percent:  # headroom above 100 for the legend's rows, which would cover full bars
+        ax.set_ylim(0, 108 + 14 * legend_rows)
+        ax.set_yticks(np.arange(0, 101, 20))
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_title(textwrap.fill(title, int(TITLE_CHARS_PER_INCH * fig_width)), fontsize=9)
+    ax.tick_params(axis="y", labelsize=7)
     return fig
 
 
