@@ -130,7 +130,8 @@ def otclip_loss_tables(
         table, logs_per_seed[seed] = otclip_loss_table(one, progress)
         runs.append(table)
     tables = [aggregate(runs, seeded="the pre-training and of the world's samples")]
-    if "infonce" in config.otclip_kinds.split(",") and len(runs[0].rows) > 1:
+    losses = config.losses()
+    if "infonce" in losses and len(losses) > 1:
         tables.append(otclip_claims(runs))
     return tables, logs_per_seed
 
@@ -142,7 +143,5 @@ def otclip_claims(runs: Sequence[Table], baseline: str = "infonce") -> Table:
     losses = [row["name"] for row in runs[0].rows if row["name"] != baseline]
     claims = [("otclip_losses", metric, loss, baseline)
               for loss in losses for metric in CLAIM_METRICS]
-    table = claims_table({"otclip_losses": runs}, claims)
-    table.key = "otclip_claims"
-    table.title = f"Does an OT loss beat InfoNCE? {table.title}"
-    return table
+    return claims_table({"otclip_losses": runs}, claims, key="otclip_claims",
+                        question="Does an OT loss beat InfoNCE?")

@@ -177,11 +177,14 @@ def claims_table(
     runs: dict[str, Sequence[Table]],
     claims: Sequence[tuple[str, str, str, str]],
     level: float = LEVEL,
+    key: str = "claims",
+    question: str = "",
 ) -> Table:
     """Verdicts on claims ``(table key, metric, A, B)`` = "A beats B on metric" from the
-    per-seed tables ``runs[table key]`` (rows named as in :data:`ROW_KEYS`)."""
-    table = Table("claims", f"Claims over seeds (paired difference, {level:.0%} interval)",
-                  CLAIM_COLUMNS)
+    per-seed tables ``runs[table key]`` (rows named as in :data:`ROW_KEYS`); the table's
+    ``key``, and a ``question`` it answers ahead of its title."""
+    title = f"Claims over seeds (paired difference, {level:.0%} interval)"
+    table = Table(key, f"{question} {title}".strip(), CLAIM_COLUMNS)
     for key, metric, a, b in claims:
         verdict, diff = beats(per_seed_values(runs[key], a, metric),
                               per_seed_values(runs[key], b, metric), level)
