@@ -135,6 +135,33 @@ def open_tab(page, title: str) -> None:
     page.get_by_role("tab", name=title, exact=True).click()
 
 
+def open_dropdown(page, dropdown: str) -> list[str]:
+    """Focuses the dropdown ``#dropdown`` and returns its options' labels, in list order."""
+    page.locator(f"#{dropdown} input").click()
+    options = page.get_by_role("option")
+    options.first.wait_for(state="attached")
+    return options.evaluate_all("os => os.map(o => o.getAttribute('aria-label'))")
+
+
+def press_option(page, dropdown: str, index: int) -> None:
+    """Picks the ``index``-th option of the open dropdown by keyboard (Home, Down, Enter).
+
+    Gradio floats the option list at fixed coordinates taken when it opens: when the page's
+    layout moves after that, the list can stay outside the viewport, where a click never
+    lands (CI failed so); the keys select without reading where the list is."""
+    box = page.locator(f"#{dropdown} input")
+    box.press("Home")
+    for _ in range(index):
+        box.press("ArrowDown")
+    box.press("Enter")
+
+
+def pick_option(page, dropdown: str, *, nth: int | None = None, name: str | None = None) -> None:
+    """Picks the option of ``#dropdown`` called ``name``, or its ``nth``."""
+    labels = open_dropdown(page, dropdown)
+    press_option(page, dropdown, labels.index(name) if name is not None else nth)
+
+
 #: Gradio's answer to an event started while a file is still uploading (the event is not sent).
 UPLOAD_PENDING = ("[...document.querySelectorAll('.toast-body')]"
                   ".filter(t => t.innerText.includes('finish uploading')).length")
@@ -308,9 +335,9 @@ def test_a_pick_in_a_dropdown_is_one_server_call(own_page, dropdown, output):
         if request.url.split("?")[0].endswith("/queue/join"):
             joins.append(request.post_data or "")
 
-    page.locator(f"#{dropdown} input").click()
+    open_dropdown(page, dropdown)
     page.on("request", record)
-    page.get_by_role("option").nth(2).click()
+    press_option(page, dropdown, 2)
     page.wait_for_function(
         f"""before => {{ const e = document.querySelector('{output}');
             return e && ({DRAWN})(e) !== before && !document.querySelector(
@@ -335,8 +362,7 @@ def test_a_phrase_pick_swaps_in_the_prefetched_grid(own_page, live_app):
     choices = phrase_choices(tools[0].encode(image, example.caption))
     src = "document.querySelector('#align-grid img').src"
     for attempt in range(40):  # until the prefetch (drawn at idle priority) has landed
-        page.locator("#align-phrase input").click()
-        page.get_by_role("option").nth(1 + attempt % 2).click()
+        pick_option(page, "align-phrase", nth=1 + attempt % 2)
         page.wait_for_timeout(250)
         if page.evaluate(src).startswith("data:image/jpeg"):
             break
@@ -555,9 +581,7 @@ def test_align_trust_panel_and_browse_sort_by_a_trust_metric(own_page, live_app,
     open_tab(page, "Browse")
     page.get_by_role("button", name="Load", exact=True).click()
     rendered_image(page, "#browse-grid")
-    box = page.locator("#browse-trust-metric input")
-    box.click()
-    page.get_by_role("option", name="Relevance mass ↑").click()
+    pick_option(page, "browse-trust-metric", name="Relevance mass ↑")
     page.wait_for_function("Array.from(document.querySelectorAll('#browse-table th'))"
                            ".some(th => th.textContent.includes('Relevance mass'))",
                            timeout=300_000)
@@ -599,9 +623,7 @@ def _method_before_align(page) -> None:
     aligned the example's own)."""
     page.locator("#shared-caption textarea").fill(f"a blue star never aligned {os.getpid()}")
     open_tab(page, "Align")
-    page.locator("#align-method input").click()
-    page.get_by_role("option").nth(2).click()
-    page.locator("#shared-caption textarea").click()  # the blur that ends the edit
+    pick_option(page, "align-method", nth=2)
 
 
 #: Align's reads of an Align click's results, which were served outside the queue, where
