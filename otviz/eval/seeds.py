@@ -185,10 +185,10 @@ def claims_table(
     ``key``, and a ``question`` it answers ahead of its title."""
     title = f"Claims over seeds (paired difference, {level:.0%} interval)"
     table = Table(key, f"{question} {title}".strip(), CLAIM_COLUMNS)
-    for key, metric, a, b in claims:
-        verdict, diff = beats(per_seed_values(runs[key], a, metric),
-                              per_seed_values(runs[key], b, metric), level)
-        table.rows.append({"claim": f"{a} beats {b} on {key} {metric}", "table": key,
+    for source, metric, a, b in claims:
+        verdict, diff = beats(per_seed_values(runs[source], a, metric),
+                              per_seed_values(runs[source], b, metric), level)
+        table.rows.append({"claim": f"{a} beats {b} on {source} {metric}", "table": source,
                            "metric": metric, "a": a, "b": b, "diff": diff.mean,
                            "low": diff.low, "high": diff.high, "verdict": verdict,
                            "n_seeds": diff.n})
