@@ -336,13 +336,12 @@ def _grounding_row(
             "pointing_shared_colour": shared, "n_shared_colour": int(subset.numel())}
 
 
-def baseline_rows(data: EvalSet, q: PhraseQueries, threshold: float = 0.5,
-                  seed: int | None = None, phrase_hits: dict[str, dict] | None = None
-                  ) -> list[dict]:
-    """Grounding rows of the model-free baselines (:mod:`otviz.eval.grounding_baselines`):
-    on the world, the colour-only pixel oracle; then the centre prior and the uniform map;
-    with ``seed``, a random map (uniform noise drawn from ``seed``: its peak is a token
-    drawn at random)."""
+def baseline_maps(data: EvalSet, q: PhraseQueries, seed: int | None = None
+                  ) -> list[tuple[str, str, Tensor]]:
+    """``(label, name, [P, N] maps)`` of the model-free baselines
+    (:mod:`otviz.eval.grounding_baselines`): on the world, the colour-only pixel oracle;
+    then the centre prior and the uniform map; with ``seed``, a random map (uniform noise
+    drawn from ``seed``: its peak is a token drawn at random)."""
     geometry, n = data.geometry, q.image.numel()
     rows = []
     if data.is_world:
@@ -356,9 +355,16 @@ def baseline_rows(data: EvalSet, q: PhraseQueries, threshold: float = 0.5,
         noise = torch.rand(n, geometry.n, dtype=torch.float64,
                            generator=torch.Generator().manual_seed(seed))
         rows.append((f"Random map (seed {seed})", "random", noise))
-    return [{**_grounding_row(label, name, heat, q, geometry, threshold, phrase_hits),
+    return rows
+
+
+def baseline_rows(data: EvalSet, q: PhraseQueries, threshold: float = 0.5,
+                  seed: int | None = None, phrase_hits: dict[str, dict] | None = None
+                  ) -> list[dict]:
+    """Grounding rows of the model-free baselines (:func:`baseline_maps`)."""
+    return [{**_grounding_row(label, name, heat, q, data.geometry, threshold, phrase_hits),
              "baseline": True}
-            for label, name, heat in rows]
+            for label, name, heat in baseline_maps(data, q, seed)]
 
 
 def explainer_rows(

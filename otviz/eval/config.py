@@ -25,11 +25,12 @@ from otviz.knobs import (
 ALIGNMENT_TABLES = ("retrieval", "probe", "grounding", "anchors", "cost")
 CLASSIFICATION_TABLES = ("zero_shot", "long_tailed", "selective")
 TABLES = ALIGNMENT_TABLES + CLASSIFICATION_TABLES
-#: Tables made only when named (not part of "all"): the trust metrics (Quantus) cost minutes.
-ON_REQUEST_TABLES = ("trust",)
+#: Tables made only when named (not part of "all"): the trust metrics (Quantus) cost minutes;
+#: the segmentation table (otviz.eval.segmentation) reads every grounding row as a segmenter.
+ON_REQUEST_TABLES = ("trust", "segmentation")
 #: The tables of a real data set (--dataset): the grounding table, and on request the trust
-#: table's localisation metrics.
-DATASET_TABLES = ("grounding", "trust")
+#: table's localisation metrics; on a segmentation set (voc, voc20) the segmentation table.
+DATASET_TABLES = ("grounding", "trust", "segmentation")
 TRAINING_FREE = "training-free"
 Tables = Annotated[str, ListOf(TABLES + ON_REQUEST_TABLES, ("all",))]
 
@@ -53,8 +54,9 @@ class EvalConfig:
     methods: str = ""  # comma list of comparison methods ("" : all eight)
     explainers: str = ""  # comma list of explainers in the grounding table ("all", "" : none)
     tables: Tables = "all"  # the tables to compute: a comma list, or "all" (every table but
-    # "trust", the Quantus metrics, which is made only when named); with --dataset: grounding
-    # (always) and trust (its localisation metrics: pointing, mass, rank, AUC)
+    # "trust", the Quantus metrics, and "segmentation", mIoU of every map read as a
+    # segmenter, made only when named); with --dataset: grounding (always) and trust (its
+    # localisation metrics: pointing, mass, rank, AUC); voc/voc20: segmentation
     n_test: Count = 1000  # world test images (retrieval, probe, grounding)
     n_compositional: NonNegativeInt = 500  # compositional-split images (held-out probe column)
     seed: NonNegativeInt = 0  # world seed of the test and compositional splits
@@ -72,7 +74,9 @@ class EvalConfig:
     cache_dir: str = ".cache/otviz-features"  # frozen-backbone feature cache
     out: str = "runs/eval"  # writes tables.json and tables.md here ("" : print only)
     dataset: str = ""  # KIND:PATH of a real grounding set (flickr30k, refcoco, refcoco+,
-    # refcocog, vg): its grounding table instead of the world's tables (grounding.json/.md/.csv)
+    # refcocog, vg): its grounding table instead of the world's tables (grounding.json/.md/.csv);
+    # or of a segmentation set in its published layout (voc: PASCAL VOC 2012 with background,
+    # voc20: without): its segmentation table (segmentation.json/.md)
     split: str = ""  # split of --dataset ("" : test, testA for refcoco/+, all for vg)
     images: str = ""  # image folder of --dataset ("" : the layout's own, under PATH)
     limit: NonNegativeInt = 0  # --dataset: read the first N images of the split (0 : all)

@@ -24,6 +24,7 @@ from otviz.eval import alignment_tables as A
 from otviz.eval import classification_tables as C
 from otviz.eval import seeds as S
 from otviz.eval.config import ALIGNMENT_TABLES, TRAINING_FREE, EvalConfig
+from otviz.eval.segmentation import segmentation_table
 from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet
 from otviz.explainers import explainer_names
@@ -106,7 +107,7 @@ def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -
     backbone = chosen_features(load_backbone(config.backbone), config)
     tables: dict[str, Table] = {}
     suite = None
-    if any(n in ALIGNMENT_TABLES for n in names):
+    if any(n in ALIGNMENT_TABLES or n == "segmentation" for n in names):
         suite = build_suite(backbone, config.heads, config.method_names())
 
         def encoding(done: int, total: int) -> None:
@@ -127,6 +128,10 @@ def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -
         if "grounding" in names:
             tables["grounding"] = A.grounding_table(
                 suite, test, explainers=explainer_names(config.explainers), **kw)
+        if "segmentation" in names:
+            tables["segmentation"] = segmentation_table(
+                suite, test, explainer_names(config.explainers), chunk=config.chunk,
+                progress=progress)
         if "anchors" in names:
             tables["anchors"] = A.anchor_table(suite)
         if "cost" in names:

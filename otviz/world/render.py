@@ -132,6 +132,25 @@ def _background(rng: np.random.Generator, config: WorldConfig) -> np.ndarray:
     return img
 
 
+#: The coverage from which a pixel belongs to an object in :func:`object_labels`: the
+#: antialiased edge's pixels go to whichever side holds most of them.
+COVERED = 0.5
+
+
+def object_labels(objects: Sequence[SceneObject], size: int, covered: float = COVERED
+                  ) -> np.ndarray:
+    """``int16 [size, size]``: ``k + 1`` on the pixels object ``k`` covers (its shape's
+    supersampled coverage, :func:`shape_alpha`, at least ``covered``), 0 elsewhere: the
+    scene's exact object masks, drawn on the boxes :func:`render_scene` paints (an object
+    drawn later is on top, as there; the world's boxes do not overlap)."""
+    labels = np.zeros((size, size), dtype=np.int16)
+    for k, obj in enumerate(objects):
+        x0, y0, x1, y1 = obj.box
+        region = labels[y0:y1, x0:x1]
+        region[shape_alpha(obj.shape, x1 - x0) >= covered] = k + 1
+    return labels
+
+
 def render_scene(
     objects: Sequence[SceneObject], rng: np.random.Generator, config: WorldConfig
 ) -> np.ndarray:

@@ -1,0 +1,250 @@
+"""The segmentation table: every row of the grounding table (methods, explainers, model-free
+baselines) and the gold masks, read as an open-vocabulary semantic segmentation and scored
+by per-class IoU and mIoU (:mod:`otviz.eval.segmentation_metrics`).
+
+Per image the candidate classes are its caption's phrases (on a data set with classes,
+:mod:`otviz.eval.dataset_segmentation`, the class names, each a phrase of one caption that
+lists them all) plus background. Each candidate's map is the row's phrase map
+(:func:`~otviz.eval.alignment_tables.phrase_heatmaps` for a method: ``Alignment.heatmap``,
+the plan's mass from each patch to the phrase's tokens, or the method's own
+``phrase_patch_map``; an explainer's map of the phrase's text; a baseline's map), drawn
+from the token grid onto the image's pixels bilinearly between token centres
+(:meth:`~otviz.patch_grid.tokens.TokenGeometry.upsample`), then read by
+:func:`~otviz.eval.segmentation_metrics.predict_labels`. A transport plan read this way is a
+segmenter: the patch goes to the phrase that receives, relative to that phrase's own range
+over the image, the most of its mass.
+
+On the world the labels are exact: each pixel is labelled by the object that covers it
+(:func:`otviz.world.render.object_labels`), the object's phrase when the caption names it,
+background where no object is or the object is a distractor the caption does not name;
+the pixels of an object whose phrase lost every token to the context length are void. The
+world's classes are background and the eight shapes (the object's category, as VOC's
+classes are categories), with two objects of one shape in one image told apart
+(:class:`~otviz.eval.segmentation_metrics.SegmentationCounts`).
+
+Sanity rows: the gold masks themselves as maps (mIoU 1) and the uniform map (every map
+flat: background everywhere, so its mIoU is the background's IoU over the number of
+classes labelled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from otviz.eval.alignment_tables import (
+    CHUNK,
+    PhraseQueries,
+    baseline_maps,
+    phrase_heatmaps,
+    phrase_queries,
+)
+from otviz.eval.segmentation_metrics import (
+    THRESHOLD,
+    VOID,
+    SegmentationCounts,
+    predict_labels,
+)
+from otviz.eval.table import Column, Table
+from otviz.eval.world_set import EvalSet
+from otviz.explainers import EXPLAINERS, explain_pairs, unavailable
+from otviz.patch_grid.tokens import TokenGeometry
+from otviz.suite import METHOD_LABELS, MethodSuite, flat_map_reasons
+from otviz.world import SHAPES
+from otviz.world.render import object_labels
+
+StageProgress = Callable[[str, int, int], None]
+#: The world's classes: background, then the shapes.
+WORLD_CLASSES = ("background", *SHAPES)
+
+
+@dataclass
+class ScoredImage:
+    """What one image is scored on: ``rows[k]`` the row of the phrase queries holding
+    candidate ``k``'s map (-1: the candidate lost every token; its map is empty), ``gold``
+    the local labels (0 background, ``k + 1`` candidate ``k``, :data:`VOID`), ``classes``
+    the set's class of each local label."""
+
+    rows: list[int]
+    gold: np.ndarray
+    classes: np.ndarray
+
+
+def candidate_rows(data: EvalSet, q: PhraseQueries) -> list[list[int]]:
+    """Per image, the phrase-query row of each of its sample's phrases (-1 where the
+    phrase kept no token and :func:`~otviz.eval.alignment_tables.phrase_queries` dropped
+    it)."""
+    out = [[-1] * len(s.phrases) for s in data.samples]
+    spans = {(j, s, e): r for r, (j, (s, e)) in enumerate(zip(q.image.tolist(),
+                                                               q.spans.tolist(), strict=True))}
+    for j, sample in enumerate(data.samples):
+        for n, p in enumerate(sample.phrases):
+            out[j][n] = spans.get((j, p.start, p.end), -1)
+    return out
+
+
+def world_images(data: EvalSet, q: PhraseQueries) -> list[ScoredImage]:
+    """The world's images with their exact labels (module docstring)."""
+    images = []
+    for sample, rows in zip(data.samples, candidate_rows(data, q), strict=True):
+        objects = object_labels(sample.objects, sample.image.shape[0])
+        by_object = np.zeros(len(sample.objects) + 1, dtype=np.int64)  # unnamed: background
+        for n, p in enumerate(sample.phrases):
+            by_object[p.object_index + 1] = n + 1 if rows[n] >= 0 else VOID
+        classes = [0] + [1 + SHAPES.index(sample.objects[p.object_index].shape)
+                         for p in sample.phrases]
+        images.append(ScoredImage(rows, by_object[objects], np.asarray(classes)))
+    return images
+
+
+PixelMaps = Callable[[int, ScoredImage], Tensor]
+
+
+def token_maps(maps: Tensor, geometry: TokenGeometry) -> PixelMaps:
+    """Image ``j``'s candidates' ``[k, H, W]`` pixel maps from ``[P, N]`` token maps (one
+    per phrase query), upsampled on ``geometry`` to the image's labels' size; a candidate
+    without a query gets an empty (flat) map."""
+
+    def draw(j: int, image: ScoredImage) -> Tensor:
+        height, width = image.gold.shape
+        picked = torch.stack([maps[r] if r >= 0 else torch.zeros(maps.shape[1],
+                                                                  dtype=maps.dtype)
+                              for r in image.rows]) if image.rows else maps[:0]
+        return geometry.upsample(picked.double(), width, height)
+
+    return draw
+
+
+def gold_maps(j: int, image: ScoredImage) -> Tensor:
+    """The gold masks as maps: candidate ``k``'s map is 1 on its labelled pixels."""
+    gold = torch.from_numpy(image.gold.astype(np.int64))
+    return torch.stack([(gold == k + 1).double() for k in range(len(image.rows))]) \
+        if image.rows else torch.zeros(0, *gold.shape, dtype=torch.float64)
+
+
+def segment(images: Sequence[ScoredImage], pixel_maps: PixelMaps, n_classes: int,
+            threshold: float = THRESHOLD, background: bool = True) -> SegmentationCounts:
+    """The counts of ``images`` segmented by ``pixel_maps``
+    (:func:`~otviz.eval.segmentation_metrics.predict_labels`)."""
+    counts = SegmentationCounts(n_classes)
+    for j, image in enumerate(images):
+        pred = predict_labels(pixel_maps(j, image), threshold, background)
+        counts.add(image.gold, pred, image.classes)
+    return counts
+
+
+def iou_key(name: str) -> str:
+    return f"iou_{name}"
+
+
+def segmentation_columns(classes: Sequence[str]) -> list[Column]:
+    """Method, mIoU, pixel accuracy, then each class's IoU."""
+    return ([Column("method", "Method", "text"), Column("miou", "mIoU"),
+             Column("acc", "Pixel acc.")] + [Column(iou_key(c), c) for c in classes])
+
+
+def segmentation_row(label: str, name: str, counts: SegmentationCounts,
+                     classes: Sequence[str], **flags: bool) -> dict:
+    """One row: mIoU, pixel accuracy, per-class IoU (NaN: never labelled nor predicted)
+    and per class its labelled pixels (``pixels``), intersection and union."""
+    iou = counts.iou()
+    return {"method": label, "name": name, "miou": counts.miou(),
+            "acc": counts.pixel_accuracy(),
+            **{iou_key(c): float(v) for c, v in zip(classes, iou, strict=True)},
+            "pixels": {c: int(v) for c, v in zip(classes, counts.labelled, strict=True)},
+            "intersect": [int(v) for v in counts.intersect],
+            "union": [int(v) for v in counts.union()], **flags}
+
+
+def row_token_maps(
+    suite: MethodSuite, data: EvalSet, q: PhraseQueries, explainers: Sequence[str] = (),
+    chunk: int = CHUNK, progress: StageProgress | None = None, seed: int | None = None,
+    baselines: bool = True,
+) -> list[tuple[str, str, dict[str, bool], Tensor | str]]:
+    """``(label, name, flags, [P, N] maps)`` of every row the grounding table scores: the
+    methods with a patch-token plan, the explainers (an unavailable one: its note instead
+    of maps), the model-free baselines (:func:`~otviz.eval.alignment_tables.baseline_maps`)."""
+    out: list[tuple[str, str, dict[str, bool], Tensor | str]] = []
+    for name, entry in suite.methods.items():
+        if not entry.method.has_plan:
+            continue  # no patch-token plan (Global-only)
+        stage = None if progress is None else (
+            lambda d, t, name=name: progress(f"segmentation {name}", d, t))
+        out.append((METHOD_LABELS.get(name, name), name, {}, phrase_heatmaps(
+            entry, data, q.image, data.positives[q.image], q.select, chunk, stage)))
+    images = [data.samples[int(j)].image for j in q.image]
+    for name in explainers:
+        note = unavailable(data.backbone, name)
+        out.append((EXPLAINERS[name].label, name, {"explainer": True},
+                    note if note is not None
+                    else explain_pairs(data.backbone, name, images, q.texts).maps))
+    if baselines:
+        out += [(label, name, {"baseline": True}, maps)
+                for label, name, maps in baseline_maps(data, q, seed)]
+    return out
+
+
+def scored_rows(
+    rows: Sequence[tuple[str, str, dict[str, bool], Tensor | str]], images: Sequence[ScoredImage],
+    geometry: TokenGeometry, classes: Sequence[str], threshold: float = THRESHOLD,
+    background: bool = True,
+) -> list[dict]:
+    """The table's rows: each of ``rows`` segmented and scored, then the gold masks' row."""
+    out = []
+    for label, name, flags, maps in rows:
+        if isinstance(maps, str):
+            out.append({"method": maps, "name": name, **flags})
+            continue
+        counts = segment(images, token_maps(maps, geometry), len(classes), threshold,
+                         background)
+        out.append(segmentation_row(label, name, counts, classes, **flags))
+    gold = segment(images, gold_maps, len(classes), threshold, background)
+    out.append(segmentation_row("Gold masks", "gold_masks", gold, classes, baseline=True))
+    return out
+
+
+def rule_note(threshold: float, background: bool) -> str:
+    """The table's note on how maps become a segmentation."""
+    rule = ("each candidate's map scaled to [0, 1] by its own min and max over the image "
+            "(a flat map: 0), the pixel to the highest")
+    if background:
+        rule += (f", background where that is below {threshold:g} (SCLIP's probability "
+                 "threshold, read on scaled maps)")
+    return (f"segmentation: {rule}; IoU per class from the pixels summed over the set "
+            "(mmseg), not a mean of per-image IoUs; mIoU over the classes labelled or "
+            "predicted; void pixels (255) count nowhere")
+
+
+def segmentation_table(
+    suite: MethodSuite, data: EvalSet, explainers: Sequence[str] = (),
+    threshold: float = THRESHOLD, chunk: int = CHUNK, progress: StageProgress | None = None,
+    seed: int | None = None,
+) -> Table:
+    """The world's segmentation table (module docstring) on ``data``."""
+    q = phrase_queries(data)
+    images = world_images(data, q)
+    rows = row_token_maps(suite, data, q, explainers, chunk, progress, seed)
+    table = Table("segmentation", f"Open-vocabulary segmentation of {data.n_images} world "
+                  f"{data.split} images ({q.image.numel()} phrases as classes)",
+                  segmentation_columns(WORLD_CLASSES))
+    table.rows = scored_rows(rows, images, data.geometry, WORLD_CLASSES, threshold)
+    pixels = table.rows[-1]["pixels"]
+    table.notes += [
+        "candidates per image: its caption's phrases and background; labels: the object "
+        "covering the pixel (coverage >= 0.5), background off objects and on the objects "
+        "the caption does not name; classes: background and the object's shape, two objects "
+        "of one shape in one image told apart",
+        rule_note(threshold, True),
+        "methods: the phrase map of the plan (mass from each patch to the phrase's tokens), "
+        "or the method's own phrase map; explainers: the phrase's map from its text; "
+        "drawn on the pixels bilinearly between token centres",
+        "labelled pixels: " + ", ".join(f"{c} {n:,}" for c, n in pixels.items()),
+        "sanity rows: gold masks (the labels as maps: 100), uniform map (background "
+        "everywhere: the background's IoU over the classes labelled)"]
+    table.notes += [f"{METHOD_LABELS.get(n, n)}: {why}" for n, why in flat_map_reasons().items()
+                    if n in suite.methods]
+    return table

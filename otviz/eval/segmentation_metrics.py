@@ -1,0 +1,116 @@
+"""Open-vocabulary semantic segmentation scored as the dense-CLIP field scores it: per-class
+IoU and mIoU, accumulated over a whole set (mmsegmentation's ``IoUMetric``), from maps read
+as a per-pixel class decision.
+
+**Reading maps as a segmentation** (:func:`predict_labels`). Each candidate class has a map
+over the image's pixels (a method's phrase heatmap, an explainer's map, upsampled from the
+token grid; a gold mask). Maps of different rows are in different units (transported mass,
+gradients, cosines), so each is scaled to ``[0, 1]`` over its image by its own minimum and
+maximum (a flat map, which points nowhere, scales to 0 everywhere). A pixel takes the
+class whose scaled map is highest there; with a background class, it is background where
+that best value is below ``threshold``. This is the probability-threshold rule of
+SCLIP (Wang et al., ECCV 2024; ``prob_thd`` in its ``configs/cfg_voc21.py``, 0.1 on the
+softmax over classes of its ``clip_segmentor.py``), which ClearCLIP and NACLIP reuse, with
+the softmax over class logits replaced by the min-max scaling: a transport plan's masses
+and an explainer's relevance are not logits. The other rule of the field, a background
+class prompt, needs a "background" word the captions do not have. Without a background
+class (VOC20, Context59) every pixel takes a class, as there.
+
+**Scoring** (:class:`SegmentationCounts`). Per class ``c``: ``I_c`` = the pixels labelled
+``c`` that the prediction gives the same label; ``G_c``, ``P_c`` = the pixels labelled and
+predicted ``c``; ``IoU_c = I_c / (G_c + P_c - I_c)``, the sums over the whole set before
+the ratio (mmsegmentation's ``intersect_and_union`` then ``total_area_to_metrics``), not a
+mean of per-image IoUs; mIoU is the mean over the classes with a non-zero union (a class
+never labelled nor predicted is NaN and left out, mmseg's ``nanmean``). Pixels labelled
+:data:`VOID` (255, the VOC boundary band) count nowhere. Labels are per image ("local": 0
+the background, ``k`` the ``k``-th candidate) with a map ``classes`` to the set's classes,
+so that two instances of one class in one image (two circles) are told apart: a pixel of
+one predicted as the other counts in the class's union, not its intersection. Where each
+local label is its own class (VOC) this is the usual confusion-matrix IoU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+#: The label of pixels that count nowhere (VOC's boundary band, mmseg's ``ignore_index``).
+VOID = 255
+#: The background threshold on a min-max scaled map (the grounding table's box threshold).
+THRESHOLD = 0.5
+
+
+def scaled_maps(maps: Tensor) -> Tensor:
+    """``[k, H, W]`` maps each scaled to ``[0, 1]`` by its own minimum and maximum; a flat
+    map (one value everywhere) becomes 0 everywhere."""
+    flat = maps.reshape(maps.shape[0], -1).double()
+    low, high = flat.amin(dim=1, keepdim=True), flat.amax(dim=1, keepdim=True)
+    span = high - low
+    out = torch.where(span > 0, (flat - low) / span.clamp_min(1e-300), torch.zeros_like(flat))
+    return out.reshape(maps.shape)
+
+
+def predict_labels(maps: Tensor, threshold: float = THRESHOLD, background: bool = True
+                   ) -> np.ndarray:
+    """``int64 [H, W]`` local labels from ``[k, H, W]`` class maps (module docstring):
+    ``c + 1`` where the scaled map of class ``c`` is highest (the first on a tie), 0
+    (background) where that value is below ``threshold`` when ``background``."""
+    if maps.shape[0] == 0:
+        return np.zeros(tuple(maps.shape[1:]), dtype=np.int64)
+    best, arg = scaled_maps(maps).max(dim=0)
+    labels = arg + 1
+    if background:
+        labels = torch.where(best < threshold, torch.zeros_like(labels), labels)
+    return labels.cpu().numpy().astype(np.int64)
+
+
+@dataclass
+class SegmentationCounts:
+    """Per-class pixel counts over a set (module docstring): ``intersect`` ``I_c``,
+    ``labelled`` ``G_c`` and ``predicted`` ``P_c``, float64 ``[n_classes]``."""
+
+    n_classes: int
+    intersect: np.ndarray = field(init=False)
+    labelled: np.ndarray = field(init=False)
+    predicted: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.intersect, self.labelled, self.predicted = (np.zeros(self.n_classes)
+                                                         for _ in range(3))
+
+    def add(self, gold: np.ndarray, pred: np.ndarray, classes: Sequence[int] | np.ndarray
+            ) -> None:
+        """Count one image: ``gold`` and ``pred`` local labels of one shape (``gold``'s
+        :data:`VOID` pixels skipped), ``classes[l]`` the set's class of local label ``l``."""
+        if gold.shape != pred.shape:
+            raise ValueError(f"gold labels {gold.shape} but predicted {pred.shape}")
+        keep = gold != VOID
+        g, p = gold[keep].astype(np.int64), pred[keep].astype(np.int64)
+        cls = np.asarray(classes, dtype=np.int64)
+        n = self.n_classes
+        self.labelled += np.bincount(cls[g], minlength=n)
+        self.predicted += np.bincount(cls[p], minlength=n)
+        self.intersect += np.bincount(cls[g[g == p]], minlength=n)
+
+    def union(self) -> np.ndarray:
+        return self.labelled + self.predicted - self.intersect
+
+    def iou(self) -> np.ndarray:
+        """``[n_classes]`` IoU per class, NaN where the union is empty."""
+        union = self.union()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(union > 0, self.intersect / np.where(union > 0, union, 1), np.nan)
+
+    def miou(self) -> float:
+        """The mean IoU over the classes with a non-empty union (NaN when none has one)."""
+        iou = self.iou()
+        return float(np.nanmean(iou)) if np.isfinite(iou).any() else float("nan")
+
+    def pixel_accuracy(self) -> float:
+        """The share of the labelled pixels predicted right (mmseg's ``aAcc``)."""
+        total = self.labelled.sum()
+        return float(self.intersect.sum() / total) if total else float("nan")
