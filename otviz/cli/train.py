@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None, prog: str = "otviz train") -> int:
             t0 = time.perf_counter()
             result = _train_with_bar(config, stop, tqdm, args.quiet)
             print(result.message)
+            if result.data_summary:
+                print(result.data_summary)
             if result.seconds_per_step is not None:
                 print(f"{result.seconds_per_step:.3f} s/step")
             if result.head_checkpoint:
@@ -124,24 +126,30 @@ def main(argv: list[str] | None = None, prog: str = "otviz train") -> int:
 
 def _train_with_bar(config: TrainConfig, stop: threading.Event, tqdm: Any,
                     quiet: bool) -> TrainResult:
-    """:func:`train_method` with a progress bar (feature encoding, then steps)."""
-    from otviz.train.loop import ENCODING, train_method
+    """:func:`train_method` with a progress bar (shard indexing or feature encoding, then
+    steps with their pairs/s; tqdm's own rate and ETA are of the steps)."""
+    from otviz.train.loop import ENCODING, INDEXING, train_method
 
     bar: Any = None
     bar_phase = ""
+    units = {ENCODING: "pair", INDEXING: "shard"}
+    trained = [0.0, 0.0]  # pairs, seconds of this call's steps
 
     def on_progress(step: int, total: int, metrics: dict[str, float]) -> None:
         nonlocal bar, bar_phase
-        phase = ENCODING if ENCODING in metrics else config.method
+        phase = next((key for key in units if key in metrics), config.method)
         if bar is None or bar_phase != phase:
             if bar is not None:
                 bar.close()
-            unit = "pair" if phase == ENCODING else "step"
+            unit = units.get(phase, "step")
             bar, bar_phase = tqdm(total=total, desc=phase, unit=unit, disable=quiet), phase
         bar.n = step
         bar.refresh()
-        if ENCODING not in metrics:
-            bar.set_postfix(loss=f"{metrics['loss']:.4f}", local=f"{metrics['local']:.4f}")
+        if phase == config.method:
+            trained[0] += metrics["pairs"]
+            trained[1] += metrics["seconds"]
+            bar.set_postfix(loss=f"{metrics['loss']:.4f}", local=f"{metrics['local']:.4f}",
+                            pairs_s=f"{trained[0] / max(trained[1], 1e-9):.1f}")
 
     try:
         return train_method(config, on_progress, stop)

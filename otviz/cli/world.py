@@ -1,5 +1,5 @@
 """``otviz world``: render samples of the synthetic world as PNGs, a ``captions.json`` and a
-contact sheet."""
+contact sheet, or write them as a grounding data set or as webdataset shards (``--as``)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,13 @@ def build_parser(prog: str = "otviz world") -> argparse.ArgumentParser:
     p.add_argument("--scale", type=at_least(int, 1), default=3, metavar="N",
                    help="nearest-neighbour upscaling of the 80-px renders")
     p.add_argument("--out", default="world_samples", help="output folder")
-    p.add_argument("--as", dest="as_format", choices=("flickr30k", "refcoco", "vg"),
-                   default="", help="instead: samples 0..n-1 written as this grounding data "
-                   "set, in its published layout (for otviz eval --dataset KIND:OUT)")
+    p.add_argument("--as", dest="as_format",
+                   choices=("flickr30k", "refcoco", "vg", "webdataset"), default="",
+                   help="instead: samples 0..n-1 written as this grounding data set, in its "
+                   "published layout (for otviz eval --dataset KIND:OUT), or as webdataset "
+                   "shards OUT/000000.tar, ... (KEY.png + KEY.txt, for otviz train --data OUT)")
+    p.add_argument("--per-shard", type=at_least(int, 1), default=1000, metavar="N",
+                   help="with --as webdataset: samples per shard")
     p.add_argument("--lossless", action="store_true",
                    help="with --as: PNG images instead of the published JPEG")
     return p
@@ -30,6 +34,13 @@ def build_parser(prog: str = "otviz world") -> argparse.ArgumentParser:
 
 def main(argv: list[str], prog: str = "otviz world") -> int:
     args = build_parser(prog).parse_args(argv)
+    if args.as_format == "webdataset":
+        from otviz.world.export import export_shards
+
+        shards = export_shards(args.out, args.n, args.split, args.seed, args.per_shard)
+        print(f"wrote {args.n} world {args.split} samples as {len(shards)} webdataset "
+              f"shard(s) in {args.out}")
+        return 0
     if args.as_format:
         from otviz.data.grounding_sets.export import export_draw
 

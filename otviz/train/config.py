@@ -38,7 +38,8 @@ PAPER_RERANK_TOP = 128
 
 #: Fields that may change between a run and its resumption without changing the loss curve.
 RESUMABLE_CHANGES = frozenset(
-    {"out", "resume", "threads", "checkpoint_every", "log_every", "device", "cache_dir"}
+    {"out", "resume", "threads", "checkpoint_every", "log_every", "device", "cache_dir",
+     "workers"}
 )
 
 
@@ -54,7 +55,9 @@ class TrainConfig:
     method: MethodName = "conceptot"  # the alignment method whose head is trained
     # ---------------------------------------------------------------- data and backbone
     data: str = "world"  # "world" (the synthetic world), or an image-caption folder, a
-    # path,caption .csv, a COCO captions .json or a Karpathy dataset_*.json
+    # path,caption .csv, a COCO captions .json or a Karpathy dataset_*.json (these through
+    # the feature cache), or webdataset shards, streamed: a .tar, a folder of .tar files or
+    # a pattern shards/{000000..000099}.tar (KEY.jpg|png|webp + KEY.txt, as img2dataset)
     split: str = "train"  # split of a Karpathy / COCO folder (the world always trains on train)
     n_train: Count = 5000  # world samples (ignored for folders)
     world_seed: NonNegativeInt = 0  # seed of the world's training draw
@@ -66,6 +69,8 @@ class TrainConfig:
     open_clip_model: str = ""  # an open_clip name instead (e.g. ViT-B-16): real CLIP mode
     pretrained: str = ""  # open_clip pretrained tag or weight file ("" : random init)
     cache_dir: str = ".cache/otviz-features"  # frozen-backbone feature cache
+    workers: NonNegativeInt = 2  # DataLoader processes decoding streamed shards, per
+    # training process (0: decode in the training process)
     features: FeatureSourceText = "last"  # where the patch features come from: last, layer:K
     # (block K, negative from the end), maskclip, sclip, clearclip, naclip; the head records it
     image_size: ImageSide = 0  # run the image tower at this side in px (0 : its native size)

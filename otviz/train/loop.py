@@ -40,7 +40,7 @@ from torch import Tensor
 
 import otviz.methods  # noqa: F401  (importing the package registers every method)
 from otviz.checkpoints.heads import save_method_checkpoint
-from otviz.methods.base import METHODS, AlignmentMethod, build_method
+from otviz.methods.base import METHODS, AlignmentMethod, PairBatch, build_method
 from otviz.methods.start import BACKBONE, resolve_start
 from otviz.patch_grid.masks import random_boxes
 from otviz.train import distributed as D
@@ -71,6 +71,8 @@ Stop = threading.Event | Callable[[], bool] | None
 
 #: Key of the progress metrics while the feature cache is being built (step = pairs encoded).
 ENCODING = "encoding"
+#: Key of the progress metrics while shards are indexed (step = shards read).
+INDEXING = "indexing"
 HEAD_DIR = "head"
 STATE_DIR = "state"
 #: Per-step records kept in the head checkpoint's metrics (the convergence curve).
@@ -101,6 +103,7 @@ class TrainResult:
         seconds_per_step: mean wall time of the steps of this call.
         validation: ``(step, validation loss)`` of every validation (``n_val > 0``); the
             head is the step of the lowest.
+        data_summary: streamed shards' one line of what was read and skipped ("" else).
     """
 
     method: str
@@ -116,6 +119,7 @@ class TrainResult:
     state_checkpoint: str | None = None
     seconds_per_step: float | None = None
     validation: list[tuple[int, float]] = field(default_factory=list)
+    data_summary: str = ""
 
     def losses(self) -> list[float]:
         return [h["loss"] for h in self.history]
@@ -282,11 +286,14 @@ def _load_source(
         return source
     if not info.is_main:  # the main process fills the feature cache, the others read it
         D.barrier(info)
-    encoding = None
+    encoding = indexing = None
     if info.is_main and progress is not None:
         def encoding(done: int, total: int) -> None:
             progress(done, total, {ENCODING: 1.0})
-    built = build_source(config, encoding)
+
+        def indexing(done: int, total: int) -> None:
+            progress(done, total, {INDEXING: 1.0})
+    built = build_source(config, encoding, info=info, indexing=indexing)
     if info.is_main:
         D.barrier(info)
     return built
@@ -373,6 +380,16 @@ class _Run:
             self.validation.restore(saved["validation"])
         self.note(f"resumed from {self.state_dir} at step {self.step}")
 
+    def batch(self) -> tuple[Tensor, PairBatch]:
+        """The current step's pair indices and global batch: from the source's own stream
+        where it has one (``step_batch``: shards, :mod:`otviz.train.streamed`), else the
+        epoch permutation's slice of its features."""
+        step_batch = getattr(self.data, "step_batch", None)
+        if step_batch is not None:
+            return step_batch(self.step, self.info.device)
+        idx = self.indices()
+        return idx, self.data.pair_batch(idx, self.info.device)
+
     def indices(self) -> Tensor:
         """Pair indices of the current step's global batch."""
         epoch, b = divmod(self.step, self.spe)
@@ -381,11 +398,12 @@ class _Run:
         size = self.config.batch_size
         return self._perm[1][b * size : (b + 1) * size]
 
-    def train_step(self, model: torch.nn.Module, rows: Tensor) -> dict[str, float]:
-        """One optimiser step on the global batch; returns its record."""
+    def train_step(self, model: torch.nn.Module) -> dict[str, float]:
+        """One optimiser step on the global batch (this process scoring its share of the
+        positives); returns its record."""
         cfg, dev, t0 = self.config, self.info.device, time.perf_counter()
-        idx = self.indices()
-        batch = self.data.pair_batch(idx, dev)
+        idx, batch = self.batch()
+        rows = torch.arange(len(idx), device=dev)[D.shard(len(idx), self.info)]
         if self.objective.method.uses_regions:
             batch.regions = _regions(cfg, batch.grid, batch.size, self.step).to(dev)
         excluded = positive_mask(self.data.image_ids[idx], self.data.text_ids[idx]).to(dev)
@@ -409,6 +427,7 @@ class _Run:
             "anchor_pull": float(terms.anchor_pull),
             "lr": lr,
             "grad_norm": float(grad_norm),
+            "pairs": float(len(idx)),
             "seconds": time.perf_counter() - t0,
         }
         if not all(math.isfinite(v) for v in record.values()):
@@ -441,6 +460,9 @@ class _Run:
     def save_state(self) -> None:
         if self.info.is_main:
             progress = {"step": self.step, "history": self.history}
+            position = getattr(self.data, "position", None)
+            if position is not None:
+                progress["position"] = position(self.step)
             if self.validation is not None:
                 progress["validation"] = self.validation.state()
             save_train_state(self.state_dir, self.objective, self.optimizer, self.scheduler,
@@ -475,6 +497,7 @@ class _Run:
             state_checkpoint=str(self.state_dir),
             seconds_per_step=sum(self.times) / len(self.times) if self.times else None,
             validation=list(self.validation.curve) if self.validation is not None else [],
+            data_summary=self.data.summary() if hasattr(self.data, "summary") else "",
         )
 
 
@@ -497,9 +520,8 @@ def _train(
     run.describe()
     run.resume()
     model = D.wrap(run.objective, info)
-    rows = torch.arange(config.batch_size, device=info.device)[D.shard(config.batch_size, info)]
     while run.step < run.total:
-        record = run.train_step(model, rows)
+        record = run.train_step(model)
         if info.is_main and progress is not None:
             progress(run.step, run.total, record)
         if info.is_main and config.log_every > 0 and run.step % config.log_every == 0:

@@ -11,6 +11,12 @@ Two implementations:
   synthetic world or an image-caption folder encoded once by the frozen backbone), built by
   :func:`build_source`;
 * :class:`TensorPairs`: features already in memory (tests, benchmarks, the app's tensors).
+
+Webdataset shards are never cached: :func:`build_source` gives a
+:class:`~otviz.train.streamed.StreamedPairs`, whose ``step_batch(step, device)`` decodes and
+encodes each step's batch on the fly (the loop asks a source with ``step_batch`` for its
+batches instead of gathering ``pair_batch(indices)``). The rule: shards always stream; the
+world and the image-caption folders (COCO, Karpathy, CSV) go through the feature cache.
 """
 
 from __future__ import annotations
@@ -208,9 +214,13 @@ class CachedPairs:
 
 def build_source(
     config: TrainConfig, progress: Callable[[int, int], None] | None = None,
-    validation: bool = False,
-) -> CachedPairs:
-    """The frozen backbone's cached features of the configured data.
+    validation: bool = False, info: Any = None,
+    indexing: Callable[[int, int], None] | None = None,
+) -> PairSource:
+    """The frozen backbone's cached features of the configured data, or for webdataset
+    shards (:func:`otviz.data.shards.is_shard_spec`) the pairs streamed from them
+    (:class:`~otviz.train.streamed.StreamedPairs`, on ``info``'s device and share of the
+    job; ``indexing(shards done, shards)`` while the shards are indexed).
 
     Backbone: the tiny-CLIP checkpoint ``config.backbone`` (default: the shipped one) or the
     open_clip model ``config.open_clip_model`` with ``config.pretrained``, reading the patch
@@ -225,6 +235,7 @@ def build_source(
     from otviz.checkpoints.identity import backbone_fingerprint
     from otviz.data.datasets import WorldDataset, load_image_captions
     from otviz.data.feature_cache import FeatureCache
+    from otviz.data.shards import index_shards, is_shard_spec
 
     if config.open_clip_model:
         backbone = Backbone.from_pretrained(config.open_clip_model, config.pretrained or None)
@@ -233,6 +244,17 @@ def build_source(
     else:
         backbone = Backbone.from_checkpoint()
     backbone = backbone.with_features(config.features, config.image_size or None)
+    uses_trees = method_class(config.method).uses_trees
+    scale = float(backbone.model.logit_scale.detach().exp())
+    if not validation and is_shard_spec(config.data):
+        from otviz.train import distributed as D
+        from otviz.train.streamed import StreamedPairs
+
+        return StreamedPairs(index_shards(config.data, indexing), backbone,
+                             backbone_fingerprint(backbone), scale,
+                             requested_start(config.start, backbone, False), uses_trees,
+                             config.batch_size, config.seed, config.workers,
+                             info if info is not None else D.DistInfo())
     if validation:
         if config.data != "world":
             raise ValueError("--n-val draws validation pairs from the world: use --data world")
@@ -243,12 +265,11 @@ def build_source(
         dataset = load_image_captions(config.data, split=config.split)
     features = FeatureCache(config.cache_dir).get_or_build(backbone, dataset, progress=progress)
     trees = None
-    if method_class(config.method).uses_trees:
+    if uses_trees:
         if isinstance(dataset, WorldDataset):
             trees = [dataset.sample(i).tree for i in range(len(dataset))]
         else:
             trees = [parse_caption(c).tree for c in features.captions]
-    scale = float(backbone.model.logit_scale.detach().exp())
     start = None if validation else requested_start(config.start, backbone, config.data == "world")
     return CachedPairs(features, backbone_fingerprint(backbone), scale, trees, start)
 

@@ -1,8 +1,11 @@
-"""Showing samples: a contact sheet image, and export of PNGs with a ``captions.json``."""
+"""Showing samples: a contact sheet image, export of PNGs with a ``captions.json``, and
+export as webdataset shards (the layout img2dataset writes, for ``otviz train --data``)."""
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -105,3 +108,39 @@ def export_samples(
         })
     (out / "captions.json").write_text(json.dumps(records, indent=1) + "\n")
     return records
+
+
+def export_shards(
+    out_dir: str | Path, n: int, split: str = "train", seed: int = 0, per_shard: int = 1000,
+    scale: int = 1,
+) -> list[Path]:
+    """Write samples ``0..n-1`` of ``World(split, seed)`` as webdataset shards
+    ``out_dir/000000.tar, 000001.tar, ...`` of ``per_shard`` samples each, every sample a
+    ``KEY.png`` (upscaled ``scale`` times) and a ``KEY.txt`` caption with ``KEY`` its index
+    in nine digits, as img2dataset names them. Pair ``i`` of the shards, in order, is
+    ``WorldDataset(n, split, seed)``'s pair ``i``. Returns the shard paths."""
+    if n < 1 or per_shard < 1 or scale < 1:
+        raise ValueError(f"export_shards needs n, per_shard and scale >= 1, got {n}, "
+                         f"{per_shard}, {scale}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    world = World(split=split, seed=seed)
+    paths = []
+    for first in range(0, n, per_shard):
+        path = out / f"{first // per_shard:06d}.tar"
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(first, min(first + per_shard, n)):
+                s = world.sample(i)
+                png = io.BytesIO()
+                Image.fromarray(s.image.repeat(scale, axis=0).repeat(scale, axis=1)).save(
+                    png, format="PNG")
+                _add_bytes(tar, f"{i:09d}.png", png.getvalue())
+                _add_bytes(tar, f"{i:09d}.txt", s.caption.encode())
+        paths.append(path)
+    return paths
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
