@@ -300,4 +300,9 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
     for control in (n_top, picked, per_map):
         offer_downloads(control.input(on_maps, maps_in, maps_out, api_visibility="private"),
                         maps_pending, map_files)
-    reset.click(default_words, [shared.checkpoint], [words])
+    @user_errors
+    def on_reset(checkpoint: str) -> str:
+        ctx.explainer(checkpoint)  # an unknown checkpoint or reading is a message
+        return default_words(checkpoint)
+
+    reset.click(on_reset, [shared.checkpoint], [words], api_name="default_words")

@@ -57,19 +57,26 @@ DEFAULT_READING = Reading()
 
 def split_reading(value: str) -> tuple[str, Reading]:
     """``(picker entry, reading)`` of a picker value: the trailing ``features ...`` and
-    ``... px`` parts are the reading, checked (:func:`otviz.knobs.feature_source_parts`; a
-    size a positive whole number of pixels), the rest is the entry."""
+    ``... px`` parts are the reading, at most one of each, checked
+    (:func:`otviz.knobs.feature_source_parts`, a block index written in ASCII digits; a
+    size a positive whole number of pixels in ASCII digits), the rest is the entry."""
     parts = (value or "").split(SEPARATOR)
-    features, size = "last", None
+    features: str | None = None
+    size: int | None = None
     while len(parts) > 1 and (parts[-1].startswith(FEATURES_PREFIX)
                               or parts[-1].endswith(SIZE_SUFFIX)):
         part = parts.pop()
         if part.startswith(FEATURES_PREFIX):
-            kind, layer = feature_source_parts(part[len(FEATURES_PREFIX):])
-            features = kind if layer is None else f"layer:{layer}"
+            if features is not None:
+                raise InputError("features: the value names more than one feature source; "
+                                 "pick one in the features picker")
+            features = _source(part[len(FEATURES_PREFIX):])
         else:
+            if size is not None:
+                raise InputError("image size: the value names more than one input size; "
+                                 "pick one size from the list")
             size = _side(part[: -len(SIZE_SUFFIX)])
-    return SEPARATOR.join(parts), Reading(features, size)
+    return SEPARATOR.join(parts), Reading(features or "last", size)
 
 
 def with_reading(entry: str, reading: Reading) -> str:
@@ -84,12 +91,24 @@ def offered_sizes(native: int, resizable: bool) -> list[int]:
     return [native] + ([round(native * f) for f in SIZE_FACTORS] if resizable else [])
 
 
+def _source(text: str) -> str:
+    """A feature source as written after ``features``: ``layer:K`` with K in ASCII digits
+    (``-`` for a block from the end), else any form
+    :func:`~otviz.knobs.feature_source_parts` accepts."""
+    kind, layer = feature_source_parts(text)
+    if layer is None:
+        return kind
+    digits = text.strip().partition(":")[2].strip().removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):
+        raise InputError(f"features: {text.strip()!r} is not a block index; write "
+                         "layer:K with K in the digits 0-9 (negative from the end)")
+    return f"layer:{layer}"
+
+
 def _side(text: str) -> int:
-    try:
-        side = int(text.strip())
-    except ValueError:
-        side = 0
+    digits = text.strip()
+    side = int(digits) if digits.isascii() and digits.isdigit() else 0
     if side <= 0:
-        raise InputError(f"image size: {text.strip()!r} px is not a positive whole number of "
+        raise InputError(f"image size: {digits!r} px is not a positive whole number of "
                          "pixels; pick a size from the list")
     return side

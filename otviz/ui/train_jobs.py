@@ -344,6 +344,7 @@ class TrainingJobs:
             check_request(request)
             choice = self.ctx.backbone_choice(checkpoint)
             read, reading = self.ctx.reading(checkpoint)  # heads train on the page's reading
+            self.ctx.explainer(checkpoint)  # the tower gives it (a block it has), or a message
             config = request.config
             step_s = config.batch_size * self.budget.costs.unit("train_pair")
             work = self.budget.acquire(

@@ -78,9 +78,10 @@ def build_words_tab(ctx: AppContext, shared: SharedInputs) -> None:
 
     @user_errors
     def on_pick(image: np.ndarray | None, caption: str, checkpoint: str, picked: list[int]):
+        explainer = ctx.explainer(checkpoint)  # an unknown checkpoint or reading: a message
         if not picked:
             return gr.skip(), gr.skip()
-        grid_fig, phrase_fig = words_figures(ctx.explainer(checkpoint), image, caption, picked)
+        grid_fig, phrase_fig = words_figures(explainer, image, caption, picked)
         return phrase_fig, grid_fig
 
     inputs = [shared.image, shared.caption, shared.checkpoint]

@@ -61,6 +61,9 @@ WORLD, UPLOAD = "world batch", "uploaded images"
 SOURCES: tuple[str, ...] = (WORLD, UPLOAD)
 LAYOUTS: tuple[str, ...] = ("balanced", "long-tailed (imbalance 10)")
 MAX_IMAGES = 128
+#: The largest world seed the seed field takes (seeds are whole numbers from 0: the world's
+#: random streams refuse a negative one).
+MAX_SEED = 2**32 - 1
 MAX_CLASSES = 100
 
 HOW_TO_READ = """**How to read this view.** Each image is classified into one of the
@@ -348,7 +351,8 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
             source = gr.Radio(list(SOURCES), value=WORLD, label="Images")
             with gr.Group():
                 task = gr.Dropdown(list(TASKS), value="shape", label="World task")
-                seed = gr.Number(0, precision=0, label="World seed")
+                seed = gr.Number(0, precision=0, minimum=0, maximum=MAX_SEED,
+                                 label="World seed")
                 n_images = gr.Slider(2, MAX_IMAGES, value=32, step=1,
                                      label="Number of world images")
                 layout = gr.Radio(list(LAYOUTS), value=LAYOUTS[0], label="World batch layout")

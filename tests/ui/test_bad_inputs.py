@@ -658,7 +658,11 @@ def test_odd_checkpoints_are_messages(client, example, picked):
 ODD_READINGS = [("features layer:x", "features:"), ("features deepest", "features:"),
                 ("features layer:99", "features:"), ("features <b>sclip</b>", "features:"),
                 ("4000 px", "image size:"), ("-1 px", "image size:"), ("1e9 px", "image size:"),
-                ("features naclip · 0 px", "image size:")]
+                ("features naclip · 0 px", "image size:"),
+                # one features part and one size, in ASCII digits (issue 50.6)
+                ("features sclip · features layer:2", "features:"),
+                ("features layer:\u0662", "features:"), ("features layer:1_0", "features:"),
+                ("\u0662\u0662\u0664 px", "image size:"), ("224 px · 224 px", "image size:")]
 
 
 @pytest.mark.parametrize(("tail", "named"), ODD_READINGS)
@@ -670,6 +674,36 @@ def test_odd_readings_are_messages_naming_the_control(client, example, checkpoin
     message = outcome(client, f"/{view}", *args, **kwargs)
     assert message is not None and named in message and UNEXPECTED not in message
     assert not any(tag in message for tag in RAW_HTML)
+
+
+def test_a_reading_the_tower_lacks_is_refused_by_train_before_it_starts(client, checkpoint,
+                                                                        live_app):
+    """A block the tower does not have is a message naming ``features`` at once, not a
+    run admitted that fails seconds later (issue 50.6)."""
+    runs_before = set(live_app.jobs.runs_root.glob("*"))
+    message = outcome(client, "/train", *train_api_args(
+        f"{checkpoint} · features layer:99", "world", "", [], ["filip"], **TINY_TRAIN_RECIPE))
+    assert message is not None and message.startswith("features:"), message
+    assert set(live_app.jobs.runs_root.glob("*")) == runs_before  # no run folder made
+
+
+@pytest.mark.parametrize("picked", ["no such checkpoint", "otviz-tiny (embedded) · "
+                                    "training-free · features layer:99"])
+def test_the_word_endpoints_answer_an_unknown_checkpoint_or_source(client, example, picked):
+    """``/default_words`` and ``/words_pick`` (with no word picked too) say what is wrong
+    with the checkpoint value, as every view does (issue 50.6)."""
+    expected = "features:" if "features" in picked else "unknown checkpoint"
+    messages = [outcome(client, "/default_words", picked),
+                outcome(client, "/words_pick", handle_file(example[0]), example[1], picked, [])]
+    assert all(m is not None and expected in m for m in messages), messages
+
+
+@pytest.mark.parametrize("seed", [-1e9, -1, 2.0**40])
+def test_a_world_seed_out_of_range_is_refused_naming_the_field(client, checkpoint, seed):
+    message = outcome(client, "/zero_shot", checkpoint, "world batch", [], "shape", seed, 4,
+                      "balanced", "circle\nsquare", "a photo of a {}", "uniform", "", 0.5)
+    assert message is not None and message.startswith("seed"), message
+    assert UNEXPECTED not in message
 
 
 # ----------------------------------------------------------------------- training data

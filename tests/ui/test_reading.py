@@ -40,13 +40,19 @@ def test_a_reading_round_trips_through_the_picker_value():
     assert split_reading(f"{ENTRY} · features SCLIP") == (ENTRY, Reading("sclip"))
     assert with_reading(value, Reading("naclip")) == f"{ENTRY} · features naclip"
     assert split_reading(ENTRY) == (ENTRY, DEFAULT_READING)
+    assert split_reading(f"{ENTRY} · features layer:-1") == (ENTRY, Reading("layer:-1"))
     assert offered_sizes(224, True) == [224, 336, 448] and offered_sizes(224, False) == [224]
 
 
 @pytest.mark.parametrize(("tail", "field"), [
     ("features layer:x", "features"), ("features deepest", "features"),
     ("features ", "features"), ("-3 px", "image size"), ("big px", "image size"),
-    ("0 px", "image size")])
+    ("0 px", "image size"),
+    # one part of each, sizes and blocks in ASCII digits (issue 50.6, issue 49.5)
+    ("features sclip · features layer:2", "features"), ("features layer:\u0663", "features"),
+    ("features layer:+1", "features"), ("features layer:1_0", "features"),
+    ("\u0662\u0662\u0664 px", "image size"), ("2_24 px", "image size"),
+    ("+224 px", "image size"), ("224 px · 448 px", "image size")])
 def test_a_bad_reading_is_a_message_naming_its_control(tail, field):
     with pytest.raises(UserInputError, match=f"^{field}:"):
         split_reading(f"{ENTRY} · {tail}")
