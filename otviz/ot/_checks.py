@@ -88,8 +88,9 @@ def check_mask(
 
 def check_batched(name: str, x: Tensor, dims: int, layout: str, solver: str) -> None:
     """``x`` has ``dims`` dimensions (``layout`` names them, e.g. ``"[B, N, d]"``), none of
-    them after the batch empty; one dimension fewer is the unbatched call, refused with its
-    fix."""
+    them after the batch empty (an empty side is refused naming its dimension; an empty
+    batch, ``B = 0``, gives an empty result: docs/solver-contract.md); one dimension fewer
+    is the unbatched call, refused with its fix."""
     if x.dim() == dims - 1:
         raise SolverInputError(
             f"{solver}: {name} is {x.dim()}-D {tuple(x.shape)}; the solvers are batched "
@@ -98,7 +99,12 @@ def check_batched(name: str, x: Tensor, dims: int, layout: str, solver: str) -> 
     if x.dim() != dims:
         raise SolverInputError(f"{solver}: {name} must be {layout}, got {tuple(x.shape)}")
     if 0 in x.shape[1:]:
-        raise SolverInputError(f"{solver}: empty problem, {name} has shape {tuple(x.shape)}")
+        dim = layout.strip("[]").split(", ")[list(x.shape).index(0, 1)]
+        raise SolverInputError(
+            f"{solver}: empty problem, {name} has shape {tuple(x.shape)} ({dim} = 0); every "
+            "problem needs at least one entry on each side: mask entries out instead of "
+            "dropping them all"
+        )
 
 
 def clean_clouds(
@@ -157,8 +163,11 @@ def cost_scale(
     already cleaned: finite everywhere): the largest ``|C|`` over the whole batch (two
     reductions, no copy) when ``eps`` clears the floor at it, as it does but for a tiny
     eps; otherwise ``[B]``, the largest ``|C|`` of each problem over its valid pairs
-    (masked entries may hold large finite filler)."""
+    (masked entries may hold large finite filler); 0 for an empty batch (nothing to
+    bound)."""
     c = cost.detach()
+    if c.numel() == 0:
+        return 0.0
     bound = float(torch.maximum(c.amax(), -c.amin()))
     smallest = float(eps.detach().min()) if isinstance(eps, Tensor) else float(eps)
     if smallest >= eps_floor(c.dtype, bound):
@@ -304,7 +313,9 @@ def clean_problem(
     (:func:`check_tensors`), :func:`clean_cost`, :func:`clean_masses` for ``a`` and ``b``
     (when given) and the checks of :func:`check_eps` against the cost's scale
     (:func:`cost_scale`, which needs a valid ``eps`` first); returns ``(cost, a, b)``
-    cleaned of non-finite masked entries."""
+    cleaned of non-finite masked entries. ``eps`` is checked as given (a tensor of another
+    dtype too); the solver computes with it cast to the cost's dtype
+    (:func:`otviz.ot._settings.settings_like`)."""
     check_tensors(solver, cost=cost, a=a, b=b)
     cost = clean_cost(cost, solver, row_mask, col_mask)
     bsz, n, m = cost.shape

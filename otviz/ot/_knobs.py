@@ -9,6 +9,9 @@ temperature, one value per problem) is read once, where it is given.
 
 ``eps`` and ``tau`` may be per problem (shape ``[B]``); :func:`per_problem` views such a
 knob against a batched tensor (``[B, 1]`` for ``[B, N]``, ``[B, 1, 1]`` for ``[B, N, M]``).
+A tensor knob of another floating dtype (or device) than its problem is cast to the
+problem's (:func:`knob_like`), so a float64 ``eps`` never meets a float32 cost in a bare
+torch error and a float32 ``tau`` never rounds a float64 problem's update exponent.
 
 The smallest ``eps`` a dtype can solve (:func:`eps_floor`): the log-domain solvers hold
 potentials of magnitude up to ``S / eps`` (``S``: the largest ``|C|`` on valid pairs), each
@@ -116,11 +119,11 @@ def check_scale_knob(
 ) -> None:
     """A knob that may be a number or a tensor (``eps``, ``tau``): a number as
     :func:`check_number`; a floating tensor of shape ``[]`` or ``[B]`` whose every entry
-    passes the same rule (read once, without its gradient)."""
+    passes the same rule (read once, without its gradient; ``[0]`` for an empty batch)."""
     if not isinstance(value, Tensor):
         check_number(name, value, owner, above=above, at_least=at_least, inf_ok=inf_ok)
         return
-    if not value.is_floating_point() or value.dim() > 1 or value.numel() == 0:
+    if not value.is_floating_point() or value.dim() > 1:
         raise KnobError(
             f"{owner}: {name} must be a number, a 0-D or a [B] floating tensor (one value per "
             f"problem), got {value.dtype} {tuple(value.shape)}"
@@ -157,6 +160,14 @@ def check_batch_knob(name: str, value: float | Tensor, batch: int, owner: str) -
             f"{owner}: {name} has {value.shape[0]} values but the batch holds {batch} "
             f"problems; pass one per problem ([{batch}]) or one number"
         )
+
+
+def knob_like(value: float | Tensor, like: Tensor) -> float | Tensor:
+    """A knob in its problem's dtype and on its device: a tensor cast (differentiably) to
+    ``like``'s dtype and device, a number as it is (docs/solver-contract.md, "Tensor knobs")."""
+    if isinstance(value, Tensor) and (value.dtype, value.device) != (like.dtype, like.device):
+        return value.to(dtype=like.dtype, device=like.device)
+    return value
 
 
 def per_problem(value: float | Tensor, dims: int) -> float | Tensor:

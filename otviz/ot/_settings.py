@@ -10,7 +10,7 @@ method's settings, rebuilt in every forward pass from Python numbers, read no te
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from torch import Tensor
@@ -24,6 +24,7 @@ from otviz.ot._knobs import (
     check_number,
     check_optional_number,
     check_tau_value,
+    knob_like,
 )
 from otviz.ot._result import DEFAULT_MAX_ITERS, DEFAULT_TOL
 
@@ -98,10 +99,29 @@ class LowRankSettings(UnbalancedSettings):
 Settings = TypeVar("Settings", bound=SinkhornSettings)
 
 
-def settings_of(solver: str, kind: type[Settings], **knobs: object) -> Settings:
+def settings_like(settings: Settings, like: object) -> Settings:
+    """``settings`` with every tensor knob (``eps``, ``tau_a``, ``tau_b``) in the dtype and
+    on the device of ``like``, the problem's first tensor
+    (:func:`otviz.ot._knobs.knob_like`); as they are when ``like`` is not a floating
+    tensor (the problem's own check refuses it)."""
+    if not isinstance(like, Tensor) or not like.is_floating_point():
+        return settings
+    cast = {
+        name: knob_like(value, like)
+        for name, value in vars(settings).items()
+        if isinstance(value, Tensor)
+    }
+    cast = {name: value for name, value in cast.items() if value is not getattr(settings, name)}
+    return replace(settings, **cast) if cast else settings
+
+
+def settings_of(
+    solver: str, kind: type[Settings], like: object = None, **knobs: object
+) -> Settings:
     """``kind(**knobs)``, a refusal naming ``solver`` (the function the knobs were given to)
-    instead of the settings class."""
+    instead of the settings class; its tensor knobs cast to the problem's dtype and device
+    when ``like`` (the problem's first tensor) is given (:func:`settings_like`)."""
     try:
-        return kind(**knobs)
+        return settings_like(kind(**knobs), like)
     except KnobError as e:
         raise KnobError(str(e).replace(kind.__name__, solver, 1)) from None

@@ -76,7 +76,9 @@ def dbot_log(
         are exact) and ``cost = <C, P>``.
     """
     solver = "dbot_log"
-    settings_of(solver, SinkhornSettings, eps=eps, n_iters=n_iters, tol=tol)
+    eps = settings_of(
+        solver, SinkhornSettings, like=cost, eps=eps, n_iters=n_iters, tol=tol
+    ).eps
     check_tensors(solver, cost=cost, a=a, low=low, high=high)
     cost, a, _ = clean_problem(cost, a, None, eps, solver, row_mask, col_mask)
     bsz, _, m = cost.shape

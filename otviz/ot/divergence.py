@@ -135,7 +135,7 @@ def sinkhorn_divergence(
     """
     solver = "sinkhorn_divergence"
     check_choice("objective", objective, OBJECTIVES, solver)
-    settings_of(solver, SinkhornSettings, eps=eps, n_iters=n_iters, tol=tol)
+    eps = settings_of(solver, SinkhornSettings, like=x, eps=eps, n_iters=n_iters, tol=tol).eps
     check_tensors(solver, x=x, y=y, a=a, b=b, a_self=a_self, b_self=b_self)
     x, y = clean_clouds(solver, ("x", "y"), x, y, x_mask, y_mask)
     (bsz, n, _), m = x.shape, y.shape[1]

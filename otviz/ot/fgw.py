@@ -56,12 +56,20 @@ from torch import Tensor
 
 from otviz.ot._checks import (
     SolverInputError,
+    check_tau,
     check_tensors,
     clean_problem,
     clean_where_valid,
     pair_mask,
 )
-from otviz.ot._knobs import KnobError, check_choice, check_count, check_number, per_problem
+from otviz.ot._knobs import (
+    KnobError,
+    check_choice,
+    check_count,
+    check_number,
+    knob_like,
+    per_problem,
+)
 from otviz.ot._result import (
     DEFAULT_MAX_ITERS,
     DEFAULT_TOL,
@@ -220,7 +228,7 @@ def fgw_isoftmax(
     )
     rows, cols = _row_masks(cost, row_mask, col_mask)
     a = torch.ones_like(cost[:, :, 0]) if a is None else a
-    eps = per_problem(eps, 3)
+    eps = per_problem(knob_like(eps, cost), 3)
     log_plan = _row_log_softmax(-cost / eps, a, cols)
     for _ in range(n_iters):
         plan = _row_plan(log_plan, rows)
@@ -255,7 +263,7 @@ def fgw_pgd(
     )
     rows, cols = _row_masks(cost, row_mask, col_mask)
     a = torch.ones_like(cost[:, :, 0]) if a is None else a
-    eps = per_problem(eps, 3)
+    eps = per_problem(knob_like(eps, cost), 3)
     log_plan = _row_log_softmax(-cost / eps, a, cols)
     for _ in range(n_iters):
         plan = _row_plan(log_plan, rows)
@@ -294,26 +302,35 @@ def fgw_sinkhorn(
     of inner iterations and ``converged`` (one warning) for that last solve.
     """
     solver = "fgw_sinkhorn"
-    settings_of(
-        solver, UnbalancedSettings, eps=eps, tau_a=tau_a, tau_b=tau_b, n_iters=n_inner, tol=tol
+    settings = settings_of(
+        solver, UnbalancedSettings, like=cost, eps=eps, tau_a=tau_a, tau_b=tau_b,
+        n_iters=n_inner, tol=tol,
     )
+    eps, tau_a, tau_b = settings.eps, settings.tau_a, settings.tau_b
     check_count("n_outer", n_outer, solver, low=0)
     cost, a, b, d1, d2 = _clean_fgw(
         cost, a, b, eps, d1, d2, alpha0, scaling, solver, row_mask, col_mask
     )
+    check_tau("tau_a", tau_a, solver, cost.shape[0])
+    check_tau("tau_b", tau_b, solver, cost.shape[0])
     balanced = not isinstance(tau_a, Tensor) and not isinstance(tau_b, Tensor)
     balanced = balanced and tau_a == float("inf") and tau_b == float("inf")
 
     def solve(c: Tensor) -> SolverResult:
+        inner = "sinkhorn_log" if balanced else "sinkhorn_unbalanced_log"
         with warnings.catch_warnings():  # judged once, on the last solve
             warnings.simplefilter("ignore", NotConvergedWarning)
-            if balanced:
-                return sinkhorn_log(
-                    c, a, b, eps, n_inner, tol, row_mask=row_mask, col_mask=col_mask
+            try:
+                if balanced:
+                    return sinkhorn_log(
+                        c, a, b, eps, n_inner, tol, row_mask=row_mask, col_mask=col_mask
+                    )
+                return sinkhorn_unbalanced_log(
+                    c, a, b, eps, tau_a, tau_b, n_inner, tol, row_mask=row_mask,
+                    col_mask=col_mask,
                 )
-            return sinkhorn_unbalanced_log(
-                c, a, b, eps, tau_a, tau_b, n_inner, tol, row_mask=row_mask, col_mask=col_mask
-            )
+            except SolverInputError as e:  # a linearised cost's refusal: name the call made
+                raise type(e)(str(e).replace(inner, solver, 1)) from None
 
     res = solve(cost)
     total = res.n_iters

@@ -71,7 +71,7 @@ from otviz.ot._result import (
     judge_convergence,
     relative_error,
 )
-from otviz.ot._settings import LowRankSettings
+from otviz.ot._settings import LowRankSettings, settings_like
 from otviz.ot._sync import known_false, on_host
 from otviz.ot.costs import COSINE_COST_SCALE
 from otviz.ot.sinkhorn import NEG, _effective_mask, _masked_log
@@ -607,7 +607,8 @@ def lowrank_uot(
     problem = LowRankProblem(
         z, y, anchors, mu, nu, row_mask, col_mask, z_scale, image_index, text_index
     )
-    return solve_lowrank(_clean_inputs(problem, settings), settings)
+    problem = _clean_inputs(problem, settings)
+    return solve_lowrank(problem, settings_like(settings, problem.z))
 
 
 def solve_lowrank(problem: LowRankProblem, settings: LowRankSettings) -> LowRankResult:

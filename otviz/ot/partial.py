@@ -76,7 +76,9 @@ def partial_ot_log(
         eps), ``log_v`` holds ``g``.
     """
     solver = "partial_ot_log"
-    settings_of(solver, SinkhornSettings, eps=eps, n_iters=n_iters, tol=tol)
+    eps = settings_of(
+        solver, SinkhornSettings, like=cost, eps=eps, n_iters=n_iters, tol=tol
+    ).eps
     cost, a, b = clean_problem(cost, a, b, eps, solver, row_mask, col_mask)
     log_k = _masked_log_kernel(cost, eps, row_mask, col_mask)
     a = torch.ones_like(cost[:, :, 0]) if a is None else a

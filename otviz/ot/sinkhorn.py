@@ -368,8 +368,10 @@ def sinkhorn_log(
         Large batches run in cache-sized sub-batches (:func:`_in_cache_chunks`; ``tol``
         then applies per sub-batch).
     """
-    settings = settings_of("sinkhorn_log", SinkhornSettings, eps=eps, n_iters=n_iters, tol=tol)
-    cost, a, b = clean_problem(cost, a, b, eps, "sinkhorn_log", row_mask, col_mask)
+    settings = settings_of(
+        "sinkhorn_log", SinkhornSettings, like=cost, eps=eps, n_iters=n_iters, tol=tol
+    )
+    cost, a, b = clean_problem(cost, a, b, settings.eps, "sinkhorn_log", row_mask, col_mask)
     check_equal_mass(a, b, "sinkhorn_log", row_mask, col_mask)
     res = _in_cache_chunks(_sinkhorn_log, cost, a, b, settings, row_mask, col_mask)
     return judge_convergence(res, tol, "sinkhorn_log", n_iters)

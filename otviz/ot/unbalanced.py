@@ -98,11 +98,12 @@ def sinkhorn_unbalanced_log(
     """
     solver = "sinkhorn_unbalanced_log"
     settings = settings_of(
-        solver, UnbalancedSettings, eps=eps, tau_a=tau_a, tau_b=tau_b, n_iters=n_iters, tol=tol
+        solver, UnbalancedSettings, like=cost, eps=eps, tau_a=tau_a, tau_b=tau_b,
+        n_iters=n_iters, tol=tol,
     )
-    cost, a, b = clean_problem(cost, a, b, eps, solver, row_mask, col_mask)
-    check_tau("tau_a", tau_a, solver, cost.shape[0])
-    check_tau("tau_b", tau_b, solver, cost.shape[0])
+    cost, a, b = clean_problem(cost, a, b, settings.eps, solver, row_mask, col_mask)
+    check_tau("tau_a", settings.tau_a, solver, cost.shape[0])
+    check_tau("tau_b", settings.tau_b, solver, cost.shape[0])
     return solve_dense(cost, a, b, settings, row_mask, col_mask)
 
 

@@ -73,12 +73,21 @@ def test_settings_accept_their_edge_values():
 
 @pytest.mark.parametrize(
     "bad", [torch.tensor([0.1, NAN]), torch.tensor([[0.1]]), torch.tensor([1, 2]),
-            torch.tensor([]), torch.tensor(-1.0)],
-    ids=["nan-entry", "2-D", "integer", "empty", "negative-0D"],
+            torch.tensor(-1.0)],
+    ids=["nan-entry", "2-D", "integer", "negative-0D"],
 )
 def test_tensor_eps_is_a_number_or_one_value_per_problem(bad):
     with pytest.raises(KnobError, match="eps"):
         ot.SinkhornSettings(eps=bad)
+
+
+def test_an_empty_eps_is_the_eps_of_an_empty_batch_only():
+    """``[0]`` is one value per problem of an empty batch: accepted by the settings, refused
+    by a solve of a batch that has problems (its length named)."""
+    ot.SinkhornSettings(eps=torch.tensor([], dtype=torch.float64))
+    p = _problem()
+    with pytest.raises(KnobError, match="eps has 0 values but the batch holds 2"):
+        ot.sinkhorn_log(p.cost, p.a, p.b, torch.tensor([], dtype=p.cost.dtype))
 
 
 def _problem(seed=0, bsz=2, n=6, m=5):
