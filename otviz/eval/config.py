@@ -97,10 +97,14 @@ class EvalConfig:
         return known_names(self.tables, TABLES + ON_REQUEST_TABLES, "tables")
 
     def dataset_table_names(self) -> list[str]:
-        """With ``dataset``: ``["grounding"]``, plus ``"trust"`` when named."""
+        """With a grounding ``dataset``: ``["grounding"]``, plus ``"trust"`` when named
+        (``"segmentation"`` is refused: a grounding set has no masks)."""
         if self.tables == "all":
             return ["grounding"]
         names = known_names(self.tables, DATASET_TABLES, "tables with --dataset")
+        if "segmentation" in names:
+            raise ValueError("--tables segmentation needs a segmentation set with masks "
+                             "(--dataset voc:DIR or voc20:DIR)")
         return ["grounding"] + (["trust"] if "trust" in names else [])
 
     def seed_list(self) -> list[int]:

@@ -27,7 +27,6 @@ import csv
 import hashlib
 import io
 import json
-import platform
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -38,7 +37,6 @@ import torch
 from otviz.backbone import Backbone
 from otviz.boundary.images import ImageInputError
 from otviz.checkpoints.identity import backbone_fingerprint
-from otviz.checkpoints.store import CheckpointError
 from otviz.data.datasets import EmptyDatasetError
 from otviz.data.feature_cache import FeatureCache
 from otviz.data.grounding_sets import (
@@ -52,7 +50,15 @@ from otviz.eval.alignment_tables import (
     grounding_table,
     phrase_queries,
 )
-from otviz.eval.config import TRAINING_FREE, EvalConfig
+from otviz.eval.config import EvalConfig
+from otviz.eval.dataset_models import (
+    dataset_backbone,
+    dataset_suite,
+    one_space,
+    package_versions,
+    to_device,
+)
+from otviz.eval.dataset_segmentation import run_segmentation_eval, segmentation_spec
 from otviz.eval.dataset_trust import dataset_trust_table, shard_trust
 from otviz.eval.grounding_metrics import (
     POINTING_RULE,
@@ -60,13 +66,12 @@ from otviz.eval.grounding_metrics import (
     pointing_note,
     tokens_in_boxes,
 )
-from otviz.eval.runner import _atomic_write, chosen_features, load_backbone, write_tables
+from otviz.eval.runner import _atomic_write, write_tables
 from otviz.eval.table import Table
 from otviz.eval.trust.metrics import TrustSettings, require_quantus
 from otviz.eval.world_set import (
     EvalSet,
     GroundingProbeDataset,
-    backbone_in_space,
     model_input_size,
 )
 from otviz.explainers import explainer_names
@@ -77,53 +82,6 @@ StageProgress = Callable[[str, int, int], None]
 #: Row values that are means over phrases (combined across shards weighted by phrases).
 _MEANS = ("pointing", "pointing_tol", "mean_iou", "hit@0.5", "ms_per_phrase")
 _TRUST_SUFFIX = ".trust.json"  # a shard's trust values, beside its rows
-_FIT_CAPTIONS = 2000  # captions the training-free ConceptOT anchors are fitted on, at most
-
-
-def dataset_backbone(config: EvalConfig) -> Backbone:
-    """``config.model`` with ``config.pretrained`` (any open_clip model), else the tiny-CLIP
-    checkpoint ``config.backbone``; on the CPU (:func:`to_device` moves it once the
-    methods are fitted, which they are on the CPU where they score)."""
-    if not config.model:
-        return chosen_features(load_backbone(config.backbone), config)
-    return chosen_features(Backbone.from_pretrained(config.model, config.pretrained or None),
-                           config)
-
-
-def to_device(backbone: Backbone, device: str) -> None:
-    """The backbone's model moved to ``device`` (``""``: the GPU when there is one), where it
-    encodes the images and captions and the explainers run."""
-    backbone.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-
-
-def dataset_suite(backbone: Backbone, config: EvalConfig, data: GroundingSet
-                  ) -> tuple[MethodSuite, str]:
-    """``(suite, note)``: the trained heads of ``config.heads`` where they were trained on
-    this backbone, else every method training-free (ConceptOT's anchors fitted on the token
-    embeddings of the set's first captions: text only, no box)."""
-    names = config.method_names()
-    if config.heads != TRAINING_FREE:
-        try:
-            return MethodSuite.from_heads(backbone, config.heads, names), "trained heads"
-        except CheckpointError as e:
-            note = f"no trained heads for this backbone ({e}); training-free methods"
-    else:
-        note = "training-free methods"
-    fit = list(dict.fromkeys(it.caption for it in data.items))[:_FIT_CAPTIONS]
-    return (MethodSuite.training_free(backbone, fit, ("global_only", *names)),
-            f"{note}; ConceptOT anchors fitted on {len(fit)} captions of the set (text only)")
-
-
-def package_versions() -> dict[str, str]:
-    """Versions of the packages a number depends on."""
-    import numpy
-    import open_clip
-
-    import otviz
-
-    return {"otviz": otviz.__version__, "torch": torch.__version__,
-            "open_clip": open_clip.__version__, "numpy": numpy.__version__,
-            "python": platform.python_version()}
 
 
 def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
@@ -137,7 +95,11 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
     shards ``k`` with ``k % W`` equal to its rank, on ``cuda:LOCAL_RANK`` when there is a GPU
     (else the CPU, gloo), and writes them to ``out/shards`` as one process would; the
     processes meet at a barrier, every one reads the table back from the shard files, and
-    rank 0 writes the outputs. A stopped job started again resumes from the shards written."""
+    rank 0 writes the outputs. A stopped job started again resumes from the shards written.
+    A segmentation set (``voc:``, ``voc20:``) goes to
+    :func:`~otviz.eval.dataset_segmentation.run_segmentation_eval`."""
+    if segmentation_spec(config.dataset) is not None:
+        return run_segmentation_eval(config, progress)
     kind, path = parse_dataset_spec(config.dataset)
     split = config.split or DEFAULT_SPLITS[kind]
     trust = None
@@ -156,9 +118,7 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
         backbone = dataset_backbone(config)
         suite, suite_note = dataset_suite(backbone, config, data)
         to_device(backbone, str(info.device) if info.distributed else config.device)
-        spaces = {entry.space for entry in suite.methods.values()}
-        if len(spaces) == 1:  # one feature space for all: the images are encoded once
-            backbone = backbone_in_space(backbone, spaces.pop())
+        backbone = one_space(backbone, suite)
         frame = model_input_size(backbone)
         identity = {"backbone": backbone_fingerprint(backbone), "suite": suite.label,
                     "methods": list(suite.methods), "explainers": config.explainers,

@@ -164,11 +164,11 @@ def row_token_maps(
     suite: MethodSuite, data: EvalSet, q: PhraseQueries, explainers: Sequence[str] = (),
     chunk: int = CHUNK, progress: StageProgress | None = None, seed: int | None = None,
     baselines: bool = True,
-) -> list[tuple[str, str, dict[str, bool], Tensor | str]]:
+) -> list[RowMaps]:
     """``(label, name, flags, [P, N] maps)`` of every row the grounding table scores: the
     methods with a patch-token plan, the explainers (an unavailable one: its note instead
     of maps), the model-free baselines (:func:`~otviz.eval.alignment_tables.baseline_maps`)."""
-    out: list[tuple[str, str, dict[str, bool], Tensor | str]] = []
+    out: list[RowMaps] = []
     for name, entry in suite.methods.items():
         if not entry.method.has_plan:
             continue  # no patch-token plan (Global-only)
@@ -188,23 +188,29 @@ def row_token_maps(
     return out
 
 
-def scored_rows(
-    rows: Sequence[tuple[str, str, dict[str, bool], Tensor | str]], images: Sequence[ScoredImage],
-    geometry: TokenGeometry, classes: Sequence[str], threshold: float = THRESHOLD,
-    background: bool = True,
-) -> list[dict]:
-    """The table's rows: each of ``rows`` segmented and scored, then the gold masks' row."""
-    out = []
-    for label, name, flags, maps in rows:
-        if isinstance(maps, str):
-            out.append({"method": maps, "name": name, **flags})
-            continue
-        counts = segment(images, token_maps(maps, geometry), len(classes), threshold,
-                         background)
-        out.append(segmentation_row(label, name, counts, classes, **flags))
-    gold = segment(images, gold_maps, len(classes), threshold, background)
-    out.append(segmentation_row("Gold masks", "gold_masks", gold, classes, baseline=True))
-    return out
+RowMaps = tuple[str, str, dict[str, bool], Tensor | str]
+RowCounts = tuple[str, str, dict[str, bool], SegmentationCounts | str]
+
+
+def segmented(
+    rows: Sequence[RowMaps], images: Sequence[ScoredImage], geometry: TokenGeometry,
+    n_classes: int, threshold: float = THRESHOLD, background: bool = True,
+) -> list[RowCounts]:
+    """Each of ``rows`` segmented and counted (an unavailable row keeps its note), then the
+    gold masks' counts (``"gold_masks"``)."""
+    out: list[RowCounts] = [
+        (label, name, flags, maps if isinstance(maps, str) else segment(
+            images, token_maps(maps, geometry), n_classes, threshold, background))
+        for label, name, flags, maps in rows]
+    gold = segment(images, gold_maps, n_classes, threshold, background)
+    return out + [("Gold masks", "gold_masks", {"baseline": True}, gold)]
+
+
+def scored_rows(rows: Sequence[RowCounts], classes: Sequence[str]) -> list[dict]:
+    """The table's rows of :func:`segmented`'s counts."""
+    return [{"method": counts, "name": name, **flags} if isinstance(counts, str)
+            else segmentation_row(label, name, counts, classes, **flags)
+            for label, name, flags, counts in rows]
 
 
 def rule_note(threshold: float, background: bool) -> str:
@@ -227,11 +233,12 @@ def segmentation_table(
     """The world's segmentation table (module docstring) on ``data``."""
     q = phrase_queries(data)
     images = world_images(data, q)
-    rows = row_token_maps(suite, data, q, explainers, chunk, progress, seed)
+    counts = segmented(row_token_maps(suite, data, q, explainers, chunk, progress, seed),
+                       images, data.geometry, len(WORLD_CLASSES), threshold)
     table = Table("segmentation", f"Open-vocabulary segmentation of {data.n_images} world "
                   f"{data.split} images ({q.image.numel()} phrases as classes)",
                   segmentation_columns(WORLD_CLASSES))
-    table.rows = scored_rows(rows, images, data.geometry, WORLD_CLASSES, threshold)
+    table.rows = scored_rows(counts, WORLD_CLASSES)
     pixels = table.rows[-1]["pixels"]
     table.notes += [
         "candidates per image: its caption's phrases and background; labels: the object "

@@ -96,6 +96,15 @@ class SegmentationCounts:
         self.predicted += np.bincount(cls[p], minlength=n)
         self.intersect += np.bincount(cls[g[g == p]], minlength=n)
 
+    def merged(self, other: SegmentationCounts) -> SegmentationCounts:
+        """The counts of both (e.g. two shards of a set)."""
+        if other.n_classes != self.n_classes:
+            raise ValueError(f"{self.n_classes} classes but {other.n_classes}")
+        out = SegmentationCounts(self.n_classes)
+        for key in ("intersect", "labelled", "predicted"):
+            setattr(out, key, getattr(self, key) + getattr(other, key))
+        return out
+
     def union(self) -> np.ndarray:
         return self.labelled + self.predicted - self.intersect
 

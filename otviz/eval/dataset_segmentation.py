@@ -1,0 +1,169 @@
+"""``otviz eval --dataset voc:DIR`` (and ``voc20:DIR``): the segmentation table
+(:mod:`otviz.eval.segmentation`) on a segmentation set in its published layout
+(:mod:`otviz.data.segmentation_sets`).
+
+Every image is one caption listing the candidate classes' names (SCLIP's names,
+``"aeroplane, bicycle, bird, ship, ..."``), so an alignment method's plan between the
+image's patches and that caption's tokens gives each class its mass per patch: the class's
+phrase map, read as a segmentation like every other row. An explainer reads each class
+from the prompt ``"a photo of a {name}."`` (CLIP's template; one template, not the 80 of
+the ImageNet ensemble: an explainer encodes one text per phrase). The image is resized to
+the model's input without cropping (no sliding window), its maps drawn back onto the
+mask's own pixels, so every labelled pixel of the set is scored at its original
+resolution, as mmsegmentation scores it.
+
+Images are scored in shards of ``--shard`` images (features through the feature cache);
+the counts are summed over the shards. An image that does not decode is left out and
+named in the stamp. Not yet: sharing the shards among ``torchrun`` processes, resuming a
+stopped run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from otviz.boundary.images import ImageInputError
+from otviz.checkpoints.identity import backbone_fingerprint
+from otviz.data.feature_cache import FeatureCache
+from otviz.data.segmentation_sets import SEGMENTATION_KINDS, SegmentationSet, load_voc
+from otviz.errors import InputError
+from otviz.eval.alignment_tables import phrase_queries
+from otviz.eval.config import EvalConfig
+from otviz.eval.dataset_models import (
+    dataset_backbone,
+    dataset_suite,
+    one_space,
+    package_versions,
+    to_device,
+)
+from otviz.eval.runner import write_tables
+from otviz.eval.segmentation import (
+    RowCounts,
+    ScoredImage,
+    candidate_rows,
+    row_token_maps,
+    rule_note,
+    scored_rows,
+    segmentation_columns,
+    segmented,
+)
+from otviz.eval.segmentation_metrics import THRESHOLD
+from otviz.eval.table import Table
+from otviz.eval.world_set import EvalSet, GroundingProbeDataset, model_input_size
+from otviz.explainers import explainer_names
+
+StageProgress = Callable[[str, int, int], None]
+#: The prompt an explainer encodes for a class (CLIP's "a photo of a {}." template).
+PROMPT = "a photo of a {}."
+
+
+def segmentation_spec(spec: str) -> tuple[str, str] | None:
+    """``(kind, path)`` when ``spec`` names a segmentation set (``voc:PATH``,
+    ``voc20:PATH``), else ``None``; :class:`InputError` for such a kind without a path."""
+    kind, _, path = spec.partition(":")
+    if kind not in SEGMENTATION_KINDS:
+        return None
+    if not path:
+        raise InputError(f"--dataset {kind}: takes a folder, {kind}:PATH")
+    return kind, path
+
+
+def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = None
+                          ) -> tuple[list[Table], dict[str, Any]]:
+    """The segmentation table of ``config.dataset`` (module docstring) and its stamp;
+    written to ``config.out`` (``segmentation.json``, ``segmentation.md``) unless empty."""
+    spec = segmentation_spec(config.dataset)
+    if spec is None:
+        raise InputError(f"--dataset {config.dataset.partition(':')[0]}: not a segmentation "
+                         f"set ({', '.join(SEGMENTATION_KINDS)})")
+    kind, path = spec
+    names = [n.strip() for n in config.tables.split(",")] if config.tables != "all" else []
+    if any(n != "segmentation" for n in names):
+        raise InputError(f"--dataset {kind}: makes the segmentation table only "
+                         "(--tables segmentation)")
+    data = load_voc(path, config.split or "val", config.limit, SEGMENTATION_KINDS[kind])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, config.threads))
+    try:
+        grounding = data.as_grounding(PROMPT)
+        backbone = dataset_backbone(config)
+        suite, suite_note = dataset_suite(backbone, config, grounding)
+        to_device(backbone, config.device)
+        backbone = one_space(backbone, suite)
+        frame = model_input_size(backbone)
+        kept, unreadable = _decodable(data)
+        total: list[RowCounts] = []
+        shards = [kept[s : s + config.shard] for s in range(0, len(kept), config.shard)]
+        for k, part in enumerate(shards):
+            probe = GroundingProbeDataset(grounding.subset(part), frame)
+            evalset = EvalSet(probe, backbone, FeatureCache(config.cache_dir))
+            q = phrase_queries(evalset)
+            images = [ScoredImage(rows, data.load_labels(i), data.local_classes())
+                      for i, rows in zip(part, candidate_rows(evalset, q), strict=True)]
+            maps = row_token_maps(suite, evalset, q, explainer_names(config.explainers),
+                                  config.chunk, progress, seed=config.seed + k)
+            counts = segmented(maps, images, evalset.geometry, len(data.classes), THRESHOLD,
+                               data.background)
+            total = counts if not total else [_summed(a, b) for a, b in zip(total, counts,
+                                                                             strict=True)]
+            if progress is not None:
+                progress("shards", k + 1, len(shards))
+    finally:
+        torch.set_num_threads(threads)
+    if not total:
+        raise InputError(f"{kind}: no image of split {config.split or 'val'} decodes")
+    table = _table(data, total, len(kept))
+    table.notes.append(f"methods: {suite.label}; {suite_note}")
+    stamp = {"model": backbone.name, "pretrained": backbone.info.get("pretrained"),
+             "backbone_weights": backbone_fingerprint(backbone)["weights"],
+             "versions": package_versions(), "frame": list(frame),
+             "dataset": {**data.source, "digest": data.digest(), "path": Path(path).name},
+             "skipped": data.skipped.as_dict(), "undecodable": unreadable,
+             "seed": config.seed, "shards": len(shards), "config": asdict(config)}
+    if config.out:
+        write_tables([table], config.out, {"stamp": stamp}, stem="segmentation")
+    return [table], stamp
+
+
+def _decodable(data: SegmentationSet) -> tuple[list[int], list[str]]:
+    """``(the items whose image decodes, a message per other)``."""
+    kept, unreadable = [], []
+    for i, item in enumerate(data.items):
+        try:
+            data.load_image(i)
+            kept.append(i)
+        except ImageInputError as e:
+            unreadable.append(f"{item.key}: {e}")
+    return kept, unreadable
+
+
+def _summed(a: RowCounts, b: RowCounts) -> RowCounts:
+    """One row's counts over two shards."""
+    if isinstance(a[3], str) or isinstance(b[3], str):
+        return a
+    return (*a[:3], a[3].merged(b[3]))
+
+
+def _table(data: SegmentationSet, rows: list[RowCounts], n: int) -> Table:
+    fmt, split = data.source["format"], data.source["split"]
+    table = Table("segmentation", f"Open-vocabulary segmentation of {n} {fmt} {split} images "
+                  f"({len(data.classes)} classes)", segmentation_columns(data.classes))
+    table.rows = scored_rows(rows, data.classes)
+    pixels = table.rows[-1]["pixels"]
+    table.notes += [
+        "candidates: " + ", ".join(data.names) + (" and background" if data.background else
+                                                  "; background pixels void"),
+        rule_note(THRESHOLD, data.background),
+        "methods: each class's phrase map of the plan between the patches and the caption "
+        "listing the class names; explainers: the map of 'a photo of a {name}.'; each image "
+        "resized to the model's input without cropping, no sliding window; maps drawn onto "
+        "the mask's own pixels",
+        "labelled pixels: " + ", ".join(f"{c} {v:,}" for c, v in pixels.items()),
+        "sanity rows: gold masks (the labels as maps: 100), uniform map"]
+    return table
+
