@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otviz.data.disk_lru import OWNER_FILE, evict_oldest_dirs, write_owner
+from otviz.data.disk_lru import (
+    OWNER_FILE,
+    dated_dirs,
+    discard,
+    evict_oldest_dirs,
+    owner_alive,
+    write_owner,
+)
 from otviz.data.feature_cache import FeatureCache
 from otviz.errors import UserInputError
 from otviz.explain import InputError
@@ -249,6 +256,11 @@ class TrainingJob:
             }
 
 
+def _run_dirs(heads: list[Path]) -> set[Path]:
+    """The run folders (resolved) holding ``heads`` (``<run>/<method>/head``)."""
+    return {p.resolve().parent.parent for p in heads}
+
+
 def _subset(suite: MethodSuite, names: list[str], tag: str) -> MethodSuite:
     return MethodSuite(suite.backbone, {n: suite.methods[n] for n in names},
                        f"{suite.label} [{tag}]")
@@ -286,6 +298,7 @@ class TrainingJobs:
             if any(b.label == head_set.backbone for b in ctx.backbones):
                 ctx.add_head_set(head_set.backbone, head_set.label, head_set.heads)
         FeatureCache(self.cache_dir).remove_stale_builds()
+        self.remove_dead_runs()
         self.trim_cache()
         self.trim_runs()
         track(self)  # a server stop ends the run in progress at its next step
@@ -293,6 +306,21 @@ class TrainingJobs:
     def trim_cache(self) -> None:
         """Cut the feature cache to :func:`cache_cap_bytes` (least recently used first)."""
         FeatureCache(self.cache_dir).evict(cache_cap_bytes())
+
+    def remove_dead_runs(self) -> list[Path]:
+        """Remove the folders of runs whose server died before the run ended (a stop that
+        cut it, a crash): no record (:data:`RECORD_FILE`), an owner process that is gone
+        (:func:`~otviz.data.disk_lru.owner_alive`), no head the registry lists (a run cut
+        while its heads were probed keeps them offered). Returns the removed folders."""
+        registered = load_head_sets(self.runs_root, complete_only=False)
+        offered = _run_dirs([p for s in registered for p in s.heads.values()])
+        dead = [d for d in dated_dirs(self.runs_root)
+                if not (d / RECORD_FILE).exists() and d.resolve() not in offered
+                and not owner_alive(d)]
+        for run_dir in dead:
+            log.info("removing %s: its server stopped before the run ended", run_dir.name)
+            discard(run_dir)
+        return dead
 
     def trim_runs(self) -> list[Path]:
         """Cut the runs folder to :func:`~otviz.ui.app_dirs.runs_cap_bytes`: finished
@@ -302,8 +330,7 @@ class TrainingJobs:
         kept = set()
         if job is not None and not job.finished.is_set():
             kept.add(Path(job.configs[0].out).parent.resolve())
-        for head_set in self.ctx.head_sets:
-            kept.update(p.resolve().parent.parent for p in head_set.heads.values())
+        kept |= _run_dirs([p for s in self.ctx.head_sets for p in s.heads.values()])
         return evict_oldest_dirs(self.runs_root, runs_cap_bytes(), kept)
 
     def _run_ended(self, job: TrainingJob, work: Work) -> None:
