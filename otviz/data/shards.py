@@ -35,6 +35,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 import numpy as np
 from torch import Generator, randperm
@@ -227,7 +228,8 @@ class _Sample:
 
 def _samples(path: Path, skips: Skips) -> Iterator[tuple[int, int, str, str]]:
     """``(image offset, image size, image name, caption)`` of the usable samples of one
-    shard, every problem counted in ``skips``."""
+    shard, every problem counted in ``skips``. A shard that breaks off (truncated, not a
+    tar) is counted once; the sample it broke off in goes with it."""
     try:
         f = open(path, "rb")
     except OSError:
@@ -235,29 +237,43 @@ def _samples(path: Path, skips: Skips) -> Iterator[tuple[int, int, str, str]]:
         return
     with f:
         current: _Sample | None = None
-        for member in _members(path, f, skips):
-            name = member.name
-            parts = PurePosixPath(name).parts
-            if name.startswith(("/", "\\")) or ".." in parts or re.match(r"^[A-Za-z]:", name):
-                skips.add(UNSAFE, f"{path.name}:{name}")
-                continue
-            if member.isdir():
-                continue
-            if not member.isfile():
-                skips.add(LINK, f"{path.name}:{name}")
-                continue
-            key, ext = _split_key(name)
-            if current is None or key != current.key:
-                if current is not None:
-                    yield from _finished(current, path, skips)
-                current = _Sample(key)
-            _add_member(current, member, ext.lower(), path, f, skips)
+        try:
+            for member in _members(path, f, skips):
+                name = member.name
+                if _unsafe(name):
+                    skips.add(UNSAFE, f"{path.name}:{name}")
+                    continue
+                if member.isdir():
+                    continue
+                if not member.isfile():
+                    skips.add(LINK, f"{path.name}:{name}")
+                    continue
+                key, ext = _split_key(name)
+                if current is None or key != current.key:
+                    if current is not None:
+                        yield from _finished(current, path, skips)
+                    current = _Sample(key)
+                _add_member(current, member, ext.lower(), path, f, skips)
+        except _BrokenShard:
+            return
         if current is not None:
             yield from _finished(current, path, skips)
 
 
-def _members(path: Path, f, skips: Skips) -> Iterator[tarfile.TarInfo]:
-    """The tar members of ``f``, then a check that iteration stopped at the archive's end."""
+class _BrokenShard(Exception):
+    """A shard broke off mid-way (already counted)."""
+
+
+def _unsafe(name: str) -> bool:
+    """A member path that would leave the data if it were ever extracted: absolute (POSIX
+    or a Windows drive) or with a ``..`` component."""
+    return (name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name) is not None
+            or ".." in PurePosixPath(name.replace("\\", "/")).parts)
+
+
+def _members(path: Path, f: BinaryIO, skips: Skips) -> Iterator[tarfile.TarInfo]:
+    """The tar members of ``f``, then a check that iteration stopped at the archive's end;
+    :class:`_BrokenShard` when the shard breaks off."""
     try:
         tar = tarfile.TarFile(fileobj=f, mode="r")
         while (member := tar.next()) is not None:
@@ -265,14 +281,14 @@ def _members(path: Path, f, skips: Skips) -> Iterator[tarfile.TarInfo]:
             yield member
     except (tarfile.TarError, OSError, EOFError, UnicodeError):
         skips.add(UNREADABLE, path.name)
-        return
+        raise _BrokenShard from None
     stopped = tar.offset
     unread = _nonzero_tail(f, stopped)
     if unread:
         skips.add(GARBAGE, f"{path.name} at byte {stopped}, {unread} bytes unread")
 
 
-def _nonzero_tail(f, start: int) -> int:
+def _nonzero_tail(f: BinaryIO, start: int) -> int:
     """The bytes from ``start`` to the end of ``f`` when any is not zero, else 0 (an
     archive ends in zero blocks)."""
     end = f.seek(0, 2)
@@ -290,7 +306,7 @@ def _split_key(name: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), ext
 
 
-def _add_member(sample: _Sample, member: tarfile.TarInfo, ext: str, path: Path, f,
+def _add_member(sample: _Sample, member: tarfile.TarInfo, ext: str, path: Path, f: BinaryIO,
                 skips: Skips) -> None:
     where = f"{path.name}:{member.name}"
     if ext in IMAGE_EXTENSIONS:
@@ -321,7 +337,7 @@ def _add_member(sample: _Sample, member: tarfile.TarInfo, ext: str, path: Path, 
             sample.problem = sample.problem or (BAD_CAPTION, f"{where}: {reason}")
 
 
-def _image_problem(f, member: tarfile.TarInfo) -> str | None:
+def _image_problem(f: BinaryIO, member: tarfile.TarInfo) -> str | None:
     """Why an image member's header is refused (:func:`header_size`), or None: its first
     :data:`HEADER_BYTES` are tried, then the whole member."""
     problem = None
