@@ -59,7 +59,9 @@ def main(argv: list[str], prog: str = "otviz eval") -> int:
         if main_process:
             for table in tables:
                 print(table.markdown())
-            if config.out:
+            if config.out and tables[0].key == "segmentation":
+                print(f"wrote segmentation.json and segmentation.md in {config.out}")
+            elif config.out:
                 trust = ", trust.json and trust.md" if len(tables) > 1 else ""
                 print(f"wrote grounding.json, grounding.md, grounding.csv{trust} in "
                       f"{config.out}")

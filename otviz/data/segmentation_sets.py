@@ -165,12 +165,13 @@ def read_class_mask(path: Path, name: str, size: tuple[int, int], n_objects: int
                                     f"{size[0]}x{size[1]}")
     try:
         with Image.open(path) as mask:
-            if mask.mode not in ("P", "L"):
-                raise MalformedDatasetError(f"{name}: a class mask is a palette or grey PNG "
-                                            f"(mode P or L), not mode {mask.mode}")
-            labels = np.asarray(mask, dtype=np.uint8).copy()
+            mode = mask.mode
+            labels = np.asarray(mask, dtype=np.uint8).copy() if mode in ("P", "L") else None
     except _DECODE_ERRORS:
         raise ImageInputError(f"{name}: class mask does not decode") from None
+    if labels is None:
+        raise MalformedDatasetError(f"{name}: a class mask is a palette or grey PNG (mode P "
+                                    f"or L), not mode {mode}")
     bad = np.unique(labels[(labels > n_objects) & (labels != VOID)])
     if bad.size:
         raise MalformedDatasetError(f"{name}: class mask holds values {bad[:5].tolist()} "

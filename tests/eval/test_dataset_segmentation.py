@@ -1,0 +1,133 @@
+"""``otviz eval --dataset voc:DIR --tables segmentation`` on a PASCAL VOC 2012 folder in its
+published layout written here (palette class masks with void borders, images of several
+sizes): labelled pixels per class equal to the masks' own counts, the gold-mask row at
+mIoU 1, an mIoU for every method and explainer asked; VOC20 voids the background; hostile
+masks and ids are refused or skipped, naming the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from otviz.cli import evaluate
+from otviz.data.datasets import MalformedDatasetError
+from otviz.data.segmentation_sets import VOC_CLASSES, load_voc
+
+METHODS = "filip,dense_uot,conceptot"
+SIZES = ((64, 48), (40, 56), (50, 50))
+
+
+def _palette() -> list[int]:
+    """VOC's colour map (bit-interleaved), as its PNGs carry it."""
+    out = []
+    for k in range(256):
+        r = g = b = 0
+        c = k
+        for j in range(8):
+            r |= ((c >> 0) & 1) << (7 - j)
+            g |= ((c >> 1) & 1) << (7 - j)
+            b |= ((c >> 2) & 1) << (7 - j)
+            c >>= 3
+        out += [r, g, b]
+    return out
+
+
+def write_voc(root: Path, masks: dict[str, np.ndarray], rng: np.random.Generator) -> None:
+    """A VOC 2012 folder: ``JPEGImages/<id>.jpg``, ``SegmentationClass/<id>.png`` (mode P,
+    VOC palette), ``ImageSets/Segmentation/val.txt``."""
+    for sub in ("JPEGImages", "SegmentationClass", "ImageSets/Segmentation"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for key, mask in masks.items():
+        h, w = mask.shape
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(
+            root / "JPEGImages" / f"{key}.jpg")
+        png = Image.fromarray(mask.astype(np.uint8), mode="P")
+        png.putpalette(_palette())
+        png.save(root / "SegmentationClass" / f"{key}.png")
+    (root / "ImageSets/Segmentation/val.txt").write_text("\n".join(masks) + "\n")
+
+
+def _masks(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Background with two objects each, a void band around each object."""
+    out = {}
+    for n, (w, h) in enumerate(SIZES):
+        mask = np.zeros((h, w), dtype=np.uint8)
+        for cls in rng.choice(np.arange(1, 21), 2, replace=False):
+            x0, y0 = rng.integers(2, w // 2), rng.integers(2, h // 2)
+            x1, y1 = x0 + rng.integers(8, w // 2), y0 + rng.integers(8, h // 2)
+            mask[y0 - 1 : y1 + 1, x0 - 1 : x1 + 1] = 255
+            mask[y0:y1, x0:x1] = cls
+        out[f"2007_{n:06d}"] = mask
+    return out
+
+
+@pytest.fixture(scope="module")
+def voc(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    root = tmp_path_factory.mktemp("voc") / "VOC2012"
+    masks = _masks(rng)
+    write_voc(root, masks, rng)
+    return root, masks
+
+
+def _run(root: Path, kind: str, out: Path, tmp: Path) -> dict:
+    argv = ["--dataset", f"{kind}:{root}", "--tables", "segmentation", "--methods", METHODS,
+            "--explainers", "maskclip,legrad", "--threads", "1", "--shard", "2", "--quiet",
+            "--cache-dir", str(tmp / "cache"), "--out", str(out)]
+    assert evaluate.main(argv) == 0
+    return json.loads((out / "segmentation.json").read_text())["tables"]["segmentation"]
+
+
+def test_voc21_pixels_gold_and_every_method(voc, tmp_path: Path) -> None:
+    root, masks = voc
+    table = _run(root, "voc", tmp_path / "out", tmp_path)
+    rows = {r["name"]: r for r in table["rows"]}
+    labels = np.concatenate([m.ravel() for m in masks.values()])
+    expected = {c: int((labels == k).sum()) for k, c in enumerate(VOC_CLASSES)}
+    for row in table["rows"]:
+        if "pixels" in row:
+            assert row["pixels"] == expected
+    assert rows["gold_masks"]["miou"] == 1.0
+    for name in (*METHODS.split(","), "maskclip", "legrad", "uniform", "centre_prior"):
+        assert 0.0 <= rows[name]["miou"] <= 1.0, name
+    # the uniform map: background everywhere; its IoU is the background's share
+    present = [c for c in VOC_CLASSES if expected[c]]
+    share = expected["background"] / sum(expected.values())
+    assert rows["uniform"]["iou_background"] == pytest.approx(share)
+    assert rows["uniform"]["miou"] == pytest.approx(share / len(present))
+    assert (tmp_path / "out" / "segmentation.md").read_text().count("| Gold masks | 100.0") == 1
+
+
+def test_voc20_voids_the_background(voc, tmp_path: Path) -> None:
+    root, masks = voc
+    table = _run(root, "voc20", tmp_path / "out", tmp_path)
+    labels = np.concatenate([m.ravel() for m in masks.values()])
+    expected = {c: int((labels == k + 1).sum()) for k, c in enumerate(VOC_CLASSES[1:])}
+    gold = next(r for r in table["rows"] if r["name"] == "gold_masks")
+    assert gold["pixels"] == expected and gold["miou"] == 1.0
+    assert "iou_background" not in gold
+
+
+def test_hostile_masks_and_ids(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    root = tmp_path / "voc"
+    mask = np.zeros((20, 30), dtype=np.uint8)
+    mask[5:10, 5:10] = 40  # not a VOC label
+    write_voc(root, {"bad": mask}, rng)
+    (root / "ImageSets/Segmentation/val.txt").write_text("bad\n../../etc/passwd\nmissing\n")
+    data = load_voc(root)
+    assert len(data) == 1 and data.skipped.counts["missing image"] == 2
+    with pytest.raises(MalformedDatasetError, match=r"bad\.png.*40"):
+        data.load_labels(0)
+    Image.fromarray(np.zeros((21, 30), dtype=np.uint8), mode="L").save(
+        root / "SegmentationClass" / "bad.png")
+    with pytest.raises(MalformedDatasetError, match=r"bad\.png: class mask is 30x21"):
+        load_voc(root).load_labels(0)
+    Image.fromarray(np.zeros((20, 30, 3), dtype=np.uint8)).save(
+        root / "SegmentationClass" / "bad.png")
+    with pytest.raises(MalformedDatasetError, match="mode RGB"):
+        load_voc(root).load_labels(0)
