@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from otviz.methods.base import no_alignment
+
 GroundTruth = Sequence[Sequence[int]] | None
 LocalScoreFn = Callable[[Tensor, Tensor], Tensor]
 DIRECTIONS = ("i2t", "t2i")
@@ -133,9 +135,11 @@ def local_scores_at(
 def rerank(
     global_scores: Tensor, local: Tensor, candidates: Tensor, lambda_l: float
 ) -> Tensor:
-    """``g + lambda_l * s_l`` on the candidates, ``-inf`` elsewhere (ConceptOT App. G.4)."""
+    """``g + lambda_l * s_l`` on the candidates, ``-inf`` elsewhere (ConceptOT App. G.4) and
+    at a pair with nothing to align (an empty caption or patch set, scored
+    :data:`otviz.methods.base.NO_ALIGNMENT`), so it ranks last at every ``lambda_l``."""
     combined = global_scores.detach().float().cpu() + lambda_l * local
-    return combined.masked_fill(~candidates, float("-inf"))
+    return combined.masked_fill(~candidates | no_alignment(local), float("-inf"))
 
 
 def two_stage_rerank(

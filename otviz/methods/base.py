@@ -5,6 +5,11 @@ A method is an ``nn.Module`` whose learnable parts (projections W_v/W_t into the
 space, mass heads, anchors) are its state dict, which is what a checkpoint stores. Every
 method, OT or not, answers the same calls, so the UI, training and evaluation treat them
 alike and a new method is one module whose class carries the :func:`register` decorator.
+
+A pair with nothing to align (an all-False patch or token mask: a caption that tokenises to
+nothing, a region subset with no patch) is answered here, once for every method, as "no
+alignment": local score :data:`NO_ALIGNMENT`, a zero plan and zero marginals
+(:meth:`AlignmentMethod.forward`, docs/methods.md).
 """
 
 from __future__ import annotations
@@ -17,9 +22,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from otviz.knobs import HEAD_STARTS, LOWRANK_VARIANTS
-from otviz.methods.checks import check_method_eps, check_pair_batch
+from otviz.methods.checks import check_method_eps, check_pair_batch, check_precision
 from otviz.ot._knobs import KnobError, check_choice, check_count, check_flag, check_number
+from otviz.ot._sync import known_false
 from otviz.registry import Registry
+
+#: The local score of a pair with nothing to align (an all-False patch or token mask). Far
+#: below any score a method gives (cosine-weighted scores lie in [-1, 1]), finite so that
+#: ``s_g + lambda_l * s_l`` is never NaN (not even at ``lambda_l = 0``, in numpy or Python
+#: floats) and stays below every real pair's for ``1e-27 <= lambda_l <= 1e8`` in float32;
+#: retrieval ranks such a pair last at every ``lambda_l`` (:func:`no_alignment`).
+NO_ALIGNMENT = -1e30
+
+
+def no_alignment(local_score: Tensor) -> Tensor:
+    """Bool, shaped like ``local_score``: the pairs scored :data:`NO_ALIGNMENT` (nothing
+    to align), in any float dtype the score was cast to."""
+    return local_score <= NO_ALIGNMENT
 
 
 class TransportPlan(Protocol):
@@ -45,6 +64,21 @@ class DensePlan:
 
     def apply(self, v: Tensor) -> Tensor:
         return torch.bmm(self.matrix, v)
+
+
+@dataclass
+class WithoutEmpty:
+    """``plan`` with the pairs ``empty`` (``[B]`` bool, nothing to align) zeroed: their
+    rows of :meth:`dense` and :meth:`apply` are 0 whatever the method computed there."""
+
+    plan: TransportPlan
+    empty: Tensor
+
+    def dense(self) -> Tensor:
+        return self.plan.dense().masked_fill(self.empty[:, None, None], 0.0)
+
+    def apply(self, v: Tensor) -> Tensor:
+        return self.plan.apply(v).masked_fill(self.empty[:, None, None], 0.0)
 
 
 @dataclass
@@ -357,13 +391,24 @@ class AlignmentMethod(nn.Module):
         raise NotImplementedError
 
     def forward(self, batch: PairBatch) -> Alignment:
-        """:meth:`align` after the one input check (:func:`otviz.methods.checks.check_pair_batch`);
-        the solvers behind it run unchecked."""
+        """:meth:`align` after the one input check (:func:`otviz.methods.checks.check_pair_batch`,
+        half precision refused by :func:`otviz.methods.checks.check_precision`); the
+        solvers behind it run unchecked. A pair whose patch or token mask is all False is
+        answered "no alignment" (module docstring): the method runs on a stand-in with that
+        side valid and zero (:func:`_stand_in`), then the pair's result is replaced
+        (:func:`_without_alignment`); on an accelerator both steps run for every batch,
+        branch-free, so the pass reads nothing back (:mod:`otviz.ot._sync`)."""
         check_pair_batch(
             batch.patches, batch.tokens, batch.patch_mask, batch.token_mask, self.name
         )
+        check_precision(
+            {"patches": batch.patches, "tokens": batch.tokens}, self.parameters(), self.name
+        )
         check_method_eps(self.config.eps, batch.patches.dtype, self.name)
-        return self.align(batch)
+        empty = ~(batch.patch_mask.any(1) & batch.token_mask.any(1))
+        if known_false(empty):
+            return self.align(batch)
+        return _without_alignment(self.align(_stand_in(batch)), empty, batch)
 
     def regulariser(self) -> Tensor:
         """Extra training penalty of the method (e.g. ConceptOT's Omega_div); zero default."""
@@ -382,6 +427,49 @@ class AlignmentMethod(nn.Module):
         for p in self.parameters():
             return p.device
         return torch.device("cpu")
+
+
+def _filled_side(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """One side's features ``[B, n, d]`` and mask ``[B, n]`` with a problem that has no
+    valid entry made all valid and all zero (finite, whatever its masked entries held)."""
+    none = ~mask.any(1, keepdim=True)
+    return x.masked_fill(none[..., None], 0.0), mask | none
+
+
+def _stand_in(batch: PairBatch) -> PairBatch:
+    """``batch`` with each all-False side made a valid zero one (:func:`_filled_side`), so
+    a method computes finite values, and finite gradients, for the pairs whose result
+    :func:`_without_alignment` then replaces."""
+    patches, patch_mask = _filled_side(batch.patches, batch.patch_mask)
+    tokens, token_mask = _filled_side(batch.tokens, batch.token_mask)
+    sides = batch.sides
+    if sides is not None:
+        side_patches, side_patch_mask = _filled_side(sides.patches, sides.patch_mask)
+        side_tokens, side_token_mask = _filled_side(sides.tokens, sides.token_mask)
+        sides = replace(sides, patches=side_patches, patch_mask=side_patch_mask,
+                        tokens=side_tokens, token_mask=side_token_mask)
+    return replace(batch, patches=patches, patch_mask=patch_mask, tokens=tokens,
+                   token_mask=token_mask, sides=sides)
+
+
+def _without_alignment(out: Alignment, empty: Tensor, batch: PairBatch) -> Alignment:
+    """``out`` with the pairs ``empty`` (``[B]`` bool) answered "no alignment": local score
+    :data:`NO_ALIGNMENT`, zero plan (and readout), zero marginals and marginal error, the
+    batch's own masks; their global score, references and extras as computed."""
+    def zero(x: Tensor) -> Tensor:
+        return x.masked_fill(empty.view(-1, *[1] * (x.dim() - 1)), 0.0)
+
+    return replace(
+        out,
+        local_score=out.local_score.masked_fill(empty, NO_ALIGNMENT),
+        plan=WithoutEmpty(out.plan, empty),
+        readout=None if out.readout is None else WithoutEmpty(out.readout, empty),
+        row_marginal=zero(out.row_marginal),
+        col_marginal=zero(out.col_marginal),
+        marginal_error=None if out.marginal_error is None else zero(out.marginal_error),
+        patch_mask=batch.patch_mask,
+        token_mask=batch.token_mask,
+    )
 
 
 def global_cosine(batch: PairBatch) -> Tensor:
