@@ -223,6 +223,20 @@ class Explainer:
             self._store(self._projected, encoded.key, cached, self.cache_size)
         return cached
 
+    def method_word_maps(self, encoded: Encoded, suite: MethodSuite, name: str) -> Tensor:
+        """``[n_words, H, W]``: each caption word's patch map under the method ``name`` of
+        ``suite`` (its phrase map of the word's tokens,
+        :meth:`~otviz.methods.base.AlignmentMethod.phrase_patch_map`: the plan's column sum,
+        ConceptOT Sec. 2.6, or the method's own readout); zeros for a word past the context
+        length. The run is cached as :meth:`align`'s."""
+        run = self.align(encoded, suite, [name])[name]
+        method = type(suite.methods[name].method)
+        h, w = encoded.grid
+        maps = torch.zeros(len(encoded.words), h * w)
+        for k in encoded.kept_words:
+            maps[k] = method.phrase_patch_map(run.alignment, encoded.token_select([k]))[0]
+        return maps.reshape(-1, h, w)
+
     def word_similarity(self, encoded: Encoded) -> Tensor:
         """``[n_words, H, W]``: cosine similarity of each caption word with every patch, in
         the model's shared embedding space (a word of several BPE tokens takes their mean)."""

@@ -6,9 +6,20 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+from typing import Any
 
 from otviz.cli.args import at_least
 from otviz.cli.args import parser as command_parser
+
+
+class HeadsAfterModel(argparse.Action):
+    """``--heads DIR``: ``(k, DIR)``, ``k`` the number of ``--model`` flags before it, so the
+    heads apply to the ``--model`` before them (0: the embedded tiny CLIP)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        given = [*getattr(namespace, self.dest), (len(namespace.model), str(values))]
+        setattr(namespace, self.dest, given)
 
 
 def build_parser(prog: str = "otviz app") -> argparse.ArgumentParser:
@@ -33,6 +44,12 @@ def build_parser(prog: str = "otviz app") -> argparse.ArgumentParser:
                         "tag (downloaded at first pick), a local weight file (.pt, .pth, "
                         ".bin, .safetensors) or a local Hugging Face snapshot folder "
                         "(open_clip_config.json and weights), read with no hub call")
+    parser.add_argument("--heads", action=HeadsAfterModel, default=[], metavar="DIR",
+                        help="trained method heads for the --model before it (before any "
+                        "--model: the embedded tiny CLIP): a folder of <method>/ heads as "
+                        "otviz train --publish DIR writes, or a Hugging Face snapshot folder "
+                        "of them; offered in the picker at the reading they were trained on "
+                        "(repeatable; $OTVIZ_HEADS adds folders too, docs/heads.md)")
     return parser
 
 
@@ -45,6 +62,7 @@ def main(argv: list[str] | None = None, prog: str = "otviz app") -> int:
     if len(args.model) != len(args.pretrained):
         parser.error(f"--model and --pretrained come in pairs: got {len(args.model)} --model "
                      f"and {len(args.pretrained)} --pretrained")
+    _check_heads(parser, args.heads)
     from otviz.ui.shutdown import stop_on_signals
 
     previous = stop_on_signals()  # a stop while the app is imported (seconds) is clean too
@@ -53,7 +71,9 @@ def main(argv: list[str] | None = None, prog: str = "otviz app") -> int:
         from otviz.ui.model_sources import ModelSource
 
         models = [ModelSource(*pair) for pair in zip(args.model, args.pretrained, strict=True)]
-        offered = {"models": models} if models else {}  # else the hub's list (remote_models)
+        offered: dict[str, Any] = {"models": models} if models else {}  # else remote_models
+        if args.heads:
+            offered["heads"] = args.heads
         launch(args.max_file_size, server_name=args.host, server_port=args.port,
                share=args.share, **offered)
     except KeyboardInterrupt:  # stopped before serving: nothing runs yet
@@ -62,3 +82,18 @@ def main(argv: list[str] | None = None, prog: str = "otviz app") -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return 0
+
+
+def _check_heads(parser: argparse.ArgumentParser, heads: list[tuple[int, str]]) -> None:
+    """``parser.error`` (exit 2) for a ``--heads`` folder that holds no readable heads, before
+    the app is built."""
+    if not heads:
+        return
+    from otviz.checkpoints.head_folders import read_head_folder
+    from otviz.checkpoints.store import CheckpointError
+
+    for _, folder in heads:
+        try:
+            read_head_folder(folder)
+        except CheckpointError as e:
+            parser.error(f"--heads {folder}: {e}")

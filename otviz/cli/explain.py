@@ -1,11 +1,20 @@
 """``otviz explain``: per-word heatmaps of an image and a caption, from a file or from one
 of the examples shipped with the package (``--example N``, so the command works after a
-``pip install`` as well as in a checkout)."""
+``pip install`` as well as in a checkout). With ``--heads DIR``, each trained head's
+per-word maps instead, at the reading the heads were trained on (``otviz app --heads`` reads
+the same folders); heads trained on other weights or read another way are refused with a
+message naming both."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from otviz.backbone import Backbone
+    from otviz.checkpoints.head_folders import HeadFolder
+    from otviz.suite import MethodSuite
 
 from otviz.cli.args import at_least, feature_source_text, parser
 from otviz.knobs import FEATURE_SOURCE_NAMES
@@ -25,12 +34,23 @@ def build_parser(prog: str = "otviz explain") -> argparse.ArgumentParser:
     p.add_argument("--out", default="explain.png", help="figure path (.png, .pdf, .svg)")
     p.add_argument("--checkpoint", default=None,
                    help="backbone checkpoint folder (default: the shipped tiny CLIP)")
-    p.add_argument("--features", type=feature_source_text, default="last",
+    p.add_argument("--model", default=None, metavar="NAME",
+                   help="an open_clip architecture instead of the tiny CLIP (with --pretrained)")
+    p.add_argument("--pretrained", default=None, metavar="SOURCE",
+                   help="the --model's weights: an open_clip tag (downloaded), a local weight "
+                   "file or a Hugging Face snapshot folder (read with no hub call)")
+    p.add_argument("--heads", default=None, metavar="DIR",
+                   help="trained method heads (a folder as otviz train --publish DIR writes, "
+                   "or a snapshot folder of them): draw each head's per-word maps, at the "
+                   "reading they were trained on")
+    p.add_argument("--features", type=feature_source_text, default=None,
                    metavar="|".join(FEATURE_SOURCE_NAMES),
                    help="where the patch features come from: the last block, block K "
-                   "(negative from the end) or a dense last-block path")
-    p.add_argument("--image-size", type=at_least(int, 0), default=0, metavar="N",
-                   help="run the image tower at N x N px (0: its native size; ViTs only)")
+                   "(negative from the end) or a dense last-block path (default: last, or "
+                   "the one the --heads were trained on)")
+    p.add_argument("--image-size", type=at_least(int, 0), default=None, metavar="N",
+                   help="run the image tower at N x N px (0: its native size; ViTs only; "
+                   "default: native, or the one the --heads were trained on)")
     return p
 
 
@@ -58,18 +78,88 @@ def main(argv: list[str], prog: str = "otviz explain") -> int:
     p = build_parser(prog)
     args = p.parse_args(argv)
     chosen = pair(args, p)
-    from otviz.backbone import Backbone
+    if (args.model is None) != (args.pretrained is None) or (args.model and args.checkpoint):
+        p.error("--model and --pretrained come together, instead of --checkpoint")
+    from otviz.checkpoints.head_folders import trained_reading
+    from otviz.errors import UserInputError
     from otviz.explain import Explainer
-    from otviz.viz.heatmaps import word_similarity_figure
+    from otviz.viz.heatmaps import heatmap_grid_figure, word_similarity_figure
 
-    backbone = Backbone.from_checkpoint(args.checkpoint) if args.checkpoint else (
-        Backbone.from_checkpoint()
-    )
-    backbone = backbone.with_features(args.features, args.image_size or None)
+    try:
+        backbone = _backbone(args)
+        native = backbone.image_size
+        features, side = args.features or "last", args.image_size or None
+        heads = _heads(args, backbone) if args.heads else None
+        if heads is not None:
+            features, side = trained_reading(heads.backbone)
+        backbone = backbone.with_features(features, None if side == native else side)
+        suite = _suite(backbone, heads) if heads else None
+    except UserInputError as e:
+        p.error(str(e))
     explainer = Explainer(backbone)
     encoded = explainer.encode(str(chosen.image_path), chosen.caption)
-    fig = word_similarity_figure(encoded, explainer.word_similarity(encoded),
-                                 encoded.kept_words, suptitle=f'"{encoded.caption}"')
+    if suite is None:
+        fig = word_similarity_figure(encoded, explainer.word_similarity(encoded),
+                                     encoded.kept_words, suptitle=f'"{encoded.caption}"')
+    else:
+        words = encoded.kept_words
+        maps = {m: explainer.method_word_maps(encoded, suite, m) for m in heads.heads}
+        fig = heatmap_grid_figure(
+            encoded.image, [maps[m][k].numpy() for m in maps for k in words],
+            [f"{m}: {encoded.words[k].text}" for m in maps for k in words],
+            geometry=encoded.geometry, shared_scale=False, columns=min(len(words), 8),
+            suptitle=f'"{encoded.caption}" (heads {heads.name}, {features})')
     fig.savefig(args.out)
     print(f"wrote {args.out}")
     return 0
+
+
+def _backbone(args: argparse.Namespace) -> Backbone:
+    """The backbone the flags name: the tiny CLIP (``--checkpoint``, default the shipped
+    one) or an open_clip ``--model`` with ``--pretrained`` weights."""
+    from otviz.backbone import Backbone
+
+    if args.model is None:
+        return Backbone.from_checkpoint(*([args.checkpoint] if args.checkpoint else []))
+    from otviz.ui.model_sources import ModelSource, load_local
+
+    source = ModelSource(args.model, args.pretrained)
+    return load_local(source) if source.is_local else Backbone.from_pretrained(*source)
+
+
+def _heads(args: argparse.Namespace, backbone: Backbone) -> HeadFolder:
+    """The head set of ``--heads`` trained on ``backbone``'s weights (the first such group;
+    none: the weights mismatch, naming both), refused (naming both readings) where
+    ``--features`` / ``--image-size`` ask for another reading than it was trained on."""
+    from otviz.checkpoints.head_folders import read_head_folder, trained_reading, weights_mismatch
+    from otviz.checkpoints.identity import backbone_fingerprint, describe_choice
+    from otviz.errors import UserInputError
+
+    loaded = backbone_fingerprint(backbone)
+    groups = read_head_folder(args.heads)
+    fits = [g for g in groups if not weights_mismatch(g.backbone, loaded, "")]
+    if not fits:
+        raise UserInputError(str(weights_mismatch(groups[0].backbone, loaded,
+                                                  f"{backbone.name} from the flags")))
+    heads = fits[0]
+    features, side = trained_reading(heads.backbone)
+    asked_side = side if args.image_size is None else args.image_size or None
+    asked = (args.features or features, None if asked_side == backbone.image_size else asked_side)
+    if asked != (features, side):
+        raise UserInputError(
+            f"--heads {heads.name} were trained on {describe_choice(heads.backbone)}, not on "
+            f"{describe_choice({'features': asked[0], 'image_size': asked[1]})}: leave out "
+            "--features / --image-size to read them as trained, or leave out --heads for "
+            "the word maps")
+    return heads
+
+
+def _suite(backbone: Backbone, heads: HeadFolder) -> MethodSuite:
+    """The trained methods of ``heads`` on ``backbone`` (read as they were trained; a head
+    that does not fit it raises a ``CheckpointError``)."""
+    from otviz.checkpoints.identity import backbone_identity
+    from otviz.suite import MethodSuite, load_head
+
+    identity = backbone_identity(backbone)  # the weights hashed once
+    methods = {m: load_head(path, identity) for m, path in heads.heads.items()}
+    return MethodSuite(backbone, methods, f"heads {heads.name}")

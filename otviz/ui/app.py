@@ -203,15 +203,18 @@ def freeze_startup_heap() -> None:
 
 
 def launch(
-    max_file_size: str | int | None = None, models: list[ModelSource] | None = None, **kwargs
+    max_file_size: str | int | None = None, models: list[ModelSource] | None = None,
+    heads: list[tuple[int, str]] | None = None, **kwargs
 ) -> NoReturn:
     """Build and serve the app with a bounded queue and bounded uploads and its log
     (:func:`server_logging`), Gradio's upload cache under the app's data folder
     (:func:`~otviz.ui.upload_cache.own_upload_cache`); on a Space the benepar parser is
     fetched at start-up, and the libraries events would import lazily are imported
     (:mod:`otviz.ui.startup_imports`). The real CLIPs offered are ``models`` (``otviz app
-    --model NAME --pretrained SOURCE``) when given, else :func:`remote_models`'. What
-    start-up built is frozen (:func:`freeze_startup_heap`).
+    --model NAME --pretrained SOURCE``) when given, else :func:`remote_models`'; ``heads``
+    (``(k, DIR)``, ``otviz app --heads``) add the trained heads of DIR to the k-th backbone
+    (0: the embedded one), beside those of ``$OTVIZ_HEADS``. What start-up built is frozen
+    (:func:`freeze_startup_heap`).
     Serves until ``SIGTERM`` or ``SIGINT``, then ends the process with status 0
     (:mod:`otviz.ui.shutdown`: the work running stopped at its next step)."""
     stop_on_signals()
@@ -222,7 +225,8 @@ def launch(
         if on_space() and not try_download_benepar():
             log.info("benepar unavailable: trees come from the built-in parser")
         import_lazy_modules()  # no event imports them in a thread of its own (a deadlock)
-        app = build_app(AppContext.default(remote_models() if models is None else models))
+        app = build_app(AppContext.default(remote_models() if models is None else models,
+                                           heads=heads or ()))
         freeze_startup_heap()
         DRAWER.start()  # the phrase grids' drawing worker, ready before the first visitor
         app.launch(**{**serve_options(app, max_file_size), **kwargs,

@@ -1,17 +1,24 @@
 """State shared by the views of one app server: the backbones and method suites behind the
 checkpoint picker (loaded lazily, kept), the trained method heads the picker offers (shipped
-under ``checkpoints/heads/`` or trained in the app), one feature cache per backbone, and
-the shared input components every view reads."""
+under ``checkpoints/heads/``, given by path, ``otviz app --heads DIR`` and ``$OTVIZ_HEADS``,
+or trained in the app), one feature cache per backbone, and the shared input components
+every view reads.
+
+A head set is used at the reading (feature source, input size) its heads were trained on;
+read another way, its entry draws the training-free methods and :meth:`AppContext.heads_note`
+says why. Beside weights other than those it was trained on, its entry is one message
+naming both (:func:`~otviz.checkpoints.head_folders.weights_mismatch`)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import socket
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +27,23 @@ import gradio as gr
 import numpy as np
 
 from otviz.backbone import Backbone, ImageInput, to_rgb
+from otviz.checkpoints.head_folders import (
+    HeadFolder,
+    Provenance,
+    describe_weights,
+    find_heads,
+    provenance,
+    read_head_folder,
+    source_name,
+    trained_reading,
+    weights_mismatch,
+)
 from otviz.checkpoints.heads import head_meta, load_method_checkpoint
+from otviz.checkpoints.identity import (
+    backbone_fingerprint,
+    backbone_identity,
+    describe_choice,
+)
 from otviz.checkpoints.store import CheckpointError
 from otviz.explain import Explainer, InputError
 from otviz.ood import WorldDistance
@@ -28,8 +51,15 @@ from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, SuiteMethod
 from otviz.tiny_clip.model import DEFAULT_CHECKPOINT
 from otviz.ui.app_dirs import on_space  # noqa: F401  (where the views have always asked)
 from otviz.ui.inputs import UploadExplainer, fit_image
-from otviz.ui.model_sources import ModelSource, load_local, parse_model_sources
+from otviz.ui.model_sources import (
+    ModelSource,
+    env_head_folders,
+    load_local,
+    parse_model_sources,
+)
 from otviz.ui.reading import DEFAULT_READING, Reading, offered_sizes, split_reading
+
+log = logging.getLogger("otviz.ui")
 
 EMBEDDED = "otviz-tiny (embedded)"
 TRAINING_FREE = "training-free"
@@ -140,12 +170,13 @@ class BackboneChoice:
     knows_only_world: bool = False
 
     def takes_heads_of(self, identity: dict[str, Any]) -> bool:
-        """Whether heads trained on the backbone of ``identity`` are meant for this one (by
-        name and tag; the weights are checked when a head loads)."""
+        """Whether heads trained on the backbone of ``identity`` are meant for this one: the
+        same architecture and weights source (a tag as written, a file or folder by its last
+        part: heads trained on one machine serve on another); the weights themselves are
+        checked when the entry is picked (:meth:`AppContext.check_heads`)."""
         tags = identity.get("tags") or {}
-        return identity.get("name") == self.model_name and tags.get("pretrained") == (
-            self.pretrained
-        )
+        return (source_name(str(identity.get("name"))) == source_name(self.model_name)
+                and source_name(tags.get("pretrained")) == source_name(self.pretrained))
 
 
 def real_clip_choice(source: ModelSource) -> BackboneChoice:
@@ -178,6 +209,37 @@ class HeadSet:
     backbone: str
     heads: dict[str, Path]
 
+    @functools.cached_property
+    def trained_on(self) -> dict[str, Any]:
+        """The backbone identity its heads record (its first readable head's; ``{}`` when
+        none can be read, which loading then says)."""
+        for path in self.heads.values():
+            try:
+                return head_meta(path).get("backbone") or {}
+            except (CheckpointError, OSError, ValueError):
+                continue
+        return {}
+
+    @property
+    def reading(self) -> Reading:
+        """The reading its heads were trained on (and are used at)."""
+        return Reading(*trained_reading(self.trained_on))
+
+    @functools.cached_property
+    def provenance(self) -> Provenance:
+        """Data, steps, reading and date of its heads, as they record them."""
+        return provenance(self.heads)
+
+
+def folder_label(folder: HeadFolder) -> str:
+    """The picker's name of a head set given by path: the folder, its methods (their count
+    beyond three) and its provenance, e.g. ``"my-heads: conceptot (coco.json, 300 steps,
+    features clearclip at the native size, 2026-12-02)"``."""
+    methods = sorted(folder.heads)
+    shown = "+".join(methods) if len(methods) <= 3 else f"{len(methods)} heads"
+    label = f"{folder.name}: {shown} ({provenance(folder.heads).text})"
+    return label.replace(SEPARATOR.strip(), "-")  # the picker value's separator stays its own
+
 
 def unique_label(label: str, taken: set[str]) -> str:
     """``label``, or ``"label #k"`` with the smallest ``k >= 2`` not in ``taken``."""
@@ -198,22 +260,6 @@ class SharedInputs:
     examples: gr.Examples | None = None
 
 
-def find_heads(root: Path = HEADS_ROOT) -> list[tuple[str, dict[str, Any], Path]]:
-    """``(method, backbone identity, directory)`` of every method-head checkpoint under
-    ``root`` (``root/<name>/`` or ``root/<name>/head/``), sorted by directory; unreadable
-    ones are skipped."""
-    found = []
-    for directory in sorted(p for p in Path(root).glob("*") if p.is_dir()):
-        for candidate in (directory, directory / "head"):
-            try:
-                meta = head_meta(candidate)
-            except (CheckpointError, OSError, ValueError):
-                continue
-            found.append((str(meta.get("method")), meta.get("backbone") or {}, candidate))
-            break
-    return found
-
-
 @dataclass
 class AppContext:
     """Lazily loaded backbones and suites, keyed by the picker's labels.
@@ -230,31 +276,72 @@ class AppContext:
     _suites: dict[str, MethodSuite] = field(default_factory=dict)
     _world_distances: dict[str, WorldDistance] = field(default_factory=dict)
     _notices: OrderedDict[tuple[str, str], bool] = field(default_factory=OrderedDict)
+    _weights: dict[str, dict[str, Any]] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     @classmethod
     def default(
         cls, remote: list[ModelSource] | list[tuple[str, str]] | None = None,
-        heads_root: Path = HEADS_ROOT,
+        heads_root: Path = HEADS_ROOT, heads: Sequence[tuple[int, str]] = (),
+        found_heads: Sequence[str] | None = None,
     ) -> AppContext:
         """The embedded tiny CLIP, plus real CLIPs ``(name, source)`` (a pretrained tag,
         downloaded at first pick where the hub can be reached, e.g. on a Space, or a local
         weight file or snapshot folder: :class:`~otviz.ui.model_sources.ModelSource`),
-        plus the trained heads found under ``heads_root``."""
+        plus the trained heads found under ``heads_root``, the head folders ``heads``
+        (``(k, DIR)``: DIR's heads on the k-th backbone, 0 the embedded one, ``otviz app
+        --heads``; a folder that cannot be read raises :class:`CheckpointError`) and those
+        of ``found_heads`` (default ``$OTVIZ_HEADS``), each beside the backbones whose
+        weights its heads record (a folder that cannot be read, or fits none, is logged)."""
         choices = [BackboneChoice(EMBEDDED, Backbone.from_checkpoint, WORLD_FIT_CAPTIONS,
                                   knows_only_world=True)]
         for source in map(ModelSource._make, remote or []):
             choices.append(real_clip_choice(source))
         ctx = cls(choices)
         for choice in choices:
-            heads = {
+            shipped = {
                 method: path
                 for method, identity, path in find_heads(heads_root)
                 if choice.takes_heads_of(identity)
             }
-            if heads:
-                ctx.head_sets.append(HeadSet(SHIPPED_HEADS, choice.label, heads))
+            if shipped:
+                ctx.head_sets.append(HeadSet(SHIPPED_HEADS, choice.label, shipped))
+        for k, folder in heads:
+            for found in read_head_folder(folder):
+                ctx.add_head_folder(choices[k].label, found)
+        for folder in env_head_folders() if found_heads is None else found_heads:
+            ctx.add_matching_heads(folder)
         return ctx
+
+    def add_head_folder(self, backbone: str, folder: HeadFolder) -> str | None:
+        """Offer the heads of ``folder`` on the backbone labelled ``backbone``, named by
+        :func:`folder_label`; None (nothing added) when that backbone already offers
+        these very heads. Returns the picker entry."""
+        wanted = {m: p.resolve() for m, p in folder.heads.items()}
+        with self._lock:
+            if any(h.backbone == backbone and {m: p.resolve() for m, p in h.heads.items()}
+                   == wanted for h in self.head_sets):
+                return None
+            return self.add_head_set(backbone, folder_label(folder), folder.heads)
+
+    def add_matching_heads(self, folder: str) -> list[str]:
+        """Offer the head sets of ``folder`` beside each backbone whose weights they record
+        (:meth:`BackboneChoice.takes_heads_of`); a folder that cannot be read or whose heads
+        fit no backbone offered is logged and skipped. Returns the picker entries added."""
+        try:
+            found = read_head_folder(folder)
+        except CheckpointError as e:
+            log.warning("trained heads %s not offered: %s", folder, e)
+            return []
+        added = []
+        for group in found:
+            fits = [b.label for b in self.backbones if b.takes_heads_of(group.backbone)]
+            if not fits:
+                log.warning("trained heads %s (%s) not offered: they were trained on %s, "
+                            "which no picker entry loads", folder, ", ".join(group.heads),
+                            describe_weights(group.backbone))
+            added += [e for b in fits if (e := self.add_head_folder(b, group))]
+        return added
 
     def checkpoint_choices(self) -> list[str]:
         """Picker entries ``"<backbone> · <heads>"``: each backbone training-free, then its
@@ -361,9 +448,15 @@ class AppContext:
         return entry.split(SEPARATOR)[0] + reading.suffix
 
     def sizes(self, checkpoint: str) -> list[int]:
-        """The input sides offered for the picked backbone (its native one first)."""
+        """The input sides offered for the picked backbone (its native one first), and the
+        side a picked head set was trained on where the tower can run at it."""
         tower = self._base_explainer(checkpoint).backbone.image_tower
-        return offered_sizes(int(tower.native_size[0]), tower.resizable)
+        sizes = offered_sizes(int(tower.native_size[0]), tower.resizable)
+        heads = self._head_set(checkpoint)
+        trained = heads.reading.image_size if heads is not None else None
+        if trained is not None and tower.resizable and trained not in sizes:
+            sizes = sizes[:1] + sorted([*sizes[1:], trained])
+        return sizes
 
     def _base_explainer(self, checkpoint: str) -> Explainer:
         """The feature cache of the picked backbone read as loaded (the last block at its
@@ -406,12 +499,65 @@ class AppContext:
                     self._notices.popitem(last=False)
         return WORLD_NOTICE if far else None
 
+    def head_set(self, checkpoint: str) -> HeadSet | None:
+        """The head set of a picker value (None for a training-free entry)."""
+        return self._head_set(split_reading(checkpoint)[0])
+
+    def loaded_weights(self, checkpoint: str) -> dict[str, Any]:
+        """The identity of the picked backbone's weights as loaded
+        (:func:`~otviz.checkpoints.identity.backbone_fingerprint`; hashed once)."""
+        choice = self.backbone_choice(split_reading(checkpoint)[0])
+        backbone = self._base_explainer(checkpoint).backbone
+        with self._lock:
+            if choice.label not in self._weights:
+                self._weights[choice.label] = backbone_fingerprint(backbone)
+            return self._weights[choice.label]
+
+    def check_heads(self, checkpoint: str) -> None:
+        """Raise :class:`InputError` with the one message naming both when the picked head
+        set was trained on other weights than its backbone loads
+        (:func:`~otviz.checkpoints.head_folders.weights_mismatch`)."""
+        heads = self.head_set(checkpoint)
+        if heads is None:
+            return
+        choice = self.backbone_choice(checkpoint)
+        message = weights_mismatch(heads.trained_on, self.loaded_weights(checkpoint),
+                                   choice.label)
+        if message:
+            raise InputError(message)
+
+    def heads_fit(self, checkpoint: str) -> bool:
+        """Whether the picked entry's heads are used at the value's reading: a head set
+        read as it was trained (a training-free entry: False)."""
+        heads = self.head_set(checkpoint)
+        return heads is not None and self.reading(checkpoint)[1] == heads.reading
+
+    def heads_note(self, checkpoint: str) -> str:
+        """The line the page shows under the checkpoint picker for a head-set entry: its
+        provenance where its heads are used; why the methods are drawn training-free where
+        the reading is not the one they were trained on; the weights mismatch
+        (:meth:`check_heads`). ``""`` for a training-free entry."""
+        heads = self.head_set(checkpoint)
+        if heads is None:
+            return ""
+        try:
+            self.check_heads(checkpoint)
+        except InputError as e:
+            return str(e)
+        trained = heads.reading
+        if not self.heads_fit(checkpoint):
+            now = self.reading(checkpoint)[1]
+            return (f"These heads were trained on {_describe(trained)}; read with "
+                    f"{_describe(now)}, the methods are drawn training-free.")
+        return f"Trained heads ({', '.join(heads.heads)}): {heads.provenance.text}."
+
     def suite(self, checkpoint: str) -> MethodSuite:
         """The picked checkpoint's methods (loaded on first use) on its backbone read as
         the value says (:meth:`explainer`): training-free, or with the entry's trained heads
-        in place of their methods. A head trained on another backbone (or read another way)
-        raises :class:`~otviz.checkpoints.store.CheckpointError` or a
-        :class:`~otviz.errors.UserInputError`."""
+        in place of their methods at the reading they were trained on (at any other, the
+        training-free methods: :meth:`heads_note` says so). Heads trained on other weights
+        raise :class:`InputError` (:meth:`check_heads`); a head that cannot be loaded, an
+        :class:`InputError` naming it by method and entry."""
         entry = split_reading(checkpoint)[0]
         choice = self.backbone_choice(entry)
         heads = self._head_set(entry)
@@ -420,13 +566,15 @@ class AppContext:
         part = entry[len(choice.label) + len(SEPARATOR):]
         free = part if heads is None and part in FREE_VARIANTS else TRAINING_FREE
         free_key = f"{choice.label}{SEPARATOR}{free}{read}"
+        if heads is not None:
+            self.check_heads(checkpoint)
         with self._lock:
             if free_key not in self._suites:
                 self._suites[free_key] = MethodSuite.training_free(
                     explainer.backbone, choice.fit_captions,
                     conceptot_variant=FREE_VARIANTS[free],
                 )
-            if heads is None:
+            if heads is None or not self.heads_fit(checkpoint):
                 return self._suites[free_key]
             key = entry + read
             if key not in self._suites:
@@ -436,10 +584,23 @@ class AppContext:
     @staticmethod
     def _with_heads(free: MethodSuite, heads: HeadSet, label: str) -> MethodSuite:
         methods = dict(free.methods)
+        identity = backbone_identity(free.backbone)  # the weights hashed once for the set
         for name, path in heads.heads.items():
-            method = load_method_checkpoint(path, free.backbone)
+            try:
+                method = load_method_checkpoint(path, identity)
+            except CheckpointError as e:
+                log.warning("the %s head of %r could not be loaded: %s", name, label, e)
+                raise InputError(f"the {name} head of {heads.label!r} could not be loaded "
+                                 "(its files are damaged or do not fit this backbone): pick "
+                                 "another entry") from None
             if method.name != name or name not in methods:
-                raise CheckpointError(f"{path} holds a {method.name!r} head, not {name!r}")
+                raise InputError(f"the {name} head of {heads.label!r} holds a "
+                                 f"{method.name!r} head: pick another entry")
             methods[name] = SuiteMethod(method, "width", f"trained ({heads.label})")
         # the label keys the explainer's cache of runs: it must differ from the free suite's
         return MethodSuite(free.backbone, methods, label)
+
+
+def _describe(reading: Reading) -> str:
+    """``"features clearclip at 336 px"`` (the native size so named)."""
+    return describe_choice({"features": reading.features, "image_size": reading.image_size})

@@ -10,11 +10,18 @@ without asking the hub anything; when its file is missing, truncated or holds an
 architecture, picking it is a message in the page that names the file by its name alone
 (the server's folders stay out of the page: ``docs/hosting.md``), and the other entries
 keep working.
+
+Trained heads come the same ways: ``otviz app ... --heads DIR`` (each after the ``--model``
+it applies to) and ``$OTVIZ_HEADS`` (folders separated by ``os.pathsep``, ``:`` on Linux and
+macOS, each offered beside the picker entries whose weights its heads record: a tag as
+written, a weight file by its last part), read by :func:`env_head_folders`; a Space's
+``app.py`` adds the ``heads/`` folder of its repository there.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -27,6 +34,9 @@ log = logging.getLogger("otviz.ui")
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 #: open_clip's schema for a local Hugging Face snapshot folder.
 LOCAL_DIR = "local-dir:"
+
+#: Folders of trained heads, separated by ``os.pathsep``, offered beside matching entries.
+HEADS_ENV = "OTVIZ_HEADS"
 
 SourceKind = Literal["tag", "file", "snapshot"]
 
@@ -92,6 +102,12 @@ def parse_model_sources(text: str, field: str) -> list[ModelSource]:
             f"{field}: expected NAME/SOURCE entries separated by commas (SOURCE a pretrained "
             f"tag, a weight file or a snapshot folder), got {text!r}")
     return [ModelSource(name.strip(), source.strip()) for name, source in pairs]
+
+
+def env_head_folders() -> list[str]:
+    """The folders of trained heads ``$OTVIZ_HEADS`` lists (``os.pathsep`` between them;
+    unset or empty: none)."""
+    return [p.strip() for p in os.environ.get(HEADS_ENV, "").split(os.pathsep) if p.strip()]
 
 
 def load_local(source: ModelSource) -> Backbone:

@@ -4,7 +4,10 @@ last-block path: MaskCLIP, SCLIP, ClearCLIP, NACLIP) and the side the image towe
 
 They write their choice into the checkpoint picker's value (:mod:`otviz.ui.reading`), the
 input every view reads, so each view, endpoint and cache honours it with no input of its
-own; a pick in the checkpoint picker keeps the choice where the new backbone offers it.
+own; a pick in the checkpoint picker keeps the choice where the new backbone offers it, and
+a pick of a trained head set opens it at the reading its heads were trained on. A line
+under them says what a head-set entry draws (:meth:`~otviz.ui.context.AppContext.heads_note`:
+its provenance, or why its methods are drawn training-free at this reading).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class ReadingControls:
     features: gr.Dropdown
     layer: gr.Slider
     image_size: gr.Dropdown
+    note: gr.Markdown
 
 
 @dataclass
@@ -50,6 +54,7 @@ class ControlState:
     layer: int
     sizes: list[tuple[str, int]]
     side: int
+    note: str = ""
 
 
 def reading_of(features: str | None, layer: float | None, image_size: int | None) -> Reading:
@@ -60,23 +65,41 @@ def reading_of(features: str | None, layer: float | None, image_size: int | None
     return Reading(source, int(image_size) if image_size else None)
 
 
+def best_block(depth: int) -> int:
+    """Where the block slider starts on a tower of ``depth`` blocks: the middle one,
+    ``depth // 2``. Mid-network is where the Perception Encoder paper finds a CLIP's best
+    dense features (docs/backbones.md, the ``layer:K`` row), and on the embedded tiny CLIP
+    (4 blocks) block 2 has the best mean pointing game of its intermediate blocks
+    (docs/backbones.md, the per-source table); the last block is the ``last`` source."""
+    return depth // 2
+
+
 def control_state(ctx: AppContext, checkpoint: str, reading: Reading) -> ControlState:
     """The controls for the picked backbone showing ``reading``, its source or size replaced
-    by the default where this backbone does not offer it; the library checks the reading
-    on this tower (a source it cannot give is its message)."""
+    by the default where this backbone does not offer it (the block slider, hidden, at
+    :func:`best_block`), and the entry's note (:meth:`AppContext.heads_note`); the library
+    checks the reading on this tower (a source it cannot give is its message)."""
     tower = ctx.explainer(split_reading(checkpoint)[0]).backbone.image_tower
     sizes, sources = ctx.sizes(checkpoint), tower.sources()
     form = LAYER_FORM if reading.features.startswith("layer:") else reading.features
     depth = tower.depth if LAYER_FORM in sources else 1
-    layer = int(reading.features[len("layer:"):]) if form == LAYER_FORM else depth - 1
+    layer = int(reading.features[len("layer:"):]) if form == LAYER_FORM else best_block(depth)
     if form not in sources or not -depth <= layer < depth:
-        reading, form, layer = Reading("last", reading.image_size), "last", depth - 1
+        reading, form, layer = Reading("last", reading.image_size), "last", best_block(depth)
     if reading.image_size not in sizes[1:]:  # the native side is the default
         reading = Reading(reading.features)
     value = with_reading(checkpoint, reading)
     ctx.explainer(value)
     return ControlState(value, [(SOURCE_LABELS.get(s, s), s) for s in sources], form, depth,
-                        layer % depth, size_choices(sizes), reading.image_size or sizes[0])
+                        layer % depth, size_choices(sizes), reading.image_size or sizes[0],
+                        ctx.heads_note(value))
+
+
+def picked_reading(ctx: AppContext, checkpoint: str, shown: Reading) -> Reading:
+    """The reading a pick of ``checkpoint`` in the picker opens at: a head set's own (the
+    one its heads were trained on), else the one the controls show (``shown``)."""
+    heads = ctx.head_set(checkpoint)
+    return shown if heads is None else heads.reading
 
 
 def slider_top(depth: int) -> int:
@@ -92,10 +115,11 @@ def size_choices(sizes: list[int]) -> list[tuple[str, int]]:
 
 
 def build_reading_controls(ctx: AppContext, checkpoint: gr.Dropdown) -> ReadingControls:
-    """The controls, on the initial checkpoint's backbone, wired to ``checkpoint``: a
-    change of any rewrites its value; a pick of another entry keeps the choice where that
-    backbone offers it. Their events are the page's own (no API endpoint)."""
-    state = control_state(ctx, checkpoint.value, Reading())
+    """The controls, on the initial checkpoint's backbone, wired to ``checkpoint``, and the
+    line under them: a change of any rewrites its value; a pick of another entry keeps the
+    choice where that backbone offers it, a pick of a head set opens it at its heads'
+    reading (:func:`picked_reading`). Their events are the page's own (no API endpoint)."""
+    state = control_state(ctx, checkpoint.value, split_reading(checkpoint.value)[1])
     with gr.Row():
         features = gr.Dropdown(state.sources, value=state.form, label="Patch features from",
                                interactive=True, elem_id="shared-features", scale=2)
@@ -103,17 +127,25 @@ def build_reading_controls(ctx: AppContext, checkpoint: gr.Dropdown) -> ReadingC
                           visible=False, elem_id="shared-layer", scale=1)
         size = gr.Dropdown(state.sizes, value=state.side, label="Input size", interactive=True,
                            elem_id="shared-image-size", scale=1)
+    note = gr.Markdown(state.note, visible=bool(state.note), elem_id="shared-heads-note")
     controls = [checkpoint, features, layer, size]
 
-    def on_change(value: str, source: str, k: float, side: int) -> tuple:
-        s = control_state(ctx, value, reading_of(source, k, side))
+    def shown(s: ControlState) -> tuple:
         return (gr.Dropdown(value=s.value, allow_custom_value=True),
                 gr.Dropdown(choices=s.sources, value=s.form),
                 gr.Slider(maximum=slider_top(s.depth), value=s.layer,
                           visible=s.form == LAYER_FORM),
-                gr.Dropdown(choices=s.sizes, value=s.side))
+                gr.Dropdown(choices=s.sizes, value=s.side),
+                gr.Markdown(s.note, visible=bool(s.note)))
+
+    def on_pick(value: str, source: str, k: float, side: int) -> tuple:
+        reading = picked_reading(ctx, value, reading_of(source, k, side))
+        return shown(control_state(ctx, value, reading))
+
+    def on_change(value: str, source: str, k: float, side: int) -> tuple:
+        return shown(control_state(ctx, value, reading_of(source, k, side)))
 
     for control in controls:
-        control.input(on_change, controls, controls, api_visibility="private",
-                      show_progress="hidden")
-    return ReadingControls(features, layer, size)
+        control.input(on_pick if control is checkpoint else on_change, controls,
+                      [*controls, note], api_visibility="private", show_progress="hidden")
+    return ReadingControls(features, layer, size, note)
