@@ -1,10 +1,13 @@
-"""Hostile probes of issue 44 at fresh seeds: every solver knob, MethodConfig field,
+"""Hostile probes of issues 44 and 50 at fresh seeds: every solver knob, MethodConfig field,
 per-problem ``eps`` / ``tau``, tiny ``eps``, the faithful low-rank residual and the
-non-convergence advice. A probe misbehaves when a bad value is not refused with an
+non-convergence advice (44); empty batches, empty sides, ``eps`` / ``tau`` tensors of the
+other float dtype, all-False masks in the methods and half precision at a method (50). A
+probe misbehaves when a bad value is not refused with an
 :class:`otviz.errors.InputError` / :class:`otviz.ot.SolverInputError` naming its knob (a
 bare ``TypeError``, ``ZeroDivisionError`` or ``LinAlgError``, or no refusal), or when a
-solve returns a NaN plan, a converged-but-wrong plan (against separate solves or POT) or
-advice that would not help.
+solve returns a NaN plan, a converged-but-wrong plan (against separate solves or POT),
+advice that would not help, a wrong empty result, a mixed-dtype solve that differs from
+the one given the cast knobs, or an empty pair that is not "no alignment".
 
     PYTHONPATH=. python benchmarks/solver_probes.py [--seed 100]
 
@@ -30,7 +33,8 @@ import torch.nn.functional as F
 import otviz.ot as ot
 from otviz.bench.runners import random_batch
 from otviz.errors import OtvizError
-from otviz.methods import MethodConfig, PairBatch, build_method
+from otviz.methods import METHODS, MethodConfig, PairBatch, build_method
+from otviz.methods.base import no_alignment
 from otviz.ot._knobs import eps_floor
 
 NAN, INF = math.nan, math.inf
@@ -182,6 +186,99 @@ def _solver_knob_probes(seed: int) -> list[Probe]:
     return out
 
 
+def _cut(p: dict, batch: slice = slice(None), n: int | None = None,
+         m: int | None = None) -> dict:
+    """Problem ``p`` restricted to the problems ``batch`` and the first ``n`` rows / ``m``
+    columns (the shared anchors whole)."""
+    rows, cols = slice(None, n), slice(None, m)
+    index = {"x": (batch, rows), "y": (batch, cols), "cost": (batch, rows, cols),
+             "a": (batch, rows), "b": (batch, cols), "d1": (batch, rows, rows),
+             "d2": (batch, cols, cols)}
+    return {k: v[index[k]] if k in index else v for k, v in p.items()}
+
+
+TAU_SOLVERS = ("sinkhorn_unbalanced_log", "fgw_sinkhorn", "lowrank_uot")
+
+
+def _edge_probes(seed: int) -> list[Probe]:
+    """Issue 50: every solver at ``B = 0`` (an empty result of the right shape and dtype),
+    ``N = 0`` / ``M = 0`` (refused naming the dimension), a ``[B]`` eps / tau of the other
+    float dtype (the plan of the cast knobs, in the problem's dtype) and fgw_sinkhorn's
+    tau of the wrong length (refused naming fgw_sinkhorn)."""
+    out: list[Probe] = []
+    p = _problem(seed)
+    for name in _solvers(p):
+        def empty_batch(name=name):
+            return _plan(_solvers(_cut(p, batch=slice(0, 0)))[name](0.2))
+
+        out.append(("empty", f"{name} B=0", empty_batch, lambda plan: None if (
+            plan.shape == (0, 7, 5) and plan.dtype == torch.float64) else
+            f"plan {tuple(plan.shape)} {plan.dtype}"))
+        for side, cut in (("N", {"n": 0}), ("M", {"m": 0})):
+            out.append(("empty", f"{name} {side}=0", lambda name=name, cut=cut: _solvers(
+                _cut(p, **cut))[name](0.2), f"{side} = 0"))
+    out.append(("empty", "came_marginals B=0", lambda: ot.came_marginals(
+        p["x"][:0], p["y"][:0]), lambda r: None if r.mu.shape == (0, 7) else "wrong shape"))
+    for dtype, other in ((torch.float32, torch.float64), (torch.float64, torch.float32)):
+        q = _problem(seed + 1, dtype=dtype)
+        gen = torch.Generator().manual_seed(seed + 2)
+        eps = 0.1 + torch.rand(3, generator=gen, dtype=torch.float64)
+        tau = 0.1 + torch.rand(3, generator=gen, dtype=torch.float64)
+        for name, solve in _solvers(q).items():
+            def mixed(name=name, solve=solve, dtype=dtype, other=other, eps=eps, tau=tau):
+                e, t = eps.to(other), tau.to(other)  # the knobs as given, and as cast:
+                kw = {"tau": t} if name in TAU_SOLVERS else {}
+                same = {"tau": t.to(dtype)} if name in TAU_SOLVERS else {}
+                return _plan(solve(e, **kw)), _plan(solve(e.to(dtype), **same))
+
+            def judge(r, dtype=dtype):
+                if r[0].dtype != dtype:
+                    return f"plan in {r[0].dtype}, the problem in {dtype}"
+                return None if torch.equal(r[0], r[1]) else _close(r[0], r[1], 0.0)
+            out.append(("mixed dtype", f"{name} {dtype} problem, {other} eps/tau [B]", mixed,
+                        judge))
+    out.append(("other", "fgw_sinkhorn tau_a [B-1] names fgw_sinkhorn", lambda: ot.fgw_sinkhorn(
+        p["cost"], p["a"], p["b"], 0.2, p["d1"], p["d2"], 0.1,
+        tau_a=torch.tensor([0.1, 0.2], dtype=torch.float64)), "fgw_sinkhorn: tau_a"))
+    return out
+
+
+def _method_edge_probes(seed: int) -> list[Probe]:
+    """Issue 50 at every method's forward: a pair with an all-False token or patch mask
+    scores NO_ALIGNMENT (sorting last, its plan and marginals zero, every value finite);
+    float16 / bfloat16 features are refused naming half precision."""
+    out: list[Probe] = []
+    empty = seed % 2
+    for name in METHODS:
+        for dtype in (torch.float32, torch.float64):
+            for side in ("token_mask", "patch_mask"):
+                def run(name=name, dtype=dtype, side=side):
+                    batch = _method_batch(seed, dtype)
+                    mask = getattr(batch, side).clone()
+                    mask[empty] = False
+                    method = build_method(name, 8, 8, MethodConfig(trainable=False, rank=4))
+                    return method.to(dtype)(replace(batch, **{side: mask}))
+
+                def judge(a) -> str | None:
+                    plan = a.plan.dense()
+                    if not bool(no_alignment(a.local_score)[empty]):
+                        return f"empty pair scores {float(a.local_score[empty]):.4g}"
+                    if int(a.local_score.argmin()) != empty:
+                        return "the empty pair does not sort last"
+                    if bool(plan[empty].any()) or bool(a.row_marginal[empty].any()):
+                        return "the empty pair has plan mass"
+                    if not bool(torch.isfinite(plan).all() & torch.isfinite(
+                            a.combined_score(0.0)).all()):
+                        return "NaN or inf in the plan or the combined score"
+                    return None
+                out.append(("empty mask", f"{name} {dtype} all-False {side}", run, judge))
+        for dtype in (torch.float16, torch.bfloat16):
+            out.append(("half", f"{name} forward {dtype}", lambda name=name, dtype=dtype:
+                        build_method(name, 8, 8, MethodConfig(trainable=False, rank=4))(
+                            _method_batch(seed, dtype)), "half precision"))
+    return out
+
+
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> str | None:
     if not bool(torch.isfinite(a).all()):
         return "NaN or inf in the plan"
@@ -309,7 +406,8 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     probes = (_settings_probes() + _config_probes() + _solver_knob_probes(args.seed)
-              + _solve_probes(args.seed))
+              + _solve_probes(args.seed) + _edge_probes(args.seed)
+              + _method_edge_probes(args.seed))
     total, bad = Counter(), Counter()
     for probe in probes:
         total[probe[0]] += 1
