@@ -33,6 +33,7 @@ from otviz.eval.grounding_baselines import (
     colour_shared,
 )
 from otviz.eval.grounding_metrics import (
+    TOLERANCE_PX,
     empty_regions,
     grounding_scores,
     mean_offdiag_cosine,
@@ -239,9 +240,6 @@ def probe_table(
 
 
 # ----------------------------------------------------------------------- grounding
-#: The pointing game's tolerance, in source pixels: a peak within this distance (each axis)
-#: of a gold box counts as a hit in the ``pointing_tol`` column (the common 15 px).
-TOLERANCE_PX = 15.0
 
 
 @dataclass

@@ -59,7 +59,7 @@ from otviz.eval.dataset_models import (
     to_device,
 )
 from otviz.eval.dataset_segmentation import run_segmentation_eval, segmentation_spec
-from otviz.eval.dataset_trust import dataset_trust_table, shard_trust
+from otviz.eval.dataset_trust import DATASET_TRUST_METRICS, dataset_trust_table, shard_trust
 from otviz.eval.grounding_metrics import (
     POINTING_RULE,
     empty_regions,
@@ -186,7 +186,9 @@ def _gathered(shards: list[GroundingSet], identity: dict[str, Any], out: str, tr
 
 def _stored(done: Path | None, trust: bool) -> dict[str, Any] | None:
     """A shard's result as an earlier run wrote it (with its trust values under ``"trust"``
-    when ``trust``; kept beside it in ``<key>.trust.json``), or ``None``."""
+    when ``trust``; kept beside it in ``<key>.trust.json``), or ``None``; trust values
+    written without one of :data:`DATASET_TRUST_METRICS` (an older version's) are read as
+    not written."""
     if done is None or not done.is_file():
         return None
     result = json.loads(done.read_text(encoding="utf-8"))
@@ -195,6 +197,9 @@ def _stored(done: Path | None, trust: bool) -> dict[str, Any] | None:
         if not values.is_file():
             return None
         result["trust"] = json.loads(values.read_text(encoding="utf-8"))
+        if any(set(DATASET_TRUST_METRICS) - set(row["values"])
+               for row in result["trust"]["rows"].values()):
+            return None
     return result
 
 

@@ -47,7 +47,7 @@ def dataset_phrases(sample: Sample) -> list[TrustPhrase]:
     """A data-set sample's gold phrases with every gold box (pixels of the sample's image, the
     model input's frame); no colour (a real set names none the oracle could read)."""
     return [TrustPhrase(sample.caption, tuple(range(p.start, p.end)), p.text,
-                        tuple(p.box), None, sample.tree, p.gold_boxes)
+                        tuple(p.box), None, sample.tree, p.gold_boxes, sample.pixel_scale)
             for p in sample.phrases]
 
 
@@ -63,7 +63,7 @@ def shard_trust(probe: GroundingProbeDataset, suite: MethodSuite, explainers: Se
         if source.name == "colour_oracle":  # no colour words to read
             continue
         scores = trust_scores(inputs.scorer, source, inputs.pixels, inputs.targets,
-                              inputs.masks, settings, DATASET_TRUST_METRICS)
+                              inputs.masks, settings, DATASET_TRUST_METRICS, near=inputs.near)
         rows[source.name] = {"label": source.label, "kind": source.kind,
                              "values": {k: v.tolist() for k, v in scores.values.items()},
                              "ms": scores.ms, "refused": scores.refused}

@@ -25,6 +25,19 @@ from torch import Tensor
 
 from otviz.patch_grid.boxes import Geometries, heatmap_boxes, token_centres
 
+#: The pointing game's tolerance, in source pixels: a peak within this distance (each axis)
+#: of a gold box counts as a hit in the ``pointing_tol`` columns (the common 15 px; the
+#: strict game, ``pointing``, needs the peak inside the box).
+TOLERANCE_PX = 15.0
+
+
+def grown_boxes(boxes: Tensor, scale: tuple[float, float], tolerance: float = TOLERANCE_PX
+                ) -> Tensor:
+    """``[..., 4]`` pixel boxes grown by ``tolerance`` source pixels on every side, ``scale``
+    the ``(x, y)`` pixels of the picture per source pixel (``Sample.pixel_scale``)."""
+    tx, ty = tolerance * scale[0], tolerance * scale[1]
+    return boxes + boxes.new_tensor([-tx, -ty, tx, ty])
+
 
 def phrase_token_select(token_word: Tensor, token_mask: Tensor, spans: Tensor) -> Tensor:
     """``[n, L]`` bool: the content tokens whose caption word lies in ``[start, end)``.

@@ -38,7 +38,7 @@ from torchvision.transforms import Compose, Normalize
 
 from otviz.backbone import Backbone, ImageInput, to_rgb
 from otviz.eval.grounding_baselines import centre_prior_heatmaps, colour_oracle_heatmaps
-from otviz.eval.grounding_metrics import points_in_boxes
+from otviz.eval.grounding_metrics import grown_boxes, points_in_boxes
 from otviz.eval.world_set import backbone_in_space, trim_tokens
 from otviz.explainers import EXPLAINERS, get_explainer, phrase_embeddings
 from otviz.methods.base import PairBatch
@@ -60,7 +60,9 @@ class TrustPhrase:
     colour word it names (for the colour oracle), the caption's parse tree (``None``:
     parse the caption) and, for a phrase of a real data set with several gold boxes (a
     Flickr30k Entities entity), all of them: its gold region is their union (empty:
-    ``(box,)``)."""
+    ``(box,)``); ``scale``: the ``(x, y)`` pixels of its image per pixel of the source image
+    (a data set's image fitted to the model's input, ``Sample.pixel_scale``), the unit of
+    the tolerant pointing game's 15 source pixels."""
 
     caption: str
     words: tuple[int, ...]
@@ -69,6 +71,7 @@ class TrustPhrase:
     colour: str | None = None
     tree: Tree | None = None
     boxes: tuple[Box, ...] = ()
+    scale: tuple[float, float] = (1.0, 1.0)
 
     @property
     def gold_boxes(self) -> tuple[Box, ...]:
@@ -422,14 +425,17 @@ class UnreadPhrasesError(ValueError):
 @dataclass
 class TrustInputs:
     """Quantus' inputs for (image, phrase) rows: the model, ``pixels`` ``[P, 3, S, S]``
-    float32 in ``[0, 1]``, the phrase ``targets`` ``[P]`` and the gold regions ``masks``
-    ``[P, 1, S, S]`` (``None`` when any phrase has no box)."""
+    float32 in ``[0, 1]``, the phrase ``targets`` ``[P]``, the gold regions ``masks``
+    ``[P, 1, S, S]`` and ``near``, the same with every gold box grown by the tolerant pointing
+    game's 15 source pixels (:data:`~otviz.eval.grounding_metrics.TOLERANCE_PX`) (both
+    ``None`` when any phrase has no box)."""
 
     scorer: PhraseScorer
     pixels: np.ndarray
     targets: np.ndarray
     masks: np.ndarray | None
     image_of: list[int]
+    near: np.ndarray | None = None
 
 
 def trust_inputs(
@@ -453,19 +459,25 @@ def trust_inputs(
     if not kept:
         raise UnreadPhrasesError("no phrase has a word the model reads")
     scorer = scorer.restricted(kept) if len(kept) < len(rows) else scorer
-    masks = None
+    masks = near = None
     if kept and all(rows[k][0].gold_boxes for k in kept):
         masks = np.stack([_gold_region(*rows[k], scorer) for k in kept])
+        near = np.stack([_gold_region(*rows[k], scorer, grown=True) for k in kept])
     return TrustInputs(scorer, torch.stack([pixels[k] for k in kept]).numpy(),
-                       np.arange(len(kept)), masks, [image_of[k] for k in kept])
+                       np.arange(len(kept)), masks, [image_of[k] for k in kept], near)
 
 
-def _gold_region(phrase: TrustPhrase, size: tuple[int, int], scorer: PhraseScorer
-                 ) -> np.ndarray:
+def _gold_region(phrase: TrustPhrase, size: tuple[int, int], scorer: PhraseScorer,
+                 grown: bool = False) -> np.ndarray:
     """``[1, H, W]`` the union of the gold regions of ``phrase``'s boxes (pixels of an image
-    of ``size``) on the tower input."""
-    boxes = torch.tensor([box_to_model_pixels(b, size, scorer.geometry.size, scorer.preprocess)
-                          for b in phrase.gold_boxes], dtype=torch.float64)
+    of ``size``) on the tower input; with ``grown``, of the boxes grown by the tolerance
+    (:func:`~otviz.eval.grounding_metrics.grown_boxes`) first."""
+    boxes = torch.tensor(phrase.gold_boxes, dtype=torch.float64)
+    if grown:
+        boxes = grown_boxes(boxes, phrase.scale)
+    boxes = torch.tensor([box_to_model_pixels(tuple(b), size, scorer.geometry.size,
+                                              scorer.preprocess) for b in boxes.tolist()],
+                         dtype=torch.float64)
     return gold_masks(boxes, scorer.geometry).amax(0).numpy()
 
 

@@ -105,7 +105,7 @@ def _score_chunk(suite: MethodSuite, table: BrowseTable, source: HeatmapSource, 
         return
     row_of = {id(p): k for k, p in enumerate(inputs.scorer.phrases)}
     scores = trust_scores(inputs.scorer, source, inputs.pixels, inputs.targets, inputs.masks,
-                          settings, metrics=[metric])
+                          settings, metrics=[metric], near=inputs.near)
     for queries, own in zip(by_image.values(), phrases, strict=True):
         for q, phrase in zip(queries, own, strict=True):
             if id(phrase) not in row_of:  # left out: the model reads none of its words

@@ -5,7 +5,9 @@ localisation metrics.
 metrics of :data:`METRICS` with the settings of :class:`TrustSettings`, and returns one value
 per row and metric plus each metric's wall time. Groups (Hedström et al., JMLR 2023, Sec. 2):
 
-* localisation (needs gold boxes): pointing game (Zhang et al. 2018), relevance mass and rank
+* localisation (needs gold boxes): pointing game (Zhang et al. 2018) in its two conventions,
+  strict (the peak inside a gold box) and tolerant (within 15 source pixels of one), relevance
+  mass and rank
   accuracy (Arras et al. 2022), AUC (Fawcett 2006), computed by otviz row by row with one
   rule for ties (:mod:`otviz.eval.trust.localisation`; Quantus' own reward flat maps);
 * faithfulness: deletion and insertion by patch in the map's order (region perturbation,
@@ -87,6 +89,7 @@ class TrustMetric:
 
 METRICS: tuple[TrustMetric, ...] = (
     TrustMetric("pointing", "Pointing", LOCALISATION, True),
+    TrustMetric("pointing_tol", "Pointing, 15 px", LOCALISATION, True),
     TrustMetric("mass", "Relevance mass", LOCALISATION, True),
     TrustMetric("rank", "Relevance rank", LOCALISATION, True),
     TrustMetric("auc", "AUC", LOCALISATION, True),
@@ -232,9 +235,11 @@ def trust_scores(
     metrics: Sequence[str] | None = None,
     progress: Progress | None = None,
     maps: np.ndarray | None = None,
+    near: np.ndarray | None = None,
 ) -> TrustScores:
     """The metrics ``metrics`` (default: all of :data:`METRICS`; the localisation ones only
-    with ``masks``) of ``source``'s maps of the rows ``(pixels[p], phrase targets[p])``.
+    with ``masks``, the tolerant pointing game only with ``near``) of ``source``'s maps of
+    the rows ``(pixels[p], phrase targets[p])``.
 
     Args:
         scorer: the model (:class:`PhraseScorer`), its classes the phrases ``targets`` index.
@@ -246,9 +251,12 @@ def trust_scores(
         progress: ``progress(metric key, done, total)`` after each metric.
         maps: ``source``'s maps of these rows when already computed (an earlier call's
             :attr:`TrustScores.maps`), else they are computed and timed.
+        near: ``[P, 1, S, S]`` gold regions of the boxes grown by the tolerance
+            (:attr:`~otviz.eval.trust.adapter.TrustInputs.near`).
     """
     quantus = require_quantus()
     keys = [m.key for m in METRICS if masks is not None or not m.needs_boxes]
+    keys = [k for k in keys if near is not None or k != "pointing_tol"]
     keys = [k for k in keys if metrics is None or k in metrics]
     lattice = PatchLattice.on_cells(scorer.geometry, settings.patch)
     patch = lattice.patch
@@ -261,6 +269,7 @@ def trust_scores(
               "channel_first": True, "softmax": False}  # the similarity itself, not a softmax
     runs: dict[str, Callable[[], np.ndarray]] = {
         "pointing": lambda: pointing(maps, masks, scorer.geometry),
+        "pointing_tol": lambda: pointing(maps, near, scorer.geometry),
         "mass": lambda: mass_accuracy(maps, masks),
         "rank": lambda: rank_accuracy(maps, masks),
         "auc": lambda: roc_auc(maps, masks),

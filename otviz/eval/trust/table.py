@@ -34,12 +34,14 @@ from otviz.world import World
 StageProgress = Callable[[str, int, int], None]
 MODEL_FREE = "does not depend on the model"
 #: Metrics shown as percentages (shares of phrases or of relevance); the others as numbers.
-PERCENT = ("pointing", "mass", "rank")
+PERCENT = ("pointing", "pointing_tol", "mass", "rank")
 KINDS = ("method", "explainer", "baseline")
 MAPS_NOTE = (
     "maps: each row's token map (negative heat as none) repeated over each token's cell "
     "(the pixels nearer to where it looks than to where any other token looks); "
     "gold region: the cells of the tokens whose centre lies in the phrase's box; "
+    "pointing in two conventions: strict (the peak inside the box, what-is-where-by-looking's "
+    "reading) and 15 px (inside the box grown by 15 source pixels on every side); "
     "localisation (pointing, relevance mass and rank, AUC) computed by otviz per phrase, "
     "a tie broken uniformly at random and the expected value scored: the pointing game is "
     "the grounding table's (tests/eval/test_trust_localisation.py), relevance rank takes the "
@@ -105,7 +107,7 @@ def trust_tables(
     cost: dict[str, dict[str, list[float]]] = {k: {} for k in KINDS}
     for k, source in enumerate(sources, start=1):
         scores = trust_scores(inputs.scorer, source, inputs.pixels, inputs.targets,
-                              inputs.masks, settings, metrics)
+                              inputs.masks, settings, metrics, near=inputs.near)
         table.rows.append(trust_row(source.label, source.name, source.kind, scores, n_images,
                                     settings))
         for key, ms in scores.ms.items():
