@@ -5,11 +5,14 @@ The public namespace below is the library contract: every solver takes its probl
 order ``(cost, a, b, eps, ...)``, validates its inputs (:class:`SolverInputError`), and
 returns a :class:`SolverResult` (plan, ``row_marginal``, ``col_marginal``, ``apply``,
 ``marginal_error``, ``converged``) or a subclass; a solver that stops before ``tol`` says
-so (:class:`NotConvergedWarning`). Each solver family's knobs form one frozen settings
-object (:class:`SinkhornSettings`, :class:`UnbalancedSettings`, :class:`LowRankSettings`),
-which the low-rank solver takes as is and the unchecked cores (``solve_dense``,
-``solve_lowrank``, for a caller that has checked its inputs once)
-all take.
+so (:class:`NotConvergedWarning`). An empty batch (``B = 0``) gives an empty result of the
+problem's dtype; a problem with no row or column (``N = 0`` or ``M = 0``) is refused naming
+the dimension; a tensor ``eps`` / ``tau`` of another float dtype or device than the problem
+is cast to the problem's (docs/solver-contract.md). Each solver family's knobs form one
+frozen settings object (:class:`SinkhornSettings`, :class:`UnbalancedSettings`,
+:class:`LowRankSettings`), which the low-rank solver takes as is and the unchecked cores
+(``solve_dense``, ``solve_lowrank``, for a caller that has checked its inputs once) all
+take.
 Everything else is internal: helper modules are underscore-named (``_checks``, ``_result``,
 ``_bregman``, like POT's ``ot/_*.py``) and a solver module's helpers are underscore-prefixed.
 

@@ -7,7 +7,8 @@ The contract (docs/solver-contract.md):
 * shapes: costs are batched ``[B, N, M]``, masses ``[B, N]`` / ``[B, M]``, features
   ``[B, n, d]``; a single pair (2-D cost, 1-D masses, 2-D features) is refused with a
   message naming the batched call (``x[None]``), so a result's shapes never depend on how
-  the input was given;
+  the input was given; ``B = 0`` passes every check (an empty result), ``N = 0`` or
+  ``M = 0`` is refused naming the dimension;
 * tensors: one floating dtype (float32 or float64) and one device across a solver's
   tensors; masks are bool, of their side's exact shape, on the same device;
 * masked entries may hold anything, NaN and inf included: the ``clean_*`` checks return
