@@ -39,11 +39,12 @@ from otviz.suite import METHOD_LABELS, MethodSuite
 from otviz.train.config import TrainConfig
 from otviz.train.loop import ENCODING, TrainResult, train_method
 from otviz.ui.app_dirs import FEATURES, RUNS, app_dir, cache_cap_bytes, runs_cap_bytes
-from otviz.ui.budget import ComputeBudget, Work, server_budget, visitor
+from otviz.ui.budget import SEED_PAIR_STEP_S, ComputeBudget, Work, server_budget, visitor
 from otviz.ui.context import AppContext
 from otviz.ui.head_registry import load_head_sets, register_head_set
 from otviz.ui.probe_tab import run_batch_probe
 from otviz.ui.reading import split_reading
+from otviz.ui.run_estimate import TRAINING, RunEstimate
 from otviz.ui.shutdown import track
 from otviz.ui.train_policy import (
     TrainRequest,
@@ -60,8 +61,6 @@ log = logging.getLogger("otviz.ui.train_jobs")
 UPLOAD_DIR = "data"
 #: The record of a run's outcome (:func:`status_record`), written in its folder when it ends.
 RECORD_FILE = "run.json"
-#: Weight of a new measurement in a run's seconds per step (and per encoded pair).
-RATE_SMOOTHING = 0.3
 
 
 class TrainingBusyError(InputError):
@@ -102,7 +101,7 @@ class TrainingJob:
     """One run of one or more methods in a background thread, on ``backbone``: the picked
     backbone's label with the page's reading (:mod:`otviz.ui.reading`), which the heads are
     trained on, probed on and offered with; ``planned`` steps each, guessed at ``step_s``
-    seconds a step until the run measures its own."""
+    seconds a step until the run measures its own (:class:`RunEstimate`)."""
 
     def __init__(self, ctx: AppContext, backbone: str, configs: list[TrainConfig],
                  notes: list[str], planned: list[int], step_s: float, evaluate: bool = True,
@@ -110,11 +109,7 @@ class TrainingJob:
                  ) -> None:
         self.id = uuid.uuid4().hex[:12]
         self.ctx, self.checkpoint, self.configs = ctx, backbone, configs
-        # the steps each method will take, and the seconds a step is guessed to take until
-        # this run has measured its own (remaining_s)
-        self.planned, self._guessed_step_s = planned, step_s
-        self._rates: dict[str, float] = {}  # phase -> measured seconds per unit
-        self._reported: float | None = None
+        self.planned, self.estimate = planned, RunEstimate(planned, step_s)
         self.evaluate, self.registry, self.on_end = evaluate, registry, on_end
         self.stop_event = threading.Event()
         self.finished = threading.Event()
@@ -145,35 +140,18 @@ class TrainingJob:
     def _progress(self, step: int, total: int, metrics: dict[str, float]) -> None:
         if ENCODING in metrics and self.stop_event.is_set():
             raise StoppedWhileEncoding
-        now, phase = time.perf_counter(), ENCODING if ENCODING in metrics else "training"
+        phase = ENCODING if ENCODING in metrics else TRAINING
+        self.estimate.report(phase, step, total)
         with self._lock:
-            if self._reported is not None and self._phase == phase and step > self._step:
-                seconds = (now - self._reported) / (step - self._step)
-                old = self._rates.get(phase, seconds)
-                self._rates[phase] = (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * seconds
-            self._reported = now
             self._step, self._total, self._phase = step, total, phase
-            if phase == "training":
+            if phase == TRAINING:
                 self._histories[self._method].append(dict(metrics))
 
     def remaining_s(self) -> float:
-        """Seconds this run still needs to train: the steps left of the method in training
-        and the planned steps of those after it, at the seconds per step measured in this
-        run (wall clock between its progress reports; before its first, the guess it was
-        started with), plus while encoding, the pairs left at the measured encoding rate.
-        The probe that scores the heads after training is not counted (seconds)."""
-        with self._lock:
-            step_s = self._rates.get("training", self._guessed_step_s)
-            index = [c.method for c in self.configs].index(self._method)
-            later = sum(self.planned[index + 1:])
-            if self._phase == "training":
-                return step_s * (self._total - self._step + later)
-            if self._phase == ENCODING:
-                encoding = (self._total - self._step) * self._rates.get(ENCODING, 0.0)
-                return encoding + step_s * (self.planned[index] + later)
-            if self._phase == "":  # a method about to start
-                return step_s * (self.planned[index] + later)
-            return 0.0  # evaluating
+        """Seconds this run still needs to train, never more than it said before
+        (:class:`RunEstimate`; the probe that scores the heads after training is not
+        counted)."""
+        return self.estimate.left_s()
 
     def _run(self) -> None:
         try:
@@ -215,12 +193,13 @@ class TrainingJob:
 
     def _train_all(self) -> dict[str, Path]:
         heads: dict[str, Path] = {}
-        for config in self.configs:
+        for index, config in enumerate(self.configs):
             if self.stop_event.is_set():
                 break
+            self.estimate.start_method(index)
             with self._lock:
                 self._method, self._step, self._total = config.method, 0, 0
-                self._phase, self._reported = "", None
+                self._phase = ""
             try:
                 result = train_method(config, self._progress, self.stop_event)
             except StoppedWhileEncoding:
@@ -232,6 +211,7 @@ class TrainingJob:
                     self._notes.append(f"{config.method}: {result.message}")
             if result.head_checkpoint:
                 heads[config.method] = Path(result.head_checkpoint)
+        self.estimate.end()
         return heads
 
     def _register_and_probe(self, heads: dict[str, Path]) -> None:
@@ -373,7 +353,10 @@ class TrainingJobs:
             read, reading = self.ctx.reading(checkpoint)  # heads train on the page's reading
             self.ctx.explainer(checkpoint)  # the tower gives it (a block it has), or a message
             config = request.config
-            step_s = config.batch_size * self.budget.costs.unit("train_pair")
+            # a step's guess until the run measures its own: the budget's learned cost, never
+            # below its seed bound (a countdown that never goes up must not start low)
+            step_s = config.batch_size * max(self.budget.costs.unit("train_pair"),
+                                             SEED_PAIR_STEP_S)
             work = self.budget.acquire(
                 visitor(), "training", len(request.methods) * step_s
                 * planned_steps(config, config.n_train), capped=False)
