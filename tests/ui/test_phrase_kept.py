@@ -86,3 +86,42 @@ def test_the_trust_panel_scores_the_phrase_the_grid_shows(tools, image, picked_c
     view = align_view(*tools, image, caption, phrase=picked_cyan)
     encoded = tools[0].encode(image, caption)
     assert shown_words(encoded, picked_cyan) == resolve_phrase(encoded, view.phrase)
+
+
+@pytest.fixture(scope="module")
+def align_click(ctx):
+    """The /align callback of an Align view built on ``ctx``, and its outputs by label."""
+    import gradio as gr
+
+    from otviz.ui.align import build_align_tab
+    from otviz.ui.app import build_shared_inputs
+
+    with gr.Blocks() as blocks:
+        build_align_tab(ctx, build_shared_inputs(ctx))
+    return next(f for f in blocks.fns.values() if f.api_name == "align")
+
+
+def test_only_a_phrase_a_person_picked_gets_a_note_on_the_next_caption(
+        align_click, checkpoint, image, picked_cyan, monkeypatch):
+    """The picker holds the phrase the last click chose itself (the ring's whole noun
+    phrase); the next example's caption lacks it, and no one picked it: the new default is
+    shown without a note (issue 50.7). A phrase a person picked, missing, still gets one."""
+    import otviz.ui.align.wiring as wiring
+
+    notes: list[str] = []
+    monkeypatch.setattr(wiring.gr, "Info", notes.append)
+    state = next(c for c in align_click.outputs if isinstance(c, wiring.gr.State))
+    phrase = next(c for c in align_click.outputs if getattr(c, "label", "").startswith("Phrase ("))
+    first = align_click.fn(image=image, caption=RING, checkpoint=checkpoint)
+    chosen = first[phrase].value
+    assert first[state] == chosen and notes == []  # chosen here, not picked
+    caption = "a green triangle below a small green square"
+    shown = align_click.fn(image=image, caption=caption, checkpoint=checkpoint, phrase=chosen,
+                           phrase_default=first[state])
+    assert notes == [] and shown[state] == shown[phrase].value
+    assert shown[phrase].value.endswith(":a green triangle")
+    picked = align_click.fn(image=image, caption=caption, checkpoint=checkpoint,
+                            phrase=picked_cyan, phrase_default=shown[state])
+    assert notes == ['"cyan" is not in this caption: showing its first noun phrase, '
+                     '"a green triangle"']
+    assert picked[state] == picked[phrase].value  # what is shown now was chosen here

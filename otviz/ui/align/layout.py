@@ -67,7 +67,8 @@ class AlignControls:
     (and so the public API) give it: the shared image, caption and checkpoint, the view's
     settings, pickers and outputs, and the page's hidden helpers (``prefetched``: the
     pair's phrase grids in the page; ``shown_token``: the token of the pair on show;
-    ``swapped``: the phrase a pick swapped in from ``prefetched``)."""
+    ``swapped``: the phrase a pick swapped in from ``prefetched``; ``phrase_default``:
+    the phrase value the last Align click chose itself, no person's pick)."""
 
     image: gr.Image
     caption: gr.Textbox
@@ -94,6 +95,7 @@ class AlignControls:
     convergence: FigurePlot
     prepare: gr.Button
     files: gr.File
+    phrase_default: gr.State
 
     def named(self, *names: str) -> dict[str, Any]:
         """The components called ``names``, by name (a listener's ``inputs_kwargs``)."""
@@ -136,6 +138,7 @@ def build_controls(ctx: AppContext, shared: SharedInputs) -> AlignControls:
     prefetched = gr.HTML(visible="hidden", html_template="", elem_id="align-prefetched")
     shown_token = gr.Textbox(visible="hidden", label="Pair token", elem_id="align-token")
     swapped = gr.Textbox(visible="hidden", elem_id="align-swapped")
+    phrase_default = gr.State(None)
     with gr.Row():
         with gr.Column(scale=3):
             method = gr.Dropdown(method_choices(), value=DEFAULT_METHOD, label="Method",
@@ -166,5 +169,5 @@ def build_controls(ctx: AppContext, shared: SharedInputs) -> AlignControls:
         shared.image, shared.caption, shared.checkpoint, run, regions, shared_scale,
         lambda_local, came_temperature, quotas, explainers, phrase, grid, prefetched,
         shown_token, swapped, method, plan, token, token_map, patch_marginals,
-        token_marginals, scores, convergence, prepare, files,
+        token_marginals, scores, convergence, prepare, files, phrase_default,
     )

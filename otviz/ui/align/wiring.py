@@ -117,14 +117,18 @@ class AlignCallbacks:
                  shared_scale: bool = DEFAULT_SHARED_SCALE,
                  lambda_local: float = DEFAULT_LAMBDA, phrase: str | None = None,
                  token: int | None = None, came_temperature: float | None = None,
-                 explainers: bool = False) -> dict:
-        """The Align click: encode and solve the pair (cached), then every output."""
+                 explainers: bool = False, phrase_default: str | None = None) -> dict:
+        """The Align click: encode and solve the pair (cached), then every output. The
+        phrase picker's value is a person's pick unless it is the phrase an earlier click
+        chose itself (``phrase_default``, the page's own state): only a pick is looked for
+        in the new caption, and only a pick the caption lacks gets a note."""
         DRAWER.start()  # the page prefetches the phrase grids after this click
         c, (explainer, suite) = self.c, self._tools(checkpoint)
         settings = settings_of(regions, shared_scale, came_temperature, explainers,
                                lambda_local)
+        picked = None if phrase == phrase_default else phrase
         v = align_view(explainer, suite, image, caption, settings=settings, method=method,
-                       phrase=phrase, token=token)
+                       phrase=picked, token=token)
         encoded = explainer.encode(image, caption)  # cached
         note = truncation_note(encoded)
         if note:
@@ -155,6 +159,8 @@ class AlignCallbacks:
             c.convergence: v.convergence,
             c.quotas: v.quota_note,
             c.shown_token: pair,
+            # the phrase shown was chosen here (none picked, or the pick not in the caption)
+            c.phrase_default: v.phrase if not picked or v.phrase_note else None,
         }
 
     def on_prefetch(self, image: Any, caption: str | None, checkpoint: str,
@@ -265,7 +271,8 @@ def build_align_tab(ctx: AppContext, shared: SharedInputs) -> AlignLink:
     c = build_controls(ctx, shared)
     cb = AlignCallbacks(ctx, c)
     align_outputs = [c.phrase, c.token, c.grid, c.plan, c.token_map, c.patch_marginals,
-                     c.token_marginals, c.scores, c.convergence, c.quotas, c.shown_token]
+                     c.token_marginals, c.scores, c.convergence, c.quotas, c.shown_token,
+                     c.phrase_default]
     plan_outputs = [c.plan, c.token_map, c.patch_marginals, c.token_marginals]
     link = AlignLink(c.phrase, _listener(cb.on_align, c, align_outputs),
                      _listener(cb.on_prefetch, c, [c.prefetched]),
