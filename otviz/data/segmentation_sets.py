@@ -133,19 +133,23 @@ class SegmentationSet:
                 h.update(f"{it.key}\0{path.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         return h.hexdigest()
 
-    def as_grounding(self, prompt: str = "{}") -> GroundingSet:
+    def class_caption(self, separator: str = ", ") -> str:
+        """Every candidate class's name, in label order, joined by ``separator``."""
+        return separator.join(self.names)
+
+    def as_grounding(self, prompt: str = "{}", separator: str = ", ") -> GroundingSet:
         """The set as a grounding set for the alignment methods: each image with one caption
-        listing every candidate class's name (``"aeroplane, bicycle, ..."``), each name a
-        phrase whose text is ``prompt`` filled with it (what an explainer encodes) and whose
-        box is the whole image (unused by the segmentation)."""
-        caption = ", ".join(self.names)
+        listing every candidate class's name (:meth:`class_caption`), each name a phrase
+        whose text is ``prompt`` filled with it (what an explainer encodes) and whose box is
+        the whole image (unused by the segmentation)."""
+        caption = self.class_caption(separator)
         spans, start = [], 0
         for name in self.names:
             span = word_span(caption, start, start + len(name))
             if span is None:
                 raise MalformedDatasetError(f"class name {name!r} has no word")
             spans.append(span)
-            start += len(name) + 2
+            start += len(name) + len(separator)
         items = [GroundingItem(it.image, it.size, caption, tuple(
             GoldPhrase(s, e, prompt.format(n), ((0.0, 0.0, float(it.size[0]),
                                                  float(it.size[1])),))

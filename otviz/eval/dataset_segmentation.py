@@ -3,9 +3,11 @@
 (:mod:`otviz.data.segmentation_sets`).
 
 Every image is one caption listing the candidate classes' names (SCLIP's names,
-``"aeroplane, bicycle, bird, ship, ..."``), so an alignment method's plan between the
-image's patches and that caption's tokens gives each class its mass per patch: the class's
-phrase map, read as a segmentation like every other row. An explainer reads each class
+``"aeroplane, bicycle, bird, ship, ..."``; without the commas where they would push names
+past the text tower's context, :func:`caption_separator`), so an alignment method's plan
+between the image's patches and that caption's tokens gives each class its mass per patch:
+the class's phrase map, read as a segmentation like every other row; a class still cut by
+the context has no map (the table's notes name it). An explainer reads each class
 from the prompt ``"a photo of a {name}."`` (CLIP's template; one template, not the 80 of
 the ImageNet ensemble: an explainer encodes one text per phrase). The image is resized to
 the model's input without cropping (no sliding window), its maps drawn back onto the
@@ -27,6 +29,7 @@ from typing import Any
 
 import torch
 
+from otviz.backbone import Backbone
 from otviz.boundary.images import ImageInputError
 from otviz.checkpoints.identity import backbone_fingerprint
 from otviz.data.feature_cache import FeatureCache
@@ -56,6 +59,7 @@ from otviz.eval.segmentation_metrics import THRESHOLD
 from otviz.eval.table import Table
 from otviz.eval.world_set import EvalSet, GroundingProbeDataset, model_input_size
 from otviz.explainers import explainer_names
+from otviz.text.words import split_words
 
 StageProgress = Callable[[str, int, int], None]
 #: The prompt an explainer encodes for a class (CLIP's "a photo of a {}." template).
@@ -90,14 +94,15 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, config.threads))
     try:
-        grounding = data.as_grounding(PROMPT)
         backbone = dataset_backbone(config)
+        grounding = data.as_grounding(PROMPT, caption_separator(backbone, data))
         suite, suite_note = dataset_suite(backbone, config, grounding)
         to_device(backbone, config.device)
         backbone = one_space(backbone, suite)
         frame = model_input_size(backbone)
         kept, unreadable = _decodable(data)
         total: list[RowCounts] = []
+        cut: set[str] = set()
         shards = [kept[s : s + config.shard] for s in range(0, len(kept), config.shard)]
         for k, part in enumerate(shards):
             probe = GroundingProbeDataset(grounding.subset(part), frame)
@@ -105,6 +110,7 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
             q = phrase_queries(evalset)
             images = [ScoredImage(rows, data.load_labels(i), data.local_classes())
                       for i, rows in zip(part, candidate_rows(evalset, q), strict=True)]
+            cut |= {data.names[c] for im in images for c, r in enumerate(im.rows) if r < 0}
             maps = row_token_maps(suite, evalset, q, explainer_names(config.explainers),
                                   config.chunk, progress, seed=config.seed + k)
             counts = segmented(maps, images, evalset.geometry, len(data.classes), THRESHOLD,
@@ -118,6 +124,9 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
     if not total:
         raise InputError(f"{kind}: no image of split {config.split or 'val'} decodes")
     table = _table(data, total, len(kept))
+    if cut:
+        table.notes.append("classes the text tower's context cut from the caption (no map: "
+                           f"never predicted by a method): {', '.join(sorted(cut))}")
     table.notes.append(f"methods: {suite.label}; {suite_note}")
     stamp = {"model": backbone.name, "pretrained": backbone.info.get("pretrained"),
              "backbone_weights": backbone_fingerprint(backbone)["weights"],
@@ -128,6 +137,14 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
     if config.out:
         write_tables([table], config.out, {"stamp": stamp}, stem="segmentation")
     return [table], stamp
+
+
+def caption_separator(backbone: Backbone, data: SegmentationSet) -> str:
+    """``", "`` when the caption listing the classes with commas fits the text tower's
+    context, else ``" "`` (fewer tokens; e.g. the tiny CLIP's 32)."""
+    caption = data.class_caption(", ")
+    last = int(backbone.words([caption]).token_word.max())
+    return ", " if last + 1 >= len(split_words(caption)) else " "
 
 
 def _decodable(data: SegmentationSet) -> tuple[list[int], list[str]]:
