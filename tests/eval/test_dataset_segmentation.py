@@ -15,7 +15,7 @@ from PIL import Image
 
 from otviz.cli import evaluate
 from otviz.data.datasets import MalformedDatasetError
-from otviz.data.segmentation_sets import VOC_CLASSES, load_voc
+from otviz.data.segmentation_sets import VOC_CLASSES, VOID, load_voc
 
 METHODS = "filip,dense_uot,conceptot"
 SIZES = ((64, 48), (40, 56), (50, 50))
@@ -133,3 +133,28 @@ def test_hostile_masks_and_ids(tmp_path: Path) -> None:
         root / "SegmentationClass" / "bad.png")
     with pytest.raises(MalformedDatasetError, match="mode RGB"):
         load_voc(root).load_labels(0)
+
+
+def test_world_export_reads_back_as_voc(tmp_path: Path) -> None:
+    """World samples in VOC's layout: the reader gives back each sample's labels, objects
+    as 1 + their shape's index, their antialiased edges void."""
+    from otviz.data.grounding_sets.export import world_draw
+    from otviz.data.segmentation_export import export_voc
+    from otviz.world import SHAPES
+    from otviz.world.render import object_labels, shape_alpha
+
+    samples = world_draw(3, "test", 0)
+    data = load_voc(export_voc(samples, tmp_path / "voc"))
+    assert [it.key for it in data.items] == ["world_000000", "world_000001", "world_000002"]
+    for i, sample in enumerate(samples):
+        labels = data.load_labels(i)
+        assert np.array_equal(np.asarray(data.load_image(i)), sample.image)
+        own = object_labels(sample.objects, sample.image.shape[0])
+        for obj in sample.objects:
+            x0, y0, x1, y1 = obj.box
+            alpha = shape_alpha(obj.shape, x1 - x0)
+            inner = labels[y0:y1, x0:x1]
+            assert (inner[alpha == 1.0] == 1 + SHAPES.index(obj.shape)).all()
+            assert (inner[(alpha > 0) & (alpha < 1)] == VOID).all()
+        assert (labels[own == 0][labels[own == 0] != VOID] == 0).all()
+
