@@ -116,13 +116,14 @@ def source_name(source: str | None) -> str | None:
 
 
 def describe_weights(identity: dict[str, Any]) -> str:
-    """``"ViT-B-16 / vit-b-16.pt (weights 1a2b3c4d)"``: the architecture, where its weights
-    came from (a file by its last part, a tag as written) and the start of their hash."""
+    """``"ViT-B-16 / vit-b-16.pt with weights 1a2b3c4d"``: the architecture, where its
+    weights came from (a file by its last part, a tag as written) and the start of their
+    hash."""
     tags = identity.get("tags") or {}
     source = source_name(tags.get("pretrained"))
     name = str(identity.get("name", "?")) + (f" / {source}" if source else "")
     weights = str(identity.get("weights", ""))[:HASH_SHOWN]
-    return f"{name} (weights {weights})" if weights else name
+    return f"{name} with weights {weights}" if weights else name
 
 
 def weights_mismatch(trained_on: dict[str, Any], loaded: dict[str, Any],
@@ -136,7 +137,7 @@ def weights_mismatch(trained_on: dict[str, Any], loaded: dict[str, Any],
         return None
     now = str(loaded.get("weights", ""))[:HASH_SHOWN]
     return (f"These heads were trained on {describe_weights(trained_on)}, but this entry "
-            f"loads {loaded_name} (weights {now}): their features would mean something "
+            f"loads {loaded_name} with weights {now}: their features would mean something "
             "else, so they are not used. Pick the entry of the weights they were trained on, "
             "or a training-free entry.")
 

@@ -159,11 +159,11 @@ def test_a_control_change_rewrites_the_picker_value(ctx):
     on_change = events[0].fn
     assert controls.features.value == "last" and not controls.layer.visible
     side = ctx.sizes(ENTRY)[1]
-    value, features, layer, size = on_change(ENTRY, "layer:K", 3, side)
+    value, features, layer, size, _ = on_change(ENTRY, "layer:K", 3, side)
     assert value.value == f"{ENTRY} · features layer:3 · {side} px"
     assert layer.visible and layer.value == 3 and features.value == "layer:K"
     picked = f"{ENTRY.split(' · ')[0]} · training-free, ConceptOT faithful"
     value, *_ = on_change(picked, "layer:K", 3, side)  # a pick keeps the reading
     assert value.value == f"{picked} · features layer:3 · {side} px"
-    value, _, layer, size = on_change(value.value, "maskclip", 3, ctx.sizes(ENTRY)[0])
+    value, _, layer, size, _ = on_change(value.value, "maskclip", 3, ctx.sizes(ENTRY)[0])
     assert value.value == f"{picked} · features maskclip" and not layer.visible
