@@ -49,6 +49,7 @@ from otviz.eval.segmentation import (
     RowCounts,
     ScoredImage,
     candidate_rows,
+    reading,
     row_token_maps,
     rule_note,
     scored_rows,
@@ -123,7 +124,7 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
         torch.set_num_threads(threads)
     if not total:
         raise InputError(f"{kind}: no image of split {config.split or 'val'} decodes")
-    table = _table(data, total, len(kept))
+    table = _table(data, total, len(kept), reading(backbone))
     if cut:
         table.notes.append("classes the text tower's context cut from the caption (no map: "
                            f"never predicted by a method): {', '.join(sorted(cut))}")
@@ -166,10 +167,10 @@ def _summed(a: RowCounts, b: RowCounts) -> RowCounts:
     return (*a[:3], a[3].merged(b[3]))
 
 
-def _table(data: SegmentationSet, rows: list[RowCounts], n: int) -> Table:
+def _table(data: SegmentationSet, rows: list[RowCounts], n: int, read: str) -> Table:
     fmt, split = data.source["format"], data.source["split"]
     table = Table("segmentation", f"Open-vocabulary segmentation of {n} {fmt} {split} images "
-                  f"({len(data.classes)} classes)", segmentation_columns(data.classes))
+                  f"({len(data.classes)} classes; {read})", segmentation_columns(data.classes))
     table.rows = scored_rows(rows, data.classes)
     pixels = table.rows[-1]["pixels"]
     table.notes += [

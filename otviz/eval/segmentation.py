@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from otviz.backbone import Backbone
 from otviz.eval.alignment_tables import (
     CHUNK,
     PhraseQueries,
@@ -137,6 +138,11 @@ def segment(images: Sequence[ScoredImage], pixel_maps: PixelMaps, n_classes: int
     return counts
 
 
+def reading(backbone: Backbone) -> str:
+    """The reading a table's title names: the model, its patch features and input side."""
+    return f"{backbone.name}, features {backbone.features}, {backbone.image_size} px input"
+
+
 def iou_key(name: str) -> str:
     return f"iou_{name}"
 
@@ -236,7 +242,8 @@ def segmentation_table(
     counts = segmented(row_token_maps(suite, data, q, explainers, chunk, progress, seed),
                        images, data.geometry, len(WORLD_CLASSES), threshold)
     table = Table("segmentation", f"Open-vocabulary segmentation of {data.n_images} world "
-                  f"{data.split} images ({q.image.numel()} phrases as classes)",
+                  f"{data.split} images ({q.image.numel()} phrases as classes; "
+                  f"{reading(data.backbone)})",
                   segmentation_columns(WORLD_CLASSES))
     table.rows = scored_rows(counts, WORLD_CLASSES)
     pixels = table.rows[-1]["pixels"]
