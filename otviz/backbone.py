@@ -367,6 +367,16 @@ def _eval_transform(model: nn.Module, side: int | None = None) -> Callable[[Imag
 
 
 def _load_advice(name: str, pretrained: str | None, error: Exception) -> str:
+    """What went wrong loading ``name`` with ``pretrained`` and what to do: a local weight
+    file is read as it is (nothing is fetched, so no word of the hub); a tag that is not one
+    of the model's names the known tags; otherwise the hub fetch failed."""
+    if pretrained and os.path.isfile(pretrained):
+        return (
+            f"could not load {name} from the local weight file {pretrained!r}: {error}. "
+            f"Check that the file holds weights of the {name} architecture (an open_clip or "
+            "OpenAI checkpoint of that model, complete and readable), or name the "
+            "architecture the file was saved from."
+        )
     tags = open_clip.list_pretrained_tags_by_model(name) if name in open_clip.list_models() else []
     if pretrained and tags and pretrained not in tags and not os.path.isfile(pretrained):
         return (

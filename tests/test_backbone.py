@@ -274,6 +274,22 @@ def test_from_pretrained_unknown_name_or_tag():
         Backbone.from_pretrained("ViT-B-32", "no-such-tag")
 
 
+@pytest.mark.parametrize("content", [b"not a checkpoint", None])
+def test_a_local_weight_files_failure_never_advises_the_hub(tmp_path, content):
+    """A corrupt file, and a readable state dict of another architecture: the message names
+    the file and the architecture, never the hub or connecting the machine."""
+    path = tmp_path / "weights.pt"
+    if content is None:
+        torch.save({"visual.nothing": torch.zeros(2)}, path)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(BackboneLoadError) as info:
+        Backbone.from_pretrained("RN50", str(path))
+    message = str(info.value)
+    assert f"local weight file {str(path)!r}" in message and "RN50 architecture" in message
+    assert not any(word in message.lower() for word in ("hub", "internet", "connect"))
+
+
 def test_from_checkpoint_errors(tmp_path):
     with pytest.raises(CheckpointError):
         Backbone.from_checkpoint(tmp_path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from otviz.checkpoints.store import CheckpointError
 from otviz.cli import main
 from otviz.data.datasets import WorldDataset
 from otviz.data.feature_cache import FeatureCache
+from otviz.errors import UserInputError
 from otviz.eval.runner import read_tables
 from otviz.explain import Explainer
 from otviz.explainers import EXPLAINERS
@@ -25,6 +27,7 @@ from otviz.explainers.run import explain_pairs, unavailable
 from otviz.methods import PairBatch
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, load_head
 from otviz.towers.sources import FeatureSource
+from otviz.towers.vit import MAX_ATTENTION_BYTES
 from otviz.ui.examples import load_examples
 from tests.helpers import random_tiny_clip
 
@@ -139,6 +142,51 @@ def test_eval_reads_the_chosen_source(trained_on_source, tmp_path):
                        str(trained_on_source["heads"]), "--methods", "filip", "--features",
                        SOURCE)
     assert "filip" in heads
+
+
+@pytest.fixture(scope="module")
+def vit_b16() -> Backbone:
+    torch.manual_seed(0)
+    return Backbone.from_pretrained("ViT-B-16", None)
+
+
+@pytest.mark.parametrize(("side", "says"), [
+    (0, "0 is not a positive whole number"), (-1, "-1 is not a positive whole number"),
+    (True, "True is not a positive whole number"), (2.5, "2.5 is not a positive whole number"),
+    (15, "15 px is below one of the open_clip ViT tower's 16 px patches"),
+    (232, "232 px is not a multiple of the open_clip ViT tower's 16 px patches; take 224 or 240"),
+    (100000, "100000 px would need about 68,212,106.1 GiB for one image's attention (12 heads, "
+             "39,062,501 tokens), over the 4 GiB cap; the largest side within it is 1552 px")])
+def test_odd_sizes_are_refused_at_once_naming_the_image_size(vit_b16, side, says):
+    """Refused before anything is allocated: the model's forward is never entered."""
+    entered = []
+    handle = vit_b16.model.visual.register_forward_pre_hook(lambda *_: entered.append(1))
+    try:
+        with pytest.raises(UserInputError, match=f"^image size: {re.escape(says)}"):
+            vit_b16.with_features("last", side)
+    finally:
+        handle.remove()
+    assert entered == []
+
+
+def test_the_size_cap_is_the_attention_estimate_at_its_edge(vit_b16):
+    """1552 px (97^2 + 1 tokens, 12 heads, float32) fits the 4 GiB cap; 1568 px does not
+    (and 100000 px above: (6250^2 + 1)^2 * 12 * 4 bytes = 68,212,106.1 GiB)."""
+    assert f"{((100000 // 16) ** 2 + 1) ** 2 * 12 * 4 / 2**30:,.1f}" == "68,212,106.1"
+    assert ((1552 // 16) ** 2 + 1) ** 2 * 12 * 4 <= MAX_ATTENTION_BYTES
+    assert ((1568 // 16) ** 2 + 1) ** 2 * 12 * 4 > MAX_ATTENTION_BYTES
+    assert vit_b16.with_features("last", 1552).grid == (97, 97)
+    with pytest.raises(UserInputError, match="1568 px would need about 4.1 GiB"):
+        vit_b16.with_features("last", 1568)
+
+
+def test_the_command_line_refuses_odd_sizes_in_one_line(capsys):
+    for side in ("15", "100000", "84"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["explain", "--example", "0", "--image-size", side])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"otviz explain: error: image size: {side} px ") and "\n" not in err
 
 
 def test_explain_draws_the_chosen_source(tmp_path):

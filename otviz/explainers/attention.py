@@ -19,7 +19,7 @@ whose blocks are re-run here with the attention map written out (:func:`vit_bloc
 input size of the tower adapter it is given), and
 timm's ViT-style trunks (timm ``VisionTransformer``: SigLIP, SigLIP 2; ``Eva``: EVA02,
 EVA-CLIP, PE), whose own forward is run on the explainers' private copy of the model
-(:mod:`otviz.towers.private`) with their unfused attention path switched on and the
+(:mod:`otviz.explainers.private`) with their unfused attention path switched on and the
 attention probabilities read by a hook where timm computes them (the ``attn_drop`` that
 follows the softmax). Anything else raises :class:`ExplainerUnsupportedError` naming the
 explainer and the reason.
@@ -36,8 +36,8 @@ from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
 from torch import Tensor, nn
 
 from otviz.explainers.base import ExplainerUnsupportedError
+from otviz.explainers.private import HOOKS, hooked, private_model, timm_attention, unfused
 from otviz.towers import ImageTower
-from otviz.towers.private import HOOKS, hooked, private_model, timm_attention, unfused
 from otviz.towers.vit import VitTower
 
 

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from otviz.explainers.base import ExplainerUnsupportedError, PhraseExplainer, register_explainer
+from otviz.explainers.private import HOOKS, private_model
 from otviz.explainers.towers import cam_target
-from otviz.towers.private import HOOKS, private_model
 
 
 class ImageEmbedding(nn.Module):

@@ -4,17 +4,21 @@ training-free dense similarity map read from the last attention block's value pa
 The map is the cosine ``<f_i / |f_i|, t>`` between each patch's ``maskclip`` feature ``f_i``
 in the joint space and the phrase's unit text embedding ``t`` (signed; a grounding box keeps
 the positive part). No gradient is taken. ``f_i`` is the image tower's ``maskclip`` feature
-source (:mod:`otviz.towers.dense`): on a ViT the last block's attention replaced by the
-identity, so each patch token ``x_i`` entering it goes through that block's value and output
-projections alone, then the tower's final norm and projection,
+source (:mod:`otviz.towers.dense`), re-run from the model's current weights at every call:
+on a ViT the last block's attention replaced by the identity, so each patch token ``x_i``
+entering it goes through that block's value and output projections, keeps the block's
+residual and feed-forward, then the tower's final norm and projection,
 
-    f_i = proj( ln_post( W_o (W_v ln_1(x_i) + b_v) + b_o ) ),
+    z_i = x_i + W_o (W_v ln_1(x_i) + b_v) + b_o,
+    f_i = proj( ln_post( z_i + mlp(ln_2(z_i)) ) ),
 
-(the attention pooler's value path on CoCa, the trunk's final norm and head per position on
-timm ViTs such as SigLIP and EVA); on a ModifiedResNet tower (MaskCLIP's ResNet recipe,
-Sec. 3.2) the attention pool's value and output projections of each position of the last
-stage's map, ``c_proj(v_proj(x_i))``. The explainer reads that source whatever source the
-backbone's methods read, at the backbone's input size.
+as the authors' code computes it (chongzhou96/MaskCLIP, ``mmseg/models/backbones/vit.py``
+L96-104 and L434-437, ``mmseg/models/decode_heads/maskclip_head.py`` L80); the attention
+pooler's value path after that on CoCa, the trunk's final norm and head per position on
+timm ViTs such as SigLIP and EVA. On a ModifiedResNet tower (MaskCLIP's ResNet recipe,
+Sec. 3.2; ``maskclip_head.py`` L111-116) the attention pool's value and output projections
+of each position of the last stage's map, ``c_proj(v_proj(x_i))``. The explainer reads that
+source whatever source the backbone's methods read, at the backbone's input size.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ MASKCLIP = FeatureSource("maskclip")
 class MaskClipExplainer(PhraseExplainer):
     name = "maskclip"
     label = "MaskCLIP"
-    source = ("Zhou, Loy & Dai, ECCV 2022 (value projection of the last block; of the "
-              "attention pool on ResNets)")
+    source = ("Zhou, Loy & Dai, ECCV 2022 (value path of the last block, its residual and "
+              "feed-forward kept; of the attention pool on ResNets)")
 
     def check(self) -> None:
         try:

@@ -1,13 +1,18 @@
-"""A private copy of a model for the callers that hook it, and the hooks they use.
+"""A private copy of a model for the explainers that hook it, and the hooks they use.
 
-Grad-CAM (through the grad-cam library), the attention traces of timm towers
-(:mod:`otviz.explainers.attention`) and the dense feature sources of timm towers
-(:mod:`otviz.towers.timm_tower`) put forward hooks on the model they run for the length
-of a call, and the timm ones switch its attention to the unfused path. On the shared model
-that state would reach every forward another server thread makes meanwhile (an Align click,
-another explainer): its activations would land in the hooks, or a trace's edited attention in
-its result. So the hooked calls run one at a time (:data:`HOOKS`) on a copy of the model that
-only they run (:func:`private_model`), made once per model.
+Two explainers need hooks on the model they run, which :mod:`otviz.towers` (whose feature
+sources re-run the blocks from the live weights, with no hook and no copy) does not:
+Grad-CAM, because the grad-cam library (pytorch-grad-cam) reads the target layer's
+activations and gradients through forward hooks it registers itself; and the attention
+traces of timm trunks (:mod:`otviz.explainers.attention`), which read the softmax attention
+where timm computes it (the ``attn_drop`` after the softmax, with the unfused path switched
+on), because EVA's rotary attention is timm's to apply. On the shared model that state would
+reach every forward another server thread makes meanwhile (an Align click, another
+explainer): its activations would land in the hooks, or a trace's edited attention in its
+result. So the hooked calls run one at a time (:data:`HOOKS`) on a copy of the model that only
+they run (:func:`private_model`), kept per model and refreshed from the model's current
+weights at every call: an in-place change, ``load_state_dict`` or ``.to(dtype / device)``
+of the shared model reaches the next hooked call.
 """
 
 from __future__ import annotations
@@ -27,13 +32,26 @@ _PRIVATE: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDicti
 
 
 def private_model(model: nn.Module) -> nn.Module:
-    """The copy of ``model`` only the hooked callers run (made on the first call, frozen,
-    in eval mode; call it under :data:`HOOKS`). It costs one more copy of the model's
-    weights in memory, shared by every hooked caller."""
+    """The copy of ``model`` only the hooked callers run (frozen, in eval mode; call it
+    under :data:`HOOKS`), its weights and buffers those of ``model`` now: copied into the
+    kept copy where the layout (names, shapes, dtypes, devices) is unchanged, else a new copy.
+    It costs one more copy of the model's weights in memory, shared by every hooked caller,
+    and one weight copy per call."""
     clone = _PRIVATE.get(model)
-    if clone is None:
+    state = model.state_dict()
+    if clone is None or not _same_layout(clone.state_dict(), state):
         clone = _PRIVATE[model] = copy.deepcopy(model).eval().requires_grad_(False)
+        return clone
+    with torch.no_grad():
+        for name, tensor in clone.state_dict().items():
+            tensor.copy_(state[name])
     return clone
+
+
+def _same_layout(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(
+        (x.shape, x.dtype, x.device) == (b[k].shape, b[k].dtype, b[k].device)
+        for k, x in a.items())
 
 
 def timm_attention(block: nn.Module) -> nn.Module | None:

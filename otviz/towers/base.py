@@ -10,6 +10,7 @@ class (:func:`image_tower`, :func:`text_tower`), so no caller branches on the fa
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -95,16 +96,29 @@ class ImageTower:
 
     def at_size(self, side: int | None) -> ImageTower:
         """This adapter's family on the same tower, run at ``side x side`` pixels (``None``
-        or the native side: the native size); :class:`UserInputError` for a tower that
-        cannot be resized."""
+        or the native side: the native size). :class:`UserInputError` naming the image size,
+        before anything is allocated, for a side that is not a positive whole number, for a
+        tower that cannot be resized, and for a side the tower refuses (:meth:`check_side`)."""
+        if side is None:
+            return type(self)(self.visual)
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral) or side <= 0:
+            raise UserInputError(
+                f"image size: {side!r} is not a positive whole number of pixels; leave it unset "
+                "for the tower's native size")
+        side = int(side)
         native = self.native_size
-        if side is None or (side, side) == native:
+        if (side, side) == native:
             return type(self)(self.visual)
         if not self.resizable:
             raise UserInputError(
                 f"image size: the {self.family} tower runs at its native {native[0]} x "
                 f"{native[1]} px only; leave the image size unset")
-        return type(self)(self.visual, int(side))
+        self.check_side(side)
+        return type(self)(self.visual, side)
+
+    def check_side(self, side: int) -> None:
+        """:class:`UserInputError` when this resizable tower cannot run at ``side x side``
+        px (a resizable family states its limits: :meth:`otviz.towers.vit.VitTower.check_side`)."""
 
     def project(self, patches: Tensor) -> Tensor:
         """``[B, N, width] -> [B, N, E]``: each position into the joint space."""

@@ -1,47 +1,75 @@
 """The dense last-block paths, as their papers rewrite the last transformer block: the
 token mixing (which attention replaces ``softmax(q k^T / sqrt(d))``) and which of the
 block's other terms stay. Shared by every transformer tower family (:mod:`.vit`,
-:mod:`.timm_tower`); each family supplies its own ``q, k, v`` and its block's terms.
+:mod:`.timm_tower`); each family supplies its own ``q, k, v`` and its block's terms, read
+from the model's current parameters at every call (no copy, no hook).
 
 With ``q, k, v`` ``[B, heads, T, d]`` the per-head queries, keys and values of the last
-block (after its first norm), ``s = d^-1/2`` the block's own attention scale:
+block (after its first norm), ``s = d^-1/2`` the block's own attention scale, and each
+path's terms as the authors' code computes them (repository, file, lines):
 
 * MaskCLIP (Zhou et al., ECCV 2022, Sec. 3.2): ``A = I`` (each token reads its own value);
-  no residual, no feed-forward.
+  the block's residual and feed-forward kept. chongzhou96/MaskCLIP,
+  ``mmseg/models/backbones/vit.py`` L96-104 (the last layer with ``return_qkv``:
+  ``v = out_proj(v_proj(norm1(x)))``, ``v += x``, ``v = ffn(norm2(v), identity=v)``),
+  L434-437 (the final norm on ``v``); ``mmseg/models/decode_heads/maskclip_head.py``
+  L80 (the projection ``proj(v)``).
 * SCLIP (Wang et al., 2023, its correlative self-attention):
-  ``A = softmax(s q q^T) + softmax(s k k^T)``; the block's residual and feed-forward kept
-  (as the authors' code runs it).
-* ClearCLIP (Lan et al., ECCV 2024, its q-q attention): ``A = softmax(s q q^T)``; no residual,
-  no feed-forward.
+  ``A = softmax(s q q^T) + softmax(s k k^T)``; the residual and feed-forward kept.
+  wangf3014/SCLIP, ``clip/model.py`` L249-251 (``x = x + custom_attn(...)``,
+  ``x = x + mlp(ln_2(x))``), L295-298 (the two softmaxes).
+* ClearCLIP (Lan et al., ECCV 2024, its q-q attention): ``A = softmax(s q q^T)``; no
+  residual, no feed-forward. mc-lan/ClearCLIP, ``open_clip/transformer.py`` L525-526
+  (``ignore_residual``: ``output += custom_attn(...)``), L614-617 (q-q), L620
+  (``out_proj``); ``configs/base_config.py`` L7 (``ignore_residual=True``).
 * NACLIP (Hajimiri et al., WACV 2025, neighbourhood attention in its "reduced"
   architecture):
   ``A = softmax(s k k^T + Omega)`` with ``Omega[p, p'] = exp(-|pos_p - pos_p'|^2 /
   (2 sigma^2))`` a Gaussian of the two patches' grid distance (sigma = 5 patches, the
   authors' default; zero for prefix tokens); no residual, no feed-forward.
+  sinahmr/NACLIP, ``clip/model.py`` L118-119 (``reduced``: ``x = custom_attn(...)``),
+  L154-177 (the window and its addition), L198-207 (``k k^T`` plus ``Omega``);
+  ``naclip.py`` L21 (``gaussian_std=5.``).
 
-The equations are the papers'; which terms each keeps (residual, feed-forward, scale, the
-Gaussian added to the logits) was checked against the authors' code.
+(MaskCLIP's identity attention without the residual and feed-forward is ClearCLIP's
+``model_type='MaskCLIP'`` under its ``ignore_residual=True`` ablation, ``transformer.py``
+L604-609, not MaskCLIP's own path; otviz does not offer it.)
 
-The block's output on every path is ``out_proj(A v)`` through the block's own layer scale
-(its attention-branch terms), plus the residual and feed-forward where the path keeps them;
-the tower's final norm and projection then read it as they read the last block.
+The block's attention branch on every path is ``out_proj(A v)`` through the block's own
+layer scale; the block's output is that branch alone, or, where the path keeps them,
+``x + branch`` followed by the block's feed-forward with its residual
+(:func:`rewritten_block`); the tower's final norm and projection then read it as they
+read the last block.
 Receptive field: every path keeps each token centred on its grid cell (the token grid and
 the token geometry are unchanged; tests/towers/test_token_geometry_families.py measures
-it). MaskCLIP's token reads only its own input token in the last block, NACLIP's adds a
-bias toward the neighbourhood, the others mix the whole image as the last block does.
+it). MaskCLIP's token reads only its own input token in the last block's attention, NACLIP's
+adds a bias toward the neighbourhood, the others mix the whole image as the last block does.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 #: NACLIP's Gaussian standard deviation, in patches (the paper's and the authors' default).
 NACLIP_SIGMA = 5.0
-#: The paths that keep the last block's residual and feed-forward (SCLIP).
-KEEPS_RESIDUAL = frozenset({"sclip"})
-#: The paths whose mixing reads ``q`` or ``k`` (all but MaskCLIP's identity).
-READS_QUERIES_OR_KEYS = frozenset({"sclip", "clearclip", "naclip"})
+#: The paths that keep the last block's residual and feed-forward (MaskCLIP, SCLIP).
+KEEPS_RESIDUAL = frozenset({"maskclip", "sclip"})
+
+
+def rewritten_block(kind: str, x: Tensor, branch: Tensor,
+                    feed_forward: Callable[[Tensor], Tensor]) -> Tensor:
+    """The last block's output on the path ``kind`` for its input tokens ``x`` and its
+    rewritten attention branch: ``branch`` alone, or ``z + feed_forward(z)`` with
+    ``z = x + branch`` where the path keeps the residual and feed-forward
+    (:data:`KEEPS_RESIDUAL`; ``feed_forward`` the block's own, norm and layer scale
+    included)."""
+    if kind not in KEEPS_RESIDUAL:
+        return branch
+    z = x + branch
+    return z + feed_forward(z)
 
 
 def neighbourhood_bias(grid: tuple[int, int], prefix: int, sigma: float = NACLIP_SIGMA,
@@ -61,10 +89,9 @@ def neighbourhood_bias(grid: tuple[int, int], prefix: int, sigma: float = NACLIP
 def dense_attention(kind: str, q: Tensor, k: Tensor, scale: float, grid: tuple[int, int],
                     ) -> Tensor:
     """``[B, heads, T, T]`` the path's ``A`` (module docstring) for per-head ``q, k``
-    ``[B, heads, T, d]``; the patches are the last ``h * w`` tokens of ``T``."""
-    if kind == "maskclip":
-        eye = torch.eye(q.shape[-2], dtype=q.dtype, device=q.device)
-        return eye.expand(*q.shape[:-2], -1, -1)
+    ``[B, heads, T, d]``; the patches are the last ``h * w`` tokens of ``T``. MaskCLIP's
+    ``A = I`` is not built here: each family reads its value path (open_clip:
+    :func:`otviz.towers.vit.value_path`; timm: the block under a self-only mask)."""
     if kind == "sclip":
         a = (torch.softmax(scale * q @ q.transpose(-1, -2), dim=-1)
              + torch.softmax(scale * k @ k.transpose(-1, -2), dim=-1))

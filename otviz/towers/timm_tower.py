@@ -14,32 +14,78 @@ pool over one key returns its value and output projections of that token (MaskCL
 al. 2022, Sec. 3.2), and a head norm or MLP then acts per position.
 
 Feature sources: ``layer:K`` on token trunks (ViT, EVA, SigLIP: block ``K`` through the
-trunk's final norm, timm's ``forward_intermediates``); the dense paths on trunks of timm
-attention blocks (:mod:`otviz.towers.dense`): the last block runs on a private copy of the
-model (:mod:`otviz.towers.private`) with its softmax attention replaced by the path's ``A``
-(built from the block's own ``q, k`` after its ``q_norm`` / ``k_norm``), and its attention
-branch (or, for SCLIP, its whole output) read before the trunk's final norm. A trunk with
-rotary position embeddings (EVA) gives ``maskclip`` only: its ``q, k`` carry the rotation,
-which the q-q / k-k papers do not define. The tower runs at its native size only.
+trunk's final norm, timm's ``forward_intermediates``); the dense paths
+(:mod:`otviz.towers.dense`) on token trunks of two blocks or more, re-run at every call from
+the model's current parameters (no copy, no hook, no state changed on the shared model): the
+tokens entering the last block come from timm's ``forward_intermediates`` (block ``L - 2``,
+prefix tokens kept), then the last block is rewritten as the path. ``maskclip`` is the
+block's own forward with an attention mask that lets each token attend to itself alone
+(``A = I``: its residual and feed-forward kept, as MaskCLIP's code runs them), on every
+block whose forward takes ``attn_mask`` (timm ``Block``, ``EvaBlock``). The q / k paths
+(``sclip``, ``clearclip``, ``naclip``) write out timm's ``Attention`` (``qkv``, ``q_norm``,
+``k_norm``, its output norm, gate and ``proj``: timm ``layers/attention.py``,
+``Attention.forward``) with the softmax replaced by the path's ``A``; a trunk of other
+attention modules, or with rotary position embeddings (EVA: its ``q, k`` carry the rotation,
+which the q-q / k-k papers do not define), gives ``maskclip`` only. The block output is read
+before the trunk's final norm. The tower runs at its native size only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
 
+import torch
 from open_clip.timm_model import TimmModel
+from timm.layers import Attention
 from torch import Tensor, nn
 
 from otviz.knobs import DENSE_SOURCES
 from otviz.towers.base import ImageTower, register_image_tower
-from otviz.towers.dense import KEEPS_RESIDUAL, READS_QUERIES_OR_KEYS, dense_attention
-from otviz.towers.private import HOOKS, hooked, private_model, timm_attention, unfused
+from otviz.towers.dense import dense_attention, rewritten_block
 from otviz.towers.sources import FeatureSource
 
 
 def _token_trunk(trunk: nn.Module) -> bool:
     """Whether the trunk is a ViT-like stack of token blocks after a patch embedding."""
     return hasattr(trunk, "blocks") and hasattr(trunk, "patch_embed")
+
+
+def _takes_mask(block: nn.Module) -> bool:
+    """Whether the block is a pre-norm residual block whose forward takes ``attn_mask``."""
+    return (hasattr(block, "drop_path1") and hasattr(block, "norm2")
+            and "attn_mask" in inspect.signature(block.forward).parameters)
+
+
+def _written_out(block: nn.Module) -> bool:
+    """Whether :func:`attention_branch` writes this block out: timm's ``Attention`` in a
+    ``Block`` (``norm1``, ``ls1``, ``drop_path1``; ``norm2``, ``mlp``, ``ls2``, ``drop_path2``)."""
+    return isinstance(getattr(block, "attn", None), Attention) and all(
+        hasattr(block, name) for name in ("norm1", "ls1", "drop_path1", "norm2", "mlp", "ls2",
+                                          "drop_path2"))
+
+
+def attention_branch(block: nn.Module, x: Tensor, kind: str, grid: tuple[int, int]) -> Tensor:
+    """``drop_path1(ls1(proj(norm(A v) * gate)))``: the attention branch of a timm ``Block``
+    on tokens ``x`` with its softmax replaced by the dense path ``kind``'s ``A``
+    (:func:`otviz.towers.dense.dense_attention`), ``q, k, v`` from ``qkv`` then ``q_norm`` /
+    ``k_norm`` as timm's ``Attention.forward`` computes them."""
+    attn: Attention = block.attn
+    h = block.norm1(x)
+    b, t, _ = h.shape
+    qkv = attn.qkv(h).reshape(b, t, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)
+    a = dense_attention(kind, attn.q_norm(q), attn.k_norm(k), attn.scale, grid).to(v)
+    out = attn.norm((a @ v).transpose(1, 2).reshape(b, t, attn.num_heads * attn.head_dim))
+    gate = getattr(attn, "gate", None)
+    if gate is not None:
+        out = out * gate(h).sigmoid()
+    return block.drop_path1(block.ls1(attn.proj_drop(attn.proj(out))))
+
+
+def self_only_mask(tokens: int, device: torch.device) -> Tensor:
+    """``[T, T]`` the boolean attention mask letting each token attend to itself alone
+    (``A = I`` after the softmax, as MaskCLIP's value path)."""
+    return torch.eye(tokens, dtype=torch.bool, device=device)
 
 
 @register_image_tower(TimmModel)
@@ -56,10 +102,10 @@ class TimmTower(ImageTower):
         trunk = self.visual.trunk
         if not _token_trunk(trunk):
             return ("last",)
-        if not all(timm_attention(b) is not None and hasattr(b, "drop_path1")
-                   for b in trunk.blocks):
+        blocks = list(trunk.blocks)
+        if len(blocks) < 2 or not all(_takes_mask(b) for b in blocks):
             return ("last", "layer:K")
-        if getattr(trunk, "rope", None) is not None:
+        if getattr(trunk, "rope", None) is not None or not _written_out(blocks[-1]):
             return ("last", "layer:K", "maskclip")
         return ("last", "layer:K", *DENSE_SOURCES)
 
@@ -74,36 +120,27 @@ class TimmTower(ImageTower):
             patches = self._dense(pixels, source.kind)
         return patches, pooled
 
+    def _last_input(self, pixels: Tensor) -> Tensor:
+        """``[B, T, D]`` the tokens entering the last block, prefix tokens first (timm's
+        ``forward_intermediates`` up to block ``L - 2``, no norm)."""
+        trunk = self.visual.trunk
+        (out,) = trunk.forward_intermediates(
+            pixels, indices=[len(trunk.blocks) - 2], return_prefix_tokens=True, norm=False,
+            stop_early=True, output_fmt="NLC", intermediates_only=True)
+        return torch.cat([out[1], out[0]], dim=1) if isinstance(out, tuple) else out
+
     def _dense(self, pixels: Tensor, kind: str) -> Tensor:
-        """``[B, N, width]`` the last block rewritten as the dense path ``kind``, through the
-        trunk's final norm (module docstring)."""
-        n = self.grid[0] * self.grid[1]
-        with HOOKS:
-            trunk = private_model(self.visual).trunk
-            last = trunk.blocks[-1]
-            attn = timm_attention(last)
-            seen: dict[str, Tensor] = {}
-
-            def keep(name: str) -> Callable[[nn.Module, tuple, Tensor], None]:
-                return lambda _m, _a, out: seen.__setitem__(name, out)
-
-            def replace(_m: nn.Module, _a: tuple, probabilities: Tensor) -> Tensor:
-                return dense_attention(kind, seen.get("q", probabilities),
-                                       seen.get("k", probabilities), attn.scale,
-                                       self.grid).to(probabilities)
-
-            handles = [attn.attn_drop.register_forward_hook(replace)]
-            if kind in READS_QUERIES_OR_KEYS:
-                handles += [attn.q_norm.register_forward_hook(keep("q")),
-                            attn.k_norm.register_forward_hook(keep("k"))]
-            if kind in KEEPS_RESIDUAL:
-                handles.append(last.register_forward_hook(keep("out")))
-            else:
-                handles.append(last.drop_path1.register_forward_pre_hook(
-                    lambda _m, args: seen.__setitem__("out", args[0])))
-            with unfused([attn]), hooked(*handles):
-                trunk.forward_features(pixels)
-            return trunk.norm(seen["out"])[:, -n:]
+        """``[B, N, width]`` the last block rewritten as the dense path ``kind`` from the
+        model's current parameters, through the trunk's final norm (module docstring)."""
+        trunk = self.visual.trunk
+        last = trunk.blocks[-1]
+        x = self._last_input(pixels)
+        if kind == "maskclip":
+            out = last(x, attn_mask=self_only_mask(x.shape[1], x.device))
+        else:
+            out = rewritten_block(kind, x, attention_branch(last, x, kind, self.grid),
+                                  lambda z: last.drop_path2(last.ls2(last.mlp(last.norm2(z)))))
+        return trunk.norm(out)[:, -self.grid[0] * self.grid[1]:]
 
     def _grid_forward(self, pixels: Tensor, index: int = -1,
                       ) -> tuple[tuple[int, int], Tensor, Tensor]:

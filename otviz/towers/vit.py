@@ -11,6 +11,7 @@ attends to that one token alone (MaskCLIP, Zhou et al. 2022, Sec. 3.2), then ``l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -18,11 +19,16 @@ from open_clip.transformer import AttentionalPooler, ResidualAttentionBlock, Vis
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from otviz.errors import UserInputError
 from otviz.knobs import DENSE_SOURCES
 from otviz.tiny_clip.conv_stem import ConvStem
 from otviz.towers.base import ImageTower, register_image_tower
-from otviz.towers.dense import KEEPS_RESIDUAL, dense_attention
+from otviz.towers.dense import dense_attention, rewritten_block
 from otviz.towers.sources import FeatureSource
+
+#: The most memory one image's attention matrix may take at a chosen input size, in bytes
+#: (:meth:`VitTower.check_side`): the largest tensor a transformer block allocates per image.
+MAX_ATTENTION_BYTES = 4 * 2**30
 
 
 def value_path(attention: nn.MultiheadAttention, x: Tensor) -> Tensor:
@@ -65,13 +71,11 @@ def block_attention_branch(block: ResidualAttentionBlock, x: Tensor, kind: str,
 
 def dense_block(block: ResidualAttentionBlock, x: Tensor, kind: str, grid: tuple[int, int],
                 ) -> Tensor:
-    """The last block rewritten as the dense path ``kind`` (:mod:`otviz.towers.dense`): its
-    attention branch alone, or with the residual and feed-forward where the path keeps them."""
-    branch = block_attention_branch(block, x, kind, grid)
-    if kind not in KEEPS_RESIDUAL:
-        return branch
-    x = x + branch
-    return x + block.ls_2(block.mlp(block.ln_2(x)))
+    """The last block rewritten as the dense path ``kind`` (:mod:`otviz.towers.dense`) from
+    the block's current parameters: its attention branch alone, or with the residual and
+    feed-forward where the path keeps them (:func:`otviz.towers.dense.rewritten_block`)."""
+    return rewritten_block(kind, x, block_attention_branch(block, x, kind, grid),
+                           lambda z: block.ls_2(block.mlp(block.ln_2(z))))
 
 
 def _through_pooler(pooler: AttentionalPooler, x: Tensor) -> Tensor:
@@ -130,6 +134,33 @@ class VitTower(ImageTower):
     @property
     def depth(self) -> int:
         return len(self.visual.transformer.resblocks)
+
+    def check_side(self, side: int) -> None:
+        """Refuse (:class:`UserInputError`, nothing allocated) a side below one patch, one
+        that is not a multiple of the patch (the patch embedding would drop the last
+        ``side mod patch`` rows and columns of pixels) and one whose per-image attention
+        matrix, ``tokens^2 * heads * bytes per element`` with ``tokens = (side / patch)^2 +
+        1``, exceeds :data:`MAX_ATTENTION_BYTES` (4 GiB: ViT-B/16 in float32 up to 1552 px,
+        ViT-L/14 up to 1260 px)."""
+        patch = int(self.visual.patch_size[0])
+        where = f"the {self.family} tower's {patch} px patches"
+        if side < patch:
+            raise UserInputError(f"image size: {side} px is below one of {where}")
+        if side % patch:
+            low = side - side % patch
+            raise UserInputError(
+                f"image size: {side} px is not a multiple of {where}; take {low} or "
+                f"{low + patch} px")
+        heads = max(int(b.attn.num_heads) for b in self.visual.transformer.resblocks)
+        size = next(self.visual.parameters()).element_size()
+        need = ((side // patch) ** 2 + 1) ** 2 * heads * size
+        if need > MAX_ATTENTION_BYTES:
+            cells = math.isqrt(math.isqrt(MAX_ATTENTION_BYTES // (heads * size)) - 1)
+            raise UserInputError(
+                f"image size: {side} px would need about {need / 2**30:,.1f} GiB for one "
+                f"image's attention ({heads} heads, {(side // patch) ** 2 + 1:,} tokens), "
+                f"over the {MAX_ATTENTION_BYTES / 2**30:.0f} GiB cap; the largest side within "
+                f"it is {cells * patch} px")
 
     @property
     def resizable(self) -> bool:

@@ -16,7 +16,7 @@ from otviz.explainers.attention import attention, attention_reader, latent_pool_
 from otviz.explainers.base import min_max
 from otviz.explainers.legrad import LeGradExplainer
 from otviz.explainers.maskclip import MaskClipExplainer
-from otviz.towers.private import private_model
+from otviz.explainers.private import private_model
 from otviz.towers.timm_tower import TimmTower
 from tests.towers.conftest import shrunk_backbone
 
@@ -183,8 +183,10 @@ def test_the_latent_pool_attention_reproduces_the_pooler(tmp_path):
 
 
 def test_maskclip_on_siglip_is_the_closed_form_value_path(tmp_path):
-    """``f_i = head(norm(ls1(proj(W_v norm1(x_i) + b_v))))`` per patch for timm's ViT blocks:
-    the last block's value and output projections written out from its weights."""
+    """``f_i = head(norm(z_i + ls2(mlp(norm2(z_i)))))`` with ``z_i = x_i + ls1(proj(W_v
+    norm1(x_i) + b_v))`` per patch for timm's ViT blocks: the last block's value and output
+    projections written out from its weights, its residual and feed-forward kept (MaskCLIP's
+    ``vit.py`` L96-104)."""
     model = shrunk_backbone("ViT-B-16-SigLIP", tmp_path, seed=3).model.double().eval()
     reader = attention_reader(model, "test")
     pixels, text = _inputs(model)
@@ -194,16 +196,18 @@ def test_maskclip_on_siglip_is_the_closed_form_value_path(tmp_path):
         x = reader.trace(pixels).tokens[-2]  # what enters the last block
         d = x.shape[-1]
         w_v, b_v = last.attn.qkv.weight[2 * d :], last.attn.qkv.bias[2 * d :]
-        branch = last.ls1(last.attn.proj(last.attn.norm(last.norm1(x) @ w_v.T + b_v)))
-        f = TimmTower(model.visual).project(trunk.norm(branch))
+        z = x + last.ls1(last.attn.proj(last.attn.norm(last.norm1(x) @ w_v.T + b_v)))
+        z = z + last.ls2(last.mlp(last.norm2(z)))
+        f = TimmTower(model.visual).project(trunk.norm(z))
         expected = torch.einsum("bne,be->bn", F.normalize(f, dim=-1), text)
     ours = MaskClipExplainer(model).explain(pixels, text)
     assert torch.allclose(ours.reshape(2, -1), expected, atol=1e-10)
 
 
 def test_maskclip_on_coca_goes_through_the_poolers_value_path(tmp_path):
-    """CoCa: the last block's value path, then the attention pooler's own value and output
-    projections (its one-key answer), ``ln_post`` and ``proj``."""
+    """CoCa: the last block's value path with its residual and feed-forward, then the
+    attention pooler's own value and output projections (its one-key answer), ``ln_post``
+    and ``proj``."""
     model = shrunk_backbone("coca_ViT-B-32", tmp_path, seed=4).model.double().eval()
     reader = attention_reader(model, "test")
     pixels, text = _inputs(model)
@@ -213,7 +217,8 @@ def test_maskclip_on_coca_goes_through_the_poolers_value_path(tmp_path):
         x = reader.trace(pixels).tokens[-2]
         d = x.shape[-1]
         w_v, b_v = last.attn.in_proj_weight[2 * d :], last.attn.in_proj_bias[2 * d :]
-        branch = last.ls_1(last.attn.out_proj(last.ln_1(x) @ w_v.T + b_v))[:, 1:]
+        z = x + last.ls_1(last.attn.out_proj(last.ln_1(x) @ w_v.T + b_v))
+        branch = (z + last.ls_2(last.mlp(last.ln_2(z))))[:, 1:]
         e = pool.attn.embed_dim
         pw = pool.attn.in_proj_weight[2 * e :] if pool.attn._qkv_same_embed_dim \
             else pool.attn.v_proj_weight
@@ -222,3 +227,30 @@ def test_maskclip_on_coca_goes_through_the_poolers_value_path(tmp_path):
         expected = torch.einsum("bne,be->bn", F.normalize(f, dim=-1), text)
     ours = MaskClipExplainer(model).explain(pixels, text)
     assert torch.allclose(ours.reshape(2, -1), expected, atol=1e-10)
+
+
+def test_the_hooked_explainers_follow_the_live_weights(tmp_path):
+    """Grad-CAM, LeGrad and MaskCLIP on a timm tower after an in-place change of the last
+    block, then after a ``.double()``, both after their first call: each map equals the same
+    explainer's on a fresh model loaded with the changed weights (the explainers' private
+    copy is refreshed from the live model at every call)."""
+    from otviz.explainers.gradcam import GradCamExplainer
+
+    model = shrunk_backbone("ViT-B-16-SigLIP", tmp_path, seed=3).model.double().eval()
+    pixels, text = _inputs(model)
+    explainers = (GradCamExplainer, LeGradExplainer, MaskClipExplainer)
+    model.float()
+    for explainer in explainers:
+        explainer(model).explain(pixels.float(), text.float())  # the copy is made here
+    with torch.no_grad():
+        for p in model.visual.trunk.blocks[-1].parameters():
+            p.mul_(-1.5).add_(0.1)
+    for dtype in (torch.float32, torch.float64):
+        model.to(dtype)
+        fresh = shrunk_backbone("ViT-B-16-SigLIP", tmp_path, seed=9).model.to(dtype).eval()
+        fresh.load_state_dict(model.state_dict())
+        for explainer in explainers:
+            ours = explainer(model).explain(pixels.to(dtype), text.to(dtype))
+            expected = explainer(fresh).explain(pixels.to(dtype), text.to(dtype))
+            assert torch.allclose(ours.double(), expected.double(), atol=1e-5), (
+                explainer.name, dtype)

@@ -157,7 +157,9 @@ def test_maskclip_is_the_closed_form_value_projection():
         d = x.shape[-1]
         w_v, b_v = last.attn.in_proj_weight[2 * d :], last.attn.in_proj_bias[2 * d :]
         w_o, b_o = last.attn.out_proj.weight, last.attn.out_proj.bias
-        f = visual.ln_post((last.ln_1(x) @ w_v.T + b_v) @ w_o.T + b_o) @ visual.proj
+        z = x + (last.ln_1(x) @ w_v.T + b_v) @ w_o.T + b_o  # MaskCLIP vit.py L96-104
+        z = z + last.mlp(last.ln_2(z))
+        f = visual.ln_post(z) @ visual.proj
         expected = torch.einsum("bne,be->bn", F.normalize(f[:, 1:], dim=-1), text)
     ours = MaskClipExplainer(model).explain(pixels, text)
     assert torch.allclose(ours.reshape(2, -1), expected, atol=1e-5)
@@ -247,7 +249,7 @@ def test_gradcam_never_sees_a_forward_of_the_shared_model():
     """The library's hooks sit on Grad-CAM's private copy of the model: a forward of the
     shared model in the middle of a call (another server thread's Align click, here run from
     a pre-hook on the copy's forward) leaves the map unchanged."""
-    from otviz.towers.private import private_model
+    from otviz.explainers.private import private_model
 
     model, size = TOWERS["vit"]()
     pixels, text = _inputs(size)

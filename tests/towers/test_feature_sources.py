@@ -16,7 +16,7 @@ from otviz.knobs import FEATURE_SOURCE_NAMES
 from otviz.towers import image_tower
 from otviz.towers.sources import FeatureSource, parse_feature_source
 from otviz.towers.timm_tower import TimmTower
-from otviz.towers.vit import VitTower
+from otviz.towers.vit import VitTower, value_path
 from tests.towers.conftest import shrunk_backbone
 
 DENSE = ("maskclip", "sclip", "clearclip", "naclip")
@@ -87,7 +87,8 @@ def merge(z: torch.Tensor) -> torch.Tensor:
 
 def open_clip_reference(kind: str, visual, x: torch.Tensor) -> torch.Tensor:
     """``[B, N, E]`` the last block rewritten as ``kind`` on the tokens ``x`` entering it,
-    then ``ln_post`` and ``proj`` (SCLIP keeps the residual and the feed-forward)."""
+    then ``ln_post`` and ``proj`` (MaskCLIP and SCLIP keep the residual and the
+    feed-forward)."""
     block = visual.transformer.resblocks[-1]
     attn = block.attn
     d, n = x.shape[-1], attn.num_heads
@@ -97,13 +98,31 @@ def open_clip_reference(kind: str, visual, x: torch.Tensor) -> torch.Tensor:
     grid = tuple(visual.grid_size)
     a = mixing(kind, q, k, (d // n) ** -0.5, grid, 1)
     out = merge(a @ v) @ attn.out_proj.weight.T + attn.out_proj.bias
-    if kind == "sclip":
+    if kind in ("maskclip", "sclip"):
         z = x + out
         z2 = F.layer_norm(z, (d,), block.ln_2.weight, block.ln_2.bias, block.ln_2.eps)
         hidden = F.gelu(z2 @ block.mlp.c_fc.weight.T + block.mlp.c_fc.bias)
         out = z + hidden @ block.mlp.c_proj.weight.T + block.mlp.c_proj.bias
     ln = visual.ln_post
     return F.layer_norm(out, (d,), ln.weight, ln.bias, ln.eps)[:, 1:] @ visual.proj
+
+
+def maskclip_authors_reference(visual, x: torch.Tensor) -> torch.Tensor:
+    """``[B, N, E]`` MaskCLIP's ViT path as the authors' code computes it, written out on the
+    tokens ``x`` entering the last block (chongzhou96/MaskCLIP,
+    ``mmseg/models/backbones/vit.py`` L96-104: ``in_proj`` then ``out_proj`` on each of q, k,
+    v with no attention, ``v += x``, ``v = ffn(norm2(v), identity=v)``; L434-437 the final
+    norm; ``decode_heads/maskclip_head.py`` L80 the projection)."""
+    block = visual.transformer.resblocks[-1]
+    d = x.shape[-1]
+    y = F.layer_norm(x, (d,), block.ln_1.weight, block.ln_1.bias, block.ln_1.eps)
+    y = F.linear(y, block.attn.in_proj_weight, block.attn.in_proj_bias)
+    v = F.linear(y[..., 2 * d:], block.attn.out_proj.weight, block.attn.out_proj.bias) + x
+    z = F.layer_norm(v, (d,), block.ln_2.weight, block.ln_2.bias, block.ln_2.eps)
+    v = v + F.linear(F.gelu(F.linear(z, block.mlp.c_fc.weight, block.mlp.c_fc.bias)),
+                     block.mlp.c_proj.weight, block.mlp.c_proj.bias)
+    ln = visual.ln_post
+    return F.layer_norm(v, (d,), ln.weight, ln.bias, ln.eps)[:, 1:] @ visual.proj
 
 
 def open_clip_blocks(visual, pixels: torch.Tensor) -> list[torch.Tensor]:
@@ -140,7 +159,7 @@ def timm_reference(kind: str, visual, x: torch.Tensor) -> torch.Tensor:
     prefix = x.shape[1] - grid[0] * grid[1]
     a = mixing(kind, q, k, (d // n) ** -0.5, grid, prefix)
     out = block.ls1(merge(a @ v) @ attn.proj.weight.T + attn.proj.bias)
-    if kind == "sclip":
+    if kind in ("maskclip", "sclip"):
         z = x + out
         out = z + block.ls2(block.mlp(block.norm2(z)))
     return TimmTower(visual).project(trunk.norm(out)[:, prefix:])
@@ -160,6 +179,23 @@ def test_each_dense_path_on_open_clip_vit_b16_is_its_papers_equations(vit_b16, k
     assert torch.allclose(pooled, readout, atol=1e-10)  # the model's own image embedding
     assert ours.shape == (1, 196, 512)
     assert torch.allclose(ours, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_maskclip_is_the_authors_vit_path_not_clearclips_residual_free_ablation(vit_b16):
+    """``maskclip`` equals MaskCLIP's ViT path written out from the authors' code (residual
+    and feed-forward kept), and not the residual-free identity attention (ClearCLIP's
+    ``ignore_residual=True`` ablation: ``ln_post(out_proj(v_proj(ln_1 x))) @ proj``)."""
+    model, pixels, blocks = vit_b16
+    visual = model.visual
+    tower = VitTower(visual)
+    with torch.no_grad():
+        ours = tower.project(tower.encode(pixels, FeatureSource("maskclip"))[0])
+        expected = maskclip_authors_reference(visual, blocks[-2])
+        last = visual.transformer.resblocks[-1]
+        ablation = visual.ln_post(value_path(last.attn, last.ln_1(blocks[-2])))[:, 1:] @ visual.proj
+    assert torch.allclose(ours, expected, atol=1e-5, rtol=0)
+    assert not torch.allclose(ours, ablation, atol=1e-2, rtol=0)
 
 
 @pytest.mark.parametrize("kind", DENSE)
