@@ -181,3 +181,13 @@ def test_epoch_order_walks_shards_forward_in_a_seeded_order(tmp_path: Path) -> N
         runs = np.split(order, np.flatnonzero(np.diff(index.shard[order]) != 0) + 1)
         assert len(runs) == 4  # each shard once, its pairs consecutive and forward
         assert all(np.all(np.diff(r) == 1) for r in runs)
+
+
+def test_otviz_world_writes_shards(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from otviz.cli.world import main
+
+    assert main(["--as", "webdataset", "--n", "5", "--per-shard", "2", "--split", "train",
+                 "--out", str(tmp_path)]) == 0
+    assert "wrote 5 world train samples as 3 webdataset shard(s)" in capsys.readouterr().out
+    index = index_shards(str(tmp_path / "{000000..000002}.tar"))
+    assert index.captions == [WorldDataset(5, "train").item(i)[1] for i in range(5)]

@@ -136,6 +136,21 @@ def test_an_image_that_does_not_decode_drops_its_row_and_is_named(tmp_path: Path
                                    "(000000.tar:000000003.png: does not decode)")
 
 
+def test_the_command_line_prints_the_summary_line(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    from otviz.cli.train import main
+
+    make_data(tmp_path)
+    flags = {k: v for k, v in dataclasses.asdict(config(tmp_path, max_steps=2)).items()
+             if k in ("data", "backbone", "batch_size", "max_steps", "concept_dim", "rank",
+                      "threads", "device", "workers", "out", "cache_dir")}
+    argv = [x for k, v in flags.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    assert main([*argv, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "trained conceptot for 2 steps\nshards: 4 listed, 24 pairs, nothing skipped\n" in out
+    assert not (tmp_path / "cache").exists()
+
+
 def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
     make_data(tmp_path)
     helpers.torchrun([__file__, str(tmp_path)], timeout=600)
