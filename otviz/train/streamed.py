@@ -95,6 +95,9 @@ class StreamedPairs:
         self.batch_size, self.seed, self.info = batch_size, seed, info
         backbone.model.to(info.device)
         self.rows = np.arange(batch_size)[D.shard(batch_size, info)]
+        # every process's row count, for gathering (they differ by at most one)
+        self._sizes = [len(range(batch_size)[D.shard(batch_size, D.DistInfo(
+            rank=r, world_size=info.world_size))]) for r in range(info.world_size)]
         self.workers = min(workers, len(self.rows))
         self.image_ids = torch.arange(len(index))
         self.text_ids = caption_ids(index.captions)
@@ -141,8 +144,7 @@ class StreamedPairs:
         valid = torch.cat([p[2] for p in parts])
         order = self.order(epoch)
         captions = [self.index.captions[i] for i in batch_pairs(order, self.batch_size, b, rows)]
-        features = self._encode(pixels, captions, valid)
-        valid = features.pop()
+        features, valid = self._encode(pixels, captions, valid)
         pairs = batch_pairs(order, self.batch_size, b, np.arange(self.batch_size))
         for i in pairs[~valid.cpu().numpy()]:
             self.index.skips.add(BAD_IMAGE, f"{self.index.where(int(i))}: does not decode")
@@ -170,9 +172,10 @@ class StreamedPairs:
         return iter(loader)
 
     @torch.no_grad()
-    def _encode(self, pixels: Tensor, captions: list[str], valid: Tensor) -> list[Tensor]:
+    def _encode(self, pixels: Tensor, captions: list[str], valid: Tensor
+                ) -> tuple[list[Tensor], Tensor]:
         """This process's rows encoded, then every process's gathered in row order:
-        ``[patches, tokens, token_mask, image_global, text_global, valid]``."""
+        ``([patches, tokens, token_mask, image_global, text_global], valid)``."""
         text = self.backbone.words(captions)
         dev = self.info.device
         patches, tokens, image_global, text_global = self.backbone.forward_tensors(
@@ -180,8 +183,7 @@ class StreamedPairs:
         own = [patches, tokens, text.mask.to(dev, torch.uint8), image_global, text_global,
                valid.to(dev, torch.uint8)]
         gathered = [self._gather(x.float() if x.is_floating_point() else x) for x in own]
-        gathered[-1] = gathered[-1].bool()
-        return gathered
+        return gathered[:-1], gathered[-1].bool()
 
     def _gather(self, x: Tensor) -> Tensor:
         """Every process's rows of ``x`` in rank order (padded to equal shapes to travel)."""
@@ -191,6 +193,4 @@ class StreamedPairs:
         padded = x.new_zeros((most, *x.shape[1:]))
         padded[: len(x)] = x
         parts = D.gather(padded, self.info).reshape(self.info.world_size, most, *x.shape[1:])
-        sizes = [len(range(self.batch_size)[D.shard(self.batch_size, D.DistInfo(
-            rank=r, world_size=self.info.world_size))]) for r in range(self.info.world_size)]
-        return torch.cat([parts[r, :n] for r, n in enumerate(sizes)])
+        return torch.cat([parts[r, :n] for r, n in enumerate(self._sizes)])
