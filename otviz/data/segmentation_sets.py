@@ -1,19 +1,20 @@
 """Semantic-segmentation sets in their published layouts, read behind the one input boundary
 (every file confined to the set's root, every error naming the file, nothing run).
 
-PASCAL VOC 2012 as mmsegmentation's ``PascalVOCDataset`` lays it out (``configs/_base_/
-datasets/pascal_voc12.py``) and the dense-CLIP papers read it (SCLIP, ClearCLIP, NACLIP:
-``configs/cfg_voc21.py``, ``cfg_voc20.py``): ``JPEGImages/<id>.jpg``,
-``SegmentationClass/<id>.png`` (a palette PNG whose pixel values are the class indices,
-0 background, 1-20 the objects, 255 the void band around each object) and
-``ImageSets/Segmentation/<split>.txt`` (one id a line; ``val`` by default, 1,449 images).
-``voc`` scores the 21 classes (background a class); ``voc20`` the 20 object classes, its
-background pixels void (mmseg-based ``PascalVOC20Dataset`` of SCLIP: ``reduce_zero_label``).
+Each set as mmsegmentation's dataset class lays it out and the dense-CLIP papers read it
+(SCLIP, ClearCLIP, NACLIP: ``configs/cfg_<set>.py``), its classes named as SCLIP names them
+(:mod:`otviz.data.segmentation_classes`). Masks are single-channel PNGs (palette or grey)
+whose pixel values are labels, 255 void. Label 0 is read one of three ways
+(:class:`SegmentationLayout`'s ``zero``):
 
-Each object class is named to the text tower by SCLIP's ``configs/cls_voc21.txt`` (its first
-name a line: "ship" for boat, "table" for diningtable, "television monitor" for tvmonitor);
-its first line, 26 stuff words for the background, is not read (the background is decided by
-a threshold, :mod:`otviz.eval.segmentation_metrics`).
+* ``"background"``: a scored background class, decided by a threshold (VOC21, Context60);
+* ``"void"``: ignored, label ``k`` the class ``k - 1`` (mmseg's ``reduce_zero_label``: VOC20,
+  Context59, ADE20K);
+* ``"class"``: the first class, label ``k`` the class ``k`` (train-id masks: Cityscapes,
+  COCO-Stuff).
+
+Sets with a split list (VOC, Context) read the ids of ``<listing>``; the others every mask
+under their mask folder (sorted; symbolic links to folders are not followed).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from PIL import Image
@@ -42,20 +43,63 @@ from otviz.data.grounding_sets.items import (
     shown,
     word_span,
 )
+from otviz.data.segmentation_classes import (
+    ADE20K_NAMES,
+    CITYSCAPES_NAMES,
+    COCO_STUFF_NAMES,
+    CONTEXT_NAMES,
+    VOC_CLASSES,
+    VOC_NAMES,
+)
 
-#: mmsegmentation's ``PascalVOCDataset.METAINFO['classes']``: the label order of the masks.
-VOC_CLASSES = ("background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car",
-               "cat", "chair", "cow", "diningtable", "dog", "horse", "motorbike", "person",
-               "pottedplant", "sheep", "sofa", "train", "tvmonitor")
-#: The object classes' names as the text tower reads them (SCLIP ``configs/cls_voc21.txt``,
-#: the first name of lines 2-21).
-VOC_NAMES = ("aeroplane", "bicycle", "bird", "ship", "bottle", "bus", "car", "cat", "chair",
-             "cow", "table", "dog", "horse", "motorbike", "person", "pottedplant", "sheep",
-             "sofa", "train", "television monitor")
-#: The set kinds (``--dataset KIND:PATH``) and whether background is a scored class.
-SEGMENTATION_KINDS = {"voc": True, "voc20": False}
 VOID = 255
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+
+
+@dataclass(frozen=True)
+class SegmentationLayout:
+    """Where a set's files are and what its labels mean (module docstring): image and mask
+    folders (``{split}`` filled in), their file suffixes, the split list (``None``: every
+    mask under the mask folder), the default split, the candidate classes' names, the scored
+    classes and how label 0 is read."""
+
+    images: str
+    masks: str
+    image_suffix: str
+    mask_suffix: str
+    listing: str | None
+    split: str
+    names: tuple[str, ...]
+    classes: tuple[str, ...]
+    zero: Literal["background", "void", "class"]
+
+
+_VOC = dict(images="JPEGImages", masks="SegmentationClass", image_suffix=".jpg",
+            mask_suffix=".png", listing="ImageSets/Segmentation/{split}.txt", split="val",
+            names=VOC_NAMES)
+_CONTEXT = dict(images="JPEGImages", masks="SegmentationClassContext", image_suffix=".jpg",
+                mask_suffix=".png", listing="ImageSets/SegmentationContext/{split}.txt",
+                split="val", names=CONTEXT_NAMES)
+#: ``--dataset KIND:PATH`` -> the layout (mmseg's ``PascalVOCDataset``,
+#: ``PascalContextDataset(59)``, ``ADE20KDataset``, ``CityscapesDataset``,
+#: ``COCOStuffDataset``).
+LAYOUTS: dict[str, SegmentationLayout] = {
+    "voc": SegmentationLayout(**_VOC, classes=VOC_CLASSES, zero="background"),
+    "voc20": SegmentationLayout(**_VOC, classes=VOC_CLASSES[1:], zero="void"),
+    "context60": SegmentationLayout(**_CONTEXT, classes=("background", *CONTEXT_NAMES),
+                                    zero="background"),
+    "context59": SegmentationLayout(**_CONTEXT, classes=CONTEXT_NAMES, zero="void"),
+    "ade20k": SegmentationLayout("images/{split}", "annotations/{split}", ".jpg", ".png", None,
+                                 "validation", ADE20K_NAMES, ADE20K_NAMES, "void"),
+    "cityscapes": SegmentationLayout("leftImg8bit/{split}", "gtFine/{split}", "_leftImg8bit.png",
+                                     "_gtFine_labelTrainIds.png", None, "val",
+                                     CITYSCAPES_NAMES, CITYSCAPES_NAMES, "class"),
+    "coco-stuff": SegmentationLayout("images/{split}", "annotations/{split}", ".jpg",
+                                     "_labelTrainIds.png", None, "val2017", COCO_STUFF_NAMES,
+                                     COCO_STUFF_NAMES, "class"),
+}
+#: The set kinds of ``--dataset``.
+SEGMENTATION_KINDS = tuple(LAYOUTS)
 
 
 @dataclass(frozen=True)
@@ -75,17 +119,13 @@ class SegmentationSet:
 
     Attributes:
         items: its images.
-        classes: the scored classes in index order (``voc``: background first).
-        names: the text of each candidate class (the object classes, in label order).
-        background: whether background is a scored class (else its pixels are void).
+        layout: what its labels mean and its classes' names.
         skipped: what the reader left out and why.
         source: format, split and files (relative to the root).
     """
 
     items: list[SegmentationItem]
-    classes: tuple[str, ...]
-    names: tuple[str, ...]
-    background: bool
+    layout: SegmentationLayout
     skipped: Skipped
     source: dict[str, Any]
 
@@ -98,30 +138,48 @@ class SegmentationSet:
     def __len__(self) -> int:
         return len(self.items)
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The candidate classes' text, in label order."""
+        return self.layout.names
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The scored classes, in index order."""
+        return self.layout.classes
+
+    @property
+    def background(self) -> bool:
+        """Whether label 0 is a scored background class (decided by a threshold)."""
+        return self.layout.zero == "background"
+
     def load_image(self, i: int) -> Image.Image:
         """Item ``i``'s image as RGB (``ImageInputError`` when unreadable)."""
         return to_rgb(self.items[i].image, self.items[i].image.name)
 
     def load_labels(self, i: int) -> np.ndarray:
-        """Item ``i``'s local labels ``uint8 [H, W]``: the mask's values (0 background,
-        ``k`` object class ``k``, :data:`VOID`), background void without a background
-        class; :class:`MalformedDatasetError` for a mask that is not a palette or grey
-        image of the image's size with values among the labels."""
+        """Item ``i``'s local labels ``uint8 [H, W]``: 0 background, ``k`` candidate ``k - 1``
+        (:attr:`names`), :data:`VOID` (module docstring);
+        :class:`MalformedDatasetError` for a mask that is not a palette or grey image of the
+        image's size with values among the labels."""
         item = self.items[i]
-        labels = read_class_mask(item.mask, item.mask.name, item.size, len(self.names))
-        if not self.background:
-            labels = np.where(labels == 0, VOID, labels).astype(np.uint8)
+        zero = self.layout.zero
+        top = len(self.names) - (zero == "class")
+        labels = read_class_mask(item.mask, item.mask.name, item.size, top)
+        if zero == "void":
+            return np.where(labels == 0, VOID, labels).astype(np.uint8)
+        if zero == "class":
+            return np.where(labels == VOID, VOID, labels.astype(np.int16) + 1).astype(np.uint8)
         return labels
 
     def local_classes(self) -> np.ndarray:
-        """The scored class of each local label ``0..len(names)`` (``voc``: itself;
-        ``voc20``: ``k - 1``, label 0 being void)."""
+        """The scored class of each local label ``0..len(names)``: itself with a background
+        class, else ``k - 1`` (local 0 never occurs)."""
         labels = np.arange(len(self.names) + 1)
         return labels if self.background else np.maximum(labels - 1, 0)
 
     def subset(self, indices: list[int]) -> SegmentationSet:
-        return SegmentationSet([self.items[i] for i in indices], self.classes, self.names,
-                               self.background, self.skipped,
+        return SegmentationSet([self.items[i] for i in indices], self.layout, self.skipped,
                                {**self.source, "items": [int(i) for i in indices]})
 
     def digest(self) -> str:
@@ -133,36 +191,40 @@ class SegmentationSet:
                 h.update(f"{it.key}\0{path.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         return h.hexdigest()
 
-    def class_caption(self, separator: str = ", ") -> str:
-        """Every candidate class's name, in label order, joined by ``separator``."""
-        return separator.join(self.names)
-
-    def as_grounding(self, prompt: str = "{}", separator: str = ", ") -> GroundingSet:
-        """The set as a grounding set for the alignment methods: each image with one caption
-        listing every candidate class's name (:meth:`class_caption`), each name a phrase
-        whose text is ``prompt`` filled with it (what an explainer encodes) and whose box is
-        the whole image (unused by the segmentation)."""
-        caption = self.class_caption(separator)
-        spans, start = [], 0
-        for name in self.names:
-            span = word_span(caption, start, start + len(name))
-            if span is None:
-                raise MalformedDatasetError(f"class name {name!r} has no word")
-            spans.append(span)
-            start += len(name) + len(separator)
+    def as_grounding(self, prompt: str = "{}", chunks: list[tuple[int, int]] | None = None,
+                     separator: str = ", ") -> GroundingSet:
+        """The set as a grounding set for the alignment methods: per image, one caption per
+        chunk ``(start, end)`` of the candidate classes (default: one chunk of all), listing
+        their names joined by ``separator``; each name a phrase whose text is ``prompt``
+        filled with it (what an explainer encodes) and whose box is the whole image (unused
+        by the segmentation). Items run image by image, chunk by chunk."""
+        chunks = chunks or [(0, len(self.names))]
+        captions = []
+        for start, end in chunks:
+            names = self.names[start:end]
+            caption = separator.join(names)
+            spans, at = [], 0
+            for name in names:
+                span = word_span(caption, at, at + len(name))
+                if span is None:
+                    raise MalformedDatasetError(f"class name {name!r} has no word")
+                spans.append(span)
+                at += len(name) + len(separator)
+            captions.append((caption, names, spans))
         items = [GroundingItem(it.image, it.size, caption, tuple(
             GoldPhrase(s, e, prompt.format(n), ((0.0, 0.0, float(it.size[0]),
                                                  float(it.size[1])),))
-            for n, (s, e) in zip(self.names, spans, strict=True)), it.key) for it in self.items]
-        return GroundingSet(items, self.skipped, {**self.source, "images": len(items)})
+            for n, (s, e) in zip(names, spans, strict=True)), f"{it.key}#{k}")
+            for it in self.items for k, (caption, names, spans) in enumerate(captions)]
+        return GroundingSet(items, self.skipped, {**self.source, "images": len(self.items),
+                                                  "chunks": [list(c) for c in chunks]})
 
 
-def read_class_mask(path: Path, name: str, size: tuple[int, int], n_objects: int
-                    ) -> np.ndarray:
-    """The class indices of a mask file, ``uint8 [H, W]``: its header checked
+def read_class_mask(path: Path, name: str, size: tuple[int, int], top: int) -> np.ndarray:
+    """The labels of a mask file, ``uint8 [H, W]``: its header checked
     (:func:`~otviz.boundary.images.header_size`: pixel and aspect limits) before a pixel is
-    decoded, then its size against the image's ``size`` and its values against ``0..
-    n_objects`` and :data:`VOID`."""
+    decoded, then its size against the image's ``size`` and its values against ``0..top``
+    and :data:`VOID`."""
     width, height = header_size(path, name)
     if (width, height) != tuple(size):
         raise MalformedDatasetError(f"{name}: class mask is {width}x{height}, its image "
@@ -176,45 +238,63 @@ def read_class_mask(path: Path, name: str, size: tuple[int, int], n_objects: int
     if labels is None:
         raise MalformedDatasetError(f"{name}: a class mask is a palette or grey PNG (mode P "
                                     f"or L), not mode {mode}")
-    bad = np.unique(labels[(labels > n_objects) & (labels != VOID)])
+    bad = np.unique(labels[(labels > top) & (labels != VOID)])
     if bad.size:
         raise MalformedDatasetError(f"{name}: class mask holds values {bad[:5].tolist()} "
-                                    f"outside 0-{n_objects} and {VOID}")
+                                    f"outside 0-{top} and {VOID}")
     return labels
 
 
-def load_voc(root: str | os.PathLike, split: str = "val", limit: int = 0,
-             background: bool = True) -> SegmentationSet:
-    """PASCAL VOC 2012 at ``root`` (module docstring), split ``split``, the first ``limit``
-    ids (0: all); ``background``: 21 classes, else the 20 object classes."""
+def load_segmentation_set(kind: str, root: str | os.PathLike, split: str = "", limit: int = 0
+                          ) -> SegmentationSet:
+    """The set ``kind`` (:data:`LAYOUTS`) at ``root``, split ``split`` (``""``: the layout's),
+    its first ``limit`` images (0: all)."""
+    layout = LAYOUTS[kind]
+    split = split or layout.split
     base = Path(root)
-    listing = annotation_file(base, f"ImageSets/Segmentation/{split}.txt", "VOC split list")
-    images = confine(base, base, "JPEGImages")
-    masks = confine(base, base, "SegmentationClass")
-    missing = [n for n, d in (("JPEGImages", images), ("SegmentationClass", masks))
+    images = confine(base, base, layout.images.format(split=split))
+    masks = confine(base, base, layout.masks.format(split=split))
+    missing = [f.format(split=split) for f, d in ((layout.images, images), (layout.masks, masks))
                if d is None or not d.is_dir()]
     if missing or images is None or masks is None:
-        raise MissingFilesError("VOC folders", missing, confined=True)
-    try:
-        ids = [line.strip() for line in listing.read_text(encoding="utf-8").splitlines()]
-    except (UnicodeDecodeError, OSError):
-        raise MalformedDatasetError(f"{shown(listing, base)} is not a text file") from None
+        raise MissingFilesError(f"{kind} folders", missing, confined=True)
     skipped, items = Skipped(), []
-    for key in filter(None, ids):
+    for key, where in _keys(base, layout, split, masks):
         if limit and len(items) >= limit:
             break
-        where = f"{shown(listing, base)}: {key}"
-        image = find_image([images], key, base)
+        if layout.listing is not None:
+            image = find_image([images], key, base)
+        else:
+            image = confine(base, images, key + layout.image_suffix)
         size = image_size(image, key, skipped, where)
-        mask = confine(base, masks, f"{key}.png")
+        mask = confine(base, masks, key + layout.mask_suffix)
         if size is None or image is None:
             continue
         if mask is None or not mask.is_file():
-            skipped.add("missing class mask", f"{where}: SegmentationClass/{key}.png not found "
-                        "or not allowed")
+            skipped.add("missing class mask", f"{where}: class mask of {key} not found or not "
+                        "allowed")
             continue
         items.append(SegmentationItem(image, mask, size, key))
-    classes = VOC_CLASSES if background else VOC_CLASSES[1:]
-    return SegmentationSet(items, classes, VOC_NAMES, background, skipped,
-                           {"format": "voc" if background else "voc20", "split": split,
-                            "list": shown(listing, base)})
+    return SegmentationSet(items, layout, skipped, {"format": kind, "split": split})
+
+
+def _keys(base: Path, layout: SegmentationLayout, split: str, masks: Path
+          ) -> list[tuple[str, str]]:
+    """``(key, where)`` of the set's images: the ids of its split list, or every mask file
+    under ``masks`` (relative path without the mask suffix)."""
+    if layout.listing is not None:
+        listing = annotation_file(base, layout.listing.format(split=split), "split list")
+        try:
+            lines = listing.read_text(encoding="utf-8").splitlines()
+        except (UnicodeDecodeError, OSError):
+            raise MalformedDatasetError(f"{shown(listing, base)} is not a text file") from None
+        return [(k, f"{shown(listing, base)}: {k}") for k in (x.strip() for x in lines) if k]
+    found = []
+    for folder, dirs, files in os.walk(masks, followlinks=False):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(layout.mask_suffix):
+                rel = Path(folder, name).relative_to(masks).as_posix()
+                found.append((rel[: -len(layout.mask_suffix)], shown(Path(folder, name), base)))
+    return found
+

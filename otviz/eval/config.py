@@ -75,8 +75,8 @@ class EvalConfig:
     out: str = "runs/eval"  # writes tables.json and tables.md here ("" : print only)
     dataset: str = ""  # KIND:PATH of a real grounding set (flickr30k, refcoco, refcoco+,
     # refcocog, vg): its grounding table instead of the world's tables (grounding.json/.md/.csv);
-    # or of a segmentation set in its published layout (voc: PASCAL VOC 2012 with background,
-    # voc20: without): its segmentation table (segmentation.json/.md)
+    # or of a segmentation set in its published layout (voc, voc20, context60, context59,
+    # ade20k, cityscapes, coco-stuff): its segmentation table (segmentation.json/.md)
     split: str = ""  # split of --dataset ("" : test, testA for refcoco/+, all for vg)
     images: str = ""  # image folder of --dataset ("" : the layout's own, under PATH)
     limit: NonNegativeInt = 0  # --dataset: read the first N images of the split (0 : all)
@@ -104,7 +104,8 @@ class EvalConfig:
         names = known_names(self.tables, DATASET_TABLES, "tables with --dataset")
         if "segmentation" in names:
             raise ValueError("--tables segmentation needs a segmentation set with masks "
-                             "(--dataset voc:DIR or voc20:DIR)")
+                             "(--dataset voc:DIR, voc20:, context60:, context59:, ade20k:, "
+                             "cityscapes:, coco-stuff:)")
         return ["grounding"] + (["trust"] if "trust" in names else [])
 
     def seed_list(self) -> list[int]:

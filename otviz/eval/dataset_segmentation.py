@@ -1,17 +1,17 @@
-"""``otviz eval --dataset voc:DIR`` (and ``voc20:DIR``): the segmentation table
+"""``otviz eval --dataset voc:DIR`` (and ``voc20:``, ``context60:``, ``context59:``,
+``ade20k:``, ``cityscapes:``, ``coco-stuff:``): the segmentation table
 (:mod:`otviz.eval.segmentation`) on a segmentation set in its published layout
 (:mod:`otviz.data.segmentation_sets`).
 
-Every image is one caption listing the candidate classes' names (SCLIP's names,
-``"aeroplane, bicycle, bird, ship, ..."``; without the commas where they would push names
-past the text tower's context, :func:`caption_separator`), so an alignment method's plan
-between the image's patches and that caption's tokens gives each class its mass per patch:
-the class's phrase map, read as a segmentation like every other row; a class still cut by
-the context has no map (the table's notes name it). An explainer reads each class
-from the prompt ``"a photo of a {name}."`` (CLIP's template; one template, not the 80 of
-the ImageNet ensemble: an explainer encodes one text per phrase). The image is resized to
-the model's input without cropping (no sliding window), its maps drawn back onto the
-mask's own pixels, so every labelled pixel of the set is scored at its original
+Every image is read with captions listing the candidate classes' names (SCLIP's names,
+``"aeroplane, bicycle, bird, ship, ..."``), as many captions as the text tower's context
+needs (:func:`class_chunks`: one for VOC on a 77-token CLIP), so an alignment method's plan
+between the image's patches and a caption's tokens gives each of its classes a mass per
+patch: the class's phrase map, read as a segmentation like every other row. An explainer
+reads each class from the prompt ``"a photo of a {name}."`` (CLIP's template; one template,
+not the 80 of the ImageNet ensemble: an explainer encodes one text per phrase). The image
+is resized to the model's input without cropping (no sliding window), its maps drawn back
+onto the mask's own pixels, so every labelled pixel of the set is scored at its original
 resolution, as mmsegmentation scores it.
 
 Images are scored in shards of ``--shard`` images (features through the feature cache);
@@ -22,7 +22,7 @@ stopped run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,11 @@ from otviz.backbone import Backbone
 from otviz.boundary.images import ImageInputError
 from otviz.checkpoints.identity import backbone_fingerprint
 from otviz.data.feature_cache import FeatureCache
-from otviz.data.segmentation_sets import SEGMENTATION_KINDS, SegmentationSet, load_voc
+from otviz.data.segmentation_sets import (
+    SEGMENTATION_KINDS,
+    SegmentationSet,
+    load_segmentation_set,
+)
 from otviz.errors import InputError
 from otviz.eval.alignment_tables import phrase_queries
 from otviz.eval.config import EvalConfig
@@ -68,8 +72,9 @@ PROMPT = "a photo of a {}."
 
 
 def segmentation_spec(spec: str) -> tuple[str, str] | None:
-    """``(kind, path)`` when ``spec`` names a segmentation set (``voc:PATH``,
-    ``voc20:PATH``), else ``None``; :class:`InputError` for such a kind without a path."""
+    """``(kind, path)`` when ``spec`` names a segmentation set (``voc:PATH``, ``voc20:``,
+    ``context60:``, ``context59:``, ``ade20k:``, ``cityscapes:``, ``coco-stuff:``), else
+    ``None``; :class:`InputError` for such a kind without a path."""
     kind, _, path = spec.partition(":")
     if kind not in SEGMENTATION_KINDS:
         return None
@@ -91,12 +96,13 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
     if any(n != "segmentation" for n in names):
         raise InputError(f"--dataset {kind}: makes the segmentation table only "
                          "(--tables segmentation)")
-    data = load_voc(path, config.split or "val", config.limit, SEGMENTATION_KINDS[kind])
+    data = load_segmentation_set(kind, path, config.split, config.limit)
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, config.threads))
     try:
         backbone = dataset_backbone(config)
-        grounding = data.as_grounding(PROMPT, caption_separator(backbone, data))
+        chunks = class_chunks(backbone, data.names)
+        grounding = data.as_grounding(PROMPT, chunks)
         suite, suite_note = dataset_suite(backbone, config, grounding)
         to_device(backbone, config.device)
         backbone = one_space(backbone, suite)
@@ -105,12 +111,15 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
         total: list[RowCounts] = []
         cut: set[str] = set()
         shards = [kept[s : s + config.shard] for s in range(0, len(kept), config.shard)]
+        per = len(chunks)
         for k, part in enumerate(shards):
-            probe = GroundingProbeDataset(grounding.subset(part), frame)
+            items = [i * per + c for i in part for c in range(per)]
+            probe = GroundingProbeDataset(grounding.subset(items), frame)
             evalset = EvalSet(probe, backbone, FeatureCache(config.cache_dir))
             q = phrase_queries(evalset)
-            images = [ScoredImage(rows, data.load_labels(i), data.local_classes())
-                      for i, rows in zip(part, candidate_rows(evalset, q), strict=True)]
+            rows = candidate_rows(evalset, q)  # per item (image, chunk): its classes' rows
+            images = [ScoredImage(sum(rows[n * per : (n + 1) * per], []), data.load_labels(i),
+                                  data.local_classes()) for n, i in enumerate(part)]
             cut |= {data.names[c] for im in images for c, r in enumerate(im.rows) if r < 0}
             maps = row_token_maps(suite, evalset, q, explainer_names(config.explainers),
                                   config.chunk, progress, seed=config.seed + k)
@@ -123,8 +132,12 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
     finally:
         torch.set_num_threads(threads)
     if not total:
-        raise InputError(f"{kind}: no image of split {config.split or 'val'} decodes")
+        raise InputError(f"{kind}: no image of split {data.source['split']} decodes")
     table = _table(data, total, len(kept), reading(backbone))
+    if per > 1:
+        table.notes.append(f"the {len(data.names)} class names in {per} captions per image "
+                           "(each within the text tower's context): a method's plan shares an "
+                           "image's mass among one caption's classes")
     if cut:
         table.notes.append("classes the text tower's context cut from the caption (no map: "
                            f"never predicted by a method): {', '.join(sorted(cut))}")
@@ -140,12 +153,25 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
     return [table], stamp
 
 
-def caption_separator(backbone: Backbone, data: SegmentationSet) -> str:
-    """``", "`` when the caption listing the classes with commas fits the text tower's
-    context, else ``" "`` (fewer tokens; e.g. the tiny CLIP's 32)."""
-    caption = data.class_caption(", ")
-    last = int(backbone.words([caption]).token_word.max())
-    return ", " if last + 1 >= len(split_words(caption)) else " "
+def class_chunks(backbone: Backbone, names: Sequence[str], separator: str = ", "
+                 ) -> list[tuple[int, int]]:
+    """The class names cut into consecutive chunks ``(start, end)``, each as long as the
+    caption listing them still has its last word read by the text tower (its context: 77
+    tokens for OpenAI's CLIP, 32 for the tiny CLIP): VOC's 20 names fit one caption of
+    ViT-B/16, ADE20K's 150 take several."""
+
+    def fits(start: int, end: int) -> bool:
+        caption = separator.join(names[start:end])
+        return int(backbone.words([caption]).token_word.max()) + 1 >= len(split_words(caption))
+
+    chunks, start = [], 0
+    while start < len(names):
+        end = start + 1
+        while end < len(names) and fits(start, end + 1):
+            end += 1
+        chunks.append((start, end))
+        start = end
+    return chunks
 
 
 def _decodable(data: SegmentationSet) -> tuple[list[int], list[str]]:

@@ -2,7 +2,8 @@
 published layout written here (palette class masks with void borders, images of several
 sizes): labelled pixels per class equal to the masks' own counts, the gold-mask row at
 mIoU 1, an mIoU for every method and explainer asked; VOC20 voids the background; hostile
-masks and ids are refused or skipped, naming the file."""
+masks and ids are refused or skipped, naming the file; Cityscapes and ADE20K in their
+layouts; the class names cut into captions that fit the text tower's context."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from PIL import Image
 
 from otviz.cli import evaluate
 from otviz.data.datasets import MalformedDatasetError
-from otviz.data.segmentation_sets import VOC_CLASSES, VOID, load_voc
+from otviz.data.segmentation_sets import VOC_CLASSES, VOID, load_segmentation_set
+from otviz.eval.config import EvalConfig
+from otviz.eval.dataset_segmentation import class_chunks, run_segmentation_eval
 
 METHODS = "filip,dense_uot,conceptot"
 SIZES = ((64, 48), (40, 56), (50, 50))
@@ -121,18 +124,18 @@ def test_hostile_masks_and_ids(tmp_path: Path) -> None:
     mask[5:10, 5:10] = 40  # not a VOC label
     write_voc(root, {"bad": mask}, rng)
     (root / "ImageSets/Segmentation/val.txt").write_text("bad\n../../etc/passwd\nmissing\n")
-    data = load_voc(root)
+    data = load_segmentation_set("voc", root)
     assert len(data) == 1 and data.skipped.counts["missing image"] == 2
     with pytest.raises(MalformedDatasetError, match=r"bad\.png.*40"):
         data.load_labels(0)
     Image.fromarray(np.zeros((21, 30), dtype=np.uint8), mode="L").save(
         root / "SegmentationClass" / "bad.png")
     with pytest.raises(MalformedDatasetError, match=r"bad\.png: class mask is 30x21"):
-        load_voc(root).load_labels(0)
+        load_segmentation_set("voc", root).load_labels(0)
     Image.fromarray(np.zeros((20, 30, 3), dtype=np.uint8)).save(
         root / "SegmentationClass" / "bad.png")
     with pytest.raises(MalformedDatasetError, match="mode RGB"):
-        load_voc(root).load_labels(0)
+        load_segmentation_set("voc", root).load_labels(0)
 
 
 def test_world_export_reads_back_as_voc(tmp_path: Path) -> None:
@@ -144,7 +147,7 @@ def test_world_export_reads_back_as_voc(tmp_path: Path) -> None:
     from otviz.world.render import object_labels, shape_alpha
 
     samples = world_draw(3, "test", 0)
-    data = load_voc(export_voc(samples, tmp_path / "voc"))
+    data = load_segmentation_set("voc", export_voc(samples, tmp_path / "voc"))
     assert [it.key for it in data.items] == ["world_000000", "world_000001", "world_000002"]
     for i, sample in enumerate(samples):
         labels = data.load_labels(i)
@@ -158,3 +161,70 @@ def test_world_export_reads_back_as_voc(tmp_path: Path) -> None:
             assert (inner[(alpha > 0) & (alpha < 1)] == VOID).all()
         assert (labels[own == 0][labels[own == 0] != VOID] == 0).all()
 
+
+
+def _write_set(root: Path, images: dict[str, tuple[str, np.ndarray]], rng: np.random.Generator
+               ) -> None:
+    """Image and mask files at the relative paths given (``key -> (image path, mask)``, the
+    mask written at ``key``)."""
+    for key, (image, mask) in images.items():
+        for rel in (image, key):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        h, w = mask.shape
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / image)
+        Image.fromarray(mask, mode="L").save(root / key)
+
+
+@pytest.mark.parametrize("kind", ["cityscapes", "ade20k"])
+def test_scanned_layouts_count_their_labels(kind: str, tmp_path: Path) -> None:
+    """Cityscapes (train ids: label k is class k, nested city folders) and ADE20K (label 0
+    void, k the class k - 1; 150 names in several captions of the tiny CLIP): pixels per
+    class are the masks' counts, the gold masks score 1."""
+    from otviz.data.segmentation_sets import LAYOUTS
+
+    rng = np.random.default_rng(2)
+    layout = LAYOUTS[kind]
+    top = len(layout.names) - (kind == "cityscapes")
+    masks = {}
+    for n, (w, h) in enumerate(((48, 32), (40, 40))):
+        mask = rng.integers(0, top + 1, (h, w)).astype(np.uint8)
+        mask[:2] = VOID
+        stem = f"city{n}/img{n}" if kind == "cityscapes" else f"img{n}"
+        key = f"{layout.masks.format(split=layout.split)}/{stem}{layout.mask_suffix}"
+        image = f"{layout.images.format(split=layout.split)}/{stem}{layout.image_suffix}"
+        masks[key] = (image, mask)
+    _write_set(tmp_path / kind, masks, rng)
+    data = load_segmentation_set(kind, tmp_path / kind)
+    assert len(data) == 2
+    config = EvalConfig(dataset=f"{kind}:{tmp_path / kind}", tables="segmentation",
+                        methods="conceptot", threads=1, out="",
+                        cache_dir=str(tmp_path / "cache"))
+    (table,), _ = run_segmentation_eval(config)
+    labels = np.concatenate([m.ravel() for _, m in masks.values()])
+    shift = 0 if kind == "cityscapes" else 1
+    expected = {c: int((labels == k + shift).sum()) for k, c in enumerate(layout.classes)}
+    gold = next(r for r in table.rows if r["name"] == "gold_masks")
+    assert gold["pixels"] == expected and gold["miou"] == 1.0
+    assert 0.0 <= next(r for r in table.rows if r["name"] == "conceptot")["miou"] <= 1.0
+
+
+def test_class_chunks_fit_the_context() -> None:
+    """Every chunk's caption keeps its last word under the tiny CLIP's 32 tokens, the
+    chunks cover the names in order, and no chunk could take its next name."""
+    from otviz.data.segmentation_classes import ADE20K_NAMES
+    from otviz.eval.runner import load_backbone
+    from otviz.text.words import split_words
+
+    backbone = load_backbone()
+    chunks = class_chunks(backbone, ADE20K_NAMES)
+    assert chunks[0][0] == 0 and chunks[-1][1] == len(ADE20K_NAMES)
+    assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:], strict=False))
+
+    def last_word_read(names: tuple[str, ...]) -> bool:
+        caption = ", ".join(names)
+        return int(backbone.words([caption]).token_word.max()) + 1 == len(split_words(caption))
+
+    for start, end in chunks:
+        assert last_word_read(ADE20K_NAMES[start:end])
+        if end < len(ADE20K_NAMES):
+            assert not last_word_read(ADE20K_NAMES[start : end + 1])
