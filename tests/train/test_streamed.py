@@ -72,6 +72,15 @@ class SameOrder:
         return idx, self.cached.pair_batch(idx, device)
 
 
+def test_an_epoch_reads_each_pair_once_each_process_a_stretch_of_it() -> None:
+    order = np.random.default_rng(0).permutation(26)  # 26 pairs, 6 lanes of 4, 2 wait
+    steps = [batch_pairs(order, 6, b, np.arange(6)) for b in range(4)]
+    seen = np.concatenate(steps)
+    assert len(set(seen.tolist())) == 24 and set(seen) <= set(order[:24])
+    first_process = np.concatenate([s[:3] for s in steps])  # rows 0-2 of every step
+    assert sorted(first_process.tolist()) == sorted(order[:12].tolist())
+
+
 def curve(result, key: str = "loss") -> list[float]:
     return [h[key] for h in result.history]
 
