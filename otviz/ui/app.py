@@ -17,7 +17,7 @@ from otviz.ui.anchors_tab import build_anchors_tab
 from otviz.ui.browse_tab import TAB_TITLE as BROWSE_TITLE
 from otviz.ui.browse_tab import AlignTarget, BrowseSources, build_browse_tab
 from otviz.ui.context import AppContext, SharedInputs, on_space, remote_models
-from otviz.ui.examples import load_examples
+from otviz.ui.examples import inline_samples, load_examples
 from otviz.ui.inputs import CheckedImage, guard_callbacks, on_upload
 from otviz.ui.model_sources import ModelSource
 from otviz.ui.phrase_grids import DRAWER
@@ -68,6 +68,14 @@ APP_CSS = ('label[data-testid="block-label"].float { position: static !important
            # / paste icons kept inside the box instead of cut off at its bottom edge
            '#shared-image { display: flex; flex-direction: column; }\n'
            '#shared-image > .image-container { flex: 1 1 0; min-height: 0; }\n'
+           # a narrow page (760 px) stacks the image above the caption and pickers, so that
+           # the checkpoint picker's value (" · features layer:8 · 448 px") fits on its line,
+           # and the block slider's label never wraps beside its number box
+           '@media (max-width: 900px) {\n'
+           '  #shared-inputs { flex-wrap: wrap; }\n'
+           '  #shared-inputs > * { min-width: 100% !important; }\n'
+           '}\n'
+           '#shared-layer label > span { white-space: nowrap; }\n'
            # a page too narrow for the heatmap grid at its own size (4 panels of 288 px)
            # shows it so, scrolled sideways, instead of shrunk until its titles are unreadable
            '@media (max-width: 1100px) {\n'
@@ -88,7 +96,7 @@ def tab_id(title: str) -> str:
 def build_shared_inputs(ctx: AppContext) -> SharedInputs:
     """The image, caption and checkpoint picker every view reads, with the examples."""
     choices = ctx.checkpoint_choices()
-    with gr.Row():
+    with gr.Row(elem_id="shared-inputs"):
         image = CheckedImage(label="Image", type="numpy", image_mode="RGB", height=260,
                              scale=1, elem_id="shared-image")
         with gr.Column(scale=2):
@@ -111,6 +119,8 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
                     examples_per_page=4,
                     elem_id="examples",
                 )
+                # the config names no file of the server's (Gradio's cache by absolute path)
+                picker.dataset.samples = inline_samples(picker.dataset.samples)
     image.upload(on_upload, image, image, api_visibility="private", preprocess=False)
     return SharedInputs(image, caption, checkpoint, picker)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gradio as gr
 import httpx
+import numpy as np
 import pytest
 import torch
 from gradio_client import handle_file
@@ -352,3 +353,37 @@ def test_an_unreachable_real_clip_is_a_message(monkeypatch):
     ctx = AppContext([BackboneChoice("ViT-B-16 / openai", offline, [])])
     with pytest.raises(gr.Error, match="no network"):
         user_errors(ctx.explainer)(ctx.checkpoint_choices()[0])
+
+
+def test_the_config_names_no_server_folder(live_app, client, example):
+    """The page's /config (what every visitor's browser reads) carries the examples
+    gallery as inline thumbnails, not as Gradio's cached copies by absolute path (on a Space,
+    the server's folders; issue 50.7); a pick still loads the example itself."""
+    import os
+    import sys
+    import tempfile
+
+    from otviz.ui.examples import THUMBNAIL_PX, load_examples
+
+    config = httpx.get(f"{live_app.url}config", timeout=60, **PLAIN_HTTP).json()
+    text = json.dumps(config)
+    for root in {tempfile.gettempdir(), os.getcwd(), str(Path.home()), sys.prefix,
+                 str(Path(gr.utils.get_upload_folder()))}:
+        assert root not in text, root
+    [dataset] = [c for c in config["components"] if c["type"] == "dataset"]
+    shown = [value for sample in dataset["props"]["samples"] for value in sample
+             if isinstance(value, dict)]
+    examples = load_examples()
+    assert [v["path"] for v in shown] == [e.image_path.name for e in examples]
+    from base64 import b64decode
+    from io import BytesIO
+
+    first = Image.open(BytesIO(b64decode(shown[0]["url"].split(",", 1)[1])))
+    assert max(first.size) <= THUMBNAIL_PX
+    full = Image.open(examples[0].image_path).convert("RGB")
+    assert first.size == tuple(round(s * max(first.size) / max(full.size)) for s in full.size)
+    # a pick (the gallery's click sends the index) loads the full example
+    image, caption = client.predict(0, api_name="/load_example")  # component updates
+    assert caption["value"] == examples[0].caption
+    loaded = Image.open(image["value"]["path"]).convert("RGB")
+    assert np.array_equal(np.asarray(loaded), np.asarray(full))
