@@ -90,6 +90,9 @@ class EvalConfig:
     # refused on a source they were not trained on: pair another with --heads training-free)
     image_size: ImageSide = 0  # run the image tower at this side in px (0 : its native size;
     # ViTs only, position embeddings interpolated)
+    slide: str = ""  # --dataset segmentation sets: sliding window SHORT:CROP:STRIDE in px
+    # (SCLIP: 336:224:112; the image resized to a shorter side SHORT, CROP windows every
+    # STRIDE, maps averaged where they overlap); "" : each image one resize
 
     def table_names(self) -> list[str]:
         if self.tables == "all":

@@ -10,7 +10,8 @@ between the image's patches and a caption's tokens gives each of its classes a m
 patch: the class's phrase map, read as a segmentation like every other row. An explainer
 reads each class from the prompt ``"a photo of a {name}."`` (CLIP's template; one template,
 not the 80 of the ImageNet ensemble: an explainer encodes one text per phrase). The image
-is resized to the model's input without cropping (no sliding window), its maps drawn back
+is resized to the model's input without cropping (or read in sliding windows,
+:mod:`otviz.eval.sliding_window`, with ``--slide``), its maps drawn back
 onto the mask's own pixels, so every labelled pixel of the set is scored at its original
 resolution, as mmsegmentation scores it.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,7 @@ from otviz.eval.segmentation import (
     segmented,
 )
 from otviz.eval.segmentation_metrics import THRESHOLD
+from otviz.eval.sliding_window import SlideWindow, image_windows, pasted_maps, windowed
 from otviz.eval.table import Table
 from otviz.eval.world_set import EvalSet, GroundingProbeDataset, model_input_size
 from otviz.explainers import explainer_names
@@ -97,6 +100,7 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
         raise InputError(f"--dataset {kind}: makes the segmentation table only "
                          "(--tables segmentation)")
     data = load_segmentation_set(kind, path, config.split, config.limit)
+    slide = SlideWindow.parse(config.slide)
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, config.threads))
     try:
@@ -113,17 +117,25 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
         shards = [kept[s : s + config.shard] for s in range(0, len(kept), config.shard)]
         per = len(chunks)
         for k, part in enumerate(shards):
-            items = [i * per + c for i in part for c in range(per)]
-            probe = GroundingProbeDataset(grounding.subset(items), frame)
+            own = [image_windows(data.items[i].size, slide) for i in part]
+            probe = GroundingProbeDataset(windowed(
+                [grounding.items[i * per + c] for i in part for c in range(per)], own,
+                {**grounding.source, "slide": config.slide, "items": part}, grounding), frame)
             evalset = EvalSet(probe, backbone, FeatureCache(config.cache_dir))
             q = phrase_queries(evalset)
-            rows = candidate_rows(evalset, q)  # per item (image, chunk): its classes' rows
-            images = [ScoredImage(sum(rows[n * per : (n + 1) * per], []), data.load_labels(i),
-                                  data.local_classes()) for n, i in enumerate(part)]
-            cut |= {data.names[c] for im in images for c, r in enumerate(im.rows) if r < 0}
+            rows = iter(candidate_rows(evalset, q))  # per item (image, window, chunk)
+            per_window = [[sum((next(rows) for _ in range(per)), []) for _ in win.boxes]
+                          for win in own]
+            images = [ScoredImage(ws[0], data.load_labels(i), data.local_classes())
+                      for ws, i in zip(per_window, part, strict=True)]
+            cut |= {data.names[c] for ws in per_window for w in ws for c, r in enumerate(w)
+                    if r < 0}
+            sizes = [im.gold.shape for im in images]
             maps = row_token_maps(suite, evalset, q, explainer_names(config.explainers),
                                   config.chunk, progress, seed=config.seed + k)
-            counts = segmented(maps, images, evalset.geometry, len(data.classes), THRESHOLD,
+            draw = partial(pasted_maps, geometry=evalset.geometry, windows=own,
+                           rows=per_window, labels_size=sizes)
+            counts = segmented(maps, images, draw, len(data.classes), THRESHOLD,
                                data.background)
             total = counts if not total else [_summed(a, b) for a, b in zip(total, counts,
                                                                              strict=True)]
@@ -133,7 +145,7 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
         torch.set_num_threads(threads)
     if not total:
         raise InputError(f"{kind}: no image of split {data.source['split']} decodes")
-    table = _table(data, total, len(kept), reading(backbone))
+    table = _table(data, total, len(kept), reading(backbone), slide)
     if per > 1:
         table.notes.append(f"the {len(data.names)} class names in {per} captions per image "
                            "(each within the text tower's context): a method's plan shares an "
@@ -193,7 +205,8 @@ def _summed(a: RowCounts, b: RowCounts) -> RowCounts:
     return (*a[:3], a[3].merged(b[3]))
 
 
-def _table(data: SegmentationSet, rows: list[RowCounts], n: int, read: str) -> Table:
+def _table(data: SegmentationSet, rows: list[RowCounts], n: int, read: str,
+           slide: SlideWindow | None) -> Table:
     fmt, split = data.source["format"], data.source["split"]
     table = Table("segmentation", f"Open-vocabulary segmentation of {n} {fmt} {split} images "
                   f"({len(data.classes)} classes; {read})", segmentation_columns(data.classes))
@@ -204,9 +217,13 @@ def _table(data: SegmentationSet, rows: list[RowCounts], n: int, read: str) -> T
                                                   "; background pixels void"),
         rule_note(THRESHOLD, data.background),
         "methods: each class's phrase map of the plan between the patches and the caption "
-        "listing the class names; explainers: the map of 'a photo of a {name}.'; each image "
-        "resized to the model's input without cropping, no sliding window; maps drawn onto "
-        "the mask's own pixels",
+        "listing the class names; explainers: the map of 'a photo of a {name}.'; " + (
+            "each image resized to the model's input without cropping, no sliding window"
+            if slide is None else
+            f"sliding window: each image resized to a shorter side of {slide.short} px (the "
+            f"longer at most 2048), {slide.crop} px windows every {slide.stride} px, each "
+            "resized to the model's input, the maps averaged where windows overlap") +
+        "; maps drawn onto the mask's own pixels",
         "labelled pixels: " + ", ".join(f"{c} {v:,}" for c, v in pixels.items()),
         "sanity rows: gold masks (the labels as maps: 100), uniform map"]
     return table

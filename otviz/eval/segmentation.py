@@ -199,14 +199,15 @@ RowCounts = tuple[str, str, dict[str, bool], SegmentationCounts | str]
 
 
 def segmented(
-    rows: Sequence[RowMaps], images: Sequence[ScoredImage], geometry: TokenGeometry,
+    rows: Sequence[RowMaps], images: Sequence[ScoredImage], draw: Callable[[Tensor], PixelMaps],
     n_classes: int, threshold: float = THRESHOLD, background: bool = True,
 ) -> list[RowCounts]:
-    """Each of ``rows`` segmented and counted (an unavailable row keeps its note), then the
+    """Each of ``rows`` segmented and counted, its token maps drawn on the images' pixels by
+    ``draw(maps)`` (e.g. :func:`token_maps`; an unavailable row keeps its note), then the
     gold masks' counts (``"gold_masks"``)."""
     out: list[RowCounts] = [
         (label, name, flags, maps if isinstance(maps, str) else segment(
-            images, token_maps(maps, geometry), n_classes, threshold, background))
+            images, draw(maps), n_classes, threshold, background))
         for label, name, flags, maps in rows]
     gold = segment(images, gold_maps, n_classes, threshold, background)
     return out + [("Gold masks", "gold_masks", {"baseline": True}, gold)]
@@ -240,7 +241,8 @@ def segmentation_table(
     q = phrase_queries(data)
     images = world_images(data, q)
     counts = segmented(row_token_maps(suite, data, q, explainers, chunk, progress, seed),
-                       images, data.geometry, len(WORLD_CLASSES), threshold)
+                       images, lambda maps: token_maps(maps, data.geometry),
+                       len(WORLD_CLASSES), threshold)
     table = Table("segmentation", f"Open-vocabulary segmentation of {data.n_images} world "
                   f"{data.split} images ({q.image.numel()} phrases as classes; "
                   f"{reading(data.backbone)})",

@@ -77,10 +77,10 @@ def voc(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.nd
     return root, masks
 
 
-def _run(root: Path, kind: str, out: Path, tmp: Path) -> dict:
+def _run(root: Path, kind: str, out: Path, tmp: Path, *more: str) -> dict:
     argv = ["--dataset", f"{kind}:{root}", "--tables", "segmentation", "--methods", METHODS,
             "--explainers", "maskclip,legrad", "--threads", "1", "--shard", "2", "--quiet",
-            "--cache-dir", str(tmp / "cache"), "--out", str(out)]
+            "--cache-dir", str(tmp / "cache"), "--out", str(out), *more]
     assert evaluate.main(argv) == 0
     return json.loads((out / "segmentation.json").read_text())["tables"]["segmentation"]
 
@@ -105,6 +105,23 @@ def test_voc21_pixels_gold_and_every_method(voc, tmp_path: Path) -> None:
     assert (tmp_path / "out" / "segmentation.md").read_text().count("| Gold masks | 100.0") == 1
     # the tiny CLIP's 32-token context: the names go without commas, so every class is read
     assert not any("context cut" in n for n in table["notes"])
+
+
+def test_voc21_with_a_sliding_window(voc, tmp_path: Path) -> None:
+    """Windows of 32 px every 16 on images resized to a shorter side of 40: the same labelled
+    pixels, gold masks at 1, an mIoU per method, and the setting in the stamp."""
+    root, masks = voc
+    out = tmp_path / "out"
+    table = _run(root, "voc", out, tmp_path, "--slide", "40:32:16")
+    labels = np.concatenate([m.ravel() for m in masks.values()])
+    gold = next(r for r in table["rows"] if r["name"] == "gold_masks")
+    assert gold["miou"] == 1.0
+    assert gold["pixels"] == {c: int((labels == k).sum()) for k, c in enumerate(VOC_CLASSES)}
+    for row in table["rows"]:
+        if row["name"] in METHODS.split(","):
+            assert 0.0 <= row["miou"] <= 1.0
+    stamp = json.loads((out / "segmentation.json").read_text())["stamp"]
+    assert stamp["config"]["slide"] == "40:32:16"
 
 
 def test_voc20_voids_the_background(voc, tmp_path: Path) -> None:
