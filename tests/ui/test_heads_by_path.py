@@ -385,3 +385,17 @@ def test_the_served_app_draws_the_heads_at_their_reading_and_refuses_other_weigh
                          api_name="/align")
     assert len(out[7]["data"]) == len(ALIGN_METHODS) + 1  # the other entries still served
     assert json.dumps(out[7]).count("training-free") >= len(ALIGN_METHODS)
+
+
+def test_listed_heads_go_beside_the_weights_they_record(vit, tmp_path):
+    """``$OTVIZ_HEADS`` heads trained on ``.../vit-0.pt`` are offered beside a server's
+    ``vit-0.pt`` in another folder (the same file name), not beside ``vit-1.pt``."""
+    moved = tmp_path / "elsewhere" / "vit-0.pt"
+    moved.parent.mkdir()
+    shutil.copy(vit["files"][0], moved)
+    models = [ModelSource(vit["name"], str(moved)), ModelSource(vit["name"],
+                                                                str(vit["files"][1]))]
+    ctx = AppContext.default(models, heads_root=tmp_path / "none",
+                             found_heads=[str(vit["heads"])])
+    assert [h.backbone for h in ctx.head_sets] == [f"{vit['name']} / vit-0.pt (local weight file)"]
+    assert ctx.head_sets[0].heads == {"conceptot": vit["heads"] / "conceptot"}
