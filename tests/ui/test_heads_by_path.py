@@ -28,12 +28,14 @@ from otviz.checkpoints.heads import head_meta, load_method_checkpoint
 from otviz.checkpoints.manifest import read_manifest
 from otviz.cli import main as otviz_main
 from otviz.errors import InputError
+from otviz.eval.browse import BrowseCache
 from otviz.methods import METHODS
 from otviz.suite import ALIGN_METHODS
 from otviz.towers.shrunken import register_shrunken
 from otviz.ui.align.choices import resolve_phrase
 from otviz.ui.align.views import align_view
 from otviz.ui.anchors_tab import anchor_maps_view
+from otviz.ui.browse_tab import WORLD_SOURCE, BrowseSources, load_table
 from otviz.ui.context import (
     EMBEDDED,
     SEPARATOR,
@@ -132,11 +134,11 @@ def test_a_pick_opens_the_heads_at_their_reading(by_path):
     assert value.value == f"{FREE}{SEPARATOR}features {TRAINED_ON}" and not note.visible
 
 
-def test_every_view_reads_the_heads_by_path(by_path, tiny_heads, sample):
-    """Align, Anchors and Probe (the views that read ConceptOT) on the entry at its reading
-    use the trained head: Align's map equals the head's own plan read directly, and every
-    view differs from the training-free entry at the same reading. Browse and Trust take
-    their methods from the same ``ctx.suite``."""
+def test_every_view_reads_the_heads_by_path(by_path, tiny_heads, sample, tmp_path):
+    """Align, Anchors, Probe and Browse (the views that read ConceptOT) on the entry at its
+    reading use the trained head: Align's map equals the head's own plan read directly, and
+    every view differs from the training-free entry at the same reading. (Trust takes its
+    methods from the same ``ctx.suite``.)"""
     ctx, entry = by_path
     value = with_reading(entry, Reading(TRAINED_ON))
     free = with_reading(FREE, Reading(TRAINED_ON))
@@ -151,12 +153,20 @@ def test_every_view_reads_the_heads_by_path(by_path, tiny_heads, sample):
     want = own.heatmap(encoded.token_select(words))[0].reshape(encoded.grid).numpy()
     got = np.asarray(shown.heats["conceptot"], dtype=float)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    sources = BrowseSources(BrowseCache(), tmp_path / "features", tmp_path / "uploads")
+
+    def browsed(checkpoint: str) -> np.ndarray:
+        table = load_table(ctx, sources, checkpoint, WORLD_SOURCE, 2, "test")
+        return table.heatmaps[:, table.methods.index("conceptot")].numpy()
+
     trained = {"align": got, "anchors": anchor_maps_view(ctx, value, *sample).kernel,
-               "probe": run_probe(explainer, suite, *sample).combined()}
+               "probe": run_probe(explainer, suite, *sample).combined(),
+               "browse": browsed(value)}
     untrained = {"align": np.asarray(align_view(ctx.explainer(free), ctx.suite(free),
                                                 *sample).heats["conceptot"], dtype=float),
                  "anchors": anchor_maps_view(ctx, free, *sample).kernel,
-                 "probe": run_probe(ctx.explainer(free), ctx.suite(free), *sample).combined()}
+                 "probe": run_probe(ctx.explainer(free), ctx.suite(free), *sample).combined(),
+                 "browse": browsed(free)}
     for view, maps in trained.items():
         other = untrained[view]
         assert maps.shape != other.shape or not np.allclose(maps, other, atol=1e-4), view
