@@ -162,10 +162,13 @@ class Backbone:
                       image_size: int | None = None) -> Backbone:
         """A view of this backbone (same model, weights, tokenizer and space) whose every
         encode reads the patch features from ``features`` (``last``, ``layer:K``,
-        ``maskclip``, ``sclip``, ``clearclip``, ``naclip``) with the image tower run at
-        ``image_size`` px (``None``: its native size; the preprocessing and the token
-        geometry follow). :class:`otviz.errors.UserInputError` names the sources the tower
-        has when it cannot give ``features``, or says that it cannot be resized."""
+        ``maskclip``, ``sclip``, ``clearclip``, ``naclip``, ``resclip-rcs``) with the image
+        tower run at ``image_size`` px (``None``: its native size; the preprocessing and the
+        token geometry follow). :class:`otviz.errors.UserInputError`, before anything is
+        allocated, names the sources the tower has when it cannot give ``features``, says
+        that it cannot be resized, or refuses the size: not a positive whole number, below
+        one patch, not a multiple of it, or over the 4 GiB per-image attention cap
+        (:meth:`otviz.towers.vit.VitTower.check_side`)."""
         source = parse_feature_source(features)
         tower = self.image_tower.at_size(image_size)
         tower.check_source(source)

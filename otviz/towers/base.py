@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from otviz.errors import UserInputError
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.registry import Registry
+from otviz.towers.dense import READS_INTERMEDIATE
 from otviz.towers.geometry import trace_geometry
 from otviz.towers.sources import LAST, FeatureSource
 
@@ -63,8 +64,11 @@ class ImageTower:
         """``source`` with a layer index counted from the start; :class:`UserInputError`
         naming the sources this tower has when it cannot give ``source``."""
         if source.form not in self.sources():
+            needs = READS_INTERMEDIATE.get(source.kind)
+            why = (f" ({source} reads intermediate blocks and needs {needs} blocks; this "
+                   f"tower has {self.depth})" if needs and "layer:K" in self.sources() else "")
             raise UserInputError(
-                f"features: the {self.family} tower cannot give {source}; "
+                f"features: the {self.family} tower cannot give {source}{why}; "
                 f"it gives {', '.join(self.sources())}")
         if source.kind != "layer":
             return source

@@ -31,6 +31,21 @@ path's terms as the authors' code computes them (repository, file, lines):
   L154-177 (the window and its addition), L198-207 (``k k^T`` plus ``Omega``);
   ``naclip.py`` L21 (``gaussian_std=5.``).
 
+* ResCLIP's residual cross-correlation self-attention, RCS (Yang et al., CVPR 2025), on
+  its default NACLIP-style last block (``resclip-rcs``): ``A = tau ((1 - lambda)
+  softmax(s k k^T + Omega) + lambda R)`` with ``R`` the mean over blocks 5-8 (from 0) of the
+  blocks' own cross-correlation attention ``softmax(s q_l k_l^T)`` (per head, the same
+  forward), ``tau = 2``, ``lambda = 0.3``; no residual, no feed-forward.
+  yvhangyang/ResCLIP, ``clip/model.py`` L317-330 (the intermediate maps and their mean over
+  ``range(5, 9)``), L590-592 (those maps: the vanilla softmax), L473-494 (``k k^T`` plus
+  ``Omega``, softmax, then the RCS mix), L356-360 (``wo_resi``: ``x = custom_attn(...)``);
+  ``resclip_segmentor.py`` L24 (``arch='wo_resi'``, ``gaussian_std=5.``);
+  ``configs/cfg_voc21.py`` L10 (``attn_rcs_weights=[2.0, 0.3]``; ADE20K and Context60 use
+  the same, the other sets ``lambda`` 0.2-0.6). Its semantic feedback refinement (SFR,
+  L334-346), which reweights the attention by a first segmentation against the data set's
+  class names, is not applied: a feature source sees no text, hence the name. A tower of
+  fewer than 10 blocks cannot give it.
+
 (MaskCLIP's identity attention without the residual and feed-forward is ClearCLIP's
 ``model_type='MaskCLIP'`` under its ``ignore_residual=True`` ablation, ``transformer.py``
 L604-609, not MaskCLIP's own path; otviz does not offer it.)
@@ -57,6 +72,23 @@ from torch import Tensor
 NACLIP_SIGMA = 5.0
 #: The paths that keep the last block's residual and feed-forward (MaskCLIP, SCLIP).
 KEEPS_RESIDUAL = frozenset({"maskclip", "sclip"})
+#: ResCLIP's RCS: the blocks (from 0) whose cross-correlation attention ``R`` averages, the
+#: scale ``tau`` and the weight ``lambda`` of ``R`` (the authors' code and VOC / ADE configs).
+RESCLIP_LAYERS = (5, 6, 7, 8)
+RESCLIP_TAU, RESCLIP_LAMBDA = 2.0, 0.3
+#: The paths that read intermediate blocks' attention, and the fewest blocks they need.
+READS_INTERMEDIATE = {"resclip-rcs": max(RESCLIP_LAYERS) + 2}
+
+
+def fits(kind: str, depth: int) -> bool:
+    """Whether a tower of ``depth`` blocks has the intermediate blocks the path ``kind``
+    reads (every path but ResCLIP's reads the last block alone)."""
+    return depth >= READS_INTERMEDIATE.get(kind, 0)
+
+
+def softmax_attention(q: Tensor, k: Tensor, scale: float) -> Tensor:
+    """``[B, heads, T, T]`` a block's own attention ``softmax(s q k^T)``."""
+    return torch.softmax(scale * q @ k.transpose(-1, -2), dim=-1)
 
 
 def rewritten_block(kind: str, x: Tensor, branch: Tensor,
@@ -87,9 +119,10 @@ def neighbourhood_bias(grid: tuple[int, int], prefix: int, sigma: float = NACLIP
 
 
 def dense_attention(kind: str, q: Tensor, k: Tensor, scale: float, grid: tuple[int, int],
-                    ) -> Tensor:
+                    cross: Tensor | None = None) -> Tensor:
     """``[B, heads, T, T]`` the path's ``A`` (module docstring) for per-head ``q, k``
-    ``[B, heads, T, d]``; the patches are the last ``h * w`` tokens of ``T``. MaskCLIP's
+    ``[B, heads, T, d]``; the patches are the last ``h * w`` tokens of ``T``; ``cross`` the
+    mean intermediate attention ``R`` that ResCLIP's RCS reads (``None`` for the others). MaskCLIP's
     ``A = I`` is not built here: each family reads its value path (open_clip:
     :func:`otviz.towers.vit.value_path`; timm: the block under a self-only mask)."""
     if kind == "sclip":
@@ -97,9 +130,11 @@ def dense_attention(kind: str, q: Tensor, k: Tensor, scale: float, grid: tuple[i
              + torch.softmax(scale * k @ k.transpose(-1, -2), dim=-1))
     elif kind == "clearclip":
         a = torch.softmax(scale * q @ q.transpose(-1, -2), dim=-1)
-    elif kind == "naclip":
+    elif kind in ("naclip", "resclip-rcs"):
         omega = neighbourhood_bias(grid, q.shape[-2] - grid[0] * grid[1]).to(k)
         a = torch.softmax(scale * k @ k.transpose(-1, -2) + omega, dim=-1)
+        if kind == "resclip-rcs":
+            a = RESCLIP_TAU * ((1 - RESCLIP_LAMBDA) * a + RESCLIP_LAMBDA * cross)
     else:
         raise ValueError(f"no dense path {kind!r}")
     return a

@@ -7,7 +7,9 @@
   ``maskclip`` (Zhou et al., ECCV 2022: the value path), ``sclip`` (Wang et al., 2023:
   correlative q-q + k-k attention), ``clearclip`` (Lan et al., ECCV 2024: q-q attention,
   no residual, no feed-forward), ``naclip`` (Hajimiri et al., WACV 2025: neighbourhood
-  weighted k-k attention, no feed-forward).
+  weighted k-k attention, no feed-forward), ``resclip-rcs`` (Yang et al., CVPR 2025: ResCLIP's
+  residual cross-correlation self-attention, blocks 5-8's q-k attention mixed into NACLIP's;
+  its semantic feedback refinement, which needs the class names, not applied).
 
 The names and their grammar live torch-free in :mod:`otviz.knobs` (the command line parses
 ``--features`` there); each tower says which sources it can give
@@ -56,7 +58,7 @@ LAST = FeatureSource("last")
 
 def parse_feature_source(text: str | FeatureSource) -> FeatureSource:
     """The source written ``text`` (``last``, ``layer:K``, ``maskclip``, ``sclip``,
-    ``clearclip``, ``naclip``); a :class:`FeatureSource` is returned as is;
+    ``clearclip``, ``naclip``, ``resclip-rcs``); a :class:`FeatureSource` is returned as is;
     :class:`UserInputError` naming every accepted form otherwise."""
     if isinstance(text, FeatureSource):
         return text

@@ -22,7 +22,9 @@ prefix tokens kept), then the last block is rewritten as the path. ``maskclip`` 
 block's own forward with an attention mask that lets each token attend to itself alone
 (``A = I``: its residual and feed-forward kept, as MaskCLIP's code runs them), on every
 block whose forward takes ``attn_mask`` (timm ``Block``, ``EvaBlock``). The q / k paths
-(``sclip``, ``clearclip``, ``naclip``) write out timm's ``Attention`` (``qkv``, ``q_norm``,
+(``sclip``, ``clearclip``, ``naclip``, ``resclip-rcs``: the last also reads blocks 5-8's own
+attention, from their inputs in the same ``forward_intermediates`` call) write out timm's
+``Attention`` (``qkv``, ``q_norm``,
 ``k_norm``, its output norm, gate and ``proj``: timm ``layers/attention.py``,
 ``Attention.forward``) with the softmax replaced by the path's ``A``; a trunk of other
 attention modules, or with rotary position embeddings (EVA: its ``q, k`` carry the rotation,
@@ -41,7 +43,14 @@ from torch import Tensor, nn
 
 from otviz.knobs import DENSE_SOURCES
 from otviz.towers.base import ImageTower, register_image_tower
-from otviz.towers.dense import dense_attention, rewritten_block
+from otviz.towers.dense import (
+    READS_INTERMEDIATE,
+    RESCLIP_LAYERS,
+    dense_attention,
+    fits,
+    rewritten_block,
+    softmax_attention,
+)
 from otviz.towers.sources import FeatureSource
 
 
@@ -64,21 +73,30 @@ def _written_out(block: nn.Module) -> bool:
                                           "drop_path2"))
 
 
-def attention_branch(block: nn.Module, x: Tensor, kind: str, grid: tuple[int, int]) -> Tensor:
+def block_qkv(block: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(q, k, v)`` ``[B, heads, T, d]`` of a timm ``Block`` on tokens ``x``: ``norm1``,
+    ``qkv``, then ``q_norm`` / ``k_norm``, as timm's ``Attention.forward`` computes them."""
+    attn: Attention = block.attn
+    b, t, _ = x.shape
+    qkv = attn.qkv(block.norm1(x)).reshape(b, t, 3, attn.num_heads, attn.head_dim)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    return attn.q_norm(q), attn.k_norm(k), v
+
+
+def attention_branch(block: nn.Module, x: Tensor, kind: str, grid: tuple[int, int],
+                     cross: Tensor | None = None) -> Tensor:
     """``drop_path1(ls1(proj(norm(A v) * gate)))``: the attention branch of a timm ``Block``
     on tokens ``x`` with its softmax replaced by the dense path ``kind``'s ``A``
-    (:func:`otviz.towers.dense.dense_attention`), ``q, k, v`` from ``qkv`` then ``q_norm`` /
-    ``k_norm`` as timm's ``Attention.forward`` computes them."""
+    (:func:`otviz.towers.dense.dense_attention`; ``cross`` the intermediate attention
+    ResCLIP's RCS reads)."""
     attn: Attention = block.attn
-    h = block.norm1(x)
-    b, t, _ = h.shape
-    qkv = attn.qkv(h).reshape(b, t, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)
-    a = dense_attention(kind, attn.q_norm(q), attn.k_norm(k), attn.scale, grid).to(v)
+    b, t, _ = x.shape
+    q, k, v = block_qkv(block, x)
+    a = dense_attention(kind, q, k, attn.scale, grid, cross).to(v)
     out = attn.norm((a @ v).transpose(1, 2).reshape(b, t, attn.num_heads * attn.head_dim))
     gate = getattr(attn, "gate", None)
     if gate is not None:
-        out = out * gate(h).sigmoid()
+        out = out * gate(block.norm1(x)).sigmoid()
     return block.drop_path1(block.ls1(attn.proj_drop(attn.proj(out))))
 
 
@@ -105,9 +123,9 @@ class TimmTower(ImageTower):
         blocks = list(trunk.blocks)
         if len(blocks) < 2 or not all(_takes_mask(b) for b in blocks):
             return ("last", "layer:K")
-        if getattr(trunk, "rope", None) is not None or not _written_out(blocks[-1]):
+        if getattr(trunk, "rope", None) is not None or not all(_written_out(b) for b in blocks):
             return ("last", "layer:K", "maskclip")
-        return ("last", "layer:K", *DENSE_SOURCES)
+        return ("last", "layer:K", *(s for s in DENSE_SOURCES if fits(s, len(blocks))))
 
     @property
     def depth(self) -> int:
@@ -120,25 +138,29 @@ class TimmTower(ImageTower):
             patches = self._dense(pixels, source.kind)
         return patches, pooled
 
-    def _last_input(self, pixels: Tensor) -> Tensor:
-        """``[B, T, D]`` the tokens entering the last block, prefix tokens first (timm's
-        ``forward_intermediates`` up to block ``L - 2``, no norm)."""
+    def _block_inputs(self, pixels: Tensor, blocks: list[int]) -> list[Tensor]:
+        """``[B, T, D]`` the tokens entering each of ``blocks`` (indices from 1), prefix
+        tokens first: timm's ``forward_intermediates`` of the blocks before them, no norm."""
         trunk = self.visual.trunk
-        (out,) = trunk.forward_intermediates(
-            pixels, indices=[len(trunk.blocks) - 2], return_prefix_tokens=True, norm=False,
+        outs = trunk.forward_intermediates(
+            pixels, indices=[i - 1 for i in blocks], return_prefix_tokens=True, norm=False,
             stop_early=True, output_fmt="NLC", intermediates_only=True)
-        return torch.cat([out[1], out[0]], dim=1) if isinstance(out, tuple) else out
+        return [torch.cat([o[1], o[0]], dim=1) if isinstance(o, tuple) else o for o in outs]
 
     def _dense(self, pixels: Tensor, kind: str) -> Tensor:
         """``[B, N, width]`` the last block rewritten as the dense path ``kind`` from the
         model's current parameters, through the trunk's final norm (module docstring)."""
         trunk = self.visual.trunk
-        last = trunk.blocks[-1]
-        x = self._last_input(pixels)
+        *middle, last = trunk.blocks
+        reads = list(RESCLIP_LAYERS) if kind in READS_INTERMEDIATE else []
+        *inputs, x = self._block_inputs(pixels, [*reads, len(middle)])
         if kind == "maskclip":
             out = last(x, attn_mask=self_only_mask(x.shape[1], x.device))
         else:
-            out = rewritten_block(kind, x, attention_branch(last, x, kind, self.grid),
+            maps = [softmax_attention(*block_qkv(middle[i], y)[:2], middle[i].attn.scale)
+                    for i, y in zip(reads, inputs, strict=True)]
+            cross = torch.stack(maps).mean(0) if maps else None
+            out = rewritten_block(kind, x, attention_branch(last, x, kind, self.grid, cross),
                                   lambda z: last.drop_path2(last.ls2(last.mlp(last.norm2(z)))))
         return trunk.norm(out)[:, -self.grid[0] * self.grid[1]:]
 

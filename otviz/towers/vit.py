@@ -23,7 +23,14 @@ from otviz.errors import UserInputError
 from otviz.knobs import DENSE_SOURCES
 from otviz.tiny_clip.conv_stem import ConvStem
 from otviz.towers.base import ImageTower, register_image_tower
-from otviz.towers.dense import dense_attention, rewritten_block
+from otviz.towers.dense import (
+    READS_INTERMEDIATE,
+    RESCLIP_LAYERS,
+    dense_attention,
+    fits,
+    rewritten_block,
+    softmax_attention,
+)
 from otviz.towers.sources import FeatureSource
 
 #: The most memory one image's attention matrix may take at a chosen input size, in bytes
@@ -53,28 +60,44 @@ def interpolated_positions(positions: Tensor, grid: tuple[int, int], prefix: int
     return torch.cat([positions[:prefix], patch.permute(0, 2, 3, 1).reshape(-1, patch.shape[1])])
 
 
+def block_qkv(block: ResidualAttentionBlock, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(q, k, v)`` ``[B, heads, T, d]`` of an open_clip block on tokens ``x`` (after its
+    ``ln_1``), from its current ``in_proj`` weights."""
+    mha: nn.MultiheadAttention = block.attn
+    b, t, d = x.shape
+    qkv = F.linear(block.ln_1(x), mha.in_proj_weight, mha.in_proj_bias)
+    q, k, v = (z.reshape(b, t, mha.num_heads, d // mha.num_heads).transpose(1, 2)
+               for z in qkv.chunk(3, dim=-1))
+    return q, k, v
+
+
+def block_attention_map(block: ResidualAttentionBlock, x: Tensor) -> Tensor:
+    """``[B, heads, T, T]`` the block's own softmax attention on tokens ``x``."""
+    q, k, _ = block_qkv(block, x)
+    return softmax_attention(q, k, q.shape[-1] ** -0.5)
+
+
 def block_attention_branch(block: ResidualAttentionBlock, x: Tensor, kind: str,
-                           grid: tuple[int, int]) -> Tensor:
+                           grid: tuple[int, int], cross: Tensor | None = None) -> Tensor:
     """``ls_1(out_proj(A v))``: the attention branch of an open_clip block on tokens ``x``
     with its mixing replaced by the dense path ``kind``
-    (:func:`otviz.towers.dense.dense_attention`)."""
+    (:func:`otviz.towers.dense.dense_attention`; ``cross`` the intermediate attention
+    ResCLIP's RCS reads)."""
     mha: nn.MultiheadAttention = block.attn
     if kind == "maskclip":  # A = I: each token's own value, no T x T matrix needed
         return block.ls_1(value_path(mha, block.ln_1(x)))
     b, t, d = x.shape
-    heads = mha.num_heads
-    qkv = F.linear(block.ln_1(x), mha.in_proj_weight, mha.in_proj_bias)
-    q, k, v = (z.reshape(b, t, heads, d // heads).transpose(1, 2) for z in qkv.chunk(3, dim=-1))
-    a = dense_attention(kind, q, k, (d // heads) ** -0.5, grid)
+    q, k, v = block_qkv(block, x)
+    a = dense_attention(kind, q, k, (d // mha.num_heads) ** -0.5, grid, cross)
     return block.ls_1(mha.out_proj((a @ v).transpose(1, 2).reshape(b, t, d)))
 
 
 def dense_block(block: ResidualAttentionBlock, x: Tensor, kind: str, grid: tuple[int, int],
-                ) -> Tensor:
+                cross: Tensor | None = None) -> Tensor:
     """The last block rewritten as the dense path ``kind`` (:mod:`otviz.towers.dense`) from
     the block's current parameters: its attention branch alone, or with the residual and
     feed-forward where the path keeps them (:func:`otviz.towers.dense.rewritten_block`)."""
-    return rewritten_block(kind, x, block_attention_branch(block, x, kind, grid),
+    return rewritten_block(kind, x, block_attention_branch(block, x, kind, grid, cross),
                            lambda z: block.ls_2(block.mlp(block.ln_2(z))))
 
 
@@ -129,7 +152,7 @@ class VitTower(ImageTower):
 
     def sources(self) -> tuple[str, ...]:
         dense = DENSE_SOURCES if _standard_blocks(self.visual) else ()
-        return ("last", "layer:K", *dense)
+        return ("last", "layer:K", *(s for s in dense if fits(s, self.depth)))
 
     @property
     def depth(self) -> int:
@@ -194,12 +217,16 @@ class VitTower(ImageTower):
         *first, last = v.transformer.resblocks
         x = self.embeds(pixels)
         read = None
+        maps = []
         for index, block in enumerate(first):
+            if source.kind in READS_INTERMEDIATE and index in RESCLIP_LAYERS:
+                maps.append(block_attention_map(block, x))
             x = block(x)
             if source.kind == "layer" and index == source.layer:
                 read = x
         if source.kind in DENSE_SOURCES:
-            read = dense_block(last, x, source.kind, self.grid)
+            cross = torch.stack(maps).mean(0) if maps else None
+            read = dense_block(last, x, source.kind, self.grid, cross)
         x = last(x)
         pooled, _ = v._pool(x)
         pooled = pooled @ v.proj if v.proj is not None else pooled

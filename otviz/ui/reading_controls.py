@@ -27,6 +27,7 @@ SOURCE_LABELS = {
     "sclip": "SCLIP: q-q + k-k attention",
     "clearclip": "ClearCLIP: q-q, no residual, no FFN",
     "naclip": "NACLIP: neighbourhood k-k, no FFN",
+    "resclip-rcs": "ResCLIP (RCS only): NACLIP + blocks 5-8 q-k",
 }
 LAYER_FORM = "layer:K"
 

@@ -6,6 +6,8 @@ and projection; larger inputs against open_clip's own resized model."""
 
 from __future__ import annotations
 
+import re
+
 import open_clip
 import pytest
 import torch
@@ -19,8 +21,10 @@ from otviz.towers.timm_tower import TimmTower
 from otviz.towers.vit import VitTower, value_path
 from tests.towers.conftest import shrunk_backbone
 
-DENSE = ("maskclip", "sclip", "clearclip", "naclip")
+DENSE = ("maskclip", "sclip", "clearclip", "naclip")  # every ViT of two blocks or more
+RESCLIP = "resclip-rcs"  # a ViT of ten blocks or more
 SIGMA = 5.0  # NACLIP's Gaussian standard deviation (patches)
+RCS_LAYERS, TAU, LAMBDA = (5, 6, 7, 8), 2.0, 0.3  # ResCLIP's RCS (authors' code, VOC config)
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +37,21 @@ def vit_b16():
     with torch.no_grad():
         blocks = open_clip_blocks(model.visual, pixels)
     return model, pixels, blocks
+
+
+@pytest.fixture(scope="module")
+def deep_timm_vit():
+    """A random 12-block timm ViT (timm's ViT-Ti/16 through open_clip's ``TimmModel``) in
+    float64, and an input: deep enough for ResCLIP's blocks 5-8."""
+    from open_clip.timm_model import TimmModel
+
+    torch.manual_seed(4)
+    torch.set_num_threads(1)
+    model = torch.nn.Module()
+    model.visual = TimmModel("vit_tiny_patch16_224", 32, image_size=224, pool="avg")
+    model = model.double().eval()
+    pixels = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(6)).double()
+    return model, pixels
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +80,10 @@ def gaussian_omega(grid: tuple[int, int], prefix: int) -> torch.Tensor:
     return omega
 
 
-def mixing(kind: str, q, k, scale: float, grid, prefix: int) -> torch.Tensor:
+def mixing(kind: str, q, k, scale: float, grid, prefix: int, cross=None) -> torch.Tensor:
     """``A`` of each paper: MaskCLIP I; SCLIP softmax(s qq^T) + softmax(s kk^T); ClearCLIP
-    softmax(s qq^T); NACLIP softmax(s kk^T + Omega)."""
+    softmax(s qq^T); NACLIP softmax(s kk^T + Omega); ResCLIP's RCS tau ((1 - lambda)
+    softmax(s kk^T + Omega) + lambda R), ``R`` = ``cross``."""
     if kind == "maskclip":
         return torch.eye(q.shape[-2], dtype=q.dtype).expand(*q.shape[:-2], -1, -1)
     qq = torch.softmax(scale * torch.einsum("bhtd,bhsd->bhts", q, q), dim=-1)
@@ -72,7 +92,21 @@ def mixing(kind: str, q, k, scale: float, grid, prefix: int) -> torch.Tensor:
         return qq + torch.softmax(kk, dim=-1)
     if kind == "clearclip":
         return qq
-    return torch.softmax(kk + gaussian_omega(grid, prefix), dim=-1)
+    neighbourhood = torch.softmax(kk + gaussian_omega(grid, prefix), dim=-1)
+    if kind == RESCLIP:
+        return TAU * ((1 - LAMBDA) * neighbourhood + LAMBDA * cross)
+    return neighbourhood
+
+
+def cross_correlation(qk_of_block, inputs: list[torch.Tensor], scale: float) -> torch.Tensor:
+    """ResCLIP's ``R``: the mean over blocks 5-8 of ``softmax(s q_l k_l^T)``, each block's
+    own attention on the tokens entering it (``inputs[l]``); ``qk_of_block(l, x)`` gives
+    that block's per-head ``q, k``."""
+    maps = []
+    for layer in RCS_LAYERS:
+        q, k = qk_of_block(layer, inputs[layer])
+        maps.append(torch.softmax(scale * torch.einsum("bhtd,bhsd->bhts", q, k), dim=-1))
+    return sum(maps) / len(maps)
 
 
 def heads(z: torch.Tensor, n: int) -> torch.Tensor:
@@ -85,7 +119,15 @@ def merge(z: torch.Tensor) -> torch.Tensor:
     return z.permute(0, 2, 1, 3).reshape(b, t, n * d)
 
 
-def open_clip_reference(kind: str, visual, x: torch.Tensor) -> torch.Tensor:
+def open_clip_qk(visual, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    block = visual.transformer.resblocks[layer]
+    d, n = x.shape[-1], block.attn.num_heads
+    y = F.layer_norm(x, (d,), block.ln_1.weight, block.ln_1.bias, block.ln_1.eps)
+    w, b = block.attn.in_proj_weight, block.attn.in_proj_bias
+    return tuple(heads(y @ w[i * d:(i + 1) * d].T + b[i * d:(i + 1) * d], n) for i in range(2))
+
+
+def open_clip_reference(kind: str, visual, x: torch.Tensor, cross=None) -> torch.Tensor:
     """``[B, N, E]`` the last block rewritten as ``kind`` on the tokens ``x`` entering it,
     then ``ln_post`` and ``proj`` (MaskCLIP and SCLIP keep the residual and the
     feed-forward)."""
@@ -96,7 +138,7 @@ def open_clip_reference(kind: str, visual, x: torch.Tensor) -> torch.Tensor:
     w, b = attn.in_proj_weight, attn.in_proj_bias
     q, k, v = (heads(y @ w[i * d:(i + 1) * d].T + b[i * d:(i + 1) * d], n) for i in range(3))
     grid = tuple(visual.grid_size)
-    a = mixing(kind, q, k, (d // n) ** -0.5, grid, 1)
+    a = mixing(kind, q, k, (d // n) ** -0.5, grid, 1, cross)
     out = merge(a @ v) @ attn.out_proj.weight.T + attn.out_proj.bias
     if kind in ("maskclip", "sclip"):
         z = x + out
@@ -144,7 +186,14 @@ def timm_blocks(trunk, pixels: torch.Tensor) -> list[torch.Tensor]:
     return out
 
 
-def timm_reference(kind: str, visual, x: torch.Tensor) -> torch.Tensor:
+def timm_qk(trunk, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    block = trunk.blocks[layer]
+    d, n = x.shape[-1], block.attn.num_heads
+    qkv = block.norm1(x) @ block.attn.qkv.weight.T + block.attn.qkv.bias
+    return heads(qkv[..., :d], n), heads(qkv[..., d:2 * d], n)
+
+
+def timm_reference(kind: str, visual, x: torch.Tensor, cross=None) -> torch.Tensor:
     """The same for a timm ViT block (``norm1``, fused ``qkv``, ``proj``, layer scales),
     then the trunk's final norm and the tower's per-position head."""
     trunk = visual.trunk
@@ -157,7 +206,7 @@ def timm_reference(kind: str, visual, x: torch.Tensor) -> torch.Tensor:
     q, k, v = (heads(z, n) for z in qkv.split(d, dim=-1))
     grid = tuple(trunk.patch_embed.grid_size)
     prefix = x.shape[1] - grid[0] * grid[1]
-    a = mixing(kind, q, k, (d // n) ** -0.5, grid, prefix)
+    a = mixing(kind, q, k, (d // n) ** -0.5, grid, prefix, cross)
     out = block.ls1(merge(a @ v) @ attn.proj.weight.T + attn.proj.bias)
     if kind in ("maskclip", "sclip"):
         z = x + out
@@ -167,12 +216,16 @@ def timm_reference(kind: str, visual, x: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------- the tests
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", DENSE)
+@pytest.mark.parametrize("kind", [*DENSE, RESCLIP])
 def test_each_dense_path_on_open_clip_vit_b16_is_its_papers_equations(vit_b16, kind):
     model, pixels, blocks = vit_b16
     tower = VitTower(model.visual)
     with torch.no_grad():
-        expected = open_clip_reference(kind, model.visual, blocks[-2])
+        scale = (model.visual.transformer.width // model.visual.transformer.resblocks[0]
+                 .attn.num_heads) ** -0.5
+        cross = cross_correlation(lambda layer, x: open_clip_qk(model.visual, layer, x),
+                                  blocks, scale) if kind == RESCLIP else None
+        expected = open_clip_reference(kind, model.visual, blocks[-2], cross)
         patches, pooled = tower.encode(pixels, FeatureSource(kind))
         ours = tower.project(patches)
         readout = model.visual.ln_post(blocks[-1][:, 0]) @ model.visual.proj
@@ -205,6 +258,21 @@ def test_each_dense_path_on_a_timm_vit_is_its_papers_equations(timm_vit, kind):
     with torch.no_grad():
         x = timm_blocks(model.visual.trunk, pixels)[-2]
         expected = timm_reference(kind, model.visual, x)
+        ours = tower.project(tower.encode(pixels, FeatureSource(kind))[0])
+    assert torch.allclose(ours, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", [*DENSE, RESCLIP])
+def test_each_dense_path_on_a_12_block_timm_vit_is_its_papers_equations(deep_timm_vit, kind):
+    model, pixels = deep_timm_vit
+    trunk = model.visual.trunk
+    tower = image_tower(model)
+    with torch.no_grad():
+        blocks = timm_blocks(trunk, pixels)
+        cross = cross_correlation(lambda layer, x: timm_qk(trunk, layer, x), blocks,
+                                  trunk.blocks[0].attn.head_dim ** -0.5
+                                  ) if kind == RESCLIP else None
+        expected = timm_reference(kind, model.visual, blocks[-2], cross)
         ours = tower.project(tower.encode(pixels, FeatureSource(kind))[0])
     assert torch.allclose(ours, expected, atol=1e-5, rtol=0)
 
@@ -285,7 +353,7 @@ def test_sources_are_parsed_and_refused_with_the_accepted_forms():
     assert str(parse_feature_source(" Layer:-2 ")) == "layer:-2"
     assert parse_feature_source("naclip") == FeatureSource("naclip")
     assert {str(parse_feature_source(n.replace("K", "3"))) for n in FEATURE_SOURCE_NAMES} == {
-        "last", "layer:3", *DENSE}
+        "last", "layer:3", *DENSE, RESCLIP}
     for bad in ("layer", "layer:x", "layer:1.5", "dino", ""):
         with pytest.raises(UserInputError) as e:
             parse_feature_source(bad)
@@ -302,7 +370,12 @@ def test_a_tower_refuses_what_it_cannot_give_naming_what_it_has(tmp_path, timm_v
         resnet.with_features("last", 128)
     model, pixels = timm_vit
     tower = image_tower(model)
-    assert tower.sources() == FEATURE_SOURCE_NAMES
+    assert tower.sources() == ("last", "layer:K", *DENSE)
+    with pytest.raises(UserInputError, match=re.escape(
+            "cannot give resclip-rcs (resclip-rcs reads intermediate blocks and needs 10 "
+            "blocks; this tower has 2); it gives last, layer:K, maskclip, sclip, clearclip, "
+            "naclip")):
+        tower.encode(pixels, FeatureSource(RESCLIP))  # two blocks: no blocks 5-8 to read
     with pytest.raises(UserInputError, match="outside .* 2 blocks; K runs from 0 to 1"):
         tower.encode(pixels, FeatureSource("layer", 2))
     eva = shrunk_backbone("EVA02-B-16", tmp_path, seed=0)
