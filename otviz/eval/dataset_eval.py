@@ -67,6 +67,7 @@ from otviz.eval.grounding_metrics import (
     tokens_in_boxes,
 )
 from otviz.eval.runner import _atomic_write, write_tables
+from otviz.eval.segmentation import reading
 from otviz.eval.table import Table
 from otviz.eval.trust.metrics import TrustSettings, require_quantus
 from otviz.eval.world_set import (
@@ -149,6 +150,8 @@ def run_dataset_eval(config: EvalConfig, progress: StageProgress | None = None
         tables.append(dataset_trust_table(
             [r["trust"] for r in results], f"{data.source['format']} {split}", trust))
         tables[1].notes.append(f"methods: {suite.label}; {suite_note}")
+    for shown in tables:
+        shown.title = f"{shown.title} ({reading(backbone)})"
     stamp = {"model": backbone.name, "pretrained": backbone.info.get("pretrained"),
              "backbone_weights": identity["backbone"]["weights"],
              "versions": package_versions(), "dataset": {**data.source, "digest": data.digest(),

@@ -24,7 +24,7 @@ from otviz.eval import alignment_tables as A
 from otviz.eval import classification_tables as C
 from otviz.eval import seeds as S
 from otviz.eval.config import ALIGNMENT_TABLES, TRAINING_FREE, EvalConfig
-from otviz.eval.segmentation import segmentation_table
+from otviz.eval.segmentation import reading, segmentation_table
 from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet
 from otviz.explainers import explainer_names
@@ -158,6 +158,10 @@ def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -
                                                     seed=config.seed)
         if progress is not None:
             progress("long-tailed", 1, 1)
+    named = reading(backbone)
+    for table in tables.values():
+        if named not in table.title:
+            table.title = f"{table.title} ({named})"
     return [tables[n] for n in names] + ([tables["trust_cost"]] if "trust" in names else [])
 
 
