@@ -105,17 +105,24 @@ def world_images(data: EvalSet, q: PhraseQueries) -> list[ScoredImage]:
 PixelMaps = Callable[[int, ScoredImage], Tensor]
 
 
+def picked(maps: Tensor, rows: Sequence[int]) -> Tensor:
+    """``[k, N]`` float32: the token maps ``maps[rows[c]]`` of the candidates (an empty, flat
+    map where ``rows[c]`` is -1)."""
+    out = torch.zeros(len(rows), maps.shape[1], dtype=torch.float32)
+    for c, r in enumerate(rows):
+        if r >= 0:
+            out[c] = maps[r]
+    return out
+
+
 def token_maps(maps: Tensor, geometry: TokenGeometry) -> PixelMaps:
     """Image ``j``'s candidates' ``[k, H, W]`` pixel maps from ``[P, N]`` token maps (one
-    per phrase query), upsampled on ``geometry`` to the image's labels' size; a candidate
-    without a query gets an empty (flat) map."""
+    per phrase query, :func:`picked`), upsampled on ``geometry`` to the image's labels'
+    size."""
 
     def draw(j: int, image: ScoredImage) -> Tensor:
         height, width = image.gold.shape
-        picked = torch.stack([maps[r] if r >= 0 else torch.zeros(maps.shape[1],
-                                                                  dtype=maps.dtype)
-                              for r in image.rows]) if image.rows else maps[:0]
-        return geometry.upsample(picked.double(), width, height)
+        return geometry.upsample(picked(maps, image.rows), width, height)
 
     return draw
 
@@ -123,8 +130,7 @@ def token_maps(maps: Tensor, geometry: TokenGeometry) -> PixelMaps:
 def gold_maps(j: int, image: ScoredImage) -> Tensor:
     """The gold masks as maps: candidate ``k``'s map is 1 on its labelled pixels."""
     gold = torch.from_numpy(image.gold.astype(np.int64))
-    return torch.stack([(gold == k + 1).double() for k in range(len(image.rows))]) \
-        if image.rows else torch.zeros(0, *gold.shape, dtype=torch.float64)
+    return (gold[None] == torch.arange(1, len(image.rows) + 1)[:, None, None]).float()
 
 
 def segment(images: Sequence[ScoredImage], pixel_maps: PixelMaps, n_classes: int,

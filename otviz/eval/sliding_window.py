@@ -14,7 +14,7 @@ whole image at its own size, resized to the model's input.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +24,7 @@ from torch import Tensor
 
 from otviz.data.grounding_sets import GoldPhrase, GroundingItem, GroundingSet
 from otviz.errors import InputError
+from otviz.eval.segmentation import PixelMaps, picked
 from otviz.patch_grid.tokens import TokenGeometry
 
 #: mmseg's ``Resize(scale=(2048, short), keep_ratio=True)``: the longer side at most this.
@@ -127,7 +128,7 @@ def windowed(items: Sequence[GroundingItem], windows: Sequence[Windows], source:
 
 def pasted_maps(maps: Tensor, geometry: TokenGeometry, windows: Sequence[Windows],
                 rows: Sequence[Sequence[list[int]]], labels_size: Sequence[tuple[int, int]]
-                ) -> Callable[[int, object], Tensor]:
+                ) -> PixelMaps:
     """Image ``j``'s ``[k, H, W]`` class maps from ``[P, N]`` token maps: window ``w``'s
     candidates' maps (``rows[j][w][c]``: the query row of class ``c``, -1: none, an empty
     map) drawn on its pixels, averaged over the windows covering a pixel, resized to the
@@ -140,10 +141,7 @@ def pasted_maps(maps: Tensor, geometry: TokenGeometry, windows: Sequence[Windows
         total = torch.zeros(k, height, width, dtype=torch.float32)
         count = torch.zeros(height, width, dtype=torch.float32)
         for (x0, y0, x1, y1), cand in zip(own.boxes, rows[j], strict=True):
-            picked = torch.stack([maps[r] if r >= 0 else torch.zeros(maps.shape[1],
-                                                                      dtype=maps.dtype)
-                                  for r in cand]).float()
-            total[:, y0:y1, x0:x1] += geometry.upsample(picked, x1 - x0, y1 - y0)
+            total[:, y0:y1, x0:x1] += geometry.upsample(picked(maps, cand), x1 - x0, y1 - y0)
             count[y0:y1, x0:x1] += 1
         mean = total / count.clamp_min(1)
         h, w = labels_size[j]
