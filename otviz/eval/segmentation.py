@@ -106,9 +106,10 @@ PixelMaps = Callable[[int, ScoredImage], Tensor]
 
 
 def picked(maps: Tensor, rows: Sequence[int]) -> Tensor:
-    """``[k, N]`` float32: the token maps ``maps[rows[c]]`` of the candidates (an empty, flat
-    map where ``rows[c]`` is -1)."""
-    out = torch.zeros(len(rows), maps.shape[1], dtype=torch.float32)
+    """``[k, N]`` float64: the token maps ``maps[rows[c]]`` of the candidates (an empty, flat
+    map where ``rows[c]`` is -1). Double precision throughout: a flat map (Global+Patch's)
+    must stay flat once drawn, and single precision's rounding would give it a range."""
+    out = torch.zeros(len(rows), maps.shape[1], dtype=torch.float64)
     for c, r in enumerate(rows):
         if r >= 0:
             out[c] = maps[r]
@@ -130,7 +131,7 @@ def token_maps(maps: Tensor, geometry: TokenGeometry) -> PixelMaps:
 def gold_maps(j: int, image: ScoredImage) -> Tensor:
     """The gold masks as maps: candidate ``k``'s map is 1 on its labelled pixels."""
     gold = torch.from_numpy(image.gold.astype(np.int64))
-    return (gold[None] == torch.arange(1, len(image.rows) + 1)[:, None, None]).float()
+    return (gold[None] == torch.arange(1, len(image.rows) + 1)[:, None, None]).double()
 
 
 def segment(images: Sequence[ScoredImage], pixel_maps: PixelMaps, n_classes: int,

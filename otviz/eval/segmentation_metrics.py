@@ -45,9 +45,9 @@ THRESHOLD = 0.5
 
 
 def scaled_maps(maps: Tensor) -> Tensor:
-    """``[k, H, W]`` maps each scaled to ``[0, 1]`` by its own minimum and maximum, in their
-    own precision; a flat map (one value everywhere) becomes 0 everywhere."""
-    flat = maps.reshape(maps.shape[0], -1)
+    """``[k, H, W]`` maps each scaled to ``[0, 1]`` by its own minimum and maximum (in double
+    precision); a flat map (one value everywhere) becomes 0 everywhere."""
+    flat = maps.reshape(maps.shape[0], -1).double()
     low, high = flat.amin(dim=1, keepdim=True), flat.amax(dim=1, keepdim=True)
     span = high - low
     out = torch.where(span > 0, (flat - low) / torch.where(span > 0, span, 1),

@@ -138,8 +138,8 @@ def pasted_maps(maps: Tensor, geometry: TokenGeometry, windows: Sequence[Windows
         own = windows[j]
         width, height = own.size
         k = len(rows[j][0])
-        total = torch.zeros(k, height, width, dtype=torch.float32)
-        count = torch.zeros(height, width, dtype=torch.float32)
+        total = torch.zeros(k, height, width, dtype=torch.float64)
+        count = torch.zeros(height, width, dtype=torch.float64)
         for (x0, y0, x1, y1), cand in zip(own.boxes, rows[j], strict=True):
             total[:, y0:y1, x0:x1] += geometry.upsample(picked(maps, cand), x1 - x0, y1 - y0)
             count[y0:y1, x0:x1] += 1

@@ -130,3 +130,17 @@ def test_world_images_label_each_object_by_its_phrase(world_table) -> None:
             assert (image.gold[on] == n + 1).all()
             assert image.classes[n + 1] == 1 + SHAPES.index(sample.objects[p.object_index].shape)
         assert (image.gold[labels == 0] == 0).all()
+
+
+def test_a_flat_token_map_stays_flat_once_drawn() -> None:
+    """A flat plan map (Global+Patch's) drawn on the pixels is still flat, so it is read as
+    pointing nowhere: background everywhere, like the uniform map."""
+    from otviz.eval.segmentation import ScoredImage, token_maps
+    from otviz.patch_grid.tokens import TokenGeometry
+
+    geometry = TokenGeometry.cell_centred((10, 10), (80, 80))
+    maps = torch.full((2, 100), 1.0 / 3000, dtype=torch.float64)  # a mass, not a round number
+    image = ScoredImage([0, 1], np.zeros((80, 80), dtype=np.int64), np.array([0, 1, 2]))
+    drawn = token_maps(maps, geometry)(0, image)
+    assert (drawn.amax(dim=(1, 2)) == drawn.amin(dim=(1, 2))).all()
+    assert (predict_labels(drawn) == 0).all()

@@ -39,9 +39,9 @@ def test_overlapping_windows_average_and_one_window_is_none() -> None:
     own = [Windows((12, 8), [(0, 0, 8, 8), (4, 0, 12, 8)])]
     pasted = pasted_maps(maps, geometry, own, [[[0], [1]]], [(8, 12)])(0, None)
     assert pasted.shape == (1, 8, 12)
-    assert torch.allclose(pasted[0, :, :4], torch.tensor(1.0))
-    assert torch.allclose(pasted[0, :, 4:8], torch.tensor(2.0))  # (1 + 3) / 2
-    assert torch.allclose(pasted[0, :, 8:], torch.tensor(3.0))
+    assert torch.allclose(pasted[0, :, :4], torch.tensor(1.0, dtype=torch.float64))
+    assert torch.allclose(pasted[0, :, 4:8], torch.tensor(2.0, dtype=torch.float64))  # (1 + 3) / 2
+    assert torch.allclose(pasted[0, :, 8:], torch.tensor(3.0, dtype=torch.float64))
     # one window over the whole image at its own size: the plain drawing, exactly
     whole = pasted_maps(maps, geometry, [Windows((8, 8), [(0, 0, 8, 8)])], [[[2, -1]]],
                         [(8, 8)])(0, None)
@@ -51,4 +51,4 @@ def test_overlapping_windows_average_and_one_window_is_none() -> None:
         gold = torch.zeros(8, 8)
 
     plain = token_maps(maps, geometry)(0, Image())
-    assert torch.allclose(whole, plain.float()) and torch.all(whole[1] == 0)
+    assert torch.allclose(whole, plain) and torch.all(whole[1] == 0)
