@@ -9,7 +9,7 @@ configurations score the same phrases, so the difference is the heads' alone.
 Usage::
 
     python benchmarks/head_gain.py [--seeds 7301,7302] [--n-test 500] [--heads DIR]
-        [--methods A,B] [--out benchmarks/head_gain]
+        [--methods A,B] [--threads N] [--out benchmarks/head_gain]
 
 writes ``OUT.json`` and ``OUT.md``.
 """
@@ -32,6 +32,7 @@ from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries
 from otviz.eval.grounding_metrics import pointing_hits
 from otviz.eval.runner import build_suite
 from otviz.eval.seeds import group_bootstrap
+from otviz.eval.segmentation import reading
 from otviz.eval.world_set import EvalSet
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS
 
@@ -84,11 +85,13 @@ def measure(seeds: list[int], n_test: int, heads: str, cache: str,
             "difference_ci": [100 * v for v in group_bootstrap(diff, group)],
             **train_time(Path(heads), name),
         })
-    return {"seeds": seeds, "n_test": n_test, "heads": heads, "rows": rows}
+    return {"seeds": seeds, "n_test": n_test, "heads": heads, "reading": reading(backbone),
+            "rows": rows}
 
 
 def markdown(result: dict) -> str:
-    lines = [f"**Trained heads vs the training-free configuration** (heads: {result['heads']}; "
+    lines = [f"**Trained heads vs the training-free configuration** ({result['reading']}; "
+             f"heads: {result['heads']}; "
              f"world test seeds {', '.join(map(str, result['seeds']))}, {result['n_test']} "
              "images each; pointing in %, 95 % bootstrap intervals over images)", "",
              "| method | phrases | trained | training-free | trained - free | trained, colour "
@@ -120,9 +123,10 @@ def main() -> None:
     parser.add_argument("--cache-dir", default=".cache/otviz-features")
     parser.add_argument("--methods", default="", help="comma list (default: all eight)")
     parser.add_argument("--out", default="benchmarks/head_gain")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = parser.parse_args()
     names = tuple(args.methods.split(",")) if args.methods else tuple(ALIGN_METHODS)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     start = time.perf_counter()
     result = measure([int(s) for s in args.seeds.split(",")], args.n_test, args.heads,
                      args.cache_dir, names)
