@@ -90,7 +90,7 @@ HeadStart = Annotated[str, OneOf(HEAD_STARTS)]
 #: Where the patch features come from (:mod:`otviz.towers.sources`): the last block, block
 #: ``K`` (``layer:K``, negative K counts from the end) or one of the dense last-block paths
 #: (MaskCLIP, SCLIP, ClearCLIP, NACLIP).
-DENSE_SOURCES = ("maskclip", "sclip", "clearclip", "naclip", "resclip-rcs")
+DENSE_SOURCES = ("maskclip", "sclip", "clearclip", "naclip", "resclip-rcs", "scclip")
 FEATURE_SOURCE_NAMES = ("last", "layer:K", *DENSE_SOURCES)
 
 

@@ -46,6 +46,11 @@ path's terms as the authors' code computes them (repository, file, lines):
   class names, is not applied: a feature source sees no text, hence the name. A tower of
   fewer than 10 blocks cannot give it.
 
+* SC-CLIP (Bai et al., 2024, ``scclip``): the last block's attention ``A = (softmax(3 (M -
+  mean M)) + softmax(s k k^T)) / 2`` with ``M`` block 8's patch similarities, on anomaly-
+  resolved, similarity-aggregated patch tokens, plus a fused pass of blocks 3-9
+  (:mod:`otviz.towers.scclip`, where the authors' lines are cited).
+
 (MaskCLIP's identity attention without the residual and feed-forward is ClearCLIP's
 ``model_type='MaskCLIP'`` under its ``ignore_residual=True`` ablation, ``transformer.py``
 L604-609, not MaskCLIP's own path; otviz does not offer it.)
@@ -68,6 +73,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from otviz.towers.scclip import DEPTH as SCCLIP_DEPTH
+from otviz.towers.scclip import self_adjusting_attention
+
 #: NACLIP's Gaussian standard deviation, in patches (the paper's and the authors' default).
 NACLIP_SIGMA = 5.0
 #: The paths that keep the last block's residual and feed-forward (MaskCLIP, SCLIP).
@@ -76,8 +84,8 @@ KEEPS_RESIDUAL = frozenset({"maskclip", "sclip"})
 #: scale ``tau`` and the weight ``lambda`` of ``R`` (the authors' code and VOC / ADE configs).
 RESCLIP_LAYERS = (5, 6, 7, 8)
 RESCLIP_TAU, RESCLIP_LAMBDA = 2.0, 0.3
-#: The paths that read intermediate blocks' attention, and the fewest blocks they need.
-READS_INTERMEDIATE = {"resclip-rcs": max(RESCLIP_LAYERS) + 2}
+#: The paths that read intermediate blocks, and the fewest blocks they need.
+READS_INTERMEDIATE = {"resclip-rcs": max(RESCLIP_LAYERS) + 2, "scclip": SCCLIP_DEPTH}
 
 
 def fits(kind: str, depth: int) -> bool:
@@ -122,7 +130,8 @@ def dense_attention(kind: str, q: Tensor, k: Tensor, scale: float, grid: tuple[i
                     cross: Tensor | None = None) -> Tensor:
     """``[B, heads, T, T]`` the path's ``A`` (module docstring) for per-head ``q, k``
     ``[B, heads, T, d]``; the patches are the last ``h * w`` tokens of ``T``; ``cross`` the
-    mean intermediate attention ``R`` that ResCLIP's RCS reads (``None`` for the others). MaskCLIP's
+    mean intermediate attention ``R`` that ResCLIP's RCS reads, or SC-CLIP's block-8
+    similarities ``M`` ``[B, T, T]`` (``None`` for the others). MaskCLIP's
     ``A = I`` is not built here: each family reads its value path (open_clip:
     :func:`otviz.towers.vit.value_path`; timm: the block under a self-only mask)."""
     if kind == "sclip":
@@ -135,6 +144,8 @@ def dense_attention(kind: str, q: Tensor, k: Tensor, scale: float, grid: tuple[i
         a = torch.softmax(scale * k @ k.transpose(-1, -2) + omega, dim=-1)
         if kind == "resclip-rcs":
             a = RESCLIP_TAU * ((1 - RESCLIP_LAMBDA) * a + RESCLIP_LAMBDA * cross)
+    elif kind == "scclip":
+        a = self_adjusting_attention(k, cross, scale)
     else:
         raise ValueError(f"no dense path {kind!r}")
     return a

@@ -44,13 +44,13 @@ from torch import Tensor, nn
 from otviz.knobs import DENSE_SOURCES
 from otviz.towers.base import ImageTower, register_image_tower
 from otviz.towers.dense import (
-    READS_INTERMEDIATE,
     RESCLIP_LAYERS,
     dense_attention,
     fits,
     rewritten_block,
     softmax_attention,
 )
+from otviz.towers.scclip import scclip_tokens
 from otviz.towers.sources import FeatureSource
 
 
@@ -125,7 +125,8 @@ class TimmTower(ImageTower):
             return ("last", "layer:K")
         if getattr(trunk, "rope", None) is not None or not all(_written_out(b) for b in blocks):
             return ("last", "layer:K", "maskclip")
-        return ("last", "layer:K", *(s for s in DENSE_SOURCES if fits(s, len(blocks))))
+        return ("last", "layer:K", *(s for s in DENSE_SOURCES if fits(s, len(blocks)) and (
+            s != "scclip" or trunk.num_prefix_tokens == 1)))
 
     @property
     def depth(self) -> int:
@@ -152,7 +153,12 @@ class TimmTower(ImageTower):
         model's current parameters, through the trunk's final norm (module docstring)."""
         trunk = self.visual.trunk
         *middle, last = trunk.blocks
-        reads = list(RESCLIP_LAYERS) if kind in READS_INTERMEDIATE else []
+        if kind == "scclip":  # every block's output but the last's
+            outputs = self._block_inputs(pixels, list(range(1, len(middle) + 1)))
+            out = scclip_tokens(outputs, self.grid, lambda z, mid: attention_branch(
+                last, z, "scclip", self.grid, mid))
+            return trunk.norm(out)
+        reads = list(RESCLIP_LAYERS) if kind == "resclip-rcs" else []
         *inputs, x = self._block_inputs(pixels, [*reads, len(middle)])
         if kind == "maskclip":
             out = last(x, attn_mask=self_only_mask(x.shape[1], x.device))

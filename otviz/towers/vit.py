@@ -24,13 +24,13 @@ from otviz.knobs import DENSE_SOURCES
 from otviz.tiny_clip.conv_stem import ConvStem
 from otviz.towers.base import ImageTower, register_image_tower
 from otviz.towers.dense import (
-    READS_INTERMEDIATE,
     RESCLIP_LAYERS,
     dense_attention,
     fits,
     rewritten_block,
     softmax_attention,
 )
+from otviz.towers.scclip import scclip_tokens
 from otviz.towers.sources import FeatureSource
 
 #: The most memory one image's attention matrix may take at a chosen input size, in bytes
@@ -217,14 +217,18 @@ class VitTower(ImageTower):
         *first, last = v.transformer.resblocks
         x = self.embeds(pixels)
         read = None
-        maps = []
+        maps, outputs = [], []
         for index, block in enumerate(first):
-            if source.kind in READS_INTERMEDIATE and index in RESCLIP_LAYERS:
+            if source.kind == "resclip-rcs" and index in RESCLIP_LAYERS:
                 maps.append(block_attention_map(block, x))
             x = block(x)
+            outputs.append(x)
             if source.kind == "layer" and index == source.layer:
                 read = x
-        if source.kind in DENSE_SOURCES:
+        if source.kind == "scclip":
+            read = scclip_tokens(outputs, self.grid, lambda z, mid: block_attention_branch(
+                last, z, "scclip", self.grid, mid))
+        elif source.kind in DENSE_SOURCES:
             cross = torch.stack(maps).mean(0) if maps else None
             read = dense_block(last, x, source.kind, self.grid, cross)
         x = last(x)

@@ -28,6 +28,7 @@ SOURCE_LABELS = {
     "clearclip": "ClearCLIP: q-q, no residual, no FFN",
     "naclip": "NACLIP: neighbourhood k-k, no FFN",
     "resclip-rcs": "ResCLIP (RCS only): NACLIP + blocks 5-8 q-k",
+    "scclip": "SC-CLIP: anomaly fix, block-8 similarity, fusion",
 }
 LAYER_FORM = "layer:K"
 

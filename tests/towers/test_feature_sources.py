@@ -214,6 +214,65 @@ def timm_reference(kind: str, visual, x: torch.Tensor, cross=None) -> torch.Tens
     return TimmTower(visual).project(trunk.norm(out)[:, prefix:])
 
 
+def lof_outliers(tokens: torch.Tensor, k: int = 30, share: float = 0.05) -> set[int]:
+    """SC-CLIP's anomalies, point by point: the local outlier factor over squared distances
+    (each point's reachability its own k-distance, as the authors' code), above its 95th
+    percentile."""
+    d = torch.cdist(tokens, tokens) ** 2
+    order = [sorted(range(len(tokens)), key=lambda j, i=i: (d[i, j].item(), j != i))[1:k + 1]
+             for i in range(len(tokens))]
+    kdist = torch.stack([d[i, order[i][-1]] for i in range(len(tokens))])
+    lrd = k / kdist
+    lof = torch.stack([lrd[order[i]].mean() / lrd[i] for i in range(len(tokens))])
+    cut = torch.quantile(lof.float(), 1 - share).to(lof)
+    return {i for i in range(len(tokens)) if lof[i] > cut}
+
+
+def fill_outliers(tokens: torch.Tensor, outliers: set[int], grid) -> torch.Tensor:
+    """Each outlier replaced by the mean of its non-outlier 8-neighbours on the grid."""
+    h, w = grid
+    out = tokens.clone()
+    for i in outliers:
+        r, c = divmod(i, w)
+        near = [(r + dr) * w + c + dc for dr in (-1, 0, 1) for dc in (-1, 0, 1)
+                if (dr or dc) and 0 <= r + dr < h and 0 <= c + dc < w
+                and (r + dr) * w + c + dc not in outliers]
+        if near:
+            out[i] = tokens[near].mean(0)
+    return out
+
+
+def scclip_reference(outputs: list[torch.Tensor], grid, attend) -> torch.Tensor:
+    """``[1, N, D]`` SC-CLIP's last-block output for one image written out from its
+    equations: ``outputs`` every block's output but the last's ``[1, 1 + N, D]``;
+    ``attend(z, A_mid)`` the last block's branch with ``A = (A_mid + softmax(s kk^T)) / 2``."""
+    def cos(z):
+        z = z / z.norm(dim=-1, keepdim=True)
+        return z @ z.T
+
+    def mix(z, m):
+        m = torch.where(m >= 0.4, m, torch.zeros_like(m))
+        return (m / (m.sum(-1, keepdim=True) + 1e-6)) @ z
+
+    entering = outputs[-1][0]
+    outliers = lof_outliers(entering[1:])
+    m_pre = cos(fill_outliers(outputs[8][0, 1:], outliers, grid))
+    centred = 3 * (m_pre - m_pre.mean())
+    a_mid = torch.softmax(torch.where(centred >= 0, centred, float("-inf")), dim=-1)
+    m_post = cos(outputs[3][0, 1:])
+    x = mix(fill_outliers(entering[1:], outliers, grid), m_pre)
+    x = mix(attend(x, a_mid) + 0.3 * entering[:1], m_post)
+    fused = sum(outputs[i][0] for i in range(3, 10))
+    y = mix(attend(fused[1:], a_mid) + 0.3 * fused[:1], m_post)
+    return (x + y)[None]
+
+
+def self_adjusted(q_k_v, a_mid, scale):
+    q, k, v = q_k_v
+    a = (a_mid + torch.softmax(scale * torch.einsum("bhtd,bhsd->bhts", k, k), dim=-1)) / 2
+    return merge(a @ v)
+
+
 # ----------------------------------------------------------------- the tests
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", [*DENSE, RESCLIP])
@@ -275,6 +334,61 @@ def test_each_dense_path_on_a_12_block_timm_vit_is_its_papers_equations(deep_tim
         expected = timm_reference(kind, model.visual, blocks[-2], cross)
         ours = tower.project(tower.encode(pixels, FeatureSource(kind))[0])
     assert torch.allclose(ours, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_scclip_on_open_clip_vit_b16_is_its_equations(vit_b16):
+    model, pixels, blocks = vit_b16
+    visual = model.visual
+    last = visual.transformer.resblocks[-1]
+    d, n = visual.transformer.width, last.attn.num_heads
+
+    def attend(z, a_mid):
+        y = F.layer_norm(z[None], (d,), last.ln_1.weight, last.ln_1.bias, last.ln_1.eps)
+        w, b = last.attn.in_proj_weight, last.attn.in_proj_bias
+        qkv = [heads(y @ w[i * d:(i + 1) * d].T + b[i * d:(i + 1) * d], n) for i in range(3)]
+        out = self_adjusted(qkv, a_mid, (d // n) ** -0.5)
+        return (out @ last.attn.out_proj.weight.T + last.attn.out_proj.bias)[0]
+
+    with torch.no_grad():
+        out = scclip_reference(blocks[1:-1], tuple(visual.grid_size), attend)
+        ln = visual.ln_post
+        expected = F.layer_norm(out, (d,), ln.weight, ln.bias, ln.eps) @ visual.proj
+        tower = VitTower(visual)
+        ours = tower.project(tower.encode(pixels, FeatureSource("scclip"))[0])
+    assert torch.allclose(ours, expected, atol=1e-5, rtol=0)
+
+
+def test_scclip_on_a_12_block_timm_vit_is_its_equations(deep_timm_vit):
+    model, pixels = deep_timm_vit
+    trunk = model.visual.trunk
+    last = trunk.blocks[-1]
+    n = last.attn.num_heads
+
+    def attend(z, a_mid):
+        qkv = last.norm1(z[None]) @ last.attn.qkv.weight.T + last.attn.qkv.bias
+        out = self_adjusted([heads(t, n) for t in qkv.chunk(3, dim=-1)], a_mid,
+                            last.attn.head_dim ** -0.5)
+        return last.ls1(out @ last.attn.proj.weight.T + last.attn.proj.bias)[0]
+
+    with torch.no_grad():
+        blocks = timm_blocks(trunk, pixels)
+        out = scclip_reference(blocks[1:-1], tuple(trunk.patch_embed.grid_size), attend)
+        expected = TimmTower(model.visual).project(trunk.norm(out))
+        tower = image_tower(model)
+        ours = tower.project(tower.encode(pixels, FeatureSource("scclip"))[0])
+    assert torch.allclose(ours, expected, atol=1e-5, rtol=0)
+
+
+def test_scclip_is_refused_where_it_does_not_fit(timm_vit, tmp_path):
+    """Two blocks (it reads blocks 3-9), and a trunk with no class token (SigLIP: it adds
+    0.3 of the class token): refused with the reason or the sources the tower has."""
+    model, pixels = timm_vit
+    with pytest.raises(UserInputError, match=re.escape(
+            "cannot give scclip (scclip reads intermediate blocks and needs 11 blocks; this "
+            "tower has 2)")):
+        image_tower(model).encode(pixels, FeatureSource("scclip"))
+    assert model.visual.trunk.num_prefix_tokens == 0
 
 
 def test_naclips_neighbourhood_matches_the_authors_window():
@@ -353,7 +467,7 @@ def test_sources_are_parsed_and_refused_with_the_accepted_forms():
     assert str(parse_feature_source(" Layer:-2 ")) == "layer:-2"
     assert parse_feature_source("naclip") == FeatureSource("naclip")
     assert {str(parse_feature_source(n.replace("K", "3"))) for n in FEATURE_SOURCE_NAMES} == {
-        "last", "layer:3", *DENSE, RESCLIP}
+        "last", "layer:3", *DENSE, RESCLIP, "scclip"}
     for bad in ("layer", "layer:x", "layer:1.5", "dino", ""):
         with pytest.raises(UserInputError) as e:
             parse_feature_source(bad)
