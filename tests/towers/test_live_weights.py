@@ -142,3 +142,27 @@ def test_a_dense_encode_leaves_no_module_behind_and_no_hook_on_the_model(arch, t
     encode_all(model, TOWERS[arch], pixels_for(model))
     assert trunks() == count
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_the_intermediate_block_paths_follow_an_in_place_change_of_a_middle_block():
+    """``resclip-rcs`` (blocks 5-8's attention) and ``scclip`` (blocks 3-9's tokens) on a
+    12-block timm ViT: after block 6 is redrawn in place, each equals the same source of a
+    fresh model loaded with the changed weights, and differs from before."""
+    from open_clip.timm_model import TimmModel
+
+    def deep(seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        model = nn.Module()
+        model.visual = TimmModel("vit_tiny_patch16_224", 32, image_size=224, pool="avg")
+        return model.eval()
+
+    model, sources = deep(1), ("resclip-rcs", "scclip")
+    pixels = pixels_for(model)[:1]
+    before = encode_all(model, sources, pixels)
+    reinitialise(model.visual.trunk.blocks[6], seed=8)
+    fresh = deep(2)
+    fresh.load_state_dict(model.state_dict())
+    after, expected = encode_all(model, sources, pixels), encode_all(fresh, sources, pixels)
+    for source in sources:
+        assert torch.allclose(after[source], expected[source], atol=1e-6, rtol=0), source
+        assert not torch.allclose(after[source], before[source], atol=1e-3), source
