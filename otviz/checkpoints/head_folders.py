@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from otviz.checkpoints.heads import head_meta
-from otviz.checkpoints.identity import describe_choice
 from otviz.checkpoints.manifest import ENTRIES, manifest_key, read_manifest
 from otviz.checkpoints.store import META_FILE, CheckpointError
 
@@ -155,8 +154,8 @@ class Provenance:
 
     @property
     def text(self) -> str:
-        """``"world, 4000 pairs, 62-186 steps, features last at the native size,
-        2026-11-26 to 2026-11-28"`` (unknown parts left out)."""
+        """``"world, 4000 pairs, 62-186 steps, features last, 2026-11-26 to 2026-11-28"``
+        (unknown parts left out)."""
         return ", ".join(p for p in (self.data, self.steps, self.reading, self.date) if p)
 
 
@@ -174,9 +173,15 @@ def provenance(heads: dict[str, Path]) -> Provenance:
     data = sorted({_data_name(c) for c in configs} - {""})
     steps = sorted({int(m["metrics"]["steps"]) for m in metas
                     if isinstance((m.get("metrics") or {}).get("steps"), (int, float))})
-    readings = sorted({describe_choice(m.get("backbone") or {}) for m in metas})
+    readings = sorted({_reading_name(m.get("backbone") or {}) for m in metas})
     return Provenance(" + ".join(data), _span(steps, " steps"), " + ".join(readings),
                       _span(sorted(set(dates) - {""}), "", " to "))
+
+
+def _reading_name(identity: dict[str, Any]) -> str:
+    """``"features clearclip"``, ``"features layer:6 at 336 px"`` (the native size unsaid)."""
+    features, size = trained_reading(identity)
+    return f"features {features}" + (f" at {size} px" if size else "")
 
 
 def _data_name(config: dict[str, Any]) -> str:

@@ -234,7 +234,7 @@ class HeadSet:
 def folder_label(folder: HeadFolder) -> str:
     """The picker's name of a head set given by path: the folder, its methods (their count
     beyond three) and its provenance, e.g. ``"my-heads: conceptot (coco.json, 300 steps,
-    features clearclip at the native size, 2026-12-02)"``."""
+    features clearclip, 2026-12-02)"``."""
     methods = sorted(folder.heads)
     shown = "+".join(methods) if len(methods) <= 3 else f"{len(methods)} heads"
     label = f"{folder.name}: {shown} ({provenance(folder.heads).text})"

@@ -111,7 +111,7 @@ def test_the_picker_names_the_heads_with_their_provenance(by_path, tiny_heads):
         "my-heads/conceptot"]["created"][:10]
     assert meta["metrics"]["steps"] == 2 and meta["backbone"]["features"] == TRAINED_ON
     assert entry == (f"{EMBEDDED}{SEPARATOR}my-heads: conceptot (world, 8 pairs, 2 steps, "
-                     f"features {TRAINED_ON} at the native size, {created})")
+                     f"features {TRAINED_ON}, {created})")
     assert str(tiny_heads.parent) not in entry  # the folder by its last part only
     assert ctx.head_set(entry).reading == Reading(TRAINED_ON)
 
