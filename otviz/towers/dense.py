@@ -60,10 +60,14 @@ layer scale; the block's output is that branch alone, or, where the path keeps t
 ``x + branch`` followed by the block's feed-forward with its residual
 (:func:`rewritten_block`); the tower's final norm and projection then read it as they
 read the last block.
-Receptive field: every path keeps each token centred on its grid cell (the token grid and
-the token geometry are unchanged; tests/towers/test_token_geometry_families.py measures
-it). MaskCLIP's token reads only its own input token in the last block's attention, NACLIP's
-adds a bias toward the neighbourhood, the others mix the whole image as the last block does.
+Receptive field: the token grid and the stated token geometry are the same on every path;
+tests/towers/test_token_geometry_families.py measures each token's centre on the paths of
+the last block alone (MaskCLIP, SCLIP, ClearCLIP, NACLIP) on two-block towers. MaskCLIP's
+token reads only its own input token in the last block's attention, NACLIP's (and ResCLIP's
+first term) adds a bias toward the neighbourhood, the others mix the whole image as the last
+block does. ResCLIP's and SC-CLIP's centres are not measured (they need 10 and 11 blocks):
+ResCLIP's intermediate attention and SC-CLIP's similarity aggregation mix tokens of similar
+content wherever they lie, so a token's centre may move toward its look-alikes.
 """
 
 from __future__ import annotations
