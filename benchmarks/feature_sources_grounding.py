@@ -10,8 +10,13 @@ method), from the ``otviz eval`` runs of each source:
     python benchmarks/feature_sources_grounding.py RUNS --out benchmarks/eval/feature_sources
 
 Each run's ``tables.json`` is copied to ``OUT/<source>.json``; ``OUT/pointing.md`` is the
-table, ``OUT/layer_sweep.png`` the figure (the tiny CLIP has 4 blocks: ``layer:3`` is
-``last``).
+table, titled with each column's reading (model, features, input side) and images a seed as
+its run recorded them, ``OUT/layer_sweep.png`` the figure (the tiny CLIP has 4 blocks:
+``layer:3`` is ``last``). To re-make one column, put the other sources' ``OUT/<source>.json``
+in ``RUNS/<source>/tables.json`` beside the new run. A source's seeds may also run as one
+process each (``--seed S --out RUNS/<source>/seed-S``): the runs are combined over seeds as
+``--seeds`` combines them (:func:`otviz.eval.runner.over_seeds`) into
+``RUNS/<source>/tables.json``.
 """
 
 from __future__ import annotations
@@ -21,11 +26,38 @@ import json
 import shutil
 from pathlib import Path
 
+from otviz.eval.runner import load_backbone, over_seeds, read_tables, write_tables
+from otviz.eval.segmentation import reading
+
 SOURCES = ("last", "layer:0", "layer:1", "layer:2", "maskclip", "sclip", "clearclip", "naclip")
 
 
 def _rows(path: Path) -> dict[str, dict]:
     return {r["method"]: r for r in json.loads(path.read_text())["tables"]["grounding"]["rows"]}
+
+
+def _combine_seeds(run: Path) -> None:
+    """``run/tables.json`` over the seeds of the one-seed runs ``run/seed-S/tables.json``,
+    as ``otviz eval --seeds`` writes it (the tables over seeds, the per-seed tables and the
+    first run's configuration with its seeds)."""
+    paths = sorted(run.glob("seed-*/tables.json"), key=lambda p: int(p.parent.name[5:]))
+    if not paths or (run / "tables.json").exists():
+        return
+    per_seed = {p.parent.name[5:]: list(read_tables(p).values()) for p in paths}
+    config = {**json.loads(paths[0].read_text())["config"], "seeds": ",".join(per_seed),
+              "out": str(run)}
+    write_tables(over_seeds(list(per_seed.values())), run, {
+        "config": config,
+        "per_seed": {s: {t.key: t.to_dict() for t in ts} for s, ts in per_seed.items()}})
+
+
+def _reading(path: Path) -> tuple[str, int]:
+    """The reading (model, features, input side) and images a seed of a run's ``tables.json``,
+    from the configuration it recorded."""
+    config = json.loads(path.read_text())["config"]
+    view = load_backbone(config["backbone"]).with_features(config["features"],
+                                                           config["image_size"] or None)
+    return reading(view), config["n_test"]
 
 
 def _cell(row: dict | None) -> str:
@@ -41,17 +73,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/eval/feature_sources"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    tables = {}
+    tables, readings = {}, {}
     for source in SOURCES:
+        _combine_seeds(args.runs / source.replace(":", ""))
         run = args.runs / source.replace(":", "") / "tables.json"
         if run.exists():
             shutil.copyfile(run, args.out / f"{source.replace(':', '')}.json")
             tables[source] = _rows(run)
+            readings[source] = _reading(run)
     methods = list(tables["last"])
     header = "| map | " + " | ".join(f"`{s}`" for s in tables) + " |"
-    lines = ["**Pointing game (%) on the world's test draws, tiny CLIP, training-free methods; "
-             "mean [95 % interval] over 3 world seeds**", "", header,
-             "|---|" + "---:|" * len(tables)]
+    read = "; ".join(f"`{s}`: {r}, {n} images a seed" for s, (r, n) in readings.items())
+    lines = ["**Pointing game (%) on the world's test draws, training-free methods; mean "
+             f"[95 % interval] over 3 world seeds** (each column's reading: {read})", "",
+             header, "|---|" + "---:|" * len(tables)]
     lines += [f"| {m} | " + " | ".join(_cell(t.get(m)) for t in tables.values()) + " |"
               for m in methods]
     (args.out / "pointing.md").write_text("\n".join(lines) + "\n")
