@@ -15,16 +15,22 @@ is resized to the model's input without cropping (or read in sliding windows,
 onto the mask's own pixels, so every labelled pixel of the set is scored at its original
 resolution, as mmsegmentation scores it.
 
-Images are scored in shards of ``--shard`` images (features through the feature cache);
-the counts are summed over the shards. An image that does not decode is left out and
-named in the stamp. Not yet: sharing the shards among ``torchrun`` processes, resuming a
-stopped run.
+Images are scored in shards of ``--shard`` images (features through the feature cache),
+each shard's counts written to ``out/shards/segmentation-<key>.json`` before the next starts
+(a stopped run started again with the same arguments reads them and goes on); the counts
+are summed over the shards (IoU is a ratio of sums, so this is the whole set's). Under
+``torchrun --nproc-per-node N -m otviz eval --dataset ...`` shard ``k`` goes to rank
+``k % N``, each on its own device, and every process reads the counts back from the shard
+files; rank 0 writes the outputs. An image that does not decode is left out and named in the
+stamp.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,6 +41,7 @@ from otviz.backbone import Backbone
 from otviz.boundary.images import ImageInputError
 from otviz.checkpoints.identity import backbone_fingerprint
 from otviz.data.feature_cache import FeatureCache
+from otviz.data.grounding_sets import GroundingSet
 from otviz.data.segmentation_sets import (
     SEGMENTATION_KINDS,
     SegmentationSet,
@@ -50,7 +57,7 @@ from otviz.eval.dataset_models import (
     package_versions,
     to_device,
 )
-from otviz.eval.runner import write_tables
+from otviz.eval.runner import _atomic_write, write_tables
 from otviz.eval.segmentation import (
     RowCounts,
     ScoredImage,
@@ -62,11 +69,13 @@ from otviz.eval.segmentation import (
     segmentation_columns,
     segmented,
 )
-from otviz.eval.segmentation_metrics import THRESHOLD
+from otviz.eval.segmentation_metrics import THRESHOLD, SegmentationCounts
 from otviz.eval.sliding_window import SlideWindow, image_windows, pasted_maps, windowed
 from otviz.eval.table import Table
 from otviz.eval.world_set import EvalSet, GroundingProbeDataset, model_input_size
 from otviz.explainers import explainer_names
+from otviz.process_group import barrier, gathered, setup, teardown
+from otviz.suite import MethodSuite
 from otviz.text.words import split_words
 
 StageProgress = Callable[[str, int, int], None]
@@ -101,6 +110,11 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
                          "(--tables segmentation)")
     data = load_segmentation_set(kind, path, config.split, config.limit)
     slide = SlideWindow.parse(config.slide)
+    info = setup(config.device or "auto")
+    if info.distributed and not config.out:
+        teardown(info)
+        raise InputError(f"--dataset {kind}: under torchrun needs --out (the processes "
+                         "gather the counts from the shard files written there)")
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, config.threads))
     try:
@@ -108,43 +122,42 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
         chunks = class_chunks(backbone, data.names)
         grounding = data.as_grounding(PROMPT, chunks)
         suite, suite_note = dataset_suite(backbone, config, grounding)
-        to_device(backbone, config.device)
+        to_device(backbone, str(info.device) if info.distributed else config.device)
         backbone = one_space(backbone, suite)
         frame = model_input_size(backbone)
         kept, unreadable = _decodable(data)
-        total: list[RowCounts] = []
-        cut: set[str] = set()
         shards = [kept[s : s + config.shard] for s in range(0, len(kept), config.shard)]
-        per = len(chunks)
-        for k, part in enumerate(shards):
-            own = [image_windows(data.items[i].size, slide) for i in part]
-            probe = GroundingProbeDataset(windowed(
-                [grounding.items[i * per + c] for i in part for c in range(per)], own,
-                {**grounding.source, "slide": config.slide, "items": part}, grounding), frame)
-            evalset = EvalSet(probe, backbone, FeatureCache(config.cache_dir))
-            q = phrase_queries(evalset)
-            rows = iter(candidate_rows(evalset, q))  # per item (image, window, chunk)
-            per_window = [[sum((next(rows) for _ in range(per)), []) for _ in win.boxes]
-                          for win in own]
-            images = [ScoredImage(ws[0], data.load_labels(i), data.local_classes())
-                      for ws, i in zip(per_window, part, strict=True)]
-            cut |= {data.names[c] for ws in per_window for w in ws for c, r in enumerate(w)
-                    if r < 0}
-            sizes = [im.gold.shape for im in images]
-            maps = row_token_maps(suite, evalset, q, explainer_names(config.explainers),
-                                  config.chunk, progress, seed=config.seed + k)
-            draw = partial(pasted_maps, geometry=evalset.geometry, windows=own,
-                           rows=per_window, labels_size=sizes)
-            counts = segmented(maps, images, draw, len(data.classes), THRESHOLD,
-                               data.background)
-            total = counts if not total else [_summed(a, b) for a, b in zip(total, counts,
-                                                                             strict=True)]
-            if progress is not None:
+        job = _Job(data, grounding, chunks, slide, suite, backbone, frame, config, progress
+                   if info.is_main else None)
+        identity = {"backbone": backbone_fingerprint(backbone), "suite": suite.label,
+                    "methods": list(suite.methods), "explainers": config.explainers,
+                    "seed": config.seed, "frame": list(frame), "slide": config.slide,
+                    "chunks": chunks}
+        if len({json.dumps(i, sort_keys=True, default=str)
+                for i in gathered(identity, info)}) > 1:
+            raise InputError("the processes of this torchrun job do not load the same model "
+                             "(random weights: no --pretrained?); each would score the shards "
+                             "with its own")
+        for k in range(info.rank, len(shards), info.world_size):
+            _kept_counts(job, k, shards[k], _shard_file(data, shards[k], identity, config.out))
+            if progress is not None and info.is_main:
                 progress("shards", k + 1, len(shards))
+        barrier(info)  # every shard is on disk once all processes are here
+        results = [job.done.get(k) or _read(_shard_file(data, part, identity, config.out))
+                   for k, part in enumerate(shards)]
     finally:
+        teardown(info)
         torch.set_num_threads(threads)
-    if not total:
+    if not results:
         raise InputError(f"{kind}: no image of split {data.source['split']} decodes")
+    missing = [k for k, r in enumerate(results) if r is None]
+    if missing:
+        raise RuntimeError(f"shards {missing} were not written by the processes of this job")
+    total = list(results[0]["rows"])
+    for other in results[1:]:
+        total = [_summed(a, b) for a, b in zip(total, other["rows"], strict=True)]
+    cut = sorted({c for r in results for c in r["cut"]})
+    per = len(chunks)
     table = _table(data, total, len(kept), reading(backbone), slide)
     if per > 1:
         table.notes.append(f"the {len(data.names)} class names in {per} captions per image "
@@ -152,17 +165,94 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
                            "image's mass among one caption's classes")
     if cut:
         table.notes.append("classes the text tower's context cut from the caption (no map: "
-                           f"never predicted by a method): {', '.join(sorted(cut))}")
+                           f"never predicted by a method): {', '.join(cut)}")
     table.notes.append(f"methods: {suite.label}; {suite_note}")
     stamp = {"model": backbone.name, "pretrained": backbone.info.get("pretrained"),
              "backbone_weights": backbone_fingerprint(backbone)["weights"],
              "versions": package_versions(), "frame": list(frame),
              "dataset": {**data.source, "digest": data.digest(), "path": Path(path).name},
              "skipped": data.skipped.as_dict(), "undecodable": unreadable,
-             "seed": config.seed, "shards": len(shards), "config": asdict(config)}
-    if config.out:
+             "seed": config.seed, "shards": len(shards), "processes": info.world_size,
+             "config": asdict(config)}
+    if config.out and info.is_main:
         write_tables([table], config.out, {"stamp": stamp}, stem="segmentation")
     return [table], stamp
+
+
+@dataclass
+class _Job:
+    """What every shard of a run reads, and the shards this process computed (by index)."""
+
+    data: SegmentationSet
+    grounding: GroundingSet
+    chunks: list[tuple[int, int]]
+    slide: SlideWindow | None
+    suite: MethodSuite
+    backbone: Backbone
+    frame: tuple[int, int]
+    config: EvalConfig
+    progress: StageProgress | None
+    done: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def _shard_counts(job: _Job, k: int, part: list[int]) -> dict[str, Any]:
+    """Shard ``k`` (images ``part``): every row's counts and the classes the context cut."""
+    data, per, config = job.data, len(job.chunks), job.config
+    own = [image_windows(data.items[i].size, job.slide) for i in part]
+    probe = GroundingProbeDataset(windowed(
+        [job.grounding.items[i * per + c] for i in part for c in range(per)], own,
+        {**job.grounding.source, "slide": config.slide, "items": part}, job.grounding),
+        job.frame)
+    evalset = EvalSet(probe, job.backbone, FeatureCache(config.cache_dir))
+    q = phrase_queries(evalset)
+    rows = iter(candidate_rows(evalset, q))  # per item (image, window, chunk)
+    per_window = [[sum((next(rows) for _ in range(per)), []) for _ in win.boxes]
+                  for win in own]
+    images = [ScoredImage(ws[0], data.load_labels(i), data.local_classes())
+              for ws, i in zip(per_window, part, strict=True)]
+    cut = sorted({data.names[c] for ws in per_window for w in ws for c, r in enumerate(w)
+                  if r < 0})
+    maps = row_token_maps(job.suite, evalset, q, explainer_names(config.explainers),
+                          config.chunk, job.progress, seed=config.seed + k)
+    draw = partial(pasted_maps, geometry=evalset.geometry, windows=own, rows=per_window,
+                   labels_size=[im.gold.shape for im in images])
+    return {"rows": segmented(maps, images, draw, len(data.classes), THRESHOLD,
+                              data.background), "cut": cut}
+
+
+def _shard_file(data: SegmentationSet, part: list[int], identity: dict[str, Any], out: str
+                ) -> Path | None:
+    """Where a shard's counts are kept: ``out/shards/<key>.json``, the key a digest of what
+    they depend on (model, methods, seed, frame, window, class captions, the images)."""
+    if not out:
+        return None
+    key = hashlib.sha256(json.dumps({**identity, "data": data.subset(part).digest()},
+                                    sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return Path(out) / "shards" / f"segmentation-{key}.json"
+
+
+def _kept_counts(job: _Job, k: int, part: list[int], done: Path | None) -> None:
+    """Shard ``k``'s counts into ``job.done``: read back when an earlier run wrote them,
+    else computed and written to ``done`` (when given)."""
+    stored = _read(done)
+    if stored is None:
+        stored = _shard_counts(job, k, part)
+        if done is not None:
+            done.parent.mkdir(parents=True, exist_ok=True)
+            _atomic_write(done, json.dumps({"cut": stored["cut"], "rows": [
+                [label, name, flags, c if isinstance(c, str) else c.as_dict()]
+                for label, name, flags, c in stored["rows"]]}))
+    job.done[k] = stored
+
+
+def _read(done: Path | None) -> dict[str, Any] | None:
+    """A shard's counts as a run wrote them (:func:`_kept_counts`), or ``None``."""
+    if done is None or not done.is_file():
+        return None
+    record = json.loads(done.read_text(encoding="utf-8"))
+    return {"cut": record["cut"], "rows": [
+        (label, name, flags, c if isinstance(c, str) else SegmentationCounts.from_dict(c))
+        for label, name, flags, c in record["rows"]]}
 
 
 def class_chunks(backbone: Backbone, names: Sequence[str], separator: str = ", "

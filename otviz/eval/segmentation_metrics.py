@@ -106,6 +106,18 @@ class SegmentationCounts:
             setattr(out, key, getattr(self, key) + getattr(other, key))
         return out
 
+    def as_dict(self) -> dict[str, list[float]]:
+        """The counts as JSON-ready lists (:meth:`from_dict` reads them back)."""
+        return {"intersect": self.intersect.tolist(), "labelled": self.labelled.tolist(),
+                "predicted": self.predicted.tolist()}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, list[float]]) -> SegmentationCounts:
+        out = cls(len(values["labelled"]))
+        for key in ("intersect", "labelled", "predicted"):
+            setattr(out, key, np.asarray(values[key], dtype=np.float64))
+        return out
+
     def union(self) -> np.ndarray:
         return self.labelled + self.predicted - self.intersect
 

@@ -245,3 +245,22 @@ def test_class_chunks_fit_the_context() -> None:
         assert last_word_read(ADE20K_NAMES[start:end])
         if end < len(ADE20K_NAMES):
             assert not last_word_read(ADE20K_NAMES[start : end + 1])
+
+
+def test_a_stopped_run_resumes_from_its_shards(voc, tmp_path: Path, monkeypatch) -> None:
+    """Every shard's counts are kept in out/shards: a second run computes none of them, a
+    run missing one computes that one only, and the table is the same."""
+    from otviz.eval import dataset_segmentation as D
+
+    root, _ = voc
+    out = tmp_path / "out"
+    first = _run(root, "voc", out, tmp_path)
+    files = sorted((out / "shards").glob("segmentation-*.json"))
+    assert len(files) == 2  # 3 images, 2 a shard
+    computed = []
+    real = D._shard_counts
+    monkeypatch.setattr(D, "_shard_counts",
+                        lambda job, k, part: computed.append(k) or real(job, k, part))
+    assert _run(root, "voc", out, tmp_path) == first and computed == []
+    files[1].unlink()
+    assert _run(root, "voc", out, tmp_path) == first and computed == [1]
