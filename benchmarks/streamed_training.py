@@ -4,7 +4,8 @@ and peak memory, on this machine's CPU.
 World training samples are written as shards once (``otviz.world.export.export_shards``,
 1000 pairs a shard); each measured run is its own process (:func:`otviz.train.loop.train_method`,
 ConceptOT), whose peak resident memory is sampled every 50 ms over the process and its
-DataLoader workers together (psutil), and whose own peak (``VmHWM``) is read at its end.
+DataLoader workers together (proportional set size, psutil: shared pages count once), and
+whose own peak resident memory (``VmHWM``) is read at its end.
 
 * cached vs streamed on the same pairs: the world's first ``--cached-pairs`` train samples
   through the feature cache (built in the run: its encoding time is reported apart) and the
@@ -33,11 +34,13 @@ from pathlib import Path
 PER_SHARD = 1000
 
 
-def _tree_rss(proc) -> int:
+def _tree_pss(proc) -> int:
+    """The proportional set size of ``proc`` and its children together: a page a forked
+    DataLoader worker shares with its parent counts once, not twice as in a sum of RSS."""
     total = 0
     for p in [proc, *proc.children(recursive=True)]:
         try:
-            total += p.memory_info().rss
+            total += p.memory_full_info().pss
         except Exception:  # a worker that ended between the listing and the read
             pass
     return total
@@ -56,8 +59,8 @@ def child(spec: dict) -> dict:
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], _tree_rss(proc))
-            time.sleep(0.05)
+            peak[0] = max(peak[0], _tree_pss(proc))
+            time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -83,7 +86,7 @@ def child(spec: dict) -> dict:
         "encode_s": phases.get(ENCODING, [0, 0])[1],
         "index_s": phases.get(INDEXING, [0, 0])[1],
         "wall_s": wall,
-        "peak_rss_tree_mb": peak[0] / 2**20,
+        "peak_pss_tree_mb": peak[0] / 2**20,
         "peak_rss_main_mb": hwm / 1024,
         "data_summary": result.data_summary,
     }
@@ -142,7 +145,9 @@ def main() -> None:
         row = run_child({"name": name, "threads": args.threads, "config": config})
         row["pairs"] = config["n_train"] if config["data"] == "world" else int(
             row["data_summary"].split(", ")[1].split(" ")[0])
-        row["cache_written"] = (work / f"cache{k}").exists()
+        cache = work / f"cache{k}"
+        row["cache_mb"] = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) / 2**20
+        row["cache_written"] = cache.exists()
         rows.append(row)
         print(json.dumps(row), flush=True)
     meta = {"export_s": export_s, "exported_pairs": args.large, "per_shard": PER_SHARD,
@@ -161,19 +166,25 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         f"{meta['batch_size']} (ViT-B/16: 8), {meta['threads']} torch thread(s), "
         f"{meta['workers']} DataLoader worker(s), {meta['cpu_count']} CPU cores shared with "
         "other jobs. pairs/s: training steps after the first (streamed: decode + backbone "
-        "encode + head step; cached: head step on cached features). Peak RSS: the training "
-        "process and its workers together (sampled every 50 ms); main: the process's own "
-        "VmHWM. No GPU was lent to this session: the GPU log is blocked.", "",
+        "encode + head step; cached: head step on cached features). Cache build s / index s: "
+        "from the start to the end of building the cache / indexing the shards (the "
+        "backbone's loading included). Peak PSS: the training process and its workers "
+        "together (proportional set size, sampled every 100 ms); main RSS: the process's own "
+        "VmHWM (mapped cache pages included), the steadier figure: PSS divides a shared "
+        "library's pages among every process mapping it, other jobs' too. The machine was "
+        "loaded by other jobs (load average 8-12 on 2 cores): pairs/s move by 2x between "
+        "runs. No GPU was lent to this session: the GPU log is blocked.", "",
         "| run | pairs | steps | pairs/s (steps) | cache build s | index s | wall s | "
-        "peak RSS MB (all) | peak RSS MB (main) | cache written |",
+        "peak PSS MB (all) | peak RSS MB (main) | feature cache MB |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        cache = f"{r['cache_mb']:.1f}" if r["cache_written"] else "none"
         lines.append(
             f"| {r['name']} | {r['pairs']} | {r['steps']} | {r['pairs_per_s_steps']:.1f} | "
             f"{r['encode_s']:.1f} | {r['index_s']:.1f} | {r['wall_s']:.1f} | "
-            f"{r['peak_rss_tree_mb']:.0f} | {r['peak_rss_main_mb']:.0f} | "
-            f"{'yes' if r['cache_written'] else 'no'} |")
+            f"{r['peak_pss_tree_mb']:.0f} | {r['peak_rss_main_mb']:.0f} | "
+            f"{cache} |")
     return "\n".join(lines) + "\n"
 
 
