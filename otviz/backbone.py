@@ -46,6 +46,8 @@ from otviz.boundary.images import (  # noqa: F401 (the image boundary, re-export
     ImageInputError,
     to_rgb,
 )
+from otviz.errors import UserInputError
+from otviz.knobs import PROXY_SOURCE
 from otviz.methods.base import PairBatch
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.text.tokenizers import word_tokenizer
@@ -53,6 +55,7 @@ from otviz.text.tokens import TokenBatch, TokenizationError
 from otviz.text.words import Word
 from otviz.tiny_clip.model import DEFAULT_CHECKPOINT, load_tiny_clip
 from otviz.towers import BackboneLoadError, image_tower, text_tower
+from otviz.towers.proxy import ProxyTower, load_proxy
 from otviz.towers.sources import LAST, FeatureSource, parse_feature_source
 
 Space = Literal["width", "projected"]
@@ -159,7 +162,8 @@ class Backbone:
         self.features: FeatureSource = LAST
 
     def with_features(self, features: str | FeatureSource = "last",
-                      image_size: int | None = None) -> Backbone:
+                      image_size: int | None = None,
+                      proxy: str | nn.Module | None = None) -> Backbone:
         """A view of this backbone (same model, weights, tokenizer and space) whose every
         encode reads the patch features from ``features`` (``last``, ``layer:K``,
         ``maskclip``, ``sclip``, ``clearclip``, ``naclip``, ``resclip-rcs``) with the image
@@ -168,9 +172,21 @@ class Backbone:
         allocated, names the sources the tower has when it cannot give ``features``, says
         that it cannot be resized, or refuses the size: not a positive whole number, below
         one patch, not a multiple of it, or over the 4 GiB per-image attention cap
-        (:meth:`otviz.towers.vit.VitTower.check_side`)."""
+        (:meth:`otviz.towers.vit.VitTower.check_side`). ``features="proxy"`` (ProxyCLIP)
+        reads the attention of the second backbone ``proxy``: a timm ViT, or its text
+        ``NAME[:SOURCE]`` (:func:`otviz.towers.proxy.load_proxy`); no other source takes one."""
         source = parse_feature_source(features)
-        tower = self.image_tower.at_size(image_size)
+        base = self.image_tower
+        tower = (base.clip if isinstance(base, ProxyTower) else base).at_size(image_size)
+        if (source.kind == PROXY_SOURCE) != (proxy is not None):
+            raise UserInputError(
+                "features: the proxy source needs its second backbone (proxy NAME[:SOURCE])"
+                if proxy is None else
+                f"proxy: a second backbone is read by the proxy source only, not by {source}")
+        if proxy is not None:
+            name = proxy if isinstance(proxy, str) else type(proxy).__name__
+            model = load_proxy(proxy) if isinstance(proxy, str) else proxy
+            tower = ProxyTower(tower, model.to(self.device), name.partition(":")[0])
         tower.check_source(source)
         view = copy.copy(self)
         view.image_tower, view.features = tower, source

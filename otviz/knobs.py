@@ -89,16 +89,18 @@ HeadStart = Annotated[str, OneOf(HEAD_STARTS)]
 
 #: Where the patch features come from (:mod:`otviz.towers.sources`): the last block, block
 #: ``K`` (``layer:K``, negative K counts from the end) or one of the dense last-block paths
-#: (MaskCLIP, SCLIP, ClearCLIP, NACLIP).
+#: (MaskCLIP, SCLIP, ClearCLIP, NACLIP), or ``proxy`` (ProxyCLIP: the attention of a second
+#: backbone named apart, ``--proxy NAME[:SOURCE]``).
 DENSE_SOURCES = ("maskclip", "sclip", "clearclip", "naclip", "resclip-rcs", "scclip")
-FEATURE_SOURCE_NAMES = ("last", "layer:K", *DENSE_SOURCES)
+PROXY_SOURCE = "proxy"
+FEATURE_SOURCE_NAMES = ("last", "layer:K", *DENSE_SOURCES, PROXY_SOURCE)
 
 
 def feature_source_parts(text: str) -> tuple[str, int | None]:
     """``(kind, layer)`` of a feature source written ``last``, ``layer:K`` (K an integer) or a
     dense path's name; :class:`~otviz.errors.UserInputError` naming every accepted form."""
     word = str(text).strip().lower()
-    if word == "last" or word in DENSE_SOURCES:
+    if word in ("last", PROXY_SOURCE) or word in DENSE_SOURCES:
         return word, None
     kind, colon, number = word.partition(":")
     if kind == "layer" and colon:

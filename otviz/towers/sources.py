@@ -9,7 +9,11 @@
   no residual, no feed-forward), ``naclip`` (Hajimiri et al., WACV 2025: neighbourhood
   weighted k-k attention, no feed-forward), ``resclip-rcs`` (Yang et al., CVPR 2025: ResCLIP's
   residual cross-correlation self-attention, blocks 5-8's q-k attention mixed into NACLIP's;
-  its semantic feedback refinement, which needs the class names, not applied).
+  its semantic feedback refinement, which needs the class names, not applied);
+* ``proxy`` (Lan et al., ECCV 2024, ProxyCLIP): CLIP's last-block values mixed by the
+  attention of a second backbone's patch similarities (:mod:`otviz.towers.proxy`; the
+  second backbone is named apart: ``Backbone.with_features("proxy", proxy=...)``,
+  ``--proxy NAME[:SOURCE]``).
 
 The names and their grammar live torch-free in :mod:`otviz.knobs` (the command line parses
 ``--features`` there); each tower says which sources it can give
@@ -21,10 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from otviz.errors import UserInputError
-from otviz.knobs import DENSE_SOURCES, FEATURE_SOURCE_NAMES, feature_source_parts
+from otviz.knobs import DENSE_SOURCES, FEATURE_SOURCE_NAMES, PROXY_SOURCE, feature_source_parts
 
 #: The kinds of source; ``layer`` carries a block index.
-SOURCE_KINDS = ("last", "layer", *DENSE_SOURCES)
+SOURCE_KINDS = ("last", "layer", *DENSE_SOURCES, PROXY_SOURCE)
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,8 @@ LAST = FeatureSource("last")
 
 def parse_feature_source(text: str | FeatureSource) -> FeatureSource:
     """The source written ``text`` (``last``, ``layer:K``, ``maskclip``, ``sclip``,
-    ``clearclip``, ``naclip``, ``resclip-rcs``); a :class:`FeatureSource` is returned as is;
+    ``clearclip``, ``naclip``, ``resclip-rcs``, ``scclip``, ``proxy``); a :class:`FeatureSource`
+    is returned as is;
     :class:`UserInputError` naming every accepted form otherwise."""
     if isinstance(text, FeatureSource):
         return text

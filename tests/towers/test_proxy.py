@@ -1,0 +1,170 @@
+"""The ``proxy`` feature source (otviz/towers/proxy.py, ProxyCLIP) against a reference written
+here from the paper's equations and the authors' code: explicit value matmuls on a random
+open_clip ViT-B/16's last block, a bilinear resize built by hand, the proxy's patch tokens
+from timm's DINO interface (``get_intermediate_layers``) on random DINO / DINOv2 ViTs; and
+the second backbone's loading and refusals."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import open_clip
+import pytest
+import timm
+import torch
+from open_clip.model import resize_pos_embed
+
+from otviz.backbone import Backbone, _eval_transform
+from otviz.errors import UserInputError
+from otviz.towers import image_tower
+from otviz.towers.proxy import ProxyTower, load_proxy, proxy_attention
+from otviz.towers.sources import FeatureSource
+
+BETA, GAMMA = 1.2, 3.0  # ProxyCLIP's defaults (proxyclip_segmentor.py L31)
+DINO, DINOV2 = "vit_small_patch16_224.dino", "vit_small_patch14_dinov2"
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+@pytest.fixture(scope="module")
+def clip():
+    """A random open_clip ViT-B/16 in float64 and a 224 px input."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = open_clip.create_model("ViT-B-16", pretrained=None).double().eval()
+    pixels = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1)).double()
+    return model, pixels
+
+
+def random_proxy(name: str, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return timm.create_model(name, pretrained=False, num_classes=0,
+                             dynamic_img_size=True).double().eval()
+
+
+def bilinear(n_in: int, n_out: int) -> torch.Tensor:
+    """``[n_out, n_in]`` 1-D bilinear resize, half-pixel centres (``align_corners=False``):
+    output ``o`` reads input ``(o + 0.5) n_in / n_out - 0.5``, clamped at 0."""
+    r = torch.zeros(n_out, n_in, dtype=torch.float64)
+    for o in range(n_out):
+        src = max((o + 0.5) * n_in / n_out - 0.5, 0.0)
+        i = min(math.floor(src), n_in - 1)
+        frac = src - i
+        r[o, i] += 1 - frac
+        r[o, min(i + 1, n_in - 1)] += frac
+    return r
+
+
+def reference(model, proxy, pixels: torch.Tensor) -> torch.Tensor:
+    """``[B, H W, width]``: ProxyCLIP's last block (module docstring of otviz/towers/proxy.py)
+    written out: the proxy's normed last-block patch tokens on ImageNet-normalised pixels,
+    ``A = softmax(gamma (S - beta mean S))`` over entries >= 0, CLIP's per-head values of
+    ``ln_1(x)`` resized to the proxy grid, ``out_proj(A v)``, ``ln_post``; no residual."""
+    visual = model.visual
+    x = visual._embeds(pixels)
+    for block in visual.transformer.resblocks[:-1]:
+        x = block(x)
+    last = visual.transformer.resblocks[-1]
+    clip_mean, clip_std = (torch.tensor(c, dtype=pixels.dtype)[:, None, None] for c in (
+        visual.preprocess_cfg["mean"], visual.preprocess_cfg["std"]))
+    mean, std = (torch.tensor(c, dtype=pixels.dtype)[:, None, None] for c in IMAGENET)
+    feats = proxy.get_intermediate_layers((pixels * clip_std + clip_mean - mean) / std, n=1,
+                                          reshape=True, norm=True)[0]  # [B, C, H, W]
+    big_h, big_w = feats.shape[-2:]
+    f = feats.flatten(2)
+    f = f / f.norm(dim=1, keepdim=True)
+    s = torch.einsum("bcm,bcn->bmn", f, f)
+    logits = GAMMA * (s - BETA * s.mean())  # one image: the mean over all its entries
+    logits[logits < 0] = float("-inf")
+    a = torch.softmax(logits, dim=-1)
+    d = x.shape[-1]
+    heads = last.attn.num_heads
+    v = last.ln_1(x) @ last.attn.in_proj_weight[2 * d:].T + last.attn.in_proj_bias[2 * d:]
+    h = w = int(math.isqrt(x.shape[1] - 1))
+    resize = torch.kron(bilinear(h, big_h), bilinear(w, big_w))  # [H W, h w], row-major
+    v = resize.to(v) @ v[:, 1:]  # each channel (so each head's slice) resized alike
+    out = torch.cat([a @ v[..., i * d // heads:(i + 1) * d // heads] for i in range(heads)], -1)
+    out = out @ last.attn.out_proj.weight.T + last.attn.out_proj.bias
+    return visual.ln_post(out)
+
+
+@pytest.mark.parametrize(("name", "grid"), [(DINO, (14, 14)), (DINOV2, (16, 16))])
+def test_proxy_source_is_proxyclips_equations(clip, name, grid):
+    model, pixels = clip
+    proxy = random_proxy(name, 2)
+    tower = ProxyTower(image_tower(model), proxy, name)
+    with torch.no_grad():
+        patches, pooled = tower.encode(pixels, FeatureSource("proxy"))
+        want = reference(model, proxy, pixels)
+        pooled_want = model.encode_image(pixels)
+    assert tower.grid == grid and patches.shape == (1, grid[0] * grid[1], 768)
+    assert torch.isfinite(want).all()
+    assert (patches - want).abs().max().item() < 1e-5
+    assert (pooled - pooled_want).abs().max().item() < 1e-5
+
+
+def test_the_attention_reads_only_entries_above_beta_times_the_mean():
+    """Entries of ``gamma (S - beta mean S)`` below 0 get no weight, the rest their softmax;
+    two images are each centred on their own mean."""
+    feats = torch.randn(2, 8, 3, 4, generator=torch.Generator().manual_seed(5)).double()
+    a = proxy_attention(feats)
+    for i in range(2):
+        f = feats[i].flatten(1)
+        f = f / f.norm(dim=0)
+        s = f.T @ f
+        e = torch.where(s >= BETA * s.mean(), torch.exp(GAMMA * (s - BETA * s.mean())), 0.0)
+        assert torch.allclose(a[i], e / e.sum(1, keepdim=True), atol=1e-12)
+        assert (a[i][s < BETA * s.mean()] == 0).all()
+
+
+def test_backbone_reads_a_proxy_from_a_local_weight_file_at_448_px(clip, tmp_path):
+    """``with_features("proxy", 448, proxy="NAME:FILE")`` loads the file into a fresh model and
+    equals the reference at 448 px (28 x 28 grids, the proxy's position embeddings resized),
+    in float32 (1e-4; float64 to 1e-5 above)."""
+    model = copy.deepcopy(clip[0]).float()  # float32 at 448 px: the suite's time
+    proxy = random_proxy(DINO, 3).float()
+    path = tmp_path / "dino.pth"
+    torch.save(proxy.state_dict(), path)
+    backbone = Backbone(model, open_clip.get_tokenizer("ViT-B-16"), _eval_transform(model))
+    view = backbone.with_features("proxy", 448, proxy=f"{DINO}:{path}")
+    assert view.grid == (28, 28) and view.image_size == 448
+    big = open_clip.create_model("ViT-B-16", pretrained=None, force_image_size=448)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    resize_pos_embed(state, big)  # open_clip's own 448 px model of the same weights
+    big.load_state_dict(state)
+    pixels = torch.randn(1, 3, 448, 448, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        patches, _ = view.image_tower.encode(pixels, view.features)
+        want = reference(big.eval(), proxy, pixels)
+    assert (patches - want).abs().max().item() < 1e-4
+    assert view.with_features("last").grid == (14, 14)  # the proxy goes with its source
+
+
+def test_proxy_loading_failures_say_why_in_one_line(tmp_path):
+    bad = tmp_path / "bad.pth"
+    bad.write_bytes(b"not a weight file")
+    cases = {
+        "nope_model": "not a timm model name",
+        f"{DINO}:{tmp_path / 'missing.pth'}": "no weight file at",
+        f"{DINO}:{bad}": "could not load vit_small_patch16_224.dino from the local weight file",
+        DINO: "could not fetch",  # the hub is unreachable offline (HF_HUB_OFFLINE)
+        "resnet18:random": "is not a ViT with patch tokens",
+    }
+    for spec, message in cases.items():
+        with pytest.raises(UserInputError) as e:
+            load_proxy(spec)
+        text = str(e.value)
+        assert message in text and "\n" not in text
+        if ":" in spec and "random" not in spec:
+            assert "hub" not in text.lower() and "connect" not in text.lower()
+
+
+def test_the_proxy_source_and_its_backbone_go_together(clip):
+    model, _ = clip
+    backbone = Backbone(model, open_clip.get_tokenizer("ViT-B-16"), _eval_transform(model))
+    with pytest.raises(UserInputError, match="needs its second backbone"):
+        backbone.with_features("proxy")
+    with pytest.raises(UserInputError, match="read by the proxy source only"):
+        backbone.with_features("sclip", proxy=f"{DINO}:random")
+    with pytest.raises(UserInputError, match="240 px is not a multiple of the proxy"):
+        backbone.with_features("proxy", 240, proxy=f"{DINOV2}:random")  # CLIP 16 | 240, 14 not
