@@ -7,9 +7,7 @@ counted, skipped and named in one line, the good pairs around it kept, nothing w
 from __future__ import annotations
 
 import io
-import struct
 import tarfile
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -21,23 +19,13 @@ from otviz.data import shards as S
 from otviz.data.datasets import EmptyDatasetError, WorldDataset
 from otviz.data.shards import ShardError, index_shards, is_shard_spec, shard_paths
 from otviz.world.export import export_shards
+from tests.helpers import png_header
 
 
 def png(side: int = 8, value: int = 7) -> bytes:
     out = io.BytesIO()
     Image.fromarray(np.full((side, side, 3), value, np.uint8)).save(out, format="PNG")
     return out.getvalue()
-
-
-def png_header(width: int, height: int) -> bytes:
-    """A PNG whose header declares ``width x height`` (a decompression bomb's header)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (struct.pack(">I", len(data)) + kind + data
-                + struct.pack(">I", zlib.crc32(kind + data)))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
-            + chunk(b"IDAT", zlib.compress(b"\0" * 4096)) + chunk(b"IEND", b""))
 
 
 def member(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE) -> tuple:
