@@ -1,10 +1,10 @@
 """The trust table's localisation metrics on a real grounding set (``otviz eval --dataset
 KIND:PATH --tables grounding,trust``): pointing game, relevance mass and rank accuracy, AUC
-(:data:`~otviz.eval.trust.metrics.METRICS` of the localisation group, computed per phrase
-with one rule for ties as the world's trust table computes them,
-:mod:`otviz.eval.trust.localisation`); the other groups
-(faithfulness, randomisation, robustness, complexity) cost seconds per map and are not
-computed on a data set.
+(:data:`~otviz.eval.trust.metrics.TABLE_METRICS` of the localisation group, both pointing
+conventions among them, computed per phrase with one rule for ties as the world's trust
+table computes them, :mod:`otviz.eval.trust.localisation`); the other groups (faithfulness,
+randomisation, robustness, complexity) cost seconds per map and are not computed on a data
+set.
 
 Each shard's phrases are the :class:`~otviz.eval.world_set.GroundingProbeDataset` samples'
 own: the image already resized to the tower's input without cropping and every gold box
@@ -26,7 +26,13 @@ from PIL import Image
 from otviz.eval.table import Table
 from otviz.eval.trust.adapter import TrustPhrase, heatmap_sources, trust_inputs
 from otviz.eval.trust.localisation import empty_masks
-from otviz.eval.trust.metrics import LOCALISATION, METRICS, TrustScores, TrustSettings, trust_scores
+from otviz.eval.trust.metrics import (
+    LOCALISATION,
+    TABLE_METRICS,
+    TrustScores,
+    TrustSettings,
+    trust_scores,
+)
 from otviz.eval.trust.table import (
     MAPS_NOTE,
     QUANTUS_NOTE,
@@ -40,7 +46,7 @@ from otviz.suite import MethodSuite
 from otviz.world import Sample
 
 #: The metrics computed on a data set: the localisation group.
-DATASET_TRUST_METRICS = tuple(m.key for m in METRICS if m.group == LOCALISATION)
+DATASET_TRUST_METRICS = tuple(m.key for m in TABLE_METRICS if m.group == LOCALISATION)
 
 
 def dataset_phrases(sample: Sample) -> list[TrustPhrase]:

@@ -13,7 +13,7 @@ from otviz.backbone import Backbone
 from otviz.eval.grounding_metrics import pointing_hits
 from otviz.eval.trust import adapter as T
 from otviz.eval.trust.metrics import (
-    METRICS,
+    TABLE_METRICS,
     TrustSettings,
     rank_similarity,
     trust_scores,
@@ -129,8 +129,8 @@ def test_trust_table_rows_and_costs(backbone) -> None:
         if row["name"] in ("colour_oracle", "centre_prior", "uniform"):
             assert row["mprt"] == pytest.approx(1.0) and row["randomisation"] == MODEL_FREE
         assert row["ms_per_image"] > 0
-        assert all(m.key in row for m in METRICS)
-    assert [r["name"] for r in cost.rows] == ["maps", *(m.key for m in METRICS)]
+        assert all(m.key in row for m in TABLE_METRICS)  # both pointing conventions
+    assert [r["name"] for r in cost.rows] == ["maps", *(m.key for m in TABLE_METRICS)]
     assert all(cost.rows[k]["method"] > 0 for k in range(len(cost.rows)))
     assert any("deletion/insertion: 3 patches" in n for n in table.notes)
 

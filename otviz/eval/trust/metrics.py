@@ -89,7 +89,6 @@ class TrustMetric:
 
 METRICS: tuple[TrustMetric, ...] = (
     TrustMetric("pointing", "Pointing", LOCALISATION, True),
-    TrustMetric("pointing_tol", "Pointing, 15 px", LOCALISATION, True),
     TrustMetric("mass", "Relevance mass", LOCALISATION, True),
     TrustMetric("rank", "Relevance rank", LOCALISATION, True),
     TrustMetric("auc", "AUC", LOCALISATION, True),
@@ -101,7 +100,13 @@ METRICS: tuple[TrustMetric, ...] = (
     TrustMetric("max_sensitivity", "Max-sensitivity", ROBUSTNESS, higher=False, slow=True),
     TrustMetric("sparseness", "Sparseness", COMPLEXITY),
 )
-METRIC_BY_KEY = {m.key: m for m in METRICS}
+#: The tolerant pointing game (the peak within 15 source pixels of a gold box), a column of
+#: the trust tables (world and ``--dataset``) beside the strict one; not among
+#: :data:`METRICS`, the metrics of the app's Trust panel and Browse, which have no tolerance.
+POINTING_TOL = TrustMetric("pointing_tol", "Pointing, 15 px", LOCALISATION, True)
+#: Every metric the trust tables show, in their column order.
+TABLE_METRICS: tuple[TrustMetric, ...] = (METRICS[0], POINTING_TOL, *METRICS[1:])
+METRIC_BY_KEY = {m.key: m for m in TABLE_METRICS}
 
 
 @dataclass(frozen=True)
@@ -237,8 +242,8 @@ def trust_scores(
     maps: np.ndarray | None = None,
     near: np.ndarray | None = None,
 ) -> TrustScores:
-    """The metrics ``metrics`` (default: all of :data:`METRICS`; the localisation ones only
-    with ``masks``, the tolerant pointing game only with ``near``) of ``source``'s maps of
+    """The metrics ``metrics`` (default: all of :data:`TABLE_METRICS`; the localisation ones
+    only with ``masks``, the tolerant pointing game only with ``near``) of ``source``'s maps of
     the rows ``(pixels[p], phrase targets[p])``.
 
     Args:
@@ -255,7 +260,7 @@ def trust_scores(
             (:attr:`~otviz.eval.trust.adapter.TrustInputs.near`).
     """
     quantus = require_quantus()
-    keys = [m.key for m in METRICS if masks is not None or not m.needs_boxes]
+    keys = [m.key for m in TABLE_METRICS if masks is not None or not m.needs_boxes]
     keys = [k for k in keys if near is not None or k != "pointing_tol"]
     keys = [k for k in keys if metrics is None or k in metrics]
     lattice = PatchLattice.on_cells(scorer.geometry, settings.patch)

@@ -21,7 +21,7 @@ from otviz.eval.trust.lattice import PatchLattice
 from otviz.eval.trust.localisation import empty_masks
 from otviz.eval.trust.metrics import (
     FLAT,
-    METRICS,
+    TABLE_METRICS,
     TrustScores,
     TrustSettings,
     flat_note,
@@ -69,9 +69,9 @@ def refresh_verdicts(tables: Sequence[Table], settings: TrustSettings | None = N
 
 
 def trust_columns(metrics: Sequence[str] | None = None) -> list[Column]:
-    """The trust table's columns for ``metrics`` (default: all of :data:`METRICS`); the
+    """The trust table's columns for ``metrics`` (default: all of :data:`TABLE_METRICS`); the
     randomisation verdict only with MPRT."""
-    shown = [m for m in METRICS if metrics is None or m.key in metrics]
+    shown = [m for m in TABLE_METRICS if metrics is None or m.key in metrics]
     return ([Column("method", "Method", "text")]
             + [Column(m.key, f"{m.label} {'↑' if m.higher else '↓'}",
                       "pct" if m.key in PERCENT else "num") for m in shown]
@@ -92,7 +92,7 @@ def trust_tables(
 ) -> tuple[Table, Table]:
     """``(trust, trust_cost)`` tables on images ``0..n_images-1`` of the world ``split`` drawn
     with ``seed`` (module docstring); ``settings`` default to :class:`TrustSettings` with
-    ``seed``; ``metrics``: the keys of :data:`METRICS` to compute (default: all)."""
+    ``seed``; ``metrics``: the keys of :data:`TABLE_METRICS` to compute (default: all)."""
     settings = settings or TrustSettings(seed=seed)
     backbone = suite.backbone
     world = World(world_config_of(backbone, negatives=False), split, seed)
@@ -178,7 +178,7 @@ def _cost_table(cost: dict[str, dict[str, list[float]]], n_images: int,
     table = Table("trust_cost", f"Cost of each trust metric per image ({n_images} images, "
                   "all its phrases)", columns)
     for key, label, group in [("maps", "The heatmaps (once per row)", "-")] + [
-            (m.key, m.label, m.group) for m in METRICS]:
+            (m.key, m.label, m.group) for m in TABLE_METRICS]:
         row = {"metric": label, "name": key, "group": group}
         for kind in KINDS:
             values = cost[kind].get(key)
