@@ -103,6 +103,10 @@ def world_images(data: EvalSet, q: PhraseQueries) -> list[ScoredImage]:
 
 
 PixelMaps = Callable[[int, ScoredImage], Tensor]
+#: A row's ``(label, name, flags, [P, N] token maps)``, or its note instead of maps.
+RowMaps = tuple[str, str, dict[str, bool], Tensor | str]
+#: A row's ``(label, name, flags, counts)``, or its note instead of counts.
+RowCounts = tuple[str, str, dict[str, bool], SegmentationCounts | str]
 
 
 def picked(maps: Tensor, rows: Sequence[int]) -> Tensor:
@@ -176,7 +180,6 @@ def segmentation_row(label: str, name: str, counts: SegmentationCounts,
 def row_token_maps(
     suite: MethodSuite, data: EvalSet, q: PhraseQueries, explainers: Sequence[str] = (),
     chunk: int = CHUNK, progress: StageProgress | None = None, seed: int | None = None,
-    baselines: bool = True,
 ) -> list[RowMaps]:
     """``(label, name, flags, [P, N] maps)`` of every row the grounding table scores: the
     methods with a patch-token plan, the explainers (an unavailable one: its note instead
@@ -195,14 +198,8 @@ def row_token_maps(
         out.append((EXPLAINERS[name].label, name, {"explainer": True},
                     note if note is not None
                     else explain_pairs(data.backbone, name, images, q.texts).maps))
-    if baselines:
-        out += [(label, name, {"baseline": True}, maps)
-                for label, name, maps in baseline_maps(data, q, seed)]
-    return out
-
-
-RowMaps = tuple[str, str, dict[str, bool], Tensor | str]
-RowCounts = tuple[str, str, dict[str, bool], SegmentationCounts | str]
+    return out + [(label, name, {"baseline": True}, maps)
+                  for label, name, maps in baseline_maps(data, q, seed)]
 
 
 def segmented(
