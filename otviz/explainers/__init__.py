@@ -2,7 +2,7 @@
 Grad-CAM (through the grad-cam library), LeGrad (reimplemented from its paper), MaskCLIP
 (a training-free dense baseline) and Chefer et al.'s gradient-weighted attention relevance.
 One contract (:class:`PhraseExplainer`), one registry (:data:`EXPLAINERS`); the
-tower-family facts live in :mod:`otviz.explainers.towers`."""
+tower-family facts they read are the tower adapter's (:mod:`otviz.towers.facts`)."""
 
 from otviz.explainers import gradcam, legrad, maskclip, relevance  # noqa: F401  (registration)
 from otviz.explainers.base import (

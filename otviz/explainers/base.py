@@ -12,7 +12,8 @@ module with one :func:`register_explainer` line.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, TypeVar
 
 from torch import Tensor, nn
 
@@ -20,6 +21,9 @@ from otviz.errors import UserInputError
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.registry import Registry
 from otviz.towers import ImageTower, image_tower
+from otviz.towers.facts import FamilyUnsupportedError
+
+T = TypeVar("T")
 
 
 class ExplainerUnsupportedError(UserInputError, ValueError):
@@ -54,6 +58,17 @@ class PhraseExplainer(ABC):
         """Raise :class:`ExplainerUnsupportedError` when this explainer cannot read the
         model's image tower (the default reads every tower)."""
         return None
+
+    def asked(self, fact: Callable[[], T]) -> T:
+        """The tower adapter's answer to ``fact`` (one of its family facts:
+        :meth:`~otviz.towers.base.ImageTower.cam_target`,
+        :meth:`~otviz.towers.base.ImageTower.attention_reader`);
+        :class:`ExplainerUnsupportedError` naming this explainer and the tower's reason when
+        its family gives none."""
+        try:
+            return fact()
+        except FamilyUnsupportedError as e:
+            raise ExplainerUnsupportedError(f"{self.label}: {e}") from None
 
     @abstractmethod
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:

@@ -3,10 +3,13 @@ library (pytorch-grad-cam, the maintained implementation).
 
 The score explained is the cosine ``s = <f(x) / |f(x)|, t>`` of the image embedding and the
 phrase's unit text embedding ``t``. For an activation map ``A [C, h, w]`` of the target
-layer (:func:`otviz.explainers.towers.cam_target`, chosen per tower family), Grad-CAM is
+layer (:meth:`otviz.towers.base.ImageTower.cam_target`, the tower family's answer), Grad-CAM is
 ``ReLU(sum_c alpha_c A_c)`` with ``alpha_c = mean_{ij} ds/dA_cij`` (Selvaraju et al. Eq. 1-2),
 min-max scaled per map by the library. The library is asked for the map at the layer's own
-resolution (the patch grid), not upsampled to the pixels.
+resolution (the patch grid), not upsampled to the pixels. The library reads the target
+layer through forward hooks it registers itself, so the call runs on the explainers' private
+copy of the model, one call at a time (:mod:`otviz.explainers.private`: the concurrency
+story).
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from torch import Tensor, nn
 
 from otviz.explainers.base import ExplainerUnsupportedError, PhraseExplainer, register_explainer
 from otviz.explainers.private import HOOKS, private_model
-from otviz.explainers.towers import cam_target
 
 
 class ImageEmbedding(nn.Module):
@@ -72,13 +74,13 @@ class GradCamExplainer(PhraseExplainer):
                 f"{self.label} runs the model's own forward, at the tower's native "
                 f"{self.tower.native_size[0]} px only (this backbone runs at "
                 f"{self.tower.image_size[0]} px)")
-        cam_target(self.model.visual)
+        self.asked(self.tower.cam_target)
 
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
         self.check()
         with HOOKS, torch.enable_grad():
             model = private_model(self.model)
-            target = cam_target(model.visual)
+            target = self.asked(self.tower.on(model.visual).cam_target)
             cam = layer_grid_cam()(ImageEmbedding(model), [target.layer], target.reshape)
             try:
                 # a leaf input that needs its gradient: the hooks fire on a frozen model too

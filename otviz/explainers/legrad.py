@@ -3,7 +3,7 @@ via Feature Formation Sensitivity", arXiv 2404.03214), reimplemented from the pa
 
 For every layer ``l`` of the ViT (from :attr:`LeGradExplainer.first_layer` on), the layer's
 output tokens ``z^l`` are read as an image embedding the way the model reads its last layer's
-(:meth:`~otviz.explainers.attention.AttentionReader.layer_readout`: for open_clip's class-token
+(:meth:`~otviz.towers.facts.AttentionReader.layer_readout`: for open_clip's class-token
 or mean-pooled ViTs, as the authors' wrapper does, the mean over the tokens, the final
 LayerNorm and projection, ``e^l = proj(LN(mean_t z^l_t))``; for attention-pooled and timm
 towers (SigLIP's attention pooler, EVA), the tower's own pooling, norm and head);
@@ -15,8 +15,9 @@ that layer's attention map ``A^l [heads, T, T]`` (the softmax probabilities), an
 
 The gradient itself is the explanation: no attention-times-gradient product. LeGrad's own
 package (``legrad`` on PyPI) pins ``open_clip_torch <= 2.23``, which conflicts with the
-open_clip 3.x otviz builds on, so it is reimplemented here on the attention traces of
-:mod:`otviz.explainers.attention` (the attention maps as tensors of the graph).
+open_clip 3.x otviz builds on, so it is reimplemented here on the attention traces the tower
+adapter gives (:meth:`otviz.towers.base.ImageTower.attention_reader`: the attention maps as
+tensors of the graph, re-run from the model's current weights).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from otviz.explainers.attention import attention_reader
 from otviz.explainers.base import PhraseExplainer, min_max, register_explainer
 from otviz.towers import ImageTower
 
@@ -45,12 +45,12 @@ class LeGradExplainer(PhraseExplainer):
         self.first_layer = first_layer
 
     def check(self) -> None:
-        attention_reader(self.model, self.label, self.tower)
+        self.asked(self.tower.attention_reader)
 
     def layer_maps(self, pixels: Tensor, text: Tensor) -> Tensor:
         """``[L', B, N]`` the per-layer signals ``E^l`` over the patch tokens, for the layers
         ``first_layer .. L-1`` (before the sum and the min-max)."""
-        reader = attention_reader(self.model, self.label, self.tower)
+        reader = self.asked(self.tower.attention_reader)
         n = reader.grid[0] * reader.grid[1]
         with torch.enable_grad():
             # a leaf input: the attention maps are in the graph even on a frozen model
@@ -68,6 +68,6 @@ class LeGradExplainer(PhraseExplainer):
         return torch.stack(signals).detach()
 
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
-        grid = attention_reader(self.model, self.label, self.tower).grid
+        grid = self.asked(self.tower.attention_reader).grid
         heat = min_max(self.layer_maps(pixels, text).sum(0))
         return heat.reshape(heat.shape[0], *grid)

@@ -8,7 +8,8 @@ With ``s`` the final image-phrase similarity and ``A^l`` layer ``l``'s attention
     R      = prod_l (I + Abar^l),  R <- R + Abar^l R  in layer order   (Eq. 6, from R = I)
 
 and the map is the row of ``R`` of the pooled output over the patch columns, min-max scaled
-(:meth:`~otviz.explainers.attention.AttentionReader.pooled_row`): the class token's row; for
+(:meth:`~otviz.towers.facts.AttentionReader.pooled_row`, the tower adapter's
+:meth:`~otviz.towers.base.ImageTower.attention_reader`): the class token's row; for
 a mean-pooled tower the mean of the patch rows; for an attention pooler (CoCa, SigLIP) the
 rows mixed by the pooler's head-mean attention weights over the tokens, the one attention
 step the pooled output takes beyond the blocks (read as in attention rollout, without a
@@ -21,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from otviz.explainers.attention import attention_reader
 from otviz.explainers.base import PhraseExplainer, min_max, register_explainer
 
 
@@ -32,12 +32,12 @@ class CheferExplainer(PhraseExplainer):
     source = "Chefer, Gur & Wolf, ICCV 2021 (gradient-weighted attention rollout)"
 
     def check(self) -> None:
-        attention_reader(self.model, self.label, self.tower)
+        self.asked(self.tower.attention_reader)
 
     def relevance(self, pixels: Tensor, text: Tensor) -> tuple[Tensor, Tensor]:
         """``(R [B, T, T], tokens [B, T, D])``: the relevance matrix (module docstring) and
         the last layer's tokens (what the pooling reads)."""
-        reader = attention_reader(self.model, self.label, self.tower)
+        reader = self.asked(self.tower.attention_reader)
         with torch.enable_grad():
             trace = reader.trace(pixels.detach().requires_grad_(True))
             emb = F.normalize(reader.readout(trace.tokens[-1]), dim=-1)
@@ -50,7 +50,7 @@ class CheferExplainer(PhraseExplainer):
         return r, trace.tokens[-1].detach()
 
     def explain(self, pixels: Tensor, text: Tensor) -> Tensor:
-        reader = attention_reader(self.model, self.label, self.tower)
+        reader = self.asked(self.tower.attention_reader)
         h, w = reader.grid
         r, tokens = self.relevance(pixels, text)
         return min_max(reader.pooled_row(tokens, r)[:, -h * w :]).reshape(-1, h, w)

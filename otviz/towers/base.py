@@ -21,6 +21,7 @@ from otviz.errors import UserInputError
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.registry import Registry
 from otviz.towers.dense import READS_INTERMEDIATE
+from otviz.towers.facts import AttentionReader, CamTarget, FamilyUnsupportedError
 from otviz.towers.geometry import trace_geometry
 from otviz.towers.sources import LAST, FeatureSource
 
@@ -35,8 +36,10 @@ class ImageTower:
     Subclasses implement :meth:`_encode` and :meth:`project`, and say which feature sources
     they give (:meth:`sources`); the grid and dimensions default to one forward pass on a
     blank image at the tower's input size, which subclasses replace where the tower states
-    them. ``side``: the input side in pixels this adapter runs the tower at (``None``: the
-    tower's native size; :meth:`at_size`).
+    them. The family's facts the explainers and trust metrics ask for (:mod:`.facts`):
+    :meth:`cam_target`, :meth:`randomisation_blocks`, :meth:`attention_reader` (each refused
+    with the reason by default). ``side``: the input side in pixels this adapter runs the
+    tower at (``None``: the tower's native size; :meth:`at_size`).
     """
 
     def __init__(self, visual: nn.Module, side: int | None = None) -> None:
@@ -184,6 +187,22 @@ class ImageTower:
     @property
     def embed_dim(self) -> int:
         return int(self._probed()[2])
+
+    def cam_target(self) -> CamTarget:
+        """The module Grad-CAM reads and its reshape to ``[B, C, h, w]``
+        (:class:`FamilyUnsupportedError` for a family that names none)."""
+        raise FamilyUnsupportedError(f"no target layer known for the {self.family} tower")
+
+    def randomisation_blocks(self) -> list[nn.Module]:
+        """The tower's blocks, bottom first: a randomisation check (MPRT) resets them from
+        the last one down (:class:`FamilyUnsupportedError` for a family that names none)."""
+        raise FamilyUnsupportedError(f"no block list known for the {self.family} tower")
+
+    def attention_reader(self) -> AttentionReader:
+        """The tower's attention, written out (:class:`~.facts.AttentionReader`;
+        :class:`FamilyUnsupportedError` with the reason for a tower without one)."""
+        raise FamilyUnsupportedError(
+            f"reads ViT attention maps; the {self.family} tower has none written out here")
 
     def stem(self, pixels: Tensor) -> Tensor:
         """``[B, N', C]``: the tower's first convolution on each position (patch embedding

@@ -14,10 +14,11 @@ maps have other widths and no final norm or projection reads them).
 from __future__ import annotations
 
 from open_clip.modified_resnet import ModifiedResNet
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn import functional as F
 
 from otviz.towers.base import ImageTower, register_image_tower
+from otviz.towers.facts import CamTarget
 from otviz.towers.sources import FeatureSource
 
 
@@ -38,6 +39,13 @@ class ResNetTower(ImageTower):
 
     def sources(self) -> tuple[str, ...]:
         return ("last", "maskclip")
+
+    def cam_target(self) -> CamTarget:
+        return CamTarget(self.visual.layer4, None)  # the last conv stage, before the pool
+
+    def randomisation_blocks(self) -> list[nn.Module]:
+        v = self.visual
+        return [v.layer1, v.layer2, v.layer3, v.layer4]
 
     def _encode(self, pixels: Tensor, source: FeatureSource) -> tuple[Tensor, Tensor]:
         _, patches, pooled = self._grid_forward(pixels)

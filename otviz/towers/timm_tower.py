@@ -35,10 +35,13 @@ before the trunk's final norm. The tower runs at its native size only.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import torch
 from open_clip.timm_model import TimmModel
-from timm.layers import Attention
+from timm.layers import Attention, apply_rot_embed_cat
+from timm.models.eva import EvaAttention, EvaBlock
+from timm.models.vision_transformer import Block
 from torch import Tensor, nn
 
 from otviz.knobs import DENSE_SOURCES
@@ -49,6 +52,13 @@ from otviz.towers.dense import (
     fits,
     rewritten_block,
     softmax_attention,
+)
+from otviz.towers.facts import (
+    AttentionReader,
+    AttentionTrace,
+    CamTarget,
+    FamilyUnsupportedError,
+    tokens_to_map,
 )
 from otviz.towers.scclip import scclip_tokens
 from otviz.towers.sources import FeatureSource
@@ -115,6 +125,24 @@ class TimmTower(ImageTower):
     @property
     def family(self) -> str:
         return f"timm {type(self.visual.trunk).__name__}"
+
+    def cam_target(self) -> CamTarget:
+        """The last stage of a staged conv trunk (ConvNeXt, FastViT: ``NCHW`` maps); the last
+        block's first norm of a token trunk (EVA, SigLIP), as for open_clip's ViT."""
+        trunk = self.visual.trunk
+        if hasattr(trunk, "stages"):
+            return CamTarget(trunk.stages[-1], None)
+        if _token_trunk(trunk):
+            return CamTarget(trunk.blocks[-1].norm1, tokens_to_map(self.grid))
+        raise FamilyUnsupportedError(
+            f"timm trunk {type(trunk).__name__} has neither stages nor ViT blocks")
+
+    def randomisation_blocks(self) -> list[nn.Module]:
+        trunk = self.visual.trunk
+        return list(getattr(trunk, "blocks", None) or trunk.stages)
+
+    def attention_reader(self) -> AttentionReader:
+        return TimmVitReader(self)
 
     def sources(self) -> tuple[str, ...]:
         trunk = self.visual.trunk
@@ -195,3 +223,140 @@ class TimmTower(ImageTower):
             one = flat[:, None, :].expand(-1, prefix + 1, -1)
         out = self.visual.head(trunk.forward_head(one))
         return out.reshape(B, N, -1)
+
+
+# ----------------------------------------------------------------------- attention, written out
+def _traceable(block: nn.Module) -> bool:
+    """Whether :func:`traced_block` writes this block out: a pre-norm timm ``Block`` of
+    timm's ``Attention``, or an ``EvaBlock`` of ``EvaAttention``."""
+    return (isinstance(block, Block) and isinstance(block.attn, Attention)) or (
+        isinstance(block, EvaBlock) and isinstance(block.attn, EvaAttention))
+
+
+def _eva_qkv(attn: EvaAttention, x: Tensor, rope: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(q, k, v)`` ``[B, heads, T, d]`` of timm's ``EvaAttention`` on normed tokens ``x``:
+    fused or separate projections, the q / v biases, ``q_norm`` / ``k_norm`` and the rotary
+    embedding on the patch tokens, as ``EvaAttention.forward`` computes them (timm
+    ``models/eva.py``)."""
+    b, t, _ = x.shape
+    if attn.qkv is not None:
+        qkv = attn.qkv(x)
+        if attn.q_bias is not None:
+            qkv = qkv + torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))
+        q, k, v = qkv.reshape(b, t, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    else:
+        q, k, v = (proj(x).reshape(b, t, attn.num_heads, -1).transpose(1, 2)
+                   for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    if rope is not None:
+        npt, half = attn.num_prefix_tokens, getattr(attn, "rotate_half", False)
+        q, k = (torch.cat([z[:, :, :npt], apply_rot_embed_cat(z[:, :, npt:], rope, half=half)],
+                          dim=2).type_as(v) for z in (q, k))
+    return q, k, v
+
+
+def _scaled(block: nn.Module, k: int) -> Callable[[Tensor], Tensor]:
+    """The block's layer scale ``k`` (timm's ``ls1`` / ``ls2``; EVA's ``gamma_1`` /
+    ``gamma_2``, ``None`` for none)."""
+    ls = getattr(block, f"ls{k}", None)
+    if ls is not None:
+        return ls
+    gamma = getattr(block, f"gamma_{k}", None)
+    return (lambda z: z) if gamma is None else (lambda z: gamma * z)
+
+
+def traced_block(block: nn.Module, x: Tensor, rope: Tensor | None = None,
+                 ) -> tuple[Tensor, Tensor]:
+    """``(x_next, A)``: one pre-norm timm block on tokens ``x`` from its current weights,
+    its softmax attention ``A [B, heads, T, T]`` kept as a tensor of the graph (timm's
+    unfused path: ``softmax(q k^T * scale)``, then ``norm``, gate, ``proj``)."""
+    attn = block.attn
+    b, t, _ = x.shape
+    if isinstance(attn, EvaAttention):
+        q, k, v = _eva_qkv(attn, block.norm1(x), rope)
+    else:
+        q, k, v = block_qkv(block, x)
+    a = softmax_attention(q, k, attn.scale)
+    out = attn.norm((a @ v).transpose(1, 2).reshape(b, t, -1))
+    gate = getattr(attn, "gate", None)
+    if gate is not None:
+        out = out * gate(block.norm1(x)).sigmoid()
+    x = x + block.drop_path1(_scaled(block, 1)(attn.proj_drop(attn.proj(out))))
+    return x + block.drop_path2(_scaled(block, 2)(block.mlp(block.norm2(x)))), a
+
+
+def latent_pool_attention(pool: nn.Module, x: Tensor) -> Tensor:
+    """``[B, heads, Q, T]`` the softmax attention of timm's ``AttentionPoolLatent`` (the
+    ``map`` pooling of SigLIP) from its latent queries to the tokens ``x`` it pools, as its
+    unfused path computes it."""
+    b, t, c = x.shape
+    if pool.pos_embed is not None:
+        x = x + pool.pos_embed.unsqueeze(0).to(x.dtype)
+    heads, dim = pool.num_heads, pool.head_dim
+    q = pool.q(pool.latent.expand(b, -1, -1)).reshape(b, pool.latent_len, heads, dim)
+    k = pool.kv(x).reshape(b, t, 2, heads, dim).permute(2, 0, 3, 1, 4)[0]
+    q, k = pool.q_norm(q.transpose(1, 2)), pool.k_norm(k)
+    return torch.softmax((q * pool.scale) @ k.transpose(-2, -1), dim=-1)
+
+
+class TimmVitReader(AttentionReader):
+    """The attention of timm ViT-style trunks (timm ``VisionTransformer``: SigLIP, SigLIP 2,
+    ViTamin; ``Eva``: EVA02, EVA-CLIP), pooled by class token (``token``), patch mean
+    (``avg``) or attention pooler (``map``): the trunk's embedding, then every block written
+    out (:func:`traced_block`) from the model's current weights."""
+
+    POOLS = ("token", "avg", "map")
+
+    def __init__(self, tower: TimmTower) -> None:
+        trunk = tower.visual.trunk
+        if not _token_trunk(trunk) or not all(_traceable(b) for b in trunk.blocks):
+            raise FamilyUnsupportedError(
+                f"reads ViT attention maps; timm trunk {type(trunk).__name__} has no ViT "
+                "blocks of timm's attention")
+        if getattr(trunk, "rope_mixed", False):
+            raise FamilyUnsupportedError(
+                f"timm trunk {type(trunk).__name__} mixes its rotary embedding per block")
+        pool = "map" if getattr(trunk, "attn_pool", None) is not None else trunk.global_pool
+        if pool not in self.POOLS:
+            raise FamilyUnsupportedError(
+                f"timm pooling {pool!r} has no rule here (known: {', '.join(self.POOLS)})")
+        self.visual, self.trunk, self.pool = tower.visual, trunk, pool
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return tuple(self.trunk.patch_embed.grid_size)  # type: ignore[return-value]
+
+    def trace(self, pixels: Tensor) -> AttentionTrace:
+        trunk = self.trunk
+        x = trunk._pos_embed(trunk.patch_embed(pixels))
+        if isinstance(x, tuple):  # EVA: the rotary embedding comes with the tokens
+            x, rope = x
+        else:
+            x, rope = trunk.patch_drop(x), None
+        x = trunk.norm_pre(x)
+        tokens, maps = [x], []
+        for block in trunk.blocks:
+            x, a = traced_block(block, x, rope)
+            tokens.append(x)
+            maps.append(a)
+        return AttentionTrace(tokens, maps)
+
+    def readout(self, tokens: Tensor) -> Tensor:
+        return self.visual.head(self.trunk.forward_head(self.trunk.norm(tokens)))
+
+    def _pool_keys(self) -> int:
+        """Index of the first token the pooling reads (timm drops the prefix tokens unless
+        the trunk says to include them; EVA's pooler reads every token)."""
+        return 0 if getattr(self.trunk, "pool_include_prefix", self.pool == "map") else int(
+            self.trunk.num_prefix_tokens)
+
+    def pooled_row(self, tokens: Tensor, matrix: Tensor) -> Tensor:
+        trunk, start = self.trunk, self._pool_keys()
+        if self.pool == "token":
+            return matrix[:, 0]
+        if self.pool == "avg":
+            return matrix[:, start:].mean(1)
+        a = latent_pool_attention(trunk.attn_pool, trunk.norm(tokens)[:, start:]).detach()
+        mix = a.mean(1)  # [B, Q, T - start], head mean
+        mix = mix[:, 0] if trunk.attn_pool.pool == "token" or mix.shape[1] == 1 else mix.mean(1)
+        return torch.einsum("bt,bts->bs", mix, matrix[:, start:])

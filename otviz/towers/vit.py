@@ -30,6 +30,13 @@ from otviz.towers.dense import (
     rewritten_block,
     softmax_attention,
 )
+from otviz.towers.facts import (
+    AttentionReader,
+    AttentionTrace,
+    CamTarget,
+    FamilyUnsupportedError,
+    tokens_to_map,
+)
 from otviz.towers.scclip import scclip_tokens
 from otviz.towers.sources import FeatureSource
 
@@ -75,6 +82,18 @@ def block_attention_map(block: ResidualAttentionBlock, x: Tensor) -> Tensor:
     """``[B, heads, T, T]`` the block's own softmax attention on tokens ``x``."""
     q, k, _ = block_qkv(block, x)
     return softmax_attention(q, k, q.shape[-1] ** -0.5)
+
+
+def block_forward(block: ResidualAttentionBlock, x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(x_next, A)``: one pre-norm block (``x + ls_1(attn(ln_1 x))``, then ``+ ls_2(mlp(ln_2
+    x))``) with its softmax map ``A = softmax(q k^T / sqrt(d_head))`` kept as a tensor of the
+    graph (``nn.MultiheadAttention`` computes the same without returning it)."""
+    mha: nn.MultiheadAttention = block.attn
+    b, t, d = x.shape
+    q, k, v = block_qkv(block, x)
+    a = softmax_attention(q, k, q.shape[-1] ** -0.5)
+    x = x + block.ls_1(mha.out_proj((a @ v).transpose(1, 2).reshape(b, t, d)))
+    return x + block.ls_2(block.mlp(block.ln_2(x))), a
 
 
 def block_attention_branch(block: ResidualAttentionBlock, x: Tensor, kind: str,
@@ -149,6 +168,18 @@ class VitTower(ImageTower):
         transformer after it mixes them without moving them."""
         conv1 = self.visual.conv1
         return conv1, lambda pixels: tuple(conv1(pixels).shape[-2:])
+
+    def cam_target(self) -> CamTarget:
+        """The last block's first LayerNorm: its patch outputs still reach a class-token
+        pooling (the last block's own outputs do not), as the grad-cam library's ViT recipe
+        takes it."""
+        return CamTarget(self.visual.transformer.resblocks[-1].ln_1, tokens_to_map(self.grid))
+
+    def randomisation_blocks(self) -> list[nn.Module]:
+        return list(self.visual.transformer.resblocks)
+
+    def attention_reader(self) -> AttentionReader:
+        return OpenClipVitReader(self)
 
     def sources(self) -> tuple[str, ...]:
         dense = DENSE_SOURCES if _standard_blocks(self.visual) else ()
@@ -254,3 +285,70 @@ class VitTower(ImageTower):
         else:  # cascade: the contrastive pooler reads the first pooler's output
             x = _through_pooler(v.attn_pool_contrastive, _through_pooler(v.attn_pool, patches))
         return x @ v.proj if v.proj is not None else x
+
+
+def _query_weights(pool_type: str, n_queries: int) -> Tensor:
+    """``[Q]`` how open_clip's ``_global_pool`` mixes the attention pooler's query outputs
+    into the pooled one (``tok``: the first; ``avg``: the mean of the others)."""
+    weights = torch.zeros(n_queries)
+    if pool_type == "tok":
+        weights[0] = 1.0
+    else:
+        weights[1:] = 1.0 / (n_queries - 1)
+    return weights
+
+
+class OpenClipVitReader(AttentionReader):
+    """The attention of open_clip's ``VisionTransformer`` of standard blocks
+    (``nn.MultiheadAttention``), pooled by class token, by mean, or by CoCa's attention
+    pooler: its blocks re-run with the map written out (:func:`block_forward`) at the input
+    size of the adapter ``tower``."""
+
+    def __init__(self, tower: VitTower) -> None:
+        visual = tower.visual
+        if not _standard_blocks(visual):
+            raise FamilyUnsupportedError(
+                "reads standard self-attention blocks; this ViT has others")
+        if getattr(visual, "attn_pool_contrastive", None) is not None or visual.pool_type not in (
+                "tok", "avg"):
+            raise FamilyUnsupportedError(
+                f"the pooling of this ViT ({visual.attn_pool_type or 'attention'} pooler, "
+                f"pool type {visual.pool_type!r}) has no rule here")
+        self.visual = visual
+        self.tower = tower
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.tower.grid
+
+    def trace(self, pixels: Tensor) -> AttentionTrace:
+        x = self.tower.embeds(pixels)
+        tokens, maps = [x], []
+        for block in self.visual.transformer.resblocks:
+            x, a = block_forward(block, x)
+            tokens.append(x)
+            maps.append(a)
+        return AttentionTrace(tokens, maps)
+
+    def readout(self, tokens: Tensor) -> Tensor:
+        pooled, _ = self.visual._pool(tokens)
+        return pooled @ self.visual.proj if self.visual.proj is not None else pooled
+
+    def layer_readout(self, tokens: Tensor) -> Tensor:
+        """Without an attention pooler, LeGrad's authors' wrapper for open_clip ViTs: the
+        mean over all tokens, ``ln_post``, ``proj``; with one (CoCa), the tower's own
+        readout."""
+        if self.visual.attn_pool is not None:
+            return self.readout(tokens)
+        return self.visual.ln_post(tokens.mean(1)) @ self.visual.proj
+
+    def pooled_row(self, tokens: Tensor, matrix: Tensor) -> Tensor:
+        visual, n = self.visual, self.grid[0] * self.grid[1]
+        if visual.attn_pool is None:
+            return matrix[:, 0] if visual.pool_type == "tok" else matrix[:, -n:].mean(1)
+        pooler = visual.attn_pool  # CoCa: queries attend to all tokens, then tok / avg
+        keys = pooler.ln_k(tokens)
+        query = pooler.ln_q(pooler.query).unsqueeze(0).expand(tokens.shape[0], -1, -1)
+        _, weights = pooler.attn(query, keys, keys, need_weights=True)  # [B, Q, T], head mean
+        mix = _query_weights(visual.pool_type, weights.shape[1]).to(weights)
+        return torch.einsum("q,bqt,bts->bs", mix, weights.detach(), matrix)

@@ -109,7 +109,7 @@ def test_gold_masks_are_the_cells_of_the_tokens_that_look_in_the_box() -> None:
 
 
 def test_randomisation_layers_are_the_top_blocks(backbone, inputs) -> None:
-    blocks = T.tower_blocks(backbone.model.visual)
+    blocks = backbone.image_tower.randomisation_blocks()
     scorer = T.PhraseScorer(backbone, inputs.scorer.phrases, blocks=1)
     layers = [n for n, m in scorer.named_modules() if hasattr(m, "reset_parameters")]
     assert layers == ["units.0"]
@@ -122,7 +122,16 @@ def test_randomisation_layers_are_the_top_blocks(backbone, inputs) -> None:
     top = {f"visual.transformer.resblocks.{len(blocks) - 1}."}
     assert changed and all(any(k.startswith(t) for t in top) for k in changed)
     assert all(torch.equal(v, backbone.model.state_dict()[k]) for k, v in before.items())
-    assert copy.version == 1 and copy.explained_model() is not copy.backbone.model
+    # the explainers read the randomised copy's weights as they are now: Grad-CAM's map of
+    # the copy equals Grad-CAM on a model built with those weights from the start
+    source = T.ExplainerSource("gradcam", "Grad-CAM")
+    pixels = torch.as_tensor(inputs.pixels[:1])
+    targets = torch.as_tensor(inputs.targets[:1])
+    fresh = deepcopy(copy)
+    assert torch.equal(source.patch_maps(copy, pixels, targets),
+                       source.patch_maps(fresh, pixels, targets))
+    assert not torch.equal(source.patch_maps(copy, pixels, targets),
+                           source.patch_maps(scorer, pixels, targets))
 
 
 def test_box_to_model_pixels_follows_the_centre_crop() -> None:

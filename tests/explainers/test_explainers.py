@@ -15,14 +15,13 @@ from pytorch_grad_cam import GradCAM
 from pytorch_grad_cam.utils.image import scale_cam_image
 
 from otviz.explainers import EXPLAINERS, ExplainerUnsupportedError, explainer_names, get_explainer
-from otviz.explainers.attention import OpenClipVitReader, vit_blocks
 from otviz.explainers.base import PhraseExplainer, min_max, register_explainer
 from otviz.explainers.gradcam import GradCamExplainer, ImageEmbedding, SimilarityTarget
 from otviz.explainers.legrad import LeGradExplainer
 from otviz.explainers.maskclip import MaskClipExplainer
 from otviz.explainers.relevance import CheferExplainer
-from otviz.explainers.towers import CAM_TARGETS, cam_target, register_cam_target
 from otviz.patch_grid.tokens import TokenGeometry
+from otviz.towers import image_tower
 from otviz.towers.vit import VitTower
 
 TEXT = CLIPTextCfg(context_length=8, vocab_size=64, width=32, heads=2, layers=1)
@@ -61,7 +60,7 @@ def test_gradcam_equals_the_libraries_own_output(tower):
     model, size = TOWERS[tower]()
     pixels, text = _inputs(size)
     ours = GradCamExplainer(model).explain(pixels, text).numpy()
-    target = cam_target(model.visual)
+    target = image_tower(model).cam_target()
     library = GradCAM(ImageEmbedding(model), [target.layer], target.reshape)
     theirs = library(pixels, [SimilarityTarget(t) for t in text])  # upsampled to the pixels
     assert theirs.shape == (2, size, size)
@@ -75,7 +74,7 @@ def test_gradcam_is_the_gradient_weighted_activation_map(tower):
     """Selvaraju et al. Eq. 1-2 by autograd: ReLU(sum_c mean_ij(ds/dA_cij) A_c), min-max."""
     model, size = TOWERS[tower]()
     pixels, text = _inputs(size)
-    target = cam_target(model.visual)
+    target = image_tower(model).cam_target()
     seen = []
     handle = target.layer.register_forward_hook(lambda m, i, o: seen.append(o))
     s = (F.normalize(model.encode_image(pixels), dim=-1) * text).sum()
@@ -93,9 +92,11 @@ def test_gradcam_is_the_gradient_weighted_activation_map(tower):
 def test_vit_blocks_reproduce_the_towers_forward():
     model = _vit(layers=3)
     pixels, _ = _inputs(32)
-    tokens, maps = vit_blocks(VitTower(model.visual), pixels)
+    reader = VitTower(model.visual).attention_reader()
+    trace = reader.trace(pixels)
+    tokens, maps = trace.tokens, trace.maps
     assert len(tokens) == 4 and len(maps) == 3
-    assert torch.allclose(OpenClipVitReader(model, "test").readout(tokens[-1]),
+    assert torch.allclose(reader.readout(tokens[-1]),
                           model.encode_image(pixels), atol=1e-5)
     assert torch.allclose(maps[0].sum(-1), torch.ones(2, 2, 17), atol=1e-6)  # row-stochastic
 
@@ -217,14 +218,6 @@ def test_registry_names_and_refuses_duplicates():
     assert EXPLAINERS["gradcam"] is GradCamExplainer
 
 
-def test_a_tower_family_given_a_second_cam_target_is_refused():
-    first = dict(CAM_TARGETS)
-    with pytest.raises(ValueError, match="Grad-CAM target of the tower VisionTransformer is "
-                                         "registered twice"):
-        register_cam_target(open_clip.transformer.VisionTransformer)(lambda visual: None)
-    assert CAM_TARGETS == first
-
-
 @pytest.mark.parametrize("pool", ["tok", "avg"])
 def test_chefer_relevance_is_the_product_of_gradient_weighted_attention(pool):
     """Eq. 5-6: R = (I + Abar^2)(I + Abar^1), Abar^l = mean_h ReLU(ds/dA^l * A^l), with s the
@@ -233,8 +226,10 @@ def test_chefer_relevance_is_the_product_of_gradient_weighted_attention(pool):
     model = _vit(layers=2, pool=pool)
     pixels, text = _inputs(32)
     leaf = pixels.clone().requires_grad_(True)
-    tokens, maps = vit_blocks(VitTower(model.visual), leaf)
-    s = (F.normalize(OpenClipVitReader(model, "test").readout(tokens[-1]), dim=-1) * text).sum()
+    reader = VitTower(model.visual).attention_reader()
+    trace = reader.trace(leaf)
+    tokens, maps = trace.tokens, trace.maps
+    s = (F.normalize(reader.readout(tokens[-1]), dim=-1) * text).sum()
     grads = torch.autograd.grad(s, maps)
     eye = torch.eye(17)
     bars = [(g * a).clamp_min(0).mean(1).detach() for a, g in zip(maps, grads, strict=True)]

@@ -21,7 +21,6 @@ from otviz.eval.world_set import EvalSet
 from otviz.explain import Explainer
 from otviz.explainers import EXPLAINERS, phrase_embeddings
 from otviz.explainers.gradcam import ImageEmbedding, SimilarityTarget
-from otviz.explainers.towers import cam_target
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
 from otviz.ui.browse_tab import browse_view
@@ -59,7 +58,7 @@ def _gradcam_library(backbone, image: np.ndarray, phrase: str) -> np.ndarray:
     """The grad-cam library's own Grad-CAM of the pair, upsampled to the pixels."""
     pixels = backbone.image_tensor([image])
     text = phrase_embeddings(backbone, [phrase])
-    target = cam_target(backbone.model.visual)
+    target = backbone.image_tower.cam_target()
     with torch.enable_grad():
         cam = GradCAM(ImageEmbedding(backbone.model), [target.layer], target.reshape)
         maps = cam(pixels.requires_grad_(True), [SimilarityTarget(t) for t in text])

@@ -13,26 +13,26 @@
   patch's value over its pixels (nearest), so Quantus scores exactly the patch map.
 * For the randomisation test (MPRT, Adebayo et al. 2018) the scorer exposes the image tower's
   blocks, and nothing else, as the layers Quantus re-initialises: cascading from the top block
-  down, one step per block (:func:`tower_blocks`, one entry per tower family).
+  down, one step per block (the tower adapter's
+  :meth:`~otviz.towers.base.ImageTower.randomisation_blocks`). The explainers read the
+  randomised weights as they are at each call (their traces re-run the live weights; Grad-CAM's
+  private copy is refreshed from them), so no copy is kept here.
 
-One adapter serves every method, explainer and open_clip tower: a method or an explainer is
-looked up by name in its registry, a tower by its class.
+One adapter serves every method, explainer and tower family: a method or an explainer is
+looked up by name in its registry, a tower's facts asked of its adapter.
 """
 
 from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from open_clip.modified_resnet import ModifiedResNet
-from open_clip.timm_model import TimmModel
-from open_clip.transformer import VisionTransformer
 from torch import Tensor, nn
 from torchvision.transforms import Compose, Normalize
 
@@ -46,7 +46,6 @@ from otviz.patch_grid.tokens import TokenGeometry, input_frame
 from otviz.suite import METHOD_LABELS, SuiteMethod
 from otviz.text.parse import batch_node_masks, parse_caption
 from otviz.text.tree import Tree
-from otviz.towers import BackboneLoadError
 from otviz.world import COLOUR_RGB, Sample
 
 Box = tuple[float, float, float, float]
@@ -154,25 +153,6 @@ def to_pixels(heat: Tensor, geometry: TokenGeometry) -> Tensor:
 
 
 # ----------------------------------------------------------------------- randomised blocks
-#: tower type -> its blocks, bottom first (the first ``isinstance`` match wins).
-TOWER_BLOCKS: dict[type[nn.Module], Callable[[nn.Module], list[nn.Module]]] = {
-    VisionTransformer: lambda v: list(v.transformer.resblocks),
-    ModifiedResNet: lambda v: [v.layer1, v.layer2, v.layer3, v.layer4],
-    TimmModel: lambda v: list(getattr(v.trunk, "blocks", None) or v.trunk.stages),
-}
-
-
-def tower_blocks(visual: nn.Module) -> list[nn.Module]:
-    """The image tower's blocks, bottom first (the layers MPRT randomises); a
-    :class:`BackboneLoadError` names the known families for any other tower."""
-    for tower, blocks in TOWER_BLOCKS.items():
-        if isinstance(visual, tower):
-            return blocks(visual)
-    known = ", ".join(t.__name__ for t in TOWER_BLOCKS)
-    raise BackboneLoadError(f"trust: no block list known for a {type(visual).__name__} "
-                            f"tower; known: {known}")
-
-
 def reinitialise(block: nn.Module) -> None:
     """Every layer of ``block`` back to its initialisation (PyTorch's ``reset_parameters``;
     ``_reset_parameters`` for ``nn.MultiheadAttention``), drawn from the current torch seed."""
@@ -188,14 +168,12 @@ class RandomisedBlock(nn.Module):
     whole block. The block is held outside the module tree, so Quantus sees the block as one
     layer and not its inner layers."""
 
-    def __init__(self, block: nn.Module, scorer: PhraseScorer) -> None:
+    def __init__(self, block: nn.Module) -> None:
         super().__init__()
-        self._held = [block, scorer]
+        self._held = [block]
 
     def reset_parameters(self) -> None:
-        block, scorer = self._held
-        reinitialise(block)
-        scorer.version += 1
+        reinitialise(self._held[0])
 
 
 # ----------------------------------------------------------------------- the model
@@ -216,7 +194,6 @@ class PhraseScorer(nn.Module):
             raise ValueError("no phrases to score")
         self.backbone = backbone
         self.phrases = list(phrases)
-        self.version = 0  # how many block randomisations this copy has seen
         text = backbone.words([p.caption for p in self.phrases])
         self.ids, self.token_mask = text.ids, text.mask
         self.select = torch.stack([text.word_mask(k, list(p.words))
@@ -225,10 +202,9 @@ class PhraseScorer(nn.Module):
         self.nodes, self.node_mask = batch_node_masks(trees, text.token_word)
         self.text = phrase_embeddings(backbone, [p.text for p in self.phrases]).cpu()
         self.mean, self.std = _mean_std(backbone)
-        chosen = tower_blocks(backbone.model.visual)
+        chosen = backbone.image_tower.randomisation_blocks()
         chosen = chosen if blocks is None else chosen[len(chosen) - blocks:]
-        self.units = nn.ModuleList(RandomisedBlock(b, self) for b in chosen)
-        self._explained: tuple[int, nn.Module] | None = None
+        self.units = nn.ModuleList(RandomisedBlock(b) for b in chosen)
         self.eval()
 
     @property
@@ -255,16 +231,6 @@ class PhraseScorer(nn.Module):
     def forward(self, pixels: Tensor) -> Tensor:
         _, image = self.backbone.image_tower.encode(self.normalise(pixels))
         return F.normalize(image, dim=-1).cpu() @ self.text.T.to(image.dtype)
-
-    def explained_model(self) -> nn.Module:
-        """The open_clip model the explainers read: the backbone's own, or after a block
-        randomisation a copy made for that state (the hooked explainers keep one private copy
-        per model object, which would not see later in-place randomisations)."""
-        if self.version == 0:
-            return self.backbone.model
-        if self._explained is None or self._explained[0] != self.version:
-            self._explained = (self.version, copy.deepcopy(self.backbone.model))
-        return self._explained[1]
 
     def restricted(self, indices: Sequence[int]) -> PhraseScorer:
         """The same model over the phrases ``indices`` only (their classes renumbered)."""
@@ -353,8 +319,8 @@ class ExplainerSource(HeatmapSource):
     kind = "explainer"
 
     def patch_maps(self, scorer: PhraseScorer, pixels: Tensor, targets: Tensor) -> Tensor:
-        model = scorer.explained_model()
-        explainer = get_explainer(self.name, model, scorer.backbone.image_tower.on(model.visual))
+        backbone = scorer.backbone
+        explainer = get_explainer(self.name, backbone.model, backbone.image_tower)
         text = scorer.text[targets].to(scorer.backbone.device)
         return explainer.maps(scorer.normalise(pixels), text, scorer.geometry)
 
