@@ -80,7 +80,8 @@ WRONG_CALLS = {
                          "argument --n-test: must be at least 1, got 0"),
     "unknown table": (["eval", "--tables", "probe,nope"], "otviz eval",
                       "argument --tables: unknown 'nope'; choose from retrieval, probe, "
-                      "grounding, anchors, cost, zero_shot, long_tailed, selective, trust"),
+                      "grounding, anchors, cost, zero_shot, long_tailed, selective, trust, "
+                      "segmentation"),
     "seeds not numbers": (["ablate", "--seeds", "1,x"], "otviz ablate",
                           "argument --seeds: expected a comma list of integers, got '1,x'"),
     "negative examples": (["report", "--n-examples", "-1"], "otviz report",
