@@ -35,7 +35,7 @@ HEAD_KIND = "otviz-method-head"
 _METHOD = "method."
 _GLOBAL = "global_head."
 #: Identity fields that must agree for features to be the same.
-_IDENTITY_KEYS = ("weights", "space", "grid", "context_length")
+_IDENTITY_KEYS = ("weights", "space", "grid", "context_length", "proxy")
 
 
 def save_method_checkpoint(

@@ -19,13 +19,9 @@ def backbone_fingerprint(backbone: Any) -> dict[str, Any]:
     length, patch grid and image preprocessing, and, where not the default, the feature
     source and input size (:meth:`otviz.backbone.Backbone.with_features`; an identity
     without them means ``last`` at the native size)."""
-    h = hashlib.blake2b(digest_size=16)
-    for name, t in sorted(backbone.model.state_dict().items()):
-        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\n".encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
     tags = {k: backbone.info[k] for k in ("model_name", "pretrained") if k in backbone.info}
     identity = {
-        "weights": h.hexdigest(),
+        "weights": weights_hash(backbone.model),
         "name": backbone.name,
         "tags": tags,
         "space": backbone.space,
@@ -34,6 +30,15 @@ def backbone_fingerprint(backbone: Any) -> dict[str, Any]:
         "preprocess": getattr(backbone.model.visual, "preprocess_cfg", None),
     }
     return {**identity, **feature_choice(backbone)}
+
+
+def weights_hash(model: torch.nn.Module) -> str:
+    """A BLAKE2 hash of ``model``'s weights: every state-dict tensor, its name, dtype, shape."""
+    h = hashlib.blake2b(digest_size=16)
+    for name, t in sorted(model.state_dict().items()):
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\n".encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
 
 
 def feature_choice(backbone: Any) -> dict[str, Any]:
@@ -47,6 +52,9 @@ def feature_choice(backbone: Any) -> dict[str, Any]:
     if getattr(tower, "side", None) is not None:
         choice["image_size"] = int(tower.side)
         choice["preprocess"] = backbone.preprocess_cfg
+    proxy = getattr(tower, "proxy", None)
+    if proxy is not None:  # ProxyCLIP's second backbone (otviz.towers.proxy)
+        choice["proxy"] = {"name": tower.name, "weights": weights_hash(proxy)}
     return choice
 
 

@@ -51,6 +51,10 @@ def build_parser(prog: str = "otviz explain") -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=at_least(int, 0), default=None, metavar="N",
                    help="run the image tower at N x N px (0: its native size; ViTs only; "
                    "default: native, or the one the --heads were trained on)")
+    p.add_argument("--proxy", default=None, metavar="NAME[:SOURCE]",
+                   help="the second backbone of --features proxy (ProxyCLIP): a timm ViT NAME "
+                   "(its tag's weights from the hub), NAME:FILE (a local weight file) or "
+                   "NAME:random")
     return p
 
 
@@ -92,7 +96,8 @@ def main(argv: list[str], prog: str = "otviz explain") -> int:
         heads = _heads(args, backbone) if args.heads else None
         if heads is not None:
             features, side = trained_reading(heads.backbone)
-        backbone = backbone.with_features(features, None if side == native else side)
+        backbone = backbone.with_features(features, None if side == native else side,
+                                          proxy=args.proxy)
         suite = _suite(backbone, heads) if heads else None
     except UserInputError as e:
         p.error(str(e))

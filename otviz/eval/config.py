@@ -86,10 +86,13 @@ class EvalConfig:
     pretrained: str = ""  # --dataset: its pretrained tag or weight file (e.g. openai)
     device: str = ""  # --dataset: torch device of the backbone ("" : cuda when present)
     features: FeatureSourceText = "last"  # where the patch features come from: last, layer:K
-    # (block K, negative from the end), maskclip, sclip, clearclip, naclip (trained heads are
+    # (block K, negative from the end), maskclip, sclip, clearclip, naclip, resclip-rcs, scclip,
+    # proxy (with --proxy) (trained heads are
     # refused on a source they were not trained on: pair another with --heads training-free)
     image_size: ImageSide = 0  # run the image tower at this side in px (0 : its native size;
     # ViTs only, position embeddings interpolated)
+    proxy: str = ""  # the second backbone of --features proxy (ProxyCLIP): a timm ViT
+    # NAME (its tag's weights from the hub), NAME:FILE (a local weight file) or NAME:random
     slide: str = ""  # --dataset segmentation sets: sliding window SHORT:CROP:STRIDE in px
     # (SCLIP: 336:224:112; the image resized to a shorter side SHORT, CROP windows every
     # STRIDE, maps averaged where they overlap); "" : each image one resize

@@ -99,8 +99,10 @@ def over_seeds(
 
 
 def chosen_features(backbone: Backbone, config: EvalConfig) -> Backbone:
-    """``backbone`` reading the features ``config`` names (``--features``, ``--image-size``)."""
-    return backbone.with_features(config.features, config.image_size or None)
+    """``backbone`` reading the features ``config`` names (``--features``, ``--image-size``,
+    ``--proxy``)."""
+    return backbone.with_features(config.features, config.image_size or None,
+                                  proxy=config.proxy or None)
 
 
 def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -> list[Table]:

@@ -74,6 +74,8 @@ class TrainConfig:
     features: FeatureSourceText = "last"  # where the patch features come from: last, layer:K
     # (block K, negative from the end), maskclip, sclip, clearclip, naclip; the head records it
     image_size: ImageSide = 0  # run the image tower at this side in px (0 : its native size)
+    proxy: str = ""  # the second backbone of --features proxy (ProxyCLIP): a timm ViT
+    # NAME (its tag's weights from the hub), NAME:FILE (a local weight file) or NAME:random
     # ---------------------------------------------------------------- optimisation (Table 6)
     epochs: Count = 3  # ConceptOT: 3 for transport methods, 8 for the simpler scorers
     max_steps: NonNegativeInt = 0  # > 0: stop after this many steps instead (epochs unbounded)

@@ -243,7 +243,8 @@ def build_source(
         backbone = Backbone.from_checkpoint(config.backbone)
     else:
         backbone = Backbone.from_checkpoint()
-    backbone = backbone.with_features(config.features, config.image_size or None)
+    backbone = backbone.with_features(config.features, config.image_size or None,
+                                      proxy=config.proxy or None)
     uses_trees = method_class(config.method).uses_trees
     scale = float(backbone.model.logit_scale.detach().exp())
     if not validation and is_shard_spec(config.data):

@@ -467,7 +467,7 @@ def test_sources_are_parsed_and_refused_with_the_accepted_forms():
     assert str(parse_feature_source(" Layer:-2 ")) == "layer:-2"
     assert parse_feature_source("naclip") == FeatureSource("naclip")
     assert {str(parse_feature_source(n.replace("K", "3"))) for n in FEATURE_SOURCE_NAMES} == {
-        "last", "layer:3", *DENSE, RESCLIP, "scclip"}
+        "last", "layer:3", *DENSE, RESCLIP, "scclip", "proxy"}
     for bad in ("layer", "layer:x", "layer:1.5", "dino", ""):
         with pytest.raises(UserInputError) as e:
             parse_feature_source(bad)

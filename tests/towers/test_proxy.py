@@ -168,3 +168,16 @@ def test_the_proxy_source_and_its_backbone_go_together(clip):
         backbone.with_features("sclip", proxy=f"{DINO}:random")
     with pytest.raises(UserInputError, match="240 px is not a multiple of the proxy"):
         backbone.with_features("proxy", 240, proxy=f"{DINOV2}:random")  # CLIP 16 | 240, 14 not
+
+
+def test_the_fingerprint_names_the_proxy_and_its_weights(clip):
+    """A feature cache or head keyed on a proxy reading is not taken for another proxy's."""
+    from otviz.checkpoints.identity import backbone_fingerprint
+
+    model, _ = clip
+    backbone = Backbone(model, open_clip.get_tokenizer("ViT-B-16"), _eval_transform(model))
+    prints = [backbone_fingerprint(backbone.with_features("proxy", proxy=random_proxy(DINO, s)))
+              for s in (5, 6, 5)]
+    assert prints[0]["proxy"]["name"] == "VisionTransformer"
+    assert prints[0]["proxy"] != prints[1]["proxy"] and prints[0] == prints[2]
+    assert "proxy" not in backbone_fingerprint(backbone)
