@@ -24,6 +24,7 @@ from otviz.ui.phrase_grids import DRAWER
 from otviz.ui.phrases_tab import build_phrases_tab
 from otviz.ui.probe_tab import build_probe_tab
 from otviz.ui.reading_controls import build_reading_controls
+from otviz.ui.sessions import remember_initial_configs
 from otviz.ui.shutdown import finish, stop_on_signals, wait_for_stop
 from otviz.ui.startup_imports import import_lazy_modules
 from otviz.ui.train_jobs import TrainingJobs
@@ -166,12 +167,15 @@ def upload_limit() -> str:
 
 def serve_options(app: gr.Blocks, max_file_size: str | int | None = None) -> dict:
     """Queue ``app`` as this server runs it (one event at a time on a Space's small shared
-    CPU, a bounded queue, no monitoring summary: :func:`without_monitoring`) and return the
-    ``launch`` options every server uses: the upload limit (:func:`upload_limit` unless
-    given), :data:`APP_CSS` and Gradio's monitoring pages turned off."""
+    CPU, a bounded queue, no monitoring summary: :func:`without_monitoring`, sessions that
+    copy the page's initial configs: :func:`~otviz.ui.sessions.remember_initial_configs`)
+    and return the ``launch`` options every server uses: the upload limit
+    (:func:`upload_limit` unless given), :data:`APP_CSS` and Gradio's monitoring pages
+    turned off."""
     app.queue(default_concurrency_limit=SPACE_CONCURRENCY if on_space() else CONCURRENCY,
               max_size=QUEUE_SIZE)
     without_monitoring(app)
+    remember_initial_configs(app)  # a visitor's first request holds no other one up
     return {"max_file_size": max_file_size or upload_limit(), "css": APP_CSS,
             "enable_monitoring": False}
 

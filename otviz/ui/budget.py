@@ -14,7 +14,10 @@ to try again), when
 
 Nothing waits: expensive events run outside Gradio's per-event limits
 (``concurrency_limit=None``) and are answered at once when refused, so they never hold a
-place in the queue that cheap events (Align, a phrase change) wait in. Estimates come from
+place in the queue that cheap events (Align, a phrase change) wait in. Admitted work shares
+the CPU with the cheap events, so it steps aside for them between its parts
+(:mod:`otviz.ui.cheap_events`: the queue's default group, every event of the page but the
+expensive ones): a cheap event waits for at most the part in progress. Estimates come from
 :class:`CostModel`: seconds per map of each trust metric and of each explainer, seeded with
 the figures measured on the 2-core machine (docs/trust.md) and updated with every
 measurement the work reports.

@@ -38,6 +38,7 @@ from otviz.boundary.images import (
 from otviz.boundary.paths import inside, scrub_server_paths
 from otviz.errors import UserInputError
 from otviz.explain import Encoded, Explainer
+from otviz.ui.cheap_events import cheap_event
 from otviz.ui.fields import EventFields
 from otviz.ui.upload_cache import (
     PREVIEW_GRACE_S,
@@ -125,12 +126,16 @@ def user_errors(fn: Callable) -> Callable:
 
 def guard_callbacks(blocks: gr.Blocks) -> None:
     """Every callback registered on ``blocks`` through :func:`user_errors` (those already
-    wrapped stay as they are), so that no event of the page can end in a bare "Error"; and
+    wrapped stay as they are), so that no event of the page can end in a bare "Error"; the
+    page's ordinary events (the queue's default group) counted as cheap while they run
+    (:func:`~otviz.ui.budget.cheap_event`: expensive work steps aside for them); and
     Gradio's own refusals of an input before any callback (:func:`quiet_refusals`) one log
     line each."""
     for block_fn in blocks.fns.values():
         if block_fn.fn is not None:
             block_fn.fn = user_errors(block_fn.fn)
+            if block_fn.concurrency_limit == "default":  # the page's ordinary events
+                block_fn.fn = cheap_event(block_fn.fn)
     quiet_refusals(blocks)
 
 

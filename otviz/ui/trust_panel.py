@@ -50,11 +50,12 @@ from otviz.eval.trust.metrics import (
     trust_scores,
 )
 from otviz.eval.trust.table import verdict
-from otviz.explain import Encoded, Explainer
+from otviz.explain import Encoded, Explainer, NotComputedError
 from otviz.explainers import EXPLAINERS, unavailable
 from otviz.suite import METHOD_LABELS, MethodSuite, flat_map_reasons
 from otviz.text.tree import Tree
 from otviz.ui.budget import ComputeBudget, CostModel, server_budget, visitor
+from otviz.ui.cheap_events import CHEAP
 from otviz.ui.context import AppContext
 from otviz.ui.examples import Example, load_examples
 from otviz.ui.inputs import user_errors
@@ -200,27 +201,30 @@ def trust_rows(
     every map's slow metrics (:attr:`~otviz.eval.trust.metrics.TrustMetric.slow`) filled into
     those rows. Each (map, pass) part is cached on its own, so a row is only ever shown as
     complete when both of its parts are there; a second call computes nothing. With a
-    ``budget``, the parts not cached are admitted by it first (estimated from its measured
-    costs, which each computed part updates): refused, nothing is computed."""
-    phrases, target = panel_phrases(encoded, words)
-    row = panel_row(explainer, encoded, phrases, target, settings)
+    ``budget``, the parts not cached are admitted by it first, before any work (estimated
+    from its measured costs, which each computed part updates): refused, nothing is
+    computed."""
     sources, notes = panel_sources(explainer, suite, with_explainers)
-    base = (*encoded.key, suite.label, tuple(words), row.masks is not None, settings)
+    # the pair's key and the phrase's words fix the phrase classes and the gold boxes
+    base = (*encoded.key, suite.label, tuple(words), settings)
     rows: list[dict] = []
     maps: dict[str, np.ndarray] = {}  # each map once for both passes
     missing = [keys for name, keys in PASSES for source in sources
                if cache.get((*base, source.name, name)) is None]
     admitted = contextlib.nullcontext()
     if budget is not None and missing:
-        cost = sum(budget.costs.trust(1, keys) for keys in missing)
-        admitted = budget.admit(visitor(), "the trust metrics", cost)
+        admitted = budget.admit(visitor(), "the trust metrics", panel_cost(budget.costs, missing))
     with admitted:
+        CHEAP.step_aside()
+        phrases, target = panel_phrases(encoded, words)
+        row = panel_row(explainer, encoded, phrases, target, settings)
         for name, keys in PASSES:
             for k, source in enumerate(sources):
                 part = cache.get((*base, source.name, name))
                 if part is None:
                     refuse_if_stopping("the trust metrics")
                     yield list(rows), _progress(name, source, k, len(sources))
+                    CHEAP.step_aside()  # a cheap event running now goes first
                     part = _score_part(row, source, keys, settings, maps,
                                        budget and budget.costs)
                     cache.put((*base, source.name, name), part)
@@ -229,6 +233,11 @@ def trust_rows(
                 # replaces it
     patch = PatchLattice.on_cells(explainer.backbone.image_tower.geometry, settings.patch).patch
     yield rows, _final_status(rows, phrases[target], len(phrases), row, notes, settings, patch)
+
+
+def panel_cost(costs: CostModel, parts: Sequence[Sequence[str]]) -> float:
+    """Estimated seconds of the panel's ``parts`` (each a map's metric keys of one pass)."""
+    return sum(costs.trust(1, keys) for keys in parts)
 
 
 def _progress(name: str, source: HeatmapSource, k: int, n: int) -> str:
@@ -332,11 +341,20 @@ def build_trust_panel(ctx: AppContext, inputs: list[Any],
 
     def on_trust(image, caption, checkpoint, phrase, explainers=False):
         explainer, suite = ctx.explainer(checkpoint), ctx.suite(checkpoint)
-        encoded = explainer.encode(image, caption)
-        words = resolve(encoded, phrase)
-        for rows, note in trust_rows(explainer, suite, encoded, words, bool(explainers), cache,
-                                     budget=server_budget()):
-            yield trust_frame(rows), note
+        budget = server_budget()
+        try:  # a pair aligned before: its panel parts not cached are admitted in trust_rows
+            encoded, admitted = explainer.encode(image, caption, compute=False), None
+        except NotComputedError:  # encoding is work too: the whole panel admitted before it
+            sources, _ = panel_sources(explainer, suite, bool(explainers))
+            admitted = budget.admit(visitor(), "the trust metrics", panel_cost(
+                budget.costs, [keys for _, keys in PASSES for _ in sources]))
+        with admitted or contextlib.nullcontext():
+            if admitted is not None:
+                encoded = explainer.encode(image, caption)
+            words = resolve(encoded, phrase)
+            for rows, note in trust_rows(explainer, suite, encoded, words, bool(explainers),
+                                         cache, budget=None if admitted else budget):
+                yield trust_frame(rows), note
 
     # outside Gradio's per-event limits: the server's compute budget admits or refuses it at
     # once, so it never waits in the queue that Align's events wait in
