@@ -4,7 +4,9 @@ each step's rows in batches of another size than the cache's, which moves float3
 their last digits), with any number of DataLoader workers; no feature cache written; a run
 stopped mid-epoch resumes from its state's step (recorded with the position in the epoch)
 to the uninterrupted curve; an image that passes its header but does not decode drops its row
-and is named; ``torchrun`` with 2 processes gives the 1-process curve.
+and is named; the issue's command on a random-weight ViT-B/16 file publishes heads that
+record the file's weights and the reading; ``torchrun`` with 2 processes gives the 1-process
+curve.
 
 Run as a script, this file is one torchrun process (the last test launches it)."""
 
