@@ -53,8 +53,9 @@ MAX_IMAGE_BYTES = 64 * 2**20
 MAX_CAPTION_BYTES = 4 * MAX_CAPTION_CHARS
 #: Bytes of an image read at indexing to check its header (the whole member if that fails).
 HEADER_BYTES = 64 * 2**10
-#: Names shown per reason in the summary line (the others are counted).
+#: Names shown per reason in the summary line (the others are counted), and their length.
 SHOWN = 3
+SHOWN_CHARS = 200
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 _SCAN = 2**20
 
@@ -84,10 +85,13 @@ class Skips:
     names: dict[str, list[str]] = field(default_factory=dict)
 
     def add(self, reason: str, where: str) -> None:
+        """Count one skip; ``where`` is shown with every unprintable character (a newline in
+        a member's name) as ``?`` and cut at :data:`SHOWN_CHARS`, so the summary stays one
+        line."""
         self.counts[reason] = self.counts.get(reason, 0) + 1
         shown = self.names.setdefault(reason, [])
         if len(shown) < SHOWN:
-            shown.append(where)
+            shown.append("".join(c if c.isprintable() else "?" for c in where[:SHOWN_CHARS]))
 
     @property
     def total(self) -> int:

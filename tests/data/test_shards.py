@@ -113,6 +113,7 @@ def test_hostile_members_are_counted_skipped_and_named(tmp_path: Path,
         *good("008", "a blue circle"),
         member("008.jpg", png()),  # a second image of the key
         *good("sub/009", "a green cross"),
+        member("odd\nname.png", png()),  # no caption, and a newline in its name
     ]
     shard = tmp_path / "000000.tar"
     shard.write_bytes(tar_bytes(members))
@@ -123,13 +124,13 @@ def test_hostile_members_are_counted_skipped_and_named(tmp_path: Path,
     assert [index.where(i) for i in range(3)] == [
         "000000.tar:000.png", "000000.tar:008.png", "000000.tar:sub/009.png"]
     assert index.skips.counts == {
-        S.UNSAFE: 2, S.LINK: 2, S.NO_CAPTION: 1, S.NO_IMAGE: 1, S.BAD_IMAGE: 2,
+        S.UNSAFE: 2, S.LINK: 2, S.NO_CAPTION: 2, S.NO_IMAGE: 1, S.BAD_IMAGE: 2,
         S.BAD_CAPTION: 2, S.TOO_LARGE: 1, S.DUPLICATE: 1}
     line = index.summary()
-    assert "\n" not in line and line.startswith("shards: 1 listed, 3 pairs; skipped 12: ")
+    assert "\n" not in line and line.startswith("shards: 1 listed, 3 pairs; skipped 13: ")
     for shown in ("../evil.txt", "/etc/abs.png", "link.png", "001.png", "002.txt",
                   "003.png: is too large (9000x9000 = 81 MP", "004.txt", "005.png",
-                  "006.png", "007.txt: not UTF-8", "008.jpg"):
+                  "006.png", "007.txt: not UTF-8", "008.jpg", "odd?name.png"):
         assert shown in line, shown
 
 
