@@ -53,6 +53,8 @@ MAX_IMAGE_BYTES = 64 * 2**20
 MAX_CAPTION_BYTES = 4 * MAX_CAPTION_CHARS
 #: Bytes of an image read at indexing to check its header (the whole member if that fails).
 HEADER_BYTES = 64 * 2**10
+#: The most shards a brace pattern may name.
+MAX_SHARDS = 1_000_000
 #: Names shown per reason in the summary line (the others are counted), and their length.
 SHOWN = 3
 SHOWN_CHARS = 200
@@ -170,6 +172,8 @@ def shard_paths(spec: str) -> list[Path]:
         first, last = match.group(1), match.group(2)
         if int(last) < int(first):
             raise ShardError(f"shard pattern {{{first}..{last}}} counts down")
+        if int(last) - int(first) >= MAX_SHARDS:
+            raise ShardError(f"shard pattern {{{first}..{last}}} names over {MAX_SHARDS} shards")
         width = len(first) if first.startswith("0") else 0
         shards = [Path(spec[: match.start()] + str(k).zfill(width) + spec[match.end():])
                   for k in range(int(first), int(last) + 1)]

@@ -89,6 +89,8 @@ def test_listing_folder_file_and_brace_pattern(tmp_path: Path) -> None:
     assert not is_shard_spec("world") and not is_shard_spec(str(tmp_path / "notes.txt"))
     with pytest.raises(ShardError, match="counts down"):
         shard_paths("s{5..1}.tar")
+    with pytest.raises(ShardError, match="names over 1000000 shards"):
+        shard_paths("s{0..99999999999}.tar")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ShardError, match="no .tar shard"):
         shard_paths(str(tmp_path / "empty"))
