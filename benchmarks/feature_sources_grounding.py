@@ -91,10 +91,11 @@ def main() -> None:
               for m in methods]
     (args.out / "pointing.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    _layer_figure(tables, methods, args.out / "layer_sweep.png")
+    _layer_figure(tables, methods, readings, args.out / "layer_sweep.png")
 
 
-def _layer_figure(tables: dict[str, dict], methods: list[str], path: Path) -> None:
+def _layer_figure(tables: dict[str, dict], methods: list[str],
+                  readings: dict[str, tuple[str, int]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,7 +116,10 @@ def _layer_figure(tables: dict[str, dict], methods: list[str], path: Path) -> No
                                        for s in layers])
     ax.set_xlabel("block K the patch features are read from (layer:K)")
     ax.set_ylabel("pointing game (%)")
-    ax.set_title("Layer sweep, tiny CLIP, 3 world seeds (95 % intervals)")
+    model = readings["last"][0].replace(", features last", "")
+    sizes = ", ".join(f"{s.replace('layer:', 'K=')}: {readings[s][1]}" for s in layers)
+    ax.set_title(f"Layer sweep, {model}, 3 world seeds (95 % intervals)\n"
+                 f"images a seed: {sizes}", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
