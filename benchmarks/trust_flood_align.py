@@ -150,7 +150,9 @@ def run_tree(path: str, n_trust: int) -> dict:
     """:func:`measure` in a fresh process importing otviz from ``path``."""
     env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, __file__, "--one", "--trust", str(n_trust)],
-                          env=env, capture_output=True, text=True, check=True)
+                          env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the measurement on {path} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

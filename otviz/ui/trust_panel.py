@@ -215,7 +215,8 @@ def trust_rows(
     if budget is not None and missing:
         admitted = budget.admit(visitor(), "the trust metrics", panel_cost(budget.costs, missing))
     with admitted:
-        CHEAP.step_aside()
+        if missing:  # work to do: a cheap event running now goes first
+            CHEAP.step_aside()
         phrases, target = panel_phrases(encoded, words)
         row = panel_row(explainer, encoded, phrases, target, settings)
         for name, keys in PASSES:
@@ -224,7 +225,7 @@ def trust_rows(
                 if part is None:
                     refuse_if_stopping("the trust metrics")
                     yield list(rows), _progress(name, source, k, len(sources))
-                    CHEAP.step_aside()  # a cheap event running now goes first
+                    CHEAP.step_aside()
                     part = _score_part(row, source, keys, settings, maps,
                                        budget and budget.costs)
                     cache.put((*base, source.name, name), part)
