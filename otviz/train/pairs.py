@@ -243,19 +243,23 @@ def build_source(
         backbone = Backbone.from_checkpoint(config.backbone)
     else:
         backbone = Backbone.from_checkpoint()
+    streamed = not validation and is_shard_spec(config.data)
+    if streamed:  # encodes each step on the training device (a proxy model follows it)
+        from otviz.train import distributed as D
+
+        info = info if info is not None else D.DistInfo()
+        backbone.model.to(info.device)
     backbone = backbone.with_features(config.features, config.image_size or None,
                                       proxy=config.proxy or None)
     uses_trees = method_class(config.method).uses_trees
     scale = float(backbone.model.logit_scale.detach().exp())
-    if not validation and is_shard_spec(config.data):
-        from otviz.train import distributed as D
+    if streamed:
         from otviz.train.streamed import StreamedPairs
 
         return StreamedPairs(index_shards(config.data, indexing), backbone,
                              backbone_fingerprint(backbone), scale,
                              requested_start(config.start, backbone, False), uses_trees,
-                             config.batch_size, config.seed, config.workers,
-                             info if info is not None else D.DistInfo())
+                             config.batch_size, config.seed, config.workers, info)
     if validation:
         if config.data != "world":
             raise ValueError("--n-val draws validation pairs from the world: use --data world")

@@ -78,7 +78,7 @@ class StreamedPairs:
 
     Args:
         index: the shards' pairs.
-        backbone: the frozen backbone (moved to ``info.device``).
+        backbone: the frozen backbone, on ``info.device``.
         identity, logit_scale, start: as :class:`~otviz.train.pairs.CachedPairs`'.
         trees: parse each batch's captions into phrase nodes (PowerCLIP).
         batch_size, seed, workers: the global batch, the data order's seed, DataLoader
@@ -93,7 +93,6 @@ class StreamedPairs:
         self.logit_scale, self.start, self.trees = logit_scale, start, trees
         self.nodes = True if trees else None  # phrase nodes: parsed with each batch
         self.batch_size, self.seed, self.info = batch_size, seed, info
-        backbone.model.to(info.device)
         self.rows = np.arange(batch_size)[D.shard(batch_size, info)]
         # every process's row count, for gathering (they differ by at most one)
         self._sizes = [len(range(batch_size)[D.shard(batch_size, D.DistInfo(
