@@ -181,3 +181,18 @@ def test_the_fingerprint_names_the_proxy_and_its_weights(clip):
     assert prints[0]["proxy"]["name"] == "VisionTransformer"
     assert prints[0]["proxy"] != prints[1]["proxy"] and prints[0] == prints[2]
     assert "proxy" not in backbone_fingerprint(backbone)
+
+
+def test_explain_reads_the_proxy_named_on_the_command_line(tmp_path, capsys):
+    """``otviz explain --features proxy --proxy NAME:random`` on the tiny CLIP draws its
+    maps; ``--features proxy`` alone is a one-line usage error naming the missing backbone."""
+    from otviz.cli.explain import main
+
+    out = tmp_path / "maps.png"
+    main(["--example", "0", "--features", "proxy", "--proxy",
+          "vit_small_patch8_224.dino:random", "--out", str(out)], "otviz explain")
+    assert out.stat().st_size > 0
+    with pytest.raises(SystemExit) as e:
+        main(["--example", "0", "--features", "proxy"], "otviz explain")
+    assert e.value.code == 2
+    assert "the proxy source needs its second backbone" in capsys.readouterr().err
