@@ -6,7 +6,9 @@ maps its output index ``o`` to the centre of its window on its input,
 ``o * stride - padding + dilation * (kernel - 1) / 2`` (in input indices, per axis); the
 tower's tokens sit at the composition of these maps along the path from the pixels to the
 token grid. :func:`trace_geometry` finds that path by running the tower once on a blank
-input with hooks on its convolutions and poolings, in the order they run: a layer whose
+input with hooks on its convolutions and poolings, in the order they run (only the calling
+thread's forward is recorded: another server thread's forward of the same tower meanwhile,
+at any input size, passes the hooks unrecorded and unchanged): a layer whose
 input has the current resolution and whose output is coarser is the next step (a parallel
 branch that downsamples the same input again, such as a residual shortcut, reads a
 resolution already passed and is skipped: for the towers otviz serves both branches agree).
@@ -18,6 +20,7 @@ Swin) is closed by an even, cell-centred split of the rest of the resolution.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 
 import torch
@@ -73,10 +76,12 @@ def trace_geometry(
         input_size: ``(width, height)`` of the model input.
     """
     events: list[tuple[nn.Module, tuple[int, int], tuple[int, int]]] = []
+    caller = threading.get_ident()
 
     def hook(module: nn.Module, args: tuple, out: Tensor) -> None:
         x = args[0]
-        if isinstance(x, Tensor) and x.dim() == 4 and isinstance(out, Tensor):
+        if (threading.get_ident() == caller and isinstance(x, Tensor) and x.dim() == 4
+                and isinstance(out, Tensor)):
             events.append((module, tuple(x.shape[-2:]), tuple(out.shape[-2:])))
 
     handles = [m.register_forward_hook(hook) for m in tower.modules() if isinstance(m, SPATIAL)]

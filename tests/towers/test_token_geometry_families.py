@@ -261,3 +261,30 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("build", ["ViT-B-32", "ViT-B-16-SigLIP"])
 def test_every_feature_source_keeps_the_stated_centres(tmp_path, hf_dir, build, source):
     assert_centred(measure(build, tmp_path, hf_dir, Case(build, source=source)), source)
+
+
+def test_another_threads_forward_meanwhile_leaves_the_traced_geometry_alone():
+    """A forward of the same tower on another thread (at twice the size) while the hooks are
+    on is not recorded: recorded, its second convolution's 32 -> 16 step would be read as the
+    first step of the 32 px trace."""
+    import threading
+
+    from otviz.towers.geometry import trace_geometry
+
+    tower = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, stride=2, padding=1),
+                                torch.nn.Conv2d(4, 4, 2, stride=2))
+
+    def grid(pixels):
+        return tuple(tower(pixels).shape[-2:])
+
+    def meanwhile(pixels):
+        other = threading.Thread(target=lambda: tower(torch.zeros(1, 3, 64, 64)))
+        other.start()
+        other.join()
+        return grid(pixels)
+
+    with torch.no_grad():
+        alone = trace_geometry(tower, grid, (32, 32))
+        crowded = trace_geometry(tower, meanwhile, (32, 32))
+    assert crowded == alone
+    assert alone.centres()[0].tolist() == [1.5, 1.5]  # 2 (2 o + 0.5) + 0.5 at o = 0
