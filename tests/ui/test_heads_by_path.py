@@ -53,6 +53,7 @@ from otviz.ui.reading_controls import (
     build_reading_controls,
     control_state,
 )
+from otviz.world.export import export_shards
 from tests.conftest import free_port
 from tests.helpers import ROOT, api_client
 
@@ -325,8 +326,10 @@ def test_the_command_line_gives_each_folder_to_the_model_before_it(tiny_heads, m
 @pytest.fixture(scope="module")
 def vit(tmp_path_factory) -> dict:
     """A random (shrunken) ViT-B-16 saved to two weight files of different seeds, and
-    ConceptOT heads trained for 2 steps on the first at ``clearclip``
-    (``otviz train --open-clip-model NAME --pretrained FILE ... --publish DIR``)."""
+    ConceptOT heads trained for 2 steps on the first at ``clearclip`` from world samples
+    written as webdataset shards, streamed (``otviz train --open-clip-model NAME
+    --pretrained FILE --data SHARDS ... --publish DIR``: issue 51's end-to-end route; the
+    streamed run writes no feature cache)."""
     root = tmp_path_factory.mktemp("server-only-folder")
     name = register_shrunken("ViT-B-16", tmp_path_factory.mktemp("hf"))
     files = []
@@ -334,7 +337,10 @@ def vit(tmp_path_factory) -> dict:
         torch.manual_seed(seed)
         files.append(root / f"vit-{seed}.pt")
         torch.save(open_clip.create_model(name, pretrained=None).state_dict(), files[-1])
-    heads = _train(root, "--open-clip-model", name, "--pretrained", str(files[0]))
+    export_shards(root / "shards", 8, "train", per_shard=4)
+    heads = _train(root, "--open-clip-model", name, "--pretrained", str(files[0]),
+                   "--data", str(root / "shards"), "--workers", "0")
+    assert not (root / "cache").exists()
     return {"name": name, "files": files, "heads": heads}
 
 
