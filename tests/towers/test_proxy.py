@@ -196,3 +196,12 @@ def test_explain_reads_the_proxy_named_on_the_command_line(tmp_path, capsys):
         main(["--example", "0", "--features", "proxy"], "otviz explain")
     assert e.value.code == 2
     assert "the proxy source needs its second backbone" in capsys.readouterr().err
+
+
+def test_towers_proxyclip_does_not_rewrite_are_refused_by_name(tmp_path):
+    from tests.towers.conftest import shrunk_backbone
+
+    resnet = shrunk_backbone("RN50", tmp_path, seed=0)
+    with pytest.raises(UserInputError, match="the ModifiedResNet tower cannot give proxy; "
+                                             "ProxyCLIP rewrites the last block of an open_clip"):
+        resnet.with_features("proxy", proxy=f"{DINO}:random")
