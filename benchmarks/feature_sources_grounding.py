@@ -15,7 +15,7 @@ its run recorded them, ``OUT/layer_sweep.png`` the figure (the tiny CLIP has 4 b
 ``layer:3`` is ``last``). To re-make one column, put the other sources' ``OUT/<source>.json``
 in ``RUNS/<source>/tables.json`` beside the new run. A source's seeds may also run as one
 process each (``--seed S --out RUNS/<source>/seed-S``): the runs are combined over seeds as
-``--seeds`` combines them (:func:`otviz.eval.runner.over_seeds`) into
+``--seeds`` combines them (``benchmarks/combine_seeds.py``) into
 ``RUNS/<source>/tables.json``.
 """
 
@@ -24,31 +24,20 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
-from otviz.eval.runner import load_backbone, over_seeds, read_tables, write_tables
-from otviz.eval.segmentation import reading
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from combine_seeds import combine_seeds  # noqa: E402
+
+from otviz.eval.runner import load_backbone  # noqa: E402
+from otviz.eval.segmentation import reading  # noqa: E402
 
 SOURCES = ("last", "layer:0", "layer:1", "layer:2", "maskclip", "sclip", "clearclip", "naclip")
 
 
 def _rows(path: Path) -> dict[str, dict]:
     return {r["method"]: r for r in json.loads(path.read_text())["tables"]["grounding"]["rows"]}
-
-
-def _combine_seeds(run: Path) -> None:
-    """``run/tables.json`` over the seeds of the one-seed runs ``run/seed-S/tables.json``,
-    as ``otviz eval --seeds`` writes it (the tables over seeds, the per-seed tables and the
-    first run's configuration with its seeds)."""
-    paths = sorted(run.glob("seed-*/tables.json"), key=lambda p: int(p.parent.name[5:]))
-    if not paths or (run / "tables.json").exists():
-        return
-    per_seed = {p.parent.name[5:]: list(read_tables(p).values()) for p in paths}
-    config = {**json.loads(paths[0].read_text())["config"], "seeds": ",".join(per_seed),
-              "out": str(run)}
-    write_tables(over_seeds(list(per_seed.values())), run, {
-        "config": config,
-        "per_seed": {s: {t.key: t.to_dict() for t in ts} for s, ts in per_seed.items()}})
 
 
 def _reading(path: Path) -> tuple[str, int]:
@@ -75,7 +64,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     tables, readings = {}, {}
     for source in SOURCES:
-        _combine_seeds(args.runs / source.replace(":", ""))
+        combine_seeds(args.runs / source.replace(":", ""))
         run = args.runs / source.replace(":", "") / "tables.json"
         if run.exists():
             shutil.copyfile(run, args.out / f"{source.replace(':', '')}.json")
