@@ -138,8 +138,13 @@ class TimmTower(ImageTower):
             f"timm trunk {type(trunk).__name__} has neither stages nor ViT blocks")
 
     def randomisation_blocks(self) -> list[nn.Module]:
+        """A token trunk's blocks, else a staged trunk's stages."""
         trunk = self.visual.trunk
-        return list(getattr(trunk, "blocks", None) or trunk.stages)
+        blocks = getattr(trunk, "blocks", None) or getattr(trunk, "stages", None)
+        if not blocks:
+            raise FamilyUnsupportedError(
+                f"timm trunk {type(trunk).__name__} has neither blocks nor stages")
+        return list(blocks)
 
     def attention_reader(self) -> AttentionReader:
         return TimmVitReader(self)

@@ -96,3 +96,40 @@ def test_the_per_family_tables_are_gone():
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert "CAM_TARGETS" not in text and "TOWER_BLOCKS" not in text, path
+
+
+#: The families of tests/towers/conftest.py whose tower has no attention to read.
+CONVOLUTIONAL = {"resnet", "timm-convnext", "timm-fastvit-mobileclip2"}
+
+
+def test_every_family_answers_its_facts(family):
+    """Each real family's adapter names modules of its own tower for Grad-CAM and MPRT, and a
+    transformer's attention reader re-runs the tower's own forward (its readout of the last
+    tokens is the model's image embedding, up to CoCa's unit scaling); a convolutional tower
+    refuses the reader with the reason."""
+    import torch
+
+    from otviz.towers.facts import FamilyUnsupportedError
+
+    name, backbone = family
+    tower, visual = backbone.image_tower, backbone.model.visual
+    own = {id(m) for m in visual.modules()}
+    blocks = tower.randomisation_blocks()
+    assert len(blocks) >= 2 and all(id(b) in own for b in blocks)
+    assert id(tower.cam_target().layer) in own
+    if name in CONVOLUTIONAL:
+        try:
+            tower.attention_reader()
+        except FamilyUnsupportedError as e:
+            assert "attention" in str(e)
+        else:
+            raise AssertionError(f"{name}: a convolutional tower gave an attention reader")
+        return
+    reader = tower.attention_reader()
+    pixels = torch.randn(2, 3, *tower.image_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        trace = reader.trace(pixels)
+        ours, theirs = (torch.nn.functional.normalize(e, dim=-1) for e in (  # CoCa's: unit
+            reader.readout(trace.tokens[-1]), backbone.model.encode_image(pixels)))
+        assert torch.allclose(ours, theirs, atol=1e-5)
+    assert len(trace.maps) == len(blocks) and reader.grid == backbone.grid
