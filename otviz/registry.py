@@ -1,4 +1,4 @@
-"""The package's registries (methods, explainers, Grad-CAM targets, tower adapters): a table
+"""The package's registries (methods, explainers, tower adapters): a table
 filled by registration decorators that refuses a key taken twice (:class:`Registry`), and the
 names a registry's modules declare, read from their sources without importing them
 (:func:`declared_classes`), so the command line lists a registry's names without loading
