@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from otviz.explainers import private
 from otviz.explainers.base import min_max
 from otviz.explainers.legrad import LeGradExplainer
 from otviz.explainers.maskclip import MaskClipExplainer
-from otviz.explainers import private
 from otviz.towers import image_tower
 from otviz.towers.timm_tower import TimmTower, latent_pool_attention
 from otviz.towers.vit import block_attention_map
