@@ -53,6 +53,14 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("eval/world_set.py", "pil-stretch", "image = image.resize(self.frame, Image.Resampling"):
         "fits the photo itself to the model input (its boxes scaled alike; the geometry is "
         "then taken on the fitted picture)",
+    # a segmentation set's sliding window fits the photo itself before it is cut into
+    # windows, and the class maps drawn on its pixels go back to the labels' pixels
+    ("eval/sliding_window.py", "pil-stretch", "image = image.resize(size, Image.Resampling"):
+        "resizes the photo itself to the window's short side (the geometry is then taken on "
+        "each cut window)",
+    ("eval/sliding_window.py", "interpolate", "return F.interpolate(mean[None], size=(h, w)"):
+        "resamples a pixel raster (already drawn through the geometry) to the label mask's "
+        "pixels, as mmseg's slide_inference resizes its logits to the label size",
     # an upload larger than the app keeps is shrunk before anything is computed on it
     ("ui/inputs.py", "pil-stretch", "to_rgb(image).resize(new, Image.Resampling.LANCZOS)"):
         "shrinks the uploaded photo itself (the geometry is then taken on the shrunk picture)",
