@@ -39,9 +39,10 @@ from tests.ui.test_train_hosting import N_IMAGES, SIDE, flat_bmp_zip
 N_EXPENSIVE = 10
 N_TRAIN = 3
 N_CHEAP = 6
-#: An Align click under load may take this many times its quiet median, plus
-#: :data:`SLACK_S` (the expensive work admitted still shares the 2 CPU cores).
-SLOWDOWN, SLACK_S = 10, 3.0
+#: An Align click under load may take this many times its quiet median (issue 50.8's bar),
+#: plus :data:`SLACK_S` (the expensive work admitted still shares the 2 CPU cores, and other
+#: processes the machine).
+SLOWDOWN, SLACK_S = 3, 3.0
 #: The server's resident memory may grow by this much (MB) during the test.
 MAX_RSS_GROWTH_MB = 1024
 
