@@ -35,7 +35,6 @@ from typing import Any
 import torch
 
 from otviz.backbone import Backbone
-from otviz.boundary.images import ImageInputError
 from otviz.checkpoints.identity import backbone_fingerprint
 from otviz.data.datasets import EmptyDatasetError
 from otviz.data.feature_cache import FeatureCache
@@ -54,6 +53,7 @@ from otviz.eval.config import EvalConfig
 from otviz.eval.dataset_models import (
     dataset_backbone,
     dataset_suite,
+    decodable_items,
     one_space,
     package_versions,
     to_device,
@@ -278,16 +278,8 @@ def _kept(result: dict[str, Any], done: Path | None) -> dict[str, Any]:
 
 
 def _decodable(data: GroundingSet) -> tuple[GroundingSet | None, list[str]]:
-    """``(the items whose image decodes, or None when none does; a message per other)``:
-    a file whose header reads but whose pixels do not (truncated, corrupt) is left out
-    and counted, the run goes on."""
-    kept, unreadable = [], []
-    for i, item in enumerate(data.items):
-        try:
-            data.load_image(i)
-            kept.append(i)
-        except ImageInputError as e:
-            unreadable.append(f"{item.key}: {e}")
+    """``(the items whose image decodes, or None when none does; a message per other)``."""
+    kept, unreadable = decodable_items(data)
     if len(kept) == len(data.items):
         return data, unreadable
     return (data.subset(kept) if kept else None), unreadable

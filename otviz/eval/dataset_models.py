@@ -2,7 +2,7 @@
 (:mod:`otviz.eval.dataset_eval`) and the segmentation sets
 (:mod:`otviz.eval.dataset_segmentation`): the backbone (any open_clip model or the tiny
 CLIP), the method suite (trained heads where they fit it, else training-free), the device,
-and the package versions a stamp records."""
+the package versions a stamp records, and which of a set's images decode."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import platform
 import torch
 
 from otviz.backbone import Backbone
+from otviz.boundary.images import ImageInputError
 from otviz.checkpoints.store import CheckpointError
 from otviz.data.grounding_sets import GroundingSet
+from otviz.data.segmentation_sets import SegmentationSet
 from otviz.eval.config import TRAINING_FREE, EvalConfig
 from otviz.eval.runner import chosen_features, load_backbone
 from otviz.eval.world_set import backbone_in_space
@@ -74,3 +76,17 @@ def one_space(backbone: Backbone, suite: MethodSuite) -> Backbone:
     methods read one (the images are then encoded once), else ``backbone``."""
     spaces = {entry.space for entry in suite.methods.values()}
     return backbone_in_space(backbone, spaces.pop()) if len(spaces) == 1 else backbone
+
+
+def decodable_items(data: GroundingSet | SegmentationSet) -> tuple[list[int], list[str]]:
+    """``(the indices of the items whose image decodes, a message per other)``: a file whose
+    header reads but whose pixels do not (truncated, corrupt) is left out and named, the run
+    goes on."""
+    kept, unreadable = [], []
+    for i, item in enumerate(data.items):
+        try:
+            data.load_image(i)
+            kept.append(i)
+        except ImageInputError as e:
+            unreadable.append(f"{item.key}: {e}")
+    return kept, unreadable

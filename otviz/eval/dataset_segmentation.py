@@ -38,7 +38,6 @@ from typing import Any
 import torch
 
 from otviz.backbone import Backbone
-from otviz.boundary.images import ImageInputError
 from otviz.checkpoints.identity import backbone_fingerprint
 from otviz.data.feature_cache import FeatureCache
 from otviz.data.grounding_sets import GroundingSet
@@ -53,6 +52,7 @@ from otviz.eval.config import EvalConfig
 from otviz.eval.dataset_models import (
     dataset_backbone,
     dataset_suite,
+    decodable_items,
     one_space,
     package_versions,
     to_device,
@@ -125,7 +125,7 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
         to_device(backbone, str(info.device) if info.distributed else config.device)
         backbone = one_space(backbone, suite)
         frame = model_input_size(backbone)
-        kept, unreadable = _decodable(data)
+        kept, unreadable = decodable_items(data)
         shards = [kept[s : s + config.shard] for s in range(0, len(kept), config.shard)]
         job = _Job(data, grounding, chunks, slide, suite, backbone, frame, config, progress
                    if info.is_main else None)
@@ -274,18 +274,6 @@ def class_chunks(backbone: Backbone, names: Sequence[str], separator: str = ", "
         chunks.append((start, end))
         start = end
     return chunks
-
-
-def _decodable(data: SegmentationSet) -> tuple[list[int], list[str]]:
-    """``(the items whose image decodes, a message per other)``."""
-    kept, unreadable = [], []
-    for i, item in enumerate(data.items):
-        try:
-            data.load_image(i)
-            kept.append(i)
-        except ImageInputError as e:
-            unreadable.append(f"{item.key}: {e}")
-    return kept, unreadable
 
 
 def _summed(a: RowCounts, b: RowCounts) -> RowCounts:
