@@ -16,8 +16,7 @@ from otviz.eval.retrieval import rerank
 from otviz.methods import METHODS, MethodConfig, PairBatch, build_method
 from otviz.methods.base import NO_ALIGNMENT, no_alignment
 from otviz.methods.checks import PrecisionError
-from otviz.ot import _sync as sync
-from tests.methods.test_host_sync import _RefuseHostReads
+from tests.methods.test_host_sync import assert_branch_free_agrees
 
 NAMES = sorted(METHODS)
 EMPTY = 1  # the pair whose mask is all False
@@ -75,16 +74,7 @@ def test_an_all_false_mask_is_no_alignment(name, side):
 @pytest.mark.parametrize("name", NAMES)
 def test_no_alignment_reads_nothing_back_on_an_accelerator(name, monkeypatch):
     """The branch-free path (an accelerator's: no host read) gives the CPU's answer."""
-    method = _method(name)
-    batch = _emptied(_batch(), "patch_mask")
-    with torch.no_grad():
-        fast = method(batch)
-        monkeypatch.setattr(sync, "HOST_DEVICES", ())
-        with _RefuseHostReads():
-            branch_free = method(batch)
-    for field in ("local_score", "row_marginal", "col_marginal"):
-        torch.testing.assert_close(getattr(branch_free, field), getattr(fast, field))
-    torch.testing.assert_close(branch_free.plan.dense(), fast.plan.dense())
+    assert_branch_free_agrees(_method(name), _emptied(_batch(), "patch_mask"), monkeypatch)
 
 
 @pytest.mark.parametrize("lambda_l", [0.0, 1e-3, 1.0, 100.0])

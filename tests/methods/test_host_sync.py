@@ -80,7 +80,13 @@ def _mark(name: str):
 def test_accelerator_paths_read_nothing_back_and_agree(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    method, batch = _method(name), _batch()
+    assert_branch_free_agrees(_method(name), _batch(), monkeypatch)
+
+
+def assert_branch_free_agrees(method, batch: PairBatch, monkeypatch: pytest.MonkeyPatch
+                              ) -> None:
+    """``method(batch)`` on an accelerator's branch-free path (no host read allowed) equals
+    its answer on the CPU's path."""
     with torch.no_grad():
         fast = method(batch)
         monkeypatch.setattr(sync, "HOST_DEVICES", ())

@@ -48,6 +48,19 @@ def timeline(seed: int, slow_from: int | None = None) -> list[tuple[float, str, 
     return events
 
 
+def feed(estimate: RunEstimate, clock: FakeClock, event: tuple[float, str, int, int]
+         ) -> float:
+    """Tell ``estimate`` one event of a run's timeline at its time; returns the time."""
+    clock.now, phase, done, total = event
+    if phase == "start":
+        estimate.start_method(done)
+    elif phase == "end":
+        estimate.end()
+    else:
+        estimate.report(phase, done, total)
+    return clock.now
+
+
 def told_along(events: list[tuple[float, str, int, int]]) -> list[tuple[float, float]]:
     """``(seconds told, real wait)`` asked every 0.25 s of the run."""
     clock = FakeClock()
@@ -55,13 +68,7 @@ def told_along(events: list[tuple[float, str, int, int]]) -> list[tuple[float, f
     end, out, k = events[-1][0], [], 0
     for ask in np.arange(0.0, end, 0.25):
         while k < len(events) and events[k][0] <= ask:
-            clock.now, phase, done, total = events[k]
-            if phase == "start":
-                estimate.start_method(done)
-            elif phase == "end":
-                estimate.end()
-            else:
-                estimate.report(phase, done, total)
+            feed(estimate, clock, events[k])
             k += 1
         clock.now = float(ask)
         out.append((estimate.left_s(), end - ask))
@@ -105,14 +112,8 @@ def test_the_budget_tells_the_estimate_of_the_run_holding_the_slot():
     work = budget.acquire("trainer", "training", 0.0, capped=False)
     work.remaining = estimate.left_s
     said = []
-    for t, phase, done, total in events:
-        clock.now = t
-        if phase == "start":
-            estimate.start_method(done)
-        elif phase == "end":
-            estimate.end()
-        else:
-            estimate.report(phase, done, total)
+    for event in events:
+        t = feed(estimate, clock, event)
         with pytest.raises(BudgetRefused) as refused:
             budget.acquire("another visitor", "the trust metrics", 1.0)
         wait = int(re.search(r"try again in about (\d+) s", str(refused.value)).group(1))
