@@ -17,7 +17,9 @@ copied):
 * the proxy attention (``open_clip/transformer.py`` L569-578): ``S`` the cosine similarities
   of those tokens (each normalised over its channels), ``S' = gamma (S - beta mean(S))``
   with ``beta = 1.2``, ``gamma = 3.0`` (``proxyclip_segmentor.py`` L31), entries of ``S'``
-  below 0 set to ``-inf``, ``A = softmax(S')`` over each row, the same ``A`` for every head.
+  below 0 set to ``-inf``, ``A = softmax(S')`` over each row, the same ``A`` for every head
+  (a token's own entry kept where the whole row is below 0, which the authors' code turns
+  into NaN: :func:`proxy_attention`).
   The authors run one image (one sliding crop) at a time; ``mean(S)`` here is per image;
 * CLIP's values (``open_clip/transformer.py`` L524-528, L566-567, L580-586): the last
   block's per-head values ``v`` of ``ln_1(x)`` (``x`` the tokens entering the last block),
@@ -116,11 +118,15 @@ def _create(name: str, kwargs: dict, failure: str) -> nn.Module:
 def proxy_attention(features: Tensor, beta: float = BETA, gamma: float = GAMMA) -> Tensor:
     """``[B, H W, H W]`` ProxyCLIP's ``A = softmax(gamma (S - beta mean S))``, entries below 0
     left out, from the proxy's patch features ``[B, C, H, W]`` (``S``: their cosine
-    similarities; the mean per image; module docstring)."""
+    similarities; the mean per image; module docstring). A token's own entry is never left
+    out: it is its row's largest (``S_pp = 1``), so this changes nothing where the authors'
+    softmax is defined, and where ``mean S > 1 / beta`` (a uniform image: every patch alike)
+    their row is all ``-inf`` (NaN) while here the token reads its own value."""
     unit = F.normalize(features.flatten(2), dim=1)
     similarity = unit.transpose(1, 2) @ unit
     logits = gamma * (similarity - beta * similarity.mean(dim=(1, 2), keepdim=True))
-    return torch.softmax(logits.masked_fill(logits < 0, float("-inf")), dim=-1)
+    own = torch.eye(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    return torch.softmax(logits.masked_fill((logits < 0) & ~own, float("-inf")), dim=-1)
 
 
 def proxy_branch(block: ResidualAttentionBlock, x: Tensor, grid: tuple[int, int],

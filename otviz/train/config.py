@@ -72,7 +72,8 @@ class TrainConfig:
     workers: NonNegativeInt = 2  # DataLoader processes decoding streamed shards, per
     # training process (0: decode in the training process)
     features: FeatureSourceText = "last"  # where the patch features come from: last, layer:K
-    # (block K, negative from the end), maskclip, sclip, clearclip, naclip; the head records it
+    # (block K, negative from the end), maskclip, sclip, clearclip, naclip, resclip-rcs, scclip,
+    # proxy (with --proxy); the head records it
     image_size: ImageSide = 0  # run the image tower at this side in px (0 : its native size)
     proxy: str = ""  # the second backbone of --features proxy (ProxyCLIP): a timm ViT
     # NAME (its tag's weights from the hub), NAME:FILE (a local weight file) or NAME:random

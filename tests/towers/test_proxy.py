@@ -117,6 +117,13 @@ def test_the_attention_reads_only_entries_above_beta_times_the_mean():
         assert (a[i][s < BETA * s.mean()] == 0).all()
 
 
+def test_a_uniform_image_reads_each_tokens_own_value_not_nan():
+    """Every patch alike: ``mean S = 1 > 1 / beta``, every entry below 0, the authors' rows all
+    ``-inf`` (NaN); here each token keeps its own entry, ``A = I``."""
+    feats = torch.ones(1, 8, 3, 4, dtype=torch.float64)
+    assert torch.equal(proxy_attention(feats)[0], torch.eye(12, dtype=torch.float64))
+
+
 def test_backbone_reads_a_proxy_from_a_local_weight_file_at_448_px(clip, tmp_path):
     """``with_features("proxy", 448, proxy="NAME:FILE")`` loads the file into a fresh model and
     equals the reference at 448 px (28 x 28 grids, the proxy's position embeddings resized),
