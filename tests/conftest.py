@@ -77,6 +77,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def launch_locally(app: Any) -> str:
+    """Serve the built app on a free loopback port, as ``otviz app`` serves it (its
+    :func:`otviz.ui.app.serve_options`), without blocking; returns its URL."""
+    from otviz.ui.app import serve_options
+
+    port = free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
+               quiet=True, ssr_mode=False, **serve_options(app))
+    return f"http://127.0.0.1:{port}/"
+
+
 @pytest.fixture(scope="session")
 def app_context() -> AppContext:
     """The app's context on the shipped checkpoint (:func:`tests.helpers.app_context`), one
@@ -94,7 +105,7 @@ def live_app(tmp_path_factory) -> LiveApp:
     :func:`launch` does, on 127.0.0.1 and a free port; training runs, Browse's unpacked
     uploads, feature caches and Gradio's upload cache in a temp dir."""
     from otviz.eval.browse import BrowseCache
-    from otviz.ui.app import build_app, serve_options
+    from otviz.ui.app import build_app
     from otviz.ui.browse_tab import BrowseSources
     from otviz.ui.context import AppContext
     from otviz.ui.train_jobs import TrainingJobs
@@ -106,11 +117,7 @@ def live_app(tmp_path_factory) -> LiveApp:
     jobs = TrainingJobs(ctx, root / "runs", root / "features")
     browse = BrowseSources(BrowseCache(), root / "features", root / "uploads")
     app = build_app(ctx, jobs, browse)
-    options = serve_options(app)
-    port = free_port()
-    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
-               quiet=True, ssr_mode=False, **options)
-    yield LiveApp(f"http://127.0.0.1:{port}/", ctx, jobs, browse, app)
+    yield LiveApp(launch_locally(app), ctx, jobs, browse, app)
     job = jobs.current()
     if job is not None:
         job.stop_event.set()

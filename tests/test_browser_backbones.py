@@ -19,7 +19,7 @@ from otviz.ui.align import align_view
 from otviz.ui.browse_tab import BrowseSources
 from otviz.ui.context import AppContext, BackboneChoice
 from otviz.ui.examples import load_examples
-from tests.conftest import LiveApp, free_port
+from tests.conftest import LiveApp, launch_locally
 from tests.test_browser import (  # noqa: F401  (fixtures)
     TIMEOUT_MS,
     VIEWPORT,
@@ -34,7 +34,7 @@ from tests.test_browser import (  # noqa: F401  (fixtures)
 @pytest.fixture(scope="module")
 def resnet_app(tmp_path_factory):
     """The app serving a random shrunken RN50 from a local weight file."""
-    from otviz.ui.app import build_app, serve_options
+    from otviz.ui.app import build_app
     from otviz.ui.train_jobs import TrainingJobs
 
     root = tmp_path_factory.mktemp("rn-app")
@@ -48,10 +48,8 @@ def resnet_app(tmp_path_factory):
     jobs = TrainingJobs(ctx, root / "runs", root / "features")
     browse = BrowseSources(BrowseCache(), root / "features", root / "uploads")
     app = build_app(ctx, jobs, browse)
-    port = free_port()
-    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
-               quiet=True, ssr_mode=False, **serve_options(app))
-    yield LiveApp(f"http://127.0.0.1:{port}/", ctx, jobs, browse, app)
+    url = launch_locally(app)
+    yield LiveApp(url, ctx, jobs, browse, app)
     app.close()
 
 

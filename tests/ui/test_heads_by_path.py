@@ -54,7 +54,7 @@ from otviz.ui.reading_controls import (
     control_state,
 )
 from otviz.world.export import export_shards
-from tests.conftest import free_port
+from tests.conftest import launch_locally
 from tests.helpers import ROOT, api_client
 
 SMALL = ["--n-train", "8", "--batch-size", "4", "--max-steps", "2", "--concept-dim", "16",
@@ -348,7 +348,7 @@ def vit(tmp_path_factory) -> dict:
 def served(vit, tmp_path_factory):
     """The app served offline as ``otviz app --model NAME --pretrained vit-0.pt --heads DIR
     --model NAME --pretrained vit-1.pt --heads DIR``."""
-    from otviz.ui.app import build_app, serve_options
+    from otviz.ui.app import build_app
     from otviz.ui.upload_cache import own_upload_cache
 
     own_upload_cache(tmp_path_factory.mktemp("gradio"))
@@ -357,10 +357,8 @@ def served(vit, tmp_path_factory):
                              heads=[(1, str(vit["heads"])), (2, str(vit["heads"]))],
                              found_heads=[])
     app = build_app(ctx)
-    port = free_port()
-    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
-               quiet=True, ssr_mode=False, **serve_options(app))
-    yield ctx, api_client(f"http://127.0.0.1:{port}/")
+    url = launch_locally(app)
+    yield ctx, api_client(url)
     app.close()
 
 

@@ -23,10 +23,10 @@ from otviz.cli.app import build_parser
 from otviz.errors import InputError
 from otviz.suite import ALIGN_METHODS
 from otviz.ui import context as context_module
-from otviz.ui.app import build_app, serve_options
+from otviz.ui.app import build_app
 from otviz.ui.context import SEPARATOR, TRAINING_FREE, AppContext, remote_models
 from otviz.ui.model_sources import ModelSource, load_local, parse_model_sources
-from tests.conftest import free_port
+from tests.conftest import launch_locally
 from tests.helpers import PLAIN_HTTP, api_client
 
 MODEL = "ViT-B-16"
@@ -150,10 +150,8 @@ def served(weights, tmp_path_factory):
                               ModelSource(MODEL, str(weights["truncated"]))],
                              heads_root=tmp_path_factory.mktemp("no-heads"))
     app = build_app(ctx)
-    port = free_port()
-    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
-               quiet=True, ssr_mode=False, **serve_options(app))
-    yield ctx, api_client(f"http://127.0.0.1:{port}/")
+    url = launch_locally(app)
+    yield ctx, api_client(url)
     app.close()
 
 
