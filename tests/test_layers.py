@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("text",),
     ("world",),
     ("checkpoints",),
-    ("tiny_clip", "towers", "backbone"),
+    ("tiny_clip", "towers", "backbone", "backbone_spec"),
     ("data", "suite", "ood", "bench", "explainers"),
     ("explain",),
     ("train",),

@@ -16,7 +16,7 @@ from otviz.checkpoints.store import CheckpointError
 from otviz.data.grounding_sets import GroundingSet
 from otviz.data.segmentation_sets import SegmentationSet
 from otviz.eval.config import TRAINING_FREE, EvalConfig
-from otviz.eval.runner import chosen_features, load_backbone
+from otviz.eval.runner import eval_spec
 from otviz.eval.world_set import backbone_in_space
 from otviz.suite import MethodSuite
 
@@ -27,10 +27,7 @@ def dataset_backbone(config: EvalConfig) -> Backbone:
     """``config.model`` with ``config.pretrained`` (any open_clip model), else the tiny-CLIP
     checkpoint ``config.backbone``; on the CPU (:func:`to_device` moves it once the
     methods are fitted, which they are on the CPU where they score)."""
-    if not config.model:
-        return chosen_features(load_backbone(config.backbone), config)
-    return chosen_features(Backbone.from_pretrained(config.model, config.pretrained or None),
-                           config)
+    return eval_spec(config).build()
 
 
 def to_device(backbone: Backbone, device: str) -> None:

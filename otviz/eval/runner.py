@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from otviz.backbone import Backbone
+from otviz.backbone_spec import BackboneSpec
 from otviz.eval import alignment_tables as A
 from otviz.eval import classification_tables as C
 from otviz.eval import seeds as S
@@ -36,7 +37,15 @@ JSON_FILE, MARKDOWN_FILE = "tables.json", "tables.md"
 
 def load_backbone(path: str = "") -> Backbone:
     """The tiny-CLIP checkpoint at ``path`` (default: the shipped one)."""
-    return Backbone.from_checkpoint(path) if path else Backbone.from_checkpoint()
+    return BackboneSpec(checkpoint=path or None).load()
+
+
+def eval_spec(config: EvalConfig) -> BackboneSpec:
+    """The backbone ``config`` names, on the CPU (where the methods are fitted): its
+    ``--model`` with ``--pretrained`` under ``--dataset`` (the world's tables are the tiny
+    CLIP's: ``--backbone``), read at ``--features``, ``--image-size``, ``--proxy``."""
+    world = {} if config.dataset else {"model": None, "pretrained": None}
+    return BackboneSpec.from_fields(config, device="cpu", **world)
 
 
 def build_suite(backbone: Backbone, heads: str, names: Sequence[str]) -> MethodSuite:
@@ -98,15 +107,8 @@ def over_seeds(
     return [S.aggregate(r) for r in runs.values()] + [S.claims_table(runs, judged)]
 
 
-def chosen_features(backbone: Backbone, config: EvalConfig) -> Backbone:
-    """``backbone`` reading the features ``config`` names (``--features``, ``--image-size``,
-    ``--proxy``)."""
-    return backbone.with_features(config.features, config.image_size or None,
-                                  proxy=config.proxy or None)
-
-
 def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -> list[Table]:
-    backbone = chosen_features(load_backbone(config.backbone), config)
+    backbone = eval_spec(config).build()
     tables: dict[str, Table] = {}
     suite = None
     if any(n in ALIGNMENT_TABLES or n == "segmentation" for n in names):

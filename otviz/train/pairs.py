@@ -231,26 +231,21 @@ def build_source(
     (``uses_trees``: PowerCLIP). ``validation``: the world's ``val`` split instead
     (``n_val`` samples; scenes drawn apart from every training sample).
     """
-    from otviz.backbone import Backbone
+    from otviz.backbone_spec import BackboneSpec
     from otviz.checkpoints.identity import backbone_fingerprint
     from otviz.data.datasets import WorldDataset, load_image_captions
     from otviz.data.feature_cache import FeatureCache
     from otviz.data.shards import index_shards, is_shard_spec
 
-    if config.open_clip_model:
-        backbone = Backbone.from_pretrained(config.open_clip_model, config.pretrained or None)
-    elif config.backbone:
-        backbone = Backbone.from_checkpoint(config.backbone)
-    else:
-        backbone = Backbone.from_checkpoint()
+    spec = BackboneSpec.from_fields(config, device="cpu")
+    backbone = spec.load()
     streamed = not validation and is_shard_spec(config.data)
     if streamed:  # encodes each step on the training device (a proxy model follows it)
         from otviz.train import distributed as D
 
         info = info if info is not None else D.DistInfo()
         backbone.model.to(info.device)
-    backbone = backbone.with_features(config.features, config.image_size or None,
-                                      proxy=config.proxy or None)
+    backbone = spec.read(backbone)
     uses_trees = method_class(config.method).uses_trees
     scale = float(backbone.model.logit_scale.detach().exp())
     if streamed:
