@@ -21,6 +21,10 @@ TITLE_CHARS_PER_INCH = 13
 LEGEND_CHARS_PER_INCH = 17
 
 
+#: The grounding grid's default title.
+GRID_TITLE = "Phrase heatmaps (plan columns summed over the phrase's tokens); gold box in cyan"
+
+
 def grouped_bars_figure(
     groups: Sequence[str],
     series: Mapping[str, Sequence[float]],
@@ -118,13 +122,16 @@ def grounding_grid_figure(
     geometry: TokenGeometry,
     panel_size: float = 1.7,
     notes: Sequence[str | None] = (),
+    title: str = GRID_TITLE,
 ) -> Figure:
     """Rows: examples (image, queried phrase, gold box in cyan); columns: methods, each
     panel the method's phrase heatmap on its own colour scale (masses differ by method),
     drawn where its tokens look (``geometry``: the token geometry on the images, which
     share one size). A column with a note (``notes``, one per column or none: a map flat by
     construction, :func:`~otviz.suite.flat_map_reasons`) shows that reason in words over
-    its image instead of a map drawn as if it were a result, as the app's grid does."""
+    its image instead of a map drawn as if it were a result, as the app's grid does.
+    ``title``: the figure's (the report names the reading there,
+    :func:`~otviz.viz.tables.titled`)."""
     rows, cols = len(images), len(column_titles)
     fig = new_figure(panel_size * cols + 0.4, panel_size * rows + 0.5)
     axes = fig.subplots(rows, cols, squeeze=False)
@@ -142,6 +149,6 @@ def grounding_grid_figure(
                         bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none"})
             if c == 0:
                 ax.set_ylabel(row_titles[r], fontsize=7)
-    fig.suptitle("Phrase heatmaps (plan columns summed over the phrase's tokens); "
-                 "gold box in cyan", fontsize=9)
+    fig.suptitle(textwrap.fill(title, int(TITLE_CHARS_PER_INCH * fig.get_figwidth())),
+                 fontsize=9)
     return fig

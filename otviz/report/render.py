@@ -29,7 +29,12 @@ from otviz.eval.table import Table
 from otviz.eval.world_set import EvalSet
 from otviz.methods.base import LOCAL_CONTRASTIVE, POWERSET_TRIPLET, QCT, local_objective
 from otviz.ot.zeroshot import LONG_TAILED_RULES
-from otviz.report.figures import curves_figure, grounding_grid_figure, grouped_bars_figure
+from otviz.report.figures import (
+    GRID_TITLE,
+    curves_figure,
+    grounding_grid_figure,
+    grouped_bars_figure,
+)
 from otviz.suite import (
     ALIGN_METHODS,
     METHOD_LABELS,
@@ -39,6 +44,7 @@ from otviz.suite import (
 )
 from otviz.viz.anchors import affinity_figure, anchor_matrix_figure, cluster_order
 from otviz.viz.probe import probe_accuracy_figure
+from otviz.viz.tables import POINTING_LABELS, titled
 from otviz.world import COLOURS, NEGATIVE_CATEGORIES, SHAPES, SIZES
 
 #: Panel titles of the training curves, by local objective.
@@ -55,12 +61,15 @@ def _labels(table: Table) -> list[str]:
     return [str(r[first]) for r in table.rows]
 
 
+#: Both pointing conventions, named (:data:`~otviz.viz.tables.POINTING_LABELS`): label -> key.
+POINTING_SERIES = {label: key for key, label in POINTING_LABELS.items()}
 # tables drawn as grouped bars of some columns: series label -> column key, and the y unit
+# (a column no row of the table has is left out: an older table without ``pointing_tol``)
 BAR_COLUMNS: dict[str, tuple[dict[str, str], str]] = {
     "retrieval": ({"I→T R@1": "i2t_r1", "T→I R@1": "t2i_r1", "Avg R@1": "avg_r1"}, "recall (%)"),
-    "grounding": ({"pointing game": "pointing", "mean IoU": "mean_iou", "hit@0.5": "hit@0.5"}, "%"),
+    "grounding": ({**POINTING_SERIES, "mean IoU": "mean_iou", "hit@0.5": "hit@0.5"}, "%"),
     "otclip_losses": ({"zero-shot mean": "zs_mean", "I→T R@1": "i2t_r1", "T→I R@1": "t2i_r1"}, "%"),
-    "ablation": ({"Avg R@1": "avg_r1", "probe overall": "overall", "pointing": "pointing"}, "%"),
+    "ablation": ({"Avg R@1": "avg_r1", "probe overall": "overall", **POINTING_SERIES}, "%"),
 }
 
 
@@ -78,9 +87,11 @@ def table_figures(tables: dict[str, Table]) -> dict[str, Figure]:
     for key, (columns, unit) in BAR_COLUMNS.items():
         if key in tables:
             t = tables[key]
-            series = {label: t.column(col) for label, col in columns.items()}
+            shown = {label: col for label, col in columns.items()
+                     if any(v is not None for v in t.column(col))}
+            series = {label: t.column(col) for label, col in shown.items()}
             figs[key] = grouped_bars_figure(_labels(t), series, t.title, unit,
-                                            intervals=_intervals(t, columns))
+                                            intervals=_intervals(t, shown))
     if "probe" in tables:
         t = tables["probe"]
         cats = [c for c in (*NEGATIVE_CATEGORIES, "overall", "compositional")
@@ -153,7 +164,8 @@ def grounding_examples_figure(suite: MethodSuite, data: EvalSet, n_examples: int
         [[heats[m][i] for m in range(len(names))] for i in range(len(first))],
         [q.boxes[k].tolist() for k in first], [f'"{q.texts[k]}"' for k in first],
         [METHOD_LABELS[n] for n in names], data.geometry,
-        notes=[flat_map_reasons().get(n) for n in names])
+        notes=[flat_map_reasons().get(n) for n in names],
+        title=titled(GRID_TITLE, suite.backbone))
 
 
 def render_report(config: ReportConfig) -> list[Path]:

@@ -58,6 +58,7 @@ from otviz.ui.shutdown import refuse_if_stopping
 from otviz.ui.trust_browse import TrustValues, trust_controls, trust_sort
 from otviz.ui.upload_cache import discarded_if_refused, lone_archive
 from otviz.viz.browse import browse_frame, browse_page_image
+from otviz.viz.tables import POINTING_LABELS, titled
 
 TAB_TITLE = "Browse"
 WORLD_SOURCE, UPLOAD_SOURCE = "world split", "uploaded folder"
@@ -66,22 +67,27 @@ WORLD_SPLITS = ("test", "compositional")
 DEFAULT_IMAGES, DEFAULT_PER_PAGE = 96, 12
 DEFAULT_METHODS = ("filip", "dense_uot", "conceptot", "qc_align")
 DEFAULT_A, DEFAULT_B = "conceptot", "filip"
+#: The table's title; once loaded, it names the reading the maps were drawn on
+#: (:func:`~otviz.viz.tables.titled`).
+TABLE_TITLE = "Rows (click one to open it in Align)"
 
-HOW_TO_READ = """**How to read this view.** Each row is one phrase of one image: a gold noun
+HOW_TO_READ = f"""**How to read this view.** Each row is one phrase of one image: a gold noun
 phrase of a world caption (with its gold box, green), or a noun phrase of an uploaded
 caption (no gold box). Next to the image, each chosen method's phrase heatmap (the plan's
 columns summed over the phrase's tokens, ConceptOT Sec. 2.6) on its own colour scale, with
 the box of the patches above half its peak (cyan) and its hottest patch (white cross). The
-title's ✓/✗ is the pointing game (is the hottest patch's centre inside the gold box?) and
-the number the IoU of the cyan box with the gold box. *Filters:* compare two methods A and
-B (e.g. "A hits, B misses"), keep phrase kinds (*colour shared*: another object of the
-scene has the phrase's colour, for an upload another phrase of the caption names it;
-*relation*: subject or landmark of a spatial relation; *size*: has a size word), sort by
-IoU, or by a trust metric of Method A's map (Quantus, docs/trust.md; computed for every row
-the first time it is picked), keeping the better or worse half if asked. Click a row of the
-table to open that image and phrase in Align. The first load
-encodes and solves every method on every image (seconds); paging, filters and sorting then
-read the kept results."""
+title's ✓/✗ is the strict pointing game (is the hottest patch's centre inside the gold
+box?) and the number the IoU of the cyan box with the gold box. *Filters:* compare two
+methods A and B (e.g. "A hits, B misses"), keep phrase kinds (*colour shared*: another
+object of the scene has the phrase's colour, for an upload another phrase of the caption
+names it; *relation*: subject or landmark of a spatial relation; *size*: has a size word),
+sort by IoU, or by a trust metric of Method A's map (Quantus, docs/trust.md; computed for
+every row the first time it is picked; the pointing game in both conventions,
+*{POINTING_LABELS['pointing']}* and *{POINTING_LABELS['pointing_tol']}*, see the picker's
+line), keeping the better or worse half if asked. The table's title names the reading
+(model, features, input size) the maps were drawn on. Click a row of the table to open that
+image and phrase in Align. The first load encodes and solves every method on every image
+(seconds); paging, filters and sorting then read the kept results."""
 
 
 @dataclass
@@ -327,7 +333,7 @@ def build_browse_tab(
         status = gr.Markdown(elem_id="browse-status")
     grid = gr.Image(label="Phrase heatmaps per method", format="jpeg", interactive=False,
                     elem_id="browse-grid")
-    frame = gr.Dataframe(label="Rows (click one to open it in Align)", interactive=False,
+    frame = gr.Dataframe(label=TABLE_TITLE, interactive=False,
                          elem_id="browse-table")
     rows = gr.State([])
     trusted = TrustValues(server_budget())
@@ -338,14 +344,15 @@ def build_browse_tab(
         notes: list[str] = []
         table = load_table(ctx, sources, checkpoint, source, n_images, split, files,
                            explainers_needed([*(methods or []), method_a, method_b]), notes)
-        by_trust = trust_sort(trusted, ctx.suite(checkpoint), table, method_a, trust_metric,
-                              trust_keep)
+        suite = ctx.suite(checkpoint)
+        by_trust = trust_sort(trusted, suite, table, method_a, trust_metric, trust_keep)
         if by_trust is not None and by_trust.note:
             notes.append(by_trust.note)
         v = browse_view(table, methods, method_a, method_b, hit_filter, kinds, order, page,
                         per_page, notes, by_trust and by_trust.reorder)
         frame = v.frame if by_trust is None else by_trust.annotate(v.frame, v.rows)
-        return v.image, frame, v.status, v.page, v.rows
+        shown = gr.Dataframe(frame, label=titled(TABLE_TITLE, suite.backbone))
+        return v.image, shown, v.status, v.page, v.rows
 
     def first_page(*args):
         return show(*args[:-2], 1, args[-1])

@@ -37,6 +37,7 @@ from otviz.ui.examples import EXAMPLES_DIR
 from otviz.ui.inputs import user_errors
 from otviz.ui.plots import FigurePlot
 from otviz.viz.probe import probe_accuracy_figure, probe_scores_figure, win_matrix_figure
+from otviz.viz.tables import titled
 from otviz.world.vocab import SEEN_PAIRS
 
 MAX_CUSTOM = 12
@@ -44,6 +45,9 @@ TRUE = "true"
 CUSTOM = "custom"
 
 TAB_TITLE = "Probe"
+#: The score tables' titles; once filled, each names the reading it was computed on
+#: (:func:`~otviz.viz.tables.titled`).
+SCORES_TITLE, BATCH_TITLE = "Scores", "Batch: accuracy"
 HOW_TO_READ = """**How to read this view.** The first caption is yours (the *true* one);
 below it are automatic edits that change its meaning but keep its words (SugarCrepe
 categories: swap two adjectives, swap two nouns, replace a relation, add an absent
@@ -457,13 +461,13 @@ def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
                             interactive=False, column_widths=["12%", "12%", "46%", "30%"])
     with gr.Row():
         matrix = FigurePlot(label="Win / lose matrix")
-        scores = gr.Dataframe(headers=SCORE_COLUMNS, label="Scores", interactive=False,
+        scores = gr.Dataframe(headers=SCORE_COLUMNS, label=SCORES_TITLE, interactive=False,
                            wrap=True)
     with gr.Row():
         batch_plot = FigurePlot(label="Batch: accuracy per category")
         with gr.Column():
             batch_summary = gr.Markdown()
-            batch_table = gr.Dataframe(label="Batch: accuracy", interactive=False)
+            batch_table = gr.Dataframe(label=BATCH_TITLE, interactive=False)
     files = gr.File(label="Downloads (PNG, CSV, JSON)", file_count="multiple",
                     elem_id="probe-downloads")
     pending = gr.State()
@@ -471,12 +475,18 @@ def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
 
     @user_errors
     def on_run(image, caption: str, checkpoint: str, variants: str, lambda_local: float):
-        return probe_view(ctx.explainer(checkpoint), ctx.suite(checkpoint), image, caption,
-                          variants, lambda_local)
+        explainer = ctx.explainer(checkpoint)
+        summary, table, score, *rest = probe_view(explainer, ctx.suite(checkpoint), image,
+                                                  caption, variants, lambda_local)
+        return (summary, table, gr.Dataframe(score, label=titled(
+            SCORES_TITLE, explainer.backbone)), *rest)
 
     @user_errors
     def on_batch(checkpoint: str, lambda_local: float):
-        return batch_view(ctx.explainer(checkpoint), ctx.suite(checkpoint), lambda_local)
+        explainer = ctx.explainer(checkpoint)
+        summary, table, *rest = batch_view(explainer, ctx.suite(checkpoint), lambda_local)
+        return (summary, gr.Dataframe(table, label=titled(BATCH_TITLE, explainer.backbone)),
+                *rest)
 
     offer_downloads(run.click(
         on_run,

@@ -21,11 +21,12 @@ from torch import Tensor
 
 from otviz.eval.browse import BrowseTable
 from otviz.eval.trust.browse import browse_trust_values
-from otviz.eval.trust.metrics import METRIC_BY_KEY, METRICS
+from otviz.eval.trust.metrics import METRIC_BY_KEY, TABLE_METRICS
 from otviz.explain import InputError
 from otviz.suite import MethodSuite
 from otviz.ui.budget import ComputeBudget, visitor
 from otviz.ui.shutdown import refuse_if_stopping
+from otviz.viz.tables import POINTING_INFO, metric_label
 
 NO_METRIC = "no trust metric"
 ALL, BETTER, WORSE = "all rows", "better half", "worse half"
@@ -41,8 +42,10 @@ UNAVAILABLE = ("*Trust metrics are not offered on this server: they need Quantus
 #: What replaces them where Quantus is installed but OpenCV (which it imports) fails to load.
 NO_CV2 = ("*Trust metrics are not offered on this server: Quantus is installed but OpenCV, "
           "which it imports, does not load ({why}); docs/trust.md, \"Installing Quantus\".*")
-#: metric label (with its direction) -> key, in the order of the trust table.
-METRIC_CHOICES = {f"{m.label} {'↑' if m.higher else '↓'}": m.key for m in METRICS}
+#: metric label (with its direction; the pointing conventions named,
+#: :func:`~otviz.viz.tables.metric_label`) -> key, in the order of the trust table.
+METRIC_CHOICES = {f"{metric_label(m.key, m.label)} {'↑' if m.higher else '↓'}": m.key
+                  for m in TABLE_METRICS}
 
 
 class TrustValues:
@@ -140,7 +143,7 @@ def trust_sort(cache: TrustValues, suite: MethodSuite, table: BrowseTable, name:
     if metric not in METRIC_CHOICES:
         raise InputError(f"unknown trust metric {metric!r}")
     key = METRIC_CHOICES[metric]
-    higher = next(m.higher for m in METRICS if m.key == key)
+    higher = METRIC_BY_KEY[key].higher
     values, reasons = cache.get(suite, table, name, key)
     note = None
     if METRIC_BY_KEY[key].needs_boxes and table.gold is None:
@@ -169,6 +172,7 @@ def trust_controls() -> tuple[gr.Dropdown, gr.Dropdown]:
     shown = trust_unavailable() is None
     metric = gr.Dropdown([NO_METRIC, *METRIC_CHOICES], value=NO_METRIC, scale=1,
                          label="Sort by trust metric of Method A (computed on first pick)",
+                         info=POINTING_INFO.replace("*", ""),
                          elem_id="browse-trust-metric", visible=shown)
     keep = gr.Dropdown(list(KEEP), value=ALL, label="Keep (by that metric)", scale=1,
                        elem_id="browse-trust-keep", visible=shown)

@@ -43,7 +43,7 @@ from otviz.eval.trust.lattice import PatchLattice
 from otviz.eval.trust.metrics import (
     FLAT,
     METRIC_BY_KEY,
-    METRICS,
+    TABLE_METRICS,
     TrustMetric,
     TrustSettings,
     flat_note,
@@ -61,16 +61,21 @@ from otviz.ui.examples import Example, load_examples
 from otviz.ui.inputs import user_errors
 from otviz.ui.shutdown import refuse_if_stopping
 from otviz.ui.trust_browse import trust_unavailable
+from otviz.viz.tables import POINTING_INFO, metric_label, titled
 
 TITLE = "Trust: which heatmap can you trust? (explanation metrics, computed on demand)"
+#: The table's title; once filled, it names the reading the maps were drawn on
+#: (:func:`~otviz.viz.tables.titled`).
+TABLE_TITLE = "Trust metrics per map"
 #: Lighter than the table's (otviz eval --tables trust): half the deletion / insertion steps
 #: and faithfulness subsets, three noisy inputs (fewer forward passes per row).
 SETTINGS = TrustSettings(regions=5, fc_runs=5, ms_samples=3)
 #: The header mark of the slow metrics' columns (filled in after every map's fast metrics).
 SLOW_MARK = " (slow)"
-NO_BOXES = ("**No localisation here:** pointing, relevance mass and rank and AUC need the "
-            "phrase's gold box, which only the world examples carry; this image (an upload, "
-            "or a phrase that is not one of the example's gold noun phrases) is scored on "
+NO_BOXES = ("**No localisation here:** pointing (strict and tolerant), relevance mass and "
+            "rank and AUC need the phrase's gold box, which only the world examples carry; "
+            "this image (an upload, or a phrase that is not one of the example's gold noun "
+            "phrases) is scored on "
             "the model-based metrics only (faithfulness, randomisation, robustness, "
             "complexity).")
 HOW_TO_READ = """Each row scores one map of the phrase on show with the metrics of Quantus
@@ -80,7 +85,7 @@ patches are removed from / put back into the image in the map's order. *MPRT*: s
 the map to the map once the image tower's blocks are re-initialised from the top; a map that
 barely changes (a model-free baseline, say) **does not depend on the model**. *Random logit*:
 similarity to the map of another phrase of the caption. The colour oracle and the centre
-prior are the model-free references any map must beat."""
+prior are the model-free references any map must beat. """ + POINTING_INFO
 
 
 class TrustCache:
@@ -162,8 +167,9 @@ def panel_sources(explainer: Explainer, suite: MethodSuite, with_explainers: boo
     return sources, notes
 
 
-FAST_KEYS = tuple(m.key for m in METRICS if not m.slow)
-SLOW_KEYS = tuple(m.key for m in METRICS if m.slow)
+#: The trust tables' metrics (both pointing conventions among them), fast then slow.
+FAST_KEYS = tuple(m.key for m in TABLE_METRICS if not m.slow)
+SLOW_KEYS = tuple(m.key for m in TABLE_METRICS if m.slow)
 #: The panel's two passes over the maps: every map's fast metrics, then every map's slow ones.
 PASSES = (("fast", FAST_KEYS), ("slow", SLOW_KEYS))
 PENDING = "…"
@@ -177,6 +183,7 @@ class PanelRow:
     pixels: np.ndarray
     targets: np.ndarray
     masks: np.ndarray | None
+    near: np.ndarray | None  # the gold regions grown by the tolerance (``pointing_tol``)
 
 
 def panel_row(explainer: Explainer, encoded: Encoded, phrases: Sequence[TrustPhrase],
@@ -188,7 +195,8 @@ def panel_row(explainer: Explainer, encoded: Encoded, phrases: Sequence[TrustPhr
     row = next(i for i, p in enumerate(inputs.scorer.phrases) if p is phrases[target])
     pick = slice(row, row + 1)
     masks = None if inputs.masks is None else inputs.masks[pick]
-    return PanelRow(inputs.scorer, inputs.pixels[pick], inputs.targets[pick], masks)
+    near = None if inputs.near is None else inputs.near[pick]
+    return PanelRow(inputs.scorer, inputs.pixels[pick], inputs.targets[pick], masks, near)
 
 
 def trust_rows(
@@ -257,7 +265,7 @@ def _score_part(row: PanelRow, source: HeatmapSource, keys: Sequence[str],
     there, and kept there), with their cost in ms (also recorded in ``costs``) and Quantus'
     refusals."""
     scores = trust_scores(row.scorer, source, row.pixels, row.targets, row.masks, settings,
-                          metrics=keys, maps=maps.get(source.name))
+                          metrics=keys, maps=maps.get(source.name), near=row.near)
     if costs is not None:
         costs.record_trust(scores.ms, 1)
     if scores.maps is not None:
@@ -305,15 +313,16 @@ def _final_status(rows: Sequence[dict], phrase: TrustPhrase, n_phrases: int, row
 def trust_frame(rows: Sequence[dict]) -> pd.DataFrame:
     """The panel's table: one row per map, the metrics it has (the slow ones' headers marked
     :data:`SLOW_MARK`, blank where not yet computed), its verdict and cost."""
-    shown = [m for m in METRICS if any(m.key in r for r in rows)]
+    shown = [m for m in TABLE_METRICS if any(m.key in r for r in rows)]
     records = [{"Map": r["Map"], **{_header(m): _cell(r.get(m.key)) for m in shown},
                 "Randomisation": r["Randomisation"], "ms": round(r["ms"])} for r in rows]
     return pd.DataFrame(records)
 
 
 def _header(metric: TrustMetric) -> str:
-    """A metric's column header: label, which way is better, and the slow mark."""
-    return (f"{metric.label} {'↑' if metric.higher else '↓'}"
+    """A metric's column header: label (a pointing convention's named,
+    :func:`~otviz.viz.tables.metric_label`), which way is better, and the slow mark."""
+    return (f"{metric_label(metric.key, metric.label)} {'↑' if metric.higher else '↓'}"
             f"{SLOW_MARK if metric.slow else ''}")
 
 
@@ -336,7 +345,7 @@ def build_trust_panel(ctx: AppContext, inputs: list[Any],
         run = gr.Button("Compute the trust metrics of this phrase's maps",
                         elem_id="align-trust-run")
         status = gr.Markdown(elem_id="align-trust-status")
-        table = gr.Dataframe(label="Trust metrics per map", interactive=False,
+        table = gr.Dataframe(label=TABLE_TITLE, interactive=False,
                              elem_id="align-trust-table")
         gr.Markdown(HOW_TO_READ)
 
@@ -355,7 +364,8 @@ def build_trust_panel(ctx: AppContext, inputs: list[Any],
             words = resolve(encoded, phrase)
             for rows, note in trust_rows(explainer, suite, encoded, words, bool(explainers),
                                          cache, budget=None if admitted else budget):
-                yield trust_frame(rows), note
+                yield gr.Dataframe(trust_frame(rows), label=titled(
+                    TABLE_TITLE, explainer.backbone)), note
 
     # outside Gradio's per-event limits: the server's compute budget admits or refuses it at
     # once, so it never waits in the queue that Align's events wait in

@@ -1,5 +1,8 @@
 """Score tables: one row per method with its global, local and combined scores, the solver's
-convergence, its wall time and where its heads came from."""
+convergence, its wall time and where its heads came from; and what every shown table's title
+and pointing columns say: the reading it was computed on
+(:func:`~otviz.eval.segmentation.reading`, as ``otviz eval`` titles its tables) and which
+pointing-game convention each pointing column scores."""
 
 from __future__ import annotations
 
@@ -8,6 +11,38 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import pandas as pd
+
+from otviz.backbone import Backbone
+from otviz.eval.grounding_metrics import TOLERANCE_PX
+from otviz.eval.segmentation import reading
+
+#: The short labels of the pointing game's two conventions, by the key the eval code scores
+#: them under (:mod:`otviz.eval.grounding_metrics`): ``pointing`` a strict hit, the peak
+#: inside a gold box; ``pointing_tol`` the peak within :data:`TOLERANCE_PX` source pixels of
+#: one.
+POINTING_LABELS: dict[str, str] = {
+    "pointing": "Pointing (strict)",
+    "pointing_tol": f"Pointing (±{TOLERANCE_PX:g} px)",
+}
+#: The info line beside every table or figure that shows the two conventions.
+POINTING_INFO = (
+    "*Pointing (strict)*: the map's peak inside the phrase's gold box, as "
+    "what-is-where-by-looking and Chefer et al. score it (their Flickr30k Entities anchors, "
+    "CLIP ViT-B/32: WWbL 75.63, centre prior 47.40, random point 27.24); "
+    f"*Pointing (±{TOLERANCE_PX:g} px)*: the peak inside the box grown by {TOLERANCE_PX:g} "
+    "source pixels on every side. Both read the same peak with the same tie rule "
+    "(docs/trust.md).")
+
+
+def metric_label(key: str, label: str) -> str:
+    """The label a metric ``key`` is shown under: a pointing convention's short label
+    (:data:`POINTING_LABELS`), else its own ``label``."""
+    return POINTING_LABELS.get(key, label)
+
+
+def titled(title: str, backbone: Backbone) -> str:
+    """``title`` naming the reading it was computed on, as ``otviz eval``'s tables do."""
+    return f"{title} ({reading(backbone)})"
 
 SCORE_COLUMNS: dict[str, str] = {
     "label": "method",

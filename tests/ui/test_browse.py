@@ -21,11 +21,13 @@ import torch
 from otviz.eval import browse as B
 from otviz.eval.grounding_baselines import colour_shared
 from otviz.eval.grounding_metrics import grounding_scores, pointing_hits
+from otviz.eval.segmentation import reading
 from otviz.explain import InputError
 from otviz.suite import METHOD_LABELS
 from otviz.ui.align import align_view
 from otviz.ui.app import BROWSE_TITLE, build_app, tab_id
 from otviz.ui.browse_tab import (
+    TABLE_TITLE,
     UPLOAD_SOURCE,
     WORLD_SOURCE,
     BrowseSources,
@@ -36,6 +38,7 @@ from otviz.ui.browse_tab import (
 )
 from otviz.ui.context import AppContext
 from otviz.ui.examples import load_examples
+from otviz.ui.trust_browse import ALL, NO_METRIC
 from tests.helpers import api_parameters, write_caption_folder
 
 N_IMAGES = 12
@@ -328,6 +331,18 @@ def test_the_tab_builds_in_the_app_and_opens_rows_in_align(ctx, checkpoint, sour
             "per_page"]
     endpoints = api_parameters(app)
     assert endpoints["/browse"] == endpoints["/browse_page"] == form
+    # the page's table is the view's, titled with the reading its maps were drawn on
+    on_browse = next(f.fn for f in app.fns.values() if f.api_name == "browse")
+    args = {"checkpoint": checkpoint, "source": WORLD_SOURCE, "n_images": N_IMAGES,
+            "split": "test", "files": None, "methods": ["filip"], "method_a": "filip",
+            "method_b": "filip", "hit_filter": B.ALL_ROWS, "kinds": [], "order": B.SET_ORDER,
+            "trust_metric": NO_METRIC, "trust_keep": ALL, "page": 1, "per_page": 12}
+    _, table, *_ = on_browse(*(args[name] for name in form))
+    backbone = ctx.suite(checkpoint).backbone
+    assert table.label == f"{TABLE_TITLE} ({reading(backbone)})"
+    assert f"features {backbone.features}, {backbone.image_size} px" in table.label
+    assert table.value["headers"] == list(browse_view(world, ["filip"], "filip", "filip",
+                                                      per_page=12).frame.columns)
 
     methods = ["filip", "conceptot", "qc_align"]
     v = browse_view(world, methods, "conceptot", "filip", B.ALL_ROWS, [], B.IOU_UP, 1, 12)

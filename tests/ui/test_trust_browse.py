@@ -10,6 +10,7 @@ import torch
 
 from otviz.backbone import Backbone
 from otviz.eval.browse import BrowseTable, browse_table, world_queries
+from otviz.eval.grounding_metrics import TOLERANCE_PX, grown_boxes, pointing_hits
 from otviz.eval.trust.browse import browse_trust_values
 from otviz.eval.trust.metrics import TrustSettings
 from otviz.eval.world_set import EvalSet
@@ -17,6 +18,7 @@ from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
 from otviz.ui.browse_tab import browse_view
 from otviz.ui.trust_browse import (
     BETTER,
+    METRIC_CHOICES,
     NO_METRIC,
     WORSE,
     TrustSort,
@@ -65,6 +67,34 @@ def test_browse_rows_sorted_by_a_trust_metric(tmp_path) -> None:
     with pytest.raises(ValueError, match="unknown metric"):
         browse_trust_values(suite, table, "filip", "beauty")
     assert not math.isnan(float(values.max()))
+
+
+def test_both_pointing_conventions_sort_browse_as_the_eval_code_scores_them(tmp_path) -> None:
+    """Browse's sort offers the pointing game in both conventions, each named; a row's value
+    is the eval code's expected hit of the same map: on the gold box (strict) and on the box
+    grown by the tolerance (``pointing_tol``: world images are their source, scale 1)."""
+    suite, table = world_table(tmp_path, 3)
+    strict, tol = "Pointing (strict) ↑", f"Pointing (±{TOLERANCE_PX:g} px) ↑"
+    assert METRIC_CHOICES[strict] == "pointing" and METRIC_CHOICES[tol] == "pointing_tol"
+    k = table.method_index("filip")
+    heat = table.heatmaps[:, k].float()
+    expected = {
+        "pointing": pointing_hits(heat, table.geometries, table.gold),
+        "pointing_tol": pointing_hits(heat, table.geometries,
+                                      grown_boxes(table.gold, (1.0, 1.0))),
+    }
+    cache = TrustValues()
+    for label, key in ((strict, "pointing"), (tol, "pointing_tol")):
+        by = trust_sort(cache, suite, table, "filip", label, None)
+        assert by is not None and by.note is None
+        torch.testing.assert_close(by.values, expected[key], rtol=0, atol=1e-9, msg=key)
+        view = browse_view(table, ["filip"], "filip", "filip", per_page=len(table.items),
+                           reorder=by.reorder)
+        shown = by.annotate(view.frame, view.rows)[f"A: {label}"].tolist()
+        assert shown == sorted(shown, reverse=True)
+        assert shown == [round(float(expected[key][q]), 3) for q in view.rows]
+    gain = expected["pointing_tol"] - expected["pointing"]
+    assert bool((gain >= 0).all()) and bool((gain > 0).any())  # the conventions differ here
 
 
 def test_trust_values_streamed_in_chunks_equal_one_pass(tmp_path, monkeypatch) -> None:

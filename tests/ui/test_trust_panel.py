@@ -10,13 +10,23 @@ import torch
 from PIL import Image
 
 from otviz.backbone import Backbone
-from otviz.eval.trust.metrics import LOCALISATION, METRICS, TrustSettings
+from otviz.eval.segmentation import reading
+from otviz.eval.trust.adapter import heatmap_sources, trust_inputs
+from otviz.eval.trust.metrics import (
+    LOCALISATION,
+    METRICS,
+    TABLE_METRICS,
+    TrustSettings,
+    trust_scores,
+)
 from otviz.explain import Explainer
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, flat_map_reasons
+from otviz.ui.app import build_app
 from otviz.ui.examples import load_examples
 from otviz.ui.trust_panel import (
     NO_BOXES,
     SLOW_MARK,
+    TABLE_TITLE,
     TrustCache,
     panel_phrases,
     trust_frame,
@@ -52,22 +62,53 @@ def test_example_phrase_gets_localisation_and_is_cached(tools) -> None:
                                              cache, FAST))
     names = ["FILIP", "Colour oracle (pixels)", "Centre prior"]
     assert [r["Map"] for r in rows] == names
-    assert all(m.key in r for r in rows for m in METRICS)  # the final yield has them all
+    assert all(m.key in r for r in rows for m in TABLE_METRICS)  # the final yield: them all
     assert NO_BOXES not in status and "computing" in steps[0][1]
     # the first yield with every map has each map's fast metrics and none of the slow ones
     first, note = next((r, n) for r, n in steps if len(r) == len(names))
-    fast = {m.key for m in METRICS if not m.slow}
-    slow = {m.key for m in METRICS if m.slow}
+    fast = {m.key for m in TABLE_METRICS if not m.slow}
+    slow = {m.key for m in TABLE_METRICS if m.slow}
     assert fast and slow and all(fast <= set(r) and not slow & set(r) for r in first)
     assert "slow metrics" in note and "computing 1 of 3" in note
     assert all(r["Randomisation"] == "…" for r in first)
     headers = trust_frame(first).columns
-    assert "Pointing ↑" in headers and not any(SLOW_MARK in h for h in headers)
+    assert {"Pointing (strict) ↑", "Pointing (±15 px) ↑"} <= set(headers)
+    assert not any(SLOW_MARK in h for h in headers)
     again, _ = _last(trust_rows(explainer, suite, encoded, [0, 1, 2, 3], False, cache, FAST))
     assert len(again) == 1 and again[0][0] == rows  # read from the cache, nothing computed
     frame = trust_frame(rows)
-    assert list(frame["Map"]) == [r["Map"] for r in rows] and "Pointing ↑" in frame.columns
+    assert list(frame["Map"]) == [r["Map"] for r in rows]
     assert f"MPRT similarity ↓{SLOW_MARK}" in frame.columns
+    # both pointing conventions: the eval code's values (the trust table's trust_scores on
+    # the image's inputs with every phrase, its tolerant regions included) for this phrase
+    inputs = trust_inputs(explainer.backbone, [encoded.image], [phrases])
+    k = next(i for i, p in enumerate(inputs.scorer.phrases) if p is phrases[target])
+    sources = {s.label: s for s in heatmap_sources(suite.methods, ())}
+    for row in rows:
+        ref = trust_scores(inputs.scorer, sources[row["Map"]], inputs.pixels, inputs.targets,
+                           inputs.masks, FAST, metrics=["pointing", "pointing_tol"],
+                           near=inputs.near).values
+        assert row["pointing"] == pytest.approx(ref["pointing"][k], abs=1e-9)
+        assert row["pointing_tol"] == pytest.approx(ref["pointing_tol"][k], abs=1e-9)
+        assert row["pointing_tol"] >= row["pointing"]  # the grown box holds the box
+    for key, header in (("pointing", "Pointing (strict) ↑"),
+                        ("pointing_tol", "Pointing (±15 px) ↑")):
+        assert frame[header].tolist() == [round(r[key], 3) for r in rows]
+
+
+def test_the_panel_s_table_title_names_its_reading(ctx, checkpoint) -> None:
+    """The app's panel: its table, from the first step on, is titled with the reading the
+    maps are drawn on (the model, its features and input size, as otviz eval's tables)."""
+    app = build_app(ctx)
+    on_trust = next(f.fn for f in app.fns.values() if f.api_name == "align_trust")
+    example = load_examples()[0]
+    steps = on_trust(str(example.image_path), example.caption, checkpoint, None, False)
+    table, _ = next(steps)
+    steps.close()
+    backbone = ctx.explainer(checkpoint).backbone
+    assert table.label == f"{TABLE_TITLE} ({reading(backbone)})"
+    assert f"features {backbone.features}" in table.label
+    assert f"{backbone.image_size} px" in table.label
 
 
 def test_a_row_with_only_its_fast_part_cached_gets_its_slow_part(tools) -> None:
