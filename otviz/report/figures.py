@@ -149,6 +149,11 @@ def grounding_grid_figure(
                         bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none"})
             if c == 0:
                 ax.set_ylabel(row_titles[r], fontsize=7)
+    return with_title(fig, title)
+
+
+def with_title(fig: Figure, title: str) -> Figure:
+    """``fig`` with ``title`` over all its panels, wrapped to the figure's width."""
     fig.suptitle(textwrap.fill(title, int(TITLE_CHARS_PER_INCH * fig.get_figwidth())),
                  fontsize=9)
     return fig

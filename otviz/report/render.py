@@ -34,6 +34,7 @@ from otviz.report.figures import (
     curves_figure,
     grounding_grid_figure,
     grouped_bars_figure,
+    with_title,
 )
 from otviz.suite import (
     ALIGN_METHODS,
@@ -97,7 +98,8 @@ def table_figures(tables: dict[str, Table]) -> dict[str, Figure]:
         cats = [c for c in (*NEGATIVE_CATEGORIES, "overall", "compositional")
                 if any(c in r for r in t.rows)]
         acc = np.array([[r.get(c, np.nan) for c in cats] for r in t.rows], dtype=float)
-        figs["probe"] = probe_accuracy_figure(_labels(t), cats, acc, int(t.rows[0]["n_items"]))
+        figs["probe"] = with_title(  # the table's title: its reading, as otviz eval names it
+            probe_accuracy_figure(_labels(t), cats, acc, int(t.rows[0]["n_items"])), t.title)
     for key, rules in (("zero_shot", tuple(ZERO_SHOT_RULES)),
                        ("selective", ("all", "confidence", "uot", "partial"))):
         if key in tables:

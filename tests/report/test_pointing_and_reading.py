@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from otviz.backbone import Backbone
-from otviz.eval.alignment_tables import grounding_table
+from otviz.eval.alignment_tables import grounding_table, probe_table
 from otviz.eval.grounding_metrics import TOLERANCE_PX
 from otviz.eval.segmentation import reading
 from otviz.eval.world_set import EvalSet
@@ -65,3 +65,12 @@ def test_the_heatmap_grid_names_its_reading(world) -> None:
     backbone = suite.backbone
     assert reading(backbone) in title
     assert f"features {backbone.features}, {backbone.image_size} px input" in title
+
+
+def test_the_probe_matrix_carries_its_table_s_title_and_reading(world) -> None:
+    suite, data = world
+    table = probe_table(suite, data)
+    table.title = titled(table.title, suite.backbone)  # as otviz eval titles it
+    fig = table_figures({"probe": table})["probe"]
+    assert fig._suptitle.get_text().replace("\n", " ") == table.title
+    assert reading(suite.backbone) in table.title
