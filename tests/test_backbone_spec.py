@@ -29,11 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ALLOWED_CALLERS: dict[str, str] = {
     "otviz/backbone.py": "defines them",
     "otviz/backbone_spec.py": "the one place that builds a backbone",
-    "otviz/cli/explain.py": "not moved yet",
     "otviz/eval/backbone_quality.py": "not moved yet",
     "otviz/eval/otclip_table.py": "not moved yet",
-    "otviz/ui/context.py": "not moved yet",
-    "otviz/ui/model_sources.py": "not moved yet",
     "benchmarks/align_click_cost.py": "not moved yet",
     "benchmarks/backbone_quality.py": "not moved yet",
     "benchmarks/came_temperature.py": "not moved yet",

@@ -8,11 +8,13 @@ message naming both."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from otviz.backbone import Backbone
+    from otviz.backbone_spec import BackboneSpec
     from otviz.checkpoints.head_folders import HeadFolder
     from otviz.suite import MethodSuite
 
@@ -84,20 +86,22 @@ def main(argv: list[str], prog: str = "otviz explain") -> int:
     chosen = pair(args, p)
     if (args.model is None) != (args.pretrained is None) or (args.model and args.checkpoint):
         p.error("--model and --pretrained come together, instead of --checkpoint")
+    from otviz.backbone_spec import BackboneSpec
     from otviz.checkpoints.head_folders import trained_reading
     from otviz.errors import UserInputError
     from otviz.explain import Explainer
     from otviz.viz.heatmaps import heatmap_grid_figure, word_similarity_figure
 
     try:
-        backbone = _backbone(args)
+        spec = BackboneSpec.from_fields(args, features="last", image_size=None, proxy=None)
+        backbone = _backbone(args, spec)
         native = backbone.image_size
         features, side = args.features or "last", args.image_size or None
         heads = _heads(args, backbone) if args.heads else None
         if heads is not None:
             features, side = trained_reading(heads.backbone)
-        backbone = backbone.with_features(features, None if side == native else side,
-                                          proxy=args.proxy)
+        backbone = replace(spec, features=features, image_size=None if side == native else side,
+                           proxy=args.proxy).read(backbone)
         suite = _suite(backbone, heads) if heads else None
     except UserInputError as e:
         p.error(str(e))
@@ -119,17 +123,14 @@ def main(argv: list[str], prog: str = "otviz explain") -> int:
     return 0
 
 
-def _backbone(args: argparse.Namespace) -> Backbone:
-    """The backbone the flags name: the tiny CLIP (``--checkpoint``, default the shipped
-    one) or an open_clip ``--model`` with ``--pretrained`` weights."""
-    from otviz.backbone import Backbone
-
-    if args.model is None:
-        return Backbone.from_checkpoint(*([args.checkpoint] if args.checkpoint else []))
+def _backbone(args: argparse.Namespace, spec: BackboneSpec) -> Backbone:
+    """The backbone the flags name at its native reading (``spec``): the tiny CLIP
+    (``--checkpoint``, default the shipped one) or an open_clip ``--model`` with
+    ``--pretrained`` weights (a local file or snapshot folder as the app reads it)."""
     from otviz.ui.model_sources import ModelSource, load_local
 
-    source = ModelSource(args.model, args.pretrained)
-    return load_local(source) if source.is_local else Backbone.from_pretrained(*source)
+    source = ModelSource(args.model, args.pretrained) if args.model else None
+    return load_local(source) if source and source.is_local else spec.load()
 
 
 def _heads(args: argparse.Namespace, backbone: Backbone) -> HeadFolder:

@@ -27,6 +27,7 @@ import gradio as gr
 import numpy as np
 
 from otviz.backbone import Backbone, ImageInput, to_rgb
+from otviz.backbone_spec import BackboneSpec
 from otviz.checkpoints.head_folders import (
     HeadFolder,
     Provenance,
@@ -149,7 +150,7 @@ def load_remote(name: str, tag: str, probe: Callable[[], bool] = hub_reachable) 
         raise InputError(f"{name} / {tag} downloads its weights from the Hugging Face hub, "
                          "which this server cannot reach now: pick the embedded model, or "
                          "try again later")
-    return Backbone.from_pretrained(name, tag)
+    return BackboneSpec(model=name, pretrained=tag).load()
 
 
 @dataclass
@@ -293,7 +294,7 @@ class AppContext:
         --heads``; a folder that cannot be read raises :class:`CheckpointError`) and those
         of ``found_heads`` (default ``$OTVIZ_HEADS``), each beside the backbones whose
         weights its heads record (a folder that cannot be read, or fits none, is logged)."""
-        choices = [BackboneChoice(EMBEDDED, Backbone.from_checkpoint, WORLD_FIT_CAPTIONS,
+        choices = [BackboneChoice(EMBEDDED, BackboneSpec().load, WORLD_FIT_CAPTIONS,
                                   knows_only_world=True)]
         for source in map(ModelSource._make, remote or []):
             choices.append(real_clip_choice(source))

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Literal, NamedTuple
 
 from otviz.backbone import Backbone
+from otviz.backbone_spec import BackboneSpec
 from otviz.errors import InputError, UserInputError
 
 log = logging.getLogger("otviz.ui")
@@ -81,9 +82,10 @@ class ModelSource(NamedTuple):
 
     @property
     def open_clip_args(self) -> tuple[str, str | None]:
-        """``(model_name, pretrained)`` as :meth:`Backbone.from_pretrained` and the training
-        config (``open_clip_model``, ``pretrained``) take them: a snapshot folder through
-        open_clip's ``local-dir:`` schema (its config names the architecture)."""
+        """``(model_name, pretrained)`` as :class:`~otviz.backbone_spec.BackboneSpec` and
+        the training config (``open_clip_model``, ``pretrained``) take them: a snapshot
+        folder through open_clip's ``local-dir:`` schema (its config names the
+        architecture)."""
         if self.kind == "snapshot":
             return f"{LOCAL_DIR}{Path(self.source).expanduser()}", None
         if self.kind == "file":
@@ -122,7 +124,7 @@ def load_local(source: ModelSource) -> Backbone:
         raise InputError(f"{what} are not on this server: pick another model, or ask its "
                          "host to put the file back")
     try:
-        return Backbone.from_pretrained(name, pretrained)
+        return BackboneSpec(model=name, pretrained=pretrained).load()
     except (UserInputError, RuntimeError, ValueError, OSError) as e:
         log.warning("could not load %s from %s: %s", source.name, source.source, e)
         raise InputError(f"{what} could not be loaded: {_why_unreadable(e)}. Pick another "

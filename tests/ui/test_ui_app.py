@@ -334,7 +334,7 @@ def test_a_real_clip_fails_fast_when_the_hub_is_unreachable(monkeypatch):
     from otviz.backbone import Backbone
 
     tried = []
-    monkeypatch.setattr(Backbone, "from_pretrained", lambda *a: tried.append(a))
+    monkeypatch.setattr(Backbone, "from_pretrained", lambda *a, **kw: tried.append(a))
     start = time.perf_counter()
     with pytest.raises(InputError, match="cannot reach now: pick the embedded model"):
         context_module.load_remote("ViT-B-16", "openai", probe=lambda: False)
