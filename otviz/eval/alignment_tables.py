@@ -302,6 +302,7 @@ def phrase_queries(data: EvalSet, tolerance: float = TOLERANCE_PX) -> PhraseQuer
 
 GROUNDING_COLUMNS = [
     Column("method", "Method", "text"), Column("pointing", "Pointing game"),
+    Column("pointing_tol", f"Pointing, {TOLERANCE_PX:g} px tolerance"),
     Column("pointing_shared_colour", "Pointing, colour not unique"),
     Column("mean_iou", "Mean IoU"), Column("hit@0.5", "Hit@0.5"),
 ]
