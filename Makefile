@@ -141,7 +141,7 @@ remake: install
 	rm -rf $(SHIPPED)/heads && cp -r runs/heads-s0 $(SHIPPED)/heads
 	$(OTVIZ) eval --heads 'runs/heads-s{seed}' --seeds 0,1,2 --n-test 1000 --n-compositional 500 \
 		--also-candidates '' --explainers legrad --threads 2 --out runs/eval
-	$(OTVIZ) eval --heads 'runs/heads-s{seed}' --seeds 0,1,2 --tables trust --n-test 10 \
+	$(OTVIZ) eval --heads 'runs/heads-s{seed}' --seeds 0,1,2 --tables trust --n-test 20 \
 		--explainers all --threads 2 --out benchmarks/eval/trust
 	$(OTVIZ) eval --heads $(SHIPPED)/heads --tables retrieval,probe,grounding --n-test 1000 \
 		--n-compositional 500 --also-candidates '' --threads 2 --out runs/eval-shipped \
