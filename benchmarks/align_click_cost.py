@@ -52,14 +52,14 @@ def click_cost(model: str, features: str, size: int, clicks: int) -> dict:
     import torch
     from PIL import Image
 
-    from otviz.backbone import Backbone
+    from otviz.backbone_spec import BackboneSpec
     from otviz.ui.align import align_view
     from otviz.ui.context import COMMON_CONCEPTS, AppContext, BackboneChoice
     from otviz.ui.examples import load_examples
 
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
-    ctx = AppContext([BackboneChoice(model, lambda: Backbone.from_pretrained(model, None),
+    ctx = AppContext([BackboneChoice(model, lambda: BackboneSpec(model=model).load(),
                                      COMMON_CONCEPTS, model)])
     value = ctx.checkpoint_choices()[0]
     if features != "last":

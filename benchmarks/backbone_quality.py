@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world_speed import run as world_speed  # noqa: E402
 
-from otviz.backbone import Backbone  # noqa: E402
+from otviz.backbone_spec import BackboneSpec  # noqa: E402
 from otviz.eval.backbone_quality import QualityConfig, markdown, measure, target_rows  # noqa: E402
 from otviz.eval.world_set import world_config_of  # noqa: E402
 from otviz.tiny_clip.model import DEFAULT_CHECKPOINT  # noqa: E402
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = QualityConfig.quick(**common) if args.quick else QualityConfig(**common)
     torch.set_num_threads(max(1, args.threads))
     t0 = time.perf_counter()
-    backbone = Backbone.from_checkpoint(config.backbone)
+    backbone = BackboneSpec(checkpoint=config.backbone).load()
     results = measure(config, backbone, lambda stage: print(f"[backbone_quality] {stage}",
                                                             file=sys.stderr))
     count = args.world_speed_count

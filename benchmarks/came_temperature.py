@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from otviz.backbone import Backbone
+from otviz.backbone_spec import BackboneSpec
 from otviz.eval.came_quotas import TEMPERATURES, quota_ratio_table
 from otviz.explain import Explainer
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> str:
                         help="dir of <method>/ heads (QC-Align's is read), or 'training-free'")
     parser.add_argument("--temperatures", default=",".join(f"{t:g}" for t in TEMPERATURES))
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    backbone = Backbone.from_checkpoint(args.backbone)
+    backbone = BackboneSpec(checkpoint=args.backbone).load()
     if args.heads == "training-free":
         suite = MethodSuite.training_free(backbone, WORLD_FIT_CAPTIONS, ("qc_align",))
     else:

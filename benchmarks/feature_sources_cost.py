@@ -41,11 +41,11 @@ def measure(source: str, proxy: str | None, size: int, threads: int, repeats: in
     import torch
     from PIL import Image
 
-    from otviz.backbone import Backbone
+    from otviz.backbone_spec import BackboneSpec
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    backbone = Backbone.from_pretrained("ViT-B-16", None)
+    backbone = BackboneSpec(model="ViT-B-16").load()
     view = backbone.with_features(source, size, proxy=f"{proxy}:random" if proxy else None)
     loaded = _rss_mb()
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 400, 3), np.uint8))

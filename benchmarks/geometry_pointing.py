@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from head_gain import save  # noqa: E402
 
 from otviz import assets  # noqa: E402
-from otviz.backbone import Backbone  # noqa: E402
+from otviz.backbone_spec import BackboneSpec  # noqa: E402
 from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries  # noqa: E402
 from otviz.eval.grounding_metrics import pointing_hits  # noqa: E402
 from otviz.eval.runner import build_suite  # noqa: E402
@@ -40,7 +40,7 @@ from otviz.suite import ALIGN_METHODS  # noqa: E402
 
 
 def measure(seeds: list[int], n_test: int, heads: str, cache: str) -> dict:
-    backbone = Backbone.from_checkpoint()
+    backbone = BackboneSpec().load()
     suite = build_suite(backbone, heads or str(assets.path("heads")), ALIGN_METHODS)
     hits: dict[str, dict[str, list[np.ndarray]]] = {}
     groups: list[np.ndarray] = []

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from otviz import assets
-from otviz.backbone import Backbone
+from otviz.backbone_spec import BackboneSpec
 from otviz.checkpoints.heads import head_meta
 from otviz.checkpoints.manifest import read_manifest
 from otviz.eval.alignment_tables import phrase_heatmaps, phrase_queries
@@ -51,7 +51,7 @@ def train_time(heads: Path, name: str) -> dict:
 
 def measure(seeds: list[int], n_test: int, heads: str, cache: str,
             names: tuple[str, ...] = tuple(ALIGN_METHODS)) -> dict:
-    backbone = Backbone.from_checkpoint()
+    backbone = BackboneSpec().load()
     suites = {"trained": build_suite(backbone, heads, names),
               "free": build_suite(backbone, "training-free", names)}
     hits: dict[str, dict[str, list[np.ndarray]]] = {}

@@ -61,6 +61,7 @@ import torch
 from PIL import Image
 
 from otviz.backbone import Backbone
+from otviz.backbone_spec import BackboneSpec
 from otviz.explain import Explainer
 from otviz.explainers import EXPLAINERS, explain_pairs, unavailable
 from otviz.suite import SCORED_METHODS, MethodSuite
@@ -170,7 +171,7 @@ def methods_check(name: str, hf_dir: Path) -> dict[str, Any]:
     """Every method on the shrunken instance (see :data:`COLUMNS`)."""
     shrunk = register_shrunken(name, hf_dir)
     torch.manual_seed(0)
-    bb = Backbone.from_pretrained(shrunk, None)
+    bb = BackboneSpec(model=shrunk).load()
     suite = MethodSuite.training_free(bb, ["a red circle", "a blue square", "a dog"])
     explainer = Explainer(bb)
     encoded = explainer.encode(_image(), CAPTION)
@@ -224,7 +225,7 @@ def views_check(names: list[str], work: Path) -> dict[str, str]:
     from otviz.ui.context import SEPARATOR, AppContext, BackboneChoice
     from otviz.ui.train_jobs import TrainingJobs
 
-    choices = [BackboneChoice(n, lambda n=n: Backbone.from_pretrained(n, None),
+    choices = [BackboneChoice(n, lambda n=n: BackboneSpec(model=n).load(),
                               WORLD_FIT_CAPTIONS, n) for n in names]
     ctx = AppContext(choices)
     app = build_app(ctx, TrainingJobs(ctx, work / "runs", work / "features"))
@@ -273,7 +274,7 @@ def encode_cost(name: str, hf_dir: Path) -> dict[str, Any]:
     text config: local stand-ins); median ``encode`` ms of one pair."""
     full, _ = register_offline_full(name, hf_dir)
     torch.manual_seed(0)
-    bb = Backbone.from_pretrained(full, None)
+    bb = BackboneSpec(model=full).load()
     image = _image()
     bb.encode([image], [CAPTION])  # warm-up
     times = []

@@ -35,13 +35,13 @@ def main() -> None:
 
     import otviz
     from otviz import assets
-    from otviz.backbone import Backbone
+    from otviz.backbone_spec import BackboneSpec
     from otviz.eval.browse import world_browse
     from otviz.eval.trust.browse import browse_trust_values
     from otviz.suite import MethodSuite
 
     torch.manual_seed(0)
-    backbone = Backbone.from_checkpoint()
+    backbone = BackboneSpec().load()
     suite = MethodSuite.from_heads(backbone, assets.path("heads"))
     with tempfile.TemporaryDirectory() as cache:
         table = world_browse(suite, args.images, args.split, cache_dir=cache)

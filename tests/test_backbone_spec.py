@@ -29,16 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 ALLOWED_CALLERS: dict[str, str] = {
     "otviz/backbone.py": "defines them",
     "otviz/backbone_spec.py": "the one place that builds a backbone",
-    "otviz/eval/backbone_quality.py": "not moved yet",
-    "otviz/eval/otclip_table.py": "not moved yet",
-    "benchmarks/align_click_cost.py": "not moved yet",
-    "benchmarks/backbone_quality.py": "not moved yet",
-    "benchmarks/came_temperature.py": "not moved yet",
-    "benchmarks/feature_sources_cost.py": "not moved yet",
-    "benchmarks/geometry_pointing.py": "not moved yet",
-    "benchmarks/head_gain.py": "not moved yet",
-    "benchmarks/open_clip_coverage.py": "not moved yet",
-    "benchmarks/trust_sort_memory.py": "not moved yet",
 }
 
 

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from otviz import assets
 from otviz.backbone import Backbone
+from otviz.backbone_spec import BackboneSpec
 from otviz.checkpoints.store import CheckpointError
 from otviz.eval import alignment_tables as A
 from otviz.eval.binding import (
@@ -153,8 +154,7 @@ def measure(
     already loaded backbone instead of ``config.backbone``), as a JSON-ready dict with the
     seconds each part took."""
     if backbone is None:
-        backbone = (Backbone.from_checkpoint(config.backbone) if config.backbone
-                    else Backbone.from_checkpoint())
+        backbone = BackboneSpec(checkpoint=config.backbone or None).load()
     world = world_config_of(backbone, negatives=False)
     say = progress or (lambda stage: None)
     timings: dict[str, float] = {}

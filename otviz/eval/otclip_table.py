@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from otviz.backbone import Backbone
+from otviz.backbone_spec import BackboneSpec
 from otviz.eval.classification_metrics import accuracy
 from otviz.eval.classification_tables import classification_sets, temperature
 from otviz.eval.config import OTCLIPTableConfig
@@ -89,7 +90,7 @@ def otclip_loss_table(
         metrics = pretrain(pre, None if progress is None else (
             lambda step, total, entry, loss=loss: progress(f"pretrain {loss}", step, total)),
             held_out=HeldOutRetrieval)
-        backbone = Backbone.from_checkpoint(pre.out)
+        backbone = BackboneSpec(checkpoint=pre.out).load()
         zs = zero_shot_accuracies(backbone, config.otclip_n_classify, config.otclip_seed)
         logs[loss] = [{k: e[k] for k in ("step", "loss")} for e in backbone.info["log"]]
         table.rows.append({
