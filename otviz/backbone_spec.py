@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from otviz.backbone import Backbone
 from otviz.checkpoints.identity import backbone_fingerprint
 from otviz.errors import UserInputError
@@ -75,8 +77,11 @@ class BackboneSpec:
                 "proxy: the proxy source needs its second backbone (proxy NAME[:SOURCE])"
                 if self.proxy is None else
                 f"proxy: a second backbone is read by the proxy source only, not by {kind}")
-        if not isinstance(self.device, str) or not self.device.strip():
-            raise UserInputError(f"device: expected a torch device name, got {self.device!r}")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise UserInputError(f"device: expected a torch device name (cpu, cuda, cuda:1, "
+                                 f"mps), got {self.device!r}") from None
 
     @classmethod
     def from_fields(cls, fields: Any, **override: Any) -> BackboneSpec:

@@ -113,6 +113,8 @@ def test_frozen_and_hashable():
     ({"features": "proxy"}, "proxy:"),
     ({"proxy": "vit_small_patch16_224.dino:random"}, "proxy:"),
     ({"device": ""}, "device:"),
+    ({"device": "auto"}, "device:"),
+    ({"device": None}, "device:"),
 ])
 def test_bad_fields_refused_naming_them(fields, named):
     with pytest.raises(UserInputError) as e:
