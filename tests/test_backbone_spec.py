@@ -85,6 +85,28 @@ def test_explain_flags_and_eval_fields_read_the_same_spec():
     assert world.model is None and world.pretrained is None  # the world's tables: tiny CLIP
 
 
+def test_every_commands_flags_name_one_spec():
+    """``otviz train --open-clip-model``, ``otviz eval --dataset .. --model`` and ``otviz
+    explain --model`` (each command's own spelling, its config between) give equal specs."""
+    from otviz.cli import evaluate, train
+    from otviz.cli.args import dataclass_from_args
+
+    reading = ["--features", "proxy", "--proxy", "vit_small_patch16_224.dino:random",
+               "--image-size", "448"]
+    weights = ["--pretrained", "openai"]
+    trained = dataclass_from_args(TrainConfig, train.build_parser().parse_args(
+        ["--open-clip-model", "ViT-B-16", *weights, *reading]))
+    evaluated = dataclass_from_args(EvalConfig, evaluate.build_parser().parse_args(
+        ["--dataset", "voc:x", "--model", "ViT-B-16", *weights, *reading]))
+    explained = build_parser().parse_args(["--example", "0", "--model", "ViT-B-16",
+                                           *weights, *reading])
+    expected = BackboneSpec(model="ViT-B-16", pretrained="openai", features="proxy",
+                            image_size=448, proxy="vit_small_patch16_224.dino:random")
+    assert BackboneSpec.from_fields(trained, device="cpu") == expected
+    assert eval_spec(evaluated) == expected
+    assert BackboneSpec.from_fields(explained) == expected
+
+
 def test_fingerprint_is_the_built_backbones_identity():
     spec = BackboneSpec(features="layer:-2")
     assert spec.fingerprint() == backbone_fingerprint(
