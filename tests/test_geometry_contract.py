@@ -53,6 +53,11 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("eval/world_set.py", "pil-stretch", "image = image.resize(self.frame, Image.Resampling"):
         "fits the photo itself to the model input (its boxes scaled alike; the geometry is "
         "then taken on the fitted picture)",
+    # ProxyCLIP's own step: CLIP's values resized onto the proxy backbone's token grid
+    ("towers/proxy.py", "interpolate", "maps = F.interpolate(maps, size=proxy_grid, mode="):
+        "resamples CLIP's value grid onto the proxy's token grid, as ProxyCLIP's "
+        "transformer.py does; the tokens' geometry is then traced from the proxy's own "
+        "patch embedding (ProxyTower._spatial_path)",
     # a segmentation set's sliding window fits the photo itself before it is cut into
     # windows, and the class maps drawn on its pixels go back to the labels' pixels
     ("eval/sliding_window.py", "pil-stretch", "image = image.resize(size, Image.Resampling"):
