@@ -3,7 +3,7 @@ and peak memory, on this machine's CPU.
 
 World training samples are written as shards once (``otviz.world.export.export_shards``,
 1000 pairs a shard); each measured run is its own process (:func:`otviz.train.loop.train_method`,
-ConceptOT), whose peak resident memory is sampled every 50 ms over the process and its
+ConceptOT), whose peak resident memory is sampled every 100 ms over the process and its
 DataLoader workers together (proportional set size, psutil: shared pages count once), and
 whose own peak resident memory (``VmHWM``) is read at its end.
 
@@ -11,12 +11,16 @@ whose own peak resident memory (``VmHWM``) is read at its end.
   through the feature cache (built in the run: its encoding time is reported apart) and the
   same pairs as shards, streamed; the tiny CLIP (shipped checkpoint) and a random-weight
   open_clip ViT-B/16 (a few batches only: 2 CPU cores);
-* streamed runs of the same steps on 10k and on ``--large`` pairs: the memory bound (what
-  grows with the data is the shard index and the captions).
+* streamed runs of the same steps on each of ``--sizes`` pairs (10k and 100k): the memory
+  bound (what grows with the data is the shard index and the captions).
 
-Writes ``<out>.json`` and ``<out>.md``::
+Shards are written to ``--shards`` (a temporary folder by default) unless it already holds
+enough of them (an export by ``otviz world --as webdataset --split train``). Each row carries
+the load average before and after it (the machine is shared). Writes ``<out>.json`` and
+``<out>.md`` after every row::
 
-    python benchmarks/streamed_training.py --out benchmarks/streamed_training
+    python benchmarks/streamed_training.py --out benchmarks/streamed_training \
+        --shards /tmp/shards-100k --cached-pairs 20000 --sizes 10000,100000
 """
 
 from __future__ import annotations
@@ -105,7 +109,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/streamed_training")
     p.add_argument("--cached-pairs", type=int, default=5000)
-    p.add_argument("--large", type=int, default=40000)
+    p.add_argument("--sizes", default="10000,100000",
+                   help="comma-separated pair counts of the streamed memory-bound rows")
+    p.add_argument("--shards", default="", help="shard folder (reused if it holds enough)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--vit-steps", type=int, default=3)
@@ -118,13 +124,18 @@ def main() -> None:
         return
     from otviz.world.export import export_shards
 
+    sizes = [int(n) for n in args.sizes.split(",")]
+    exported = max([args.cached_pairs, *sizes])
     work = Path(tempfile.mkdtemp(prefix="streamed-bench-"))
-    t0 = time.perf_counter()
-    export_shards(work / "shards", args.large, "train", seed=0, per_shard=PER_SHARD)
-    export_s = time.perf_counter() - t0
+    folder = Path(args.shards) if args.shards else work / "shards"
+    export_s = None  # None: the shards were there already
+    if len(list(folder.glob("*.tar"))) < exported // PER_SHARD:
+        t0 = time.perf_counter()
+        export_shards(folder, exported, "train", seed=0, per_shard=PER_SHARD)
+        export_s = time.perf_counter() - t0
 
     def shards(n: int) -> str:
-        return str(work / "shards" / f"{{000000..{n // PER_SHARD - 1:06d}}}.tar")
+        return str(folder / f"{{000000..{n // PER_SHARD - 1:06d}}}.tar")
 
     base = dict(method="conceptot", batch_size=args.batch_size, max_steps=args.steps,
                 threads=args.threads, workers=args.workers, device="cpu", log_every=0,
@@ -133,16 +144,21 @@ def main() -> None:
     specs = [
         ("tiny CLIP, cached", dict(base, data="world", n_train=args.cached_pairs)),
         ("tiny CLIP, streamed", dict(base, data=shards(args.cached_pairs))),
-        ("tiny CLIP, streamed 10k", dict(base, data=shards(10_000))),
-        (f"tiny CLIP, streamed {args.large // 1000}k", dict(base, data=shards(args.large))),
+        *((f"tiny CLIP, streamed {n // 1000}k", dict(base, data=shards(n))) for n in sizes),
         ("ViT-B/16 (random), cached", dict(vit, data="world",
                                            n_train=8 * args.vit_steps)),
         ("ViT-B/16 (random), streamed", dict(vit, data=shards(PER_SHARD))),
     ]
+    meta = {"export_s": export_s, "exported_pairs": exported, "per_shard": PER_SHARD,
+            "batch_size": args.batch_size, "steps": args.steps, "vit_steps": args.vit_steps,
+            "threads": args.threads, "workers": args.workers, "cpu_count": os.cpu_count(),
+            "torch_threads_note": "2-core machine shared with other jobs"}
     rows = []
     for k, (name, config) in enumerate(specs):
         config = dict(config, out=str(work / f"run{k}"), cache_dir=str(work / f"cache{k}"))
+        load_before = os.getloadavg()[0]
         row = run_child({"name": name, "threads": args.threads, "config": config})
+        row["load_1min"] = [load_before, os.getloadavg()[0]]
         row["pairs"] = config["n_train"] if config["data"] == "world" else int(
             row["data_summary"].split(", ")[1].split(" ")[0])
         cache = work / f"cache{k}"
@@ -150,19 +166,17 @@ def main() -> None:
         row["cache_written"] = cache.exists()
         rows.append(row)
         print(json.dumps(row), flush=True)
-    meta = {"export_s": export_s, "exported_pairs": args.large, "per_shard": PER_SHARD,
-            "batch_size": args.batch_size, "steps": args.steps, "vit_steps": args.vit_steps,
-            "threads": args.threads, "workers": args.workers, "cpu_count": os.cpu_count(),
-            "torch_threads_note": "2-core machine shared with other jobs"}
-    Path(f"{args.out}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    Path(f"{args.out}.md").write_text(markdown(meta, rows))
+        Path(f"{args.out}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        Path(f"{args.out}.md").write_text(markdown(meta, rows))
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
+    export = ("by `otviz world --as webdataset` before the run" if meta["export_s"] is None
+              else f"in {meta['export_s']:.0f} s")
     lines = [
         "# Streamed vs cached training (CPU)", "",
         f"World train samples written as {meta['exported_pairs']} pairs of webdataset shards "
-        f"({meta['per_shard']} a shard) in {meta['export_s']:.0f} s. ConceptOT head, batch "
+        f"({meta['per_shard']} a shard) {export}. ConceptOT head, batch "
         f"{meta['batch_size']} (ViT-B/16: 8), {meta['threads']} torch thread(s), "
         f"{meta['workers']} DataLoader worker(s), {meta['cpu_count']} CPU cores shared with "
         "other jobs. pairs/s: training steps after the first (streamed: decode + backbone "
@@ -171,12 +185,12 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "backbone's loading included). Peak PSS: the training process and its workers "
         "together (proportional set size, sampled every 100 ms); main RSS: the process's own "
         "VmHWM (mapped cache pages included), the steadier figure: PSS divides a shared "
-        "library's pages among every process mapping it, other jobs' too. The machine was "
-        "loaded by other jobs (load average 8-12 on 2 cores): pairs/s move by 2x between "
-        "runs. No GPU was lent to this session: the GPU log is blocked.", "",
+        "library's pages among every process mapping it, other jobs' too. load: the machine's "
+        "1-minute load average before / after the row (2 cores shared with other jobs: "
+        "pairs/s move with it).", "",
         "| run | pairs | steps | pairs/s (steps) | cache build s | index s | wall s | "
-        "peak PSS MB (all) | peak RSS MB (main) | feature cache MB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "peak PSS MB (all) | peak RSS MB (main) | feature cache MB | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cache = f"{r['cache_mb']:.1f}" if r["cache_written"] else "none"
@@ -184,7 +198,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             f"| {r['name']} | {r['pairs']} | {r['steps']} | {r['pairs_per_s_steps']:.1f} | "
             f"{r['encode_s']:.1f} | {r['index_s']:.1f} | {r['wall_s']:.1f} | "
             f"{r['peak_pss_tree_mb']:.0f} | {r['peak_rss_main_mb']:.0f} | "
-            f"{cache} |")
+            f"{cache} | {r['load_1min'][0]:.1f} / {r['load_1min'][1]:.1f} |")
     return "\n".join(lines) + "\n"
 
 
