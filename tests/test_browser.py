@@ -282,6 +282,29 @@ def test_align_shows_the_heatmap_grid_and_the_plan(page, live_app, shots):
     screenshot(page, "tab-align", shots / "align.png")
 
 
+def test_align_at_a_picked_reading_draws_that_reading(own_page, live_app):
+    """The features picker feeds ``/align``'s ``features`` and ``image_size`` (issue 53.4):
+    after a pick of another source, the page's Align click (the picker's value still shows
+    the reading) is served, and its plan is the in-process view's at that reading."""
+    page = own_page
+    default = page.locator("#shared-checkpoint input").input_value()
+    pick_option(page, "shared-features", nth=1)  # the first source after "last"
+    page.wait_for_function(
+        f"document.querySelector('#shared-checkpoint input').value !== {default!r}")
+    value = page.locator("#shared-checkpoint input").input_value()
+    open_tab(page, "Align")
+    with page.expect_response(is_prefetch_answer):  # after this click's results (not the
+        page.get_by_role("button", name="Align", exact=True).click()  # example's) landed
+    rendered_image(page, "#align-grid")
+    heat = plotly_data(page, "align-plan")[0]
+    example = load_examples()[0]
+    view = align_view(live_app.ctx.explainer(value), live_app.ctx.suite(value),
+                      np.asarray(Image.open(example.image_path).convert("RGB")),
+                      example.caption)
+    np.testing.assert_allclose(np.asarray(heat["z"], dtype=float), view.plan.data.plan,
+                               rtol=1e-5, atol=1e-7)
+
+
 #: Changed when an output is redrawn: an image's source, a plotly figure's markup size.
 DRAWN = "e => e.src || e.outerHTML.length"
 

@@ -109,7 +109,7 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
             # choices still pass; the context names unknown ones
             checkpoint = gr.Dropdown(choices, value=ctx.default_checkpoint(), label="Checkpoint",
                                      allow_custom_value=True, elem_id="shared-checkpoint")
-            build_reading_controls(ctx, checkpoint)
+            reading = build_reading_controls(ctx, checkpoint)
             examples = load_examples()
             picker = None
             if examples:
@@ -123,7 +123,8 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
                 # the config names no file of the server's (Gradio's cache by absolute path)
                 picker.dataset.samples = inline_samples(picker.dataset.samples)
     image.upload(on_upload, image, image, api_visibility="private", preprocess=False)
-    return SharedInputs(image, caption, checkpoint, picker)
+    return SharedInputs(image, caption, checkpoint, picker, reading.features_value,
+                        reading.size_value)
 
 
 def build_app(

@@ -58,7 +58,13 @@ from otviz.ui.model_sources import (
     load_local,
     parse_model_sources,
 )
-from otviz.ui.reading import DEFAULT_READING, Reading, offered_sizes, split_reading
+from otviz.ui.reading import (
+    DEFAULT_READING,
+    Reading,
+    named_reading,
+    offered_sizes,
+    split_reading,
+)
 
 log = logging.getLogger("otviz.ui")
 
@@ -259,6 +265,10 @@ class SharedInputs:
     checkpoint: gr.Dropdown
     #: The shipped examples under them (``None`` where none are shipped).
     examples: gr.Examples | None = None
+    #: The reading the reading controls show, as the ``features`` and ``image_size``
+    #: parameters of the endpoints that take it by name (:func:`otviz.ui.reading.named_reading`).
+    features: gr.Textbox | None = None
+    image_size: gr.Number | None = None
 
 
 @dataclass
@@ -447,6 +457,14 @@ class AppContext:
         """The reading key (:meth:`reading`) a suite's key was made from."""
         entry, reading = split_reading(suite_key)
         return entry.split(SEPARATOR)[0] + reading.suffix
+
+    def read_as(self, checkpoint: str, features: str | None,
+                image_size: float | None) -> str:
+        """The picker value that reads ``checkpoint``'s entry with the reading named by the
+        ``features`` and ``image_size`` parameters (:func:`~otviz.ui.reading.named_reading`,
+        the native side this entry's)."""
+        native = self.sizes(split_reading(checkpoint)[0])[0]
+        return named_reading(checkpoint, features, image_size, native)
 
     def sizes(self, checkpoint: str) -> list[int]:
         """The input sides offered for the picked backbone (its native one first), and the

@@ -85,6 +85,25 @@ def with_reading(entry: str, reading: Reading) -> str:
     return split_reading(entry)[0] + reading.suffix
 
 
+def named_reading(checkpoint: str, features: str | None, image_size: float | None,
+                  native: int) -> str:
+    """The picker value (:func:`with_reading`) an endpoint that takes the reading as its own
+    ``features`` and ``image_size`` parameters reads: ``checkpoint`` names the model and
+    head set, ``features`` a source as written (empty: ``last``), ``image_size`` a side in
+    pixels (empty, 0 or ``native``: the tower's native side). A reading written into
+    ``checkpoint`` the old way is refused unless it is the one the parameters name (the
+    page's own picker still shows it), so an API caller's suffix never overrides them."""
+    entry, carried = split_reading(checkpoint)
+    side = _side(str(image_size).removesuffix(".0")) if image_size else None
+    reading = Reading(_source(features) if (features or "").strip() else "last",
+                      None if side == native else side)
+    if carried not in (DEFAULT_READING, reading):
+        raise InputError("checkpoint: the value carries a reading (a features or px part); "
+                         "pass the reading as the features and image_size parameters and "
+                         "the checkpoint as its picker entry")
+    return entry + reading.suffix
+
+
 def offered_sizes(native: int, resizable: bool) -> list[int]:
     """The input sides the size control offers a tower of native side ``native``: the
     native one, and :data:`SIZE_FACTORS` times it where the tower can be resized."""

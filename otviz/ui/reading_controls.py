@@ -3,11 +3,12 @@ picker: where every view's patch features come from (the last block, block K, or
 last-block path: MaskCLIP, SCLIP, ClearCLIP, NACLIP) and the side the image tower runs at.
 
 They write their choice into the checkpoint picker's value (:mod:`otviz.ui.reading`), the
-input every view reads, so each view, endpoint and cache honours it with no input of its
-own; a pick in the checkpoint picker keeps the choice where the new backbone offers it, and
-a pick of a trained head set opens it at the reading its heads were trained on. A line
-under them says what a head-set entry draws (:meth:`~otviz.ui.context.AppContext.heads_note`:
-its provenance, or why its methods are drawn training-free at this reading).
+input every view reads, and into two hidden fields that the endpoints taking the reading as
+their own ``features`` and ``image_size`` parameters read (``/align``); a pick in the
+checkpoint picker keeps the choice where the new backbone offers it, and a pick of a
+trained head set opens it at the reading its heads were trained on. A line under them says
+what a head-set entry draws (:meth:`~otviz.ui.context.AppContext.heads_note`: its
+provenance, or why its methods are drawn training-free at this reading).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ class ReadingControls:
     layer: gr.Slider
     image_size: gr.Dropdown
     note: gr.Markdown
+    #: The reading shown, as the ``features`` and ``image_size`` parameters of the endpoints
+    #: that take it by name (hidden; written with the picker's value).
+    features_value: gr.Textbox
+    size_value: gr.Number
 
 
 @dataclass
@@ -130,15 +135,21 @@ def build_reading_controls(ctx: AppContext, checkpoint: gr.Dropdown) -> ReadingC
         size = gr.Dropdown(state.sizes, value=state.side, label="Input size", interactive=True,
                            elem_id="shared-image-size", scale=1)
     note = gr.Markdown(state.note, visible=bool(state.note), elem_id="shared-heads-note")
+    reading = split_reading(state.value)[1]
+    features_value = gr.Textbox(reading.features, visible=False, label="features")
+    size_value = gr.Number(reading.image_size or 0, precision=0, visible=False,
+                           label="image_size")  # 0: the native side of any backbone
     controls = [checkpoint, features, layer, size]
 
     def shown(s: ControlState) -> tuple:
+        reading = split_reading(s.value)[1]
         return (gr.Dropdown(value=s.value, allow_custom_value=True),
                 gr.Dropdown(choices=s.sources, value=s.form),
                 gr.Slider(maximum=slider_top(s.depth), value=s.layer,
                           visible=s.form == LAYER_FORM),
                 gr.Dropdown(choices=s.sizes, value=s.side),
-                gr.Markdown(s.note, visible=bool(s.note)))
+                gr.Markdown(s.note, visible=bool(s.note)),
+                reading.features, reading.image_size or 0)
 
     def on_pick(value: str, source: str, k: float, side: int) -> tuple:
         reading = picked_reading(ctx, value, reading_of(source, k, side))
@@ -149,5 +160,6 @@ def build_reading_controls(ctx: AppContext, checkpoint: gr.Dropdown) -> ReadingC
 
     for control in controls:
         control.input(on_pick if control is checkpoint else on_change, controls,
-                      [*controls, note], api_visibility="private", show_progress="hidden")
-    return ReadingControls(features, layer, size, note)
+                      [*controls, note, features_value, size_value], api_visibility="private",
+                      show_progress="hidden")
+    return ReadingControls(features, layer, size, note, features_value, size_value)

@@ -672,7 +672,30 @@ def test_odd_readings_are_messages_naming_the_control(client, example, checkpoin
     args, kwargs = view_args(view, handle_file(example[0]), example[1],
                              f"{checkpoint} · {tail}")
     message = outcome(client, f"/{view}", *args, **kwargs)
-    assert message is not None and named in message and UNEXPECTED not in message
+    # Align takes the reading by name: a well-formed old-style one is refused, naming them
+    said = (named, READING_BY_NAME) if view == "align" else (named,)
+    assert message is not None and any(s in message for s in said), message
+    assert UNEXPECTED not in message and not any(tag in message for tag in RAW_HTML)
+
+
+#: What Align says to a reading written into the checkpoint (ui/reading.py named_reading).
+READING_BY_NAME = "pass the reading as the features and image_size parameters"
+
+#: Readings no page sends, as Align's own ``features`` and ``image_size`` parameters, with
+#: the parameter their message must name.
+ODD_NAMED = [("layer:x", None, "features:"), ("deepest", None, "features:"),
+             ("layer:99", None, "features:"), ("<b>sclip</b>", None, "features:"),
+             ("layer:\u0662", None, "features:"), ("last", 4000, "image size"),
+             ("sclip", -1, "image size:"), ("last", 448.5, "image size:")]
+
+
+@pytest.mark.parametrize(("features", "image_size", "named"), ODD_NAMED)
+def test_odd_named_readings_are_align_messages_naming_the_parameter(
+        client, example, checkpoint, features, image_size, named):
+    args, kwargs = view_args("align", handle_file(example[0]), example[1], checkpoint)
+    size = {} if image_size is None else {"image_size": image_size}  # else the page's
+    message = outcome(client, "/align", *args, **kwargs, features=features, **size)
+    assert message is not None and named in message and UNEXPECTED not in message, message
     assert not any(tag in message for tag in RAW_HTML)
 
 

@@ -127,11 +127,11 @@ def test_a_pick_opens_the_heads_at_their_reading(by_path):
         controls = build_reading_controls(ctx, picker)
     on_pick = next(f.fn for f in blocks.fns.values() if f.fn is not None)
     assert not controls.note.visible
-    value, features, _, _, note = on_pick(entry, "last", 0, None)
-    assert value.value == f"{entry}{SEPARATOR}features {TRAINED_ON}"
+    value, features, _, _, note, named, _ = on_pick(entry, "last", 0, None)
+    assert value.value == f"{entry}{SEPARATOR}features {TRAINED_ON}" and named == TRAINED_ON
     assert features.value == TRAINED_ON
     assert note.visible and note.value.startswith("Trained heads (conceptot): world, 8 pairs")
-    value, features, _, _, note = on_pick(FREE, TRAINED_ON, 0, None)
+    value, features, _, _, note, *_ = on_pick(FREE, TRAINED_ON, 0, None)
     assert value.value == f"{FREE}{SEPARATOR}features {TRAINED_ON}" and not note.visible
 
 
@@ -231,8 +231,8 @@ def test_the_block_slider_starts_mid_network(ctx):
     events, controls = _events(ctx, SHIPPED)
     assert controls.layer.value == 2 and not controls.layer.visible
     on_change = events[1].fn  # the features control's
-    value, features, layer, _, note = on_change(SHIPPED, LAYER_FORM, controls.layer.value,
-                                                ctx.sizes(SHIPPED)[0])
+    value, features, layer, _, note, *_ = on_change(SHIPPED, LAYER_FORM, controls.layer.value,
+                                                    ctx.sizes(SHIPPED)[0])
     assert value.value == f"{SHIPPED}{SEPARATOR}features layer:2" and layer.visible
     assert note.visible and "drawn training-free" in note.value
 
@@ -374,8 +374,8 @@ def test_the_served_app_draws_the_heads_at_their_reading_and_refuses_other_weigh
     value = f"{good}{SEPARATOR}features {TRAINED_ON}"
     path = tmp_path / "example.png"
     Image.fromarray(sample[0]).save(path)
-    out = client.predict(image=handle_file(str(path)), caption=sample[1], checkpoint=value,
-                         api_name="/align")
+    out = client.predict(image=handle_file(str(path)), caption=sample[1], checkpoint=good,
+                         features=TRAINED_ON, api_name="/align")
     sources = {row[0]: row for row in out[7]["data"]}
     label = METHODS["conceptot"].display_label()
     assert any("trained (my-heads" in str(cell) for cell in sources[label]), sources[label]
@@ -388,7 +388,7 @@ def test_the_served_app_draws_the_heads_at_their_reading_and_refuses_other_weigh
     assert not np.allclose(heat, untrained, atol=1e-4)
     with pytest.raises(AppError) as caught:
         client.predict(image=handle_file(str(path)), caption=sample[1],
-                       checkpoint=f"{bad}{SEPARATOR}features {TRAINED_ON}", api_name="/align")
+                       checkpoint=bad, features=TRAINED_ON, api_name="/align")
     message = str(caught.value)
     assert f"trained on {vit['name']} / vit-0.pt with weights " in message
     assert f"loads {vit['name']} / vit-1.pt (local weight file) with weights " in message

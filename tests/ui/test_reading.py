@@ -20,7 +20,14 @@ from otviz.ui.context import EMBEDDED, AppContext, BackboneChoice
 from otviz.ui.examples import load_examples
 from otviz.ui.phrases_tab import phrases_view
 from otviz.ui.probe_tab import run_probe
-from otviz.ui.reading import DEFAULT_READING, Reading, offered_sizes, split_reading, with_reading
+from otviz.ui.reading import (
+    DEFAULT_READING,
+    Reading,
+    named_reading,
+    offered_sizes,
+    split_reading,
+    with_reading,
+)
 from otviz.ui.reading_controls import control_state, reading_of
 
 ENTRY = "otviz-tiny (embedded) · training-free"
@@ -86,6 +93,33 @@ def test_the_controls_keep_what_the_backbone_offers(ctx):
 def reading(request) -> tuple[str, int]:
     """A feature source and the index of an offered input size (0: native)."""
     return request.param
+
+
+def test_the_named_parameters_give_the_picker_value_they_read():
+    """``features`` and ``image_size`` by name (issue 53.4): empty is the default, the
+    native side is the native reading, each checked like the picker's parts."""
+    assert named_reading(ENTRY, None, None, 224) == ENTRY
+    assert named_reading(ENTRY, "", 224, 224) == ENTRY
+    assert named_reading(ENTRY, "SCLIP", 448.0, 224) == with_reading(ENTRY, Reading("sclip", 448))
+    assert named_reading(ENTRY, "layer:-1", 0, 224) == with_reading(ENTRY, Reading("layer:-1"))
+    with pytest.raises(UserInputError, match="^features:"):
+        named_reading(ENTRY, "layer:x", None, 224)
+    with pytest.raises(UserInputError, match="^image size:"):
+        named_reading(ENTRY, "sclip", 448.5, 224)
+    with pytest.raises(UserInputError, match="^image size:"):
+        named_reading(ENTRY, "sclip", -1, 224)
+
+
+@pytest.mark.parametrize("old", [" · features sclip", " · 448 px", " · features sclip · 448 px"])
+def test_a_reading_in_the_checkpoint_is_refused_naming_the_parameters(old):
+    """An old-style value (the reading written into the checkpoint) is refused unless it is
+    the reading the parameters name (the page's picker still shows it)."""
+    with pytest.raises(UserInputError, match="^checkpoint:.*features and image_size param"):
+        named_reading(ENTRY + old, None, None, 224)
+    with pytest.raises(UserInputError, match="features and image_size parameters"):
+        named_reading(ENTRY + old, "naclip", 336, 224)
+    entry, reading = split_reading(ENTRY + old)
+    assert named_reading(ENTRY + old, reading.features, reading.image_size, 224) == ENTRY + old
 
 
 @pytest.fixture(scope="module")
@@ -159,11 +193,14 @@ def test_a_control_change_rewrites_the_picker_value(ctx):
     on_change = events[0].fn
     assert controls.features.value == "last" and not controls.layer.visible
     side = ctx.sizes(ENTRY)[1]
-    value, features, layer, size, _ = on_change(ENTRY, "layer:K", 3, side)
+    value, features, layer, size, _, *named = on_change(ENTRY, "layer:K", 3, side)
     assert value.value == f"{ENTRY} · features layer:3 · {side} px"
+    assert named == ["layer:3", side]  # /align's features and image_size, fed by the page
+    assert (controls.features_value.value, controls.size_value.value) == ("last", 0)
     assert layer.visible and layer.value == 3 and features.value == "layer:K"
     picked = f"{ENTRY.split(' · ')[0]} · training-free, ConceptOT faithful"
     value, *_ = on_change(picked, "layer:K", 3, side)  # a pick keeps the reading
     assert value.value == f"{picked} · features layer:3 · {side} px"
-    value, _, layer, size, _ = on_change(value.value, "maskclip", 3, ctx.sizes(ENTRY)[0])
+    value, _, layer, size, _, *named = on_change(value.value, "maskclip", 3, ctx.sizes(ENTRY)[0])
     assert value.value == f"{picked} · features maskclip" and not layer.visible
+    assert named == ["maskclip", 0]  # the native side: 0

@@ -193,6 +193,32 @@ def test_callbacks_work_together_on_one_server(client, example, live_app):
     assert "true" in json.dumps(probe[1])
 
 
+def test_align_draws_the_reading_its_parameters_name(client, example, live_app):
+    """``/align``'s ``features`` and ``image_size`` parameters (issue 53.4): the score table
+    at features="sclip" is the in-process view's at that reading, not the default's; the
+    reading written into the checkpoint the old way is refused, naming the parameters."""
+    from otviz.ui.align.views import align_view
+    from otviz.ui.reading import Reading, with_reading
+
+    path, caption = example
+    checkpoint = live_app.ctx.checkpoint_choices()[0]
+    ctx, rgb = live_app.ctx, np.asarray(Image.open(path).convert("RGB"))
+
+    def table(value: str) -> list[list]:
+        frame = align_view(ctx.explainer(value), ctx.suite(value), rgb, caption).scores
+        return json.loads(frame.to_json(orient="values"))
+
+    out = client.predict(image=handle_file(path), caption=caption, checkpoint=checkpoint,
+                         features="sclip", api_name="/align")
+    sclip = table(with_reading(checkpoint, Reading("sclip")))
+    assert out[7]["data"] == sclip
+    assert sclip != table(checkpoint)
+    with pytest.raises(AppError, match="features and image_size parameters"):
+        client.predict(image=handle_file(path), caption=caption,
+                       checkpoint=with_reading(checkpoint, Reading("sclip")),
+                       api_name="/align")
+
+
 def test_no_monitoring_page_and_no_summary_rebuilt_per_event(client, example, live_app,
                                                              monkeypatch):
     """Gradio's monitoring pages are off on the served app (its summary lists every event's

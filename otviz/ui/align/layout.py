@@ -64,7 +64,8 @@ the phrase's words alone, no transport plan (docs/explainers.md); each on its ow
 @dataclass
 class AlignControls:
     """Every component the Align view's callbacks read or write, by the name its callbacks
-    (and so the public API) give it: the shared image, caption and checkpoint, the view's
+    (and so the public API) give it: the shared image, caption, checkpoint and reading
+    (``features``, ``image_size``: :func:`otviz.ui.reading.named_reading`), the view's
     settings, pickers and outputs, and the page's hidden helpers (``prefetched``: the
     pair's phrase grids in the page; ``shown_token``: the token of the pair on show;
     ``swapped``: the phrase a pick swapped in from ``prefetched``; ``phrase_default``:
@@ -73,6 +74,8 @@ class AlignControls:
     image: gr.Image
     caption: gr.Textbox
     checkpoint: gr.Dropdown
+    features: gr.Textbox
+    image_size: gr.Number
     run: gr.Button
     regions: gr.Radio
     shared_scale: gr.Checkbox
@@ -166,7 +169,8 @@ def build_controls(ctx: AppContext, shared: SharedInputs) -> AlignControls:
                       shown_words)
     gr.Markdown(HOW_TO_READ)
     return AlignControls(
-        shared.image, shared.caption, shared.checkpoint, run, regions, shared_scale,
+        shared.image, shared.caption, shared.checkpoint, shared.features, shared.image_size,
+        run, regions, shared_scale,
         lambda_local, came_temperature, quotas, explainers, phrase, grid, prefetched,
         shown_token, swapped, method, plan, token, token_map, patch_marginals,
         token_marginals, scores, convergence, prepare, files, phrase_default,

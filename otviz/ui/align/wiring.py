@@ -1,6 +1,7 @@
 """The Align view wired: each callback's parameter names are the names of the components
 it reads (:class:`~otviz.ui.align.layout.AlignControls`) and so the public API's
-parameter names (``/align``'s ``image, caption, checkpoint, method, regions, ...``); it
+parameter names (``/align``'s ``image, caption, checkpoint, features, image_size, method,
+regions, ...``: the reading by name, :func:`otviz.ui.reading.named_reading`); it
 returns its outputs by component, so no listener depends on a position.
 
 Every read of an Align click's results (a phrase, method, token or lambda change, the
@@ -106,6 +107,10 @@ class AlignCallbacks:
     def _tools(self, checkpoint: str) -> tuple[Explainer, MethodSuite]:
         return self.ctx.explainer(checkpoint), self.ctx.suite(checkpoint)
 
+    def _read(self, checkpoint: str, features: str | None, image_size: float | None) -> str:
+        """The picker value read at the named reading (:meth:`AppContext.read_as`)."""
+        return self.ctx.read_as(checkpoint, features, image_size)
+
     @staticmethod
     def _pair(encoded: Encoded, checkpoint: str, settings: AlignSettings) -> str:
         """The token of the aligned pair on show (:func:`pair_token`)."""
@@ -113,6 +118,7 @@ class AlignCallbacks:
                           settings.explainers)
 
     def on_align(self, image: Any, caption: str | None, checkpoint: str,
+                 features: str | None = None, image_size: float | None = None,
                  method: str = DEFAULT_METHOD, regions: str = "grid",
                  shared_scale: bool = DEFAULT_SHARED_SCALE,
                  lambda_local: float = DEFAULT_LAMBDA, phrase: str | None = None,
@@ -122,6 +128,7 @@ class AlignCallbacks:
         phrase picker's value is a person's pick unless it is the phrase an earlier click
         chose itself (``phrase_default``, the page's own state): only a pick is looked for
         in the new caption, and only a pick the caption lacks gets a note."""
+        checkpoint = self._read(checkpoint, features, image_size)
         DRAWER.start()  # the page prefetches the phrase grids after this click
         c, (explainer, suite) = self.c, self._tools(checkpoint)
         settings = settings_of(regions, shared_scale, came_temperature, explainers,
@@ -164,12 +171,14 @@ class AlignCallbacks:
         }
 
     def on_prefetch(self, image: Any, caption: str | None, checkpoint: str,
+                    features: str | None = None, image_size: float | None = None,
                     regions: str = "grid", shared_scale: bool = DEFAULT_SHARED_SCALE,
                     came_temperature: float | None = None, explainers: bool = False) -> Any:
         """The pair's phrase grids for the page (drawn at idle priority where the cache has
         none); skipped on any error: the server then draws each pick."""
         settings = settings_of(regions, shared_scale, came_temperature, explainers)
         try:
+            checkpoint = self._read(checkpoint, features, image_size)
             explainer, suite = self._tools(checkpoint)
             encoded, runs = encode_and_align(explainer, suite, image, caption, settings,
                                              compute=False)
@@ -194,11 +203,13 @@ class AlignCallbacks:
         return {self.c.prefetched: prefetch_payload(pair, settings.shared_scale, jpegs)}
 
     def on_phrase(self, image: Any, caption: str | None, checkpoint: str,
+                  features: str | None = None, image_size: float | None = None,
                   regions: str = "grid", shared_scale: bool = DEFAULT_SHARED_SCALE,
                   phrase: str | None = None, came_temperature: float | None = None,
                   explainers: bool = False, swapped: str | None = None) -> Any:
         """The grid of ``phrase`` (from the grid cache when drawn before); nothing when the
         page already swapped it in (``swapped``, :data:`SWAP_JS`)."""
+        checkpoint = self._read(checkpoint, features, image_size)
         if swapped and swapped == phrase:
             return gr.skip()
         settings = settings_of(regions, shared_scale, came_temperature, explainers)
@@ -218,9 +229,11 @@ class AlignCallbacks:
         return {self.c.grid: raster}
 
     def on_plan(self, image: Any, caption: str | None, checkpoint: str,
+                features: str | None = None, image_size: float | None = None,
                 method: str = DEFAULT_METHOD, token: int | None = None, regions: str = "grid",
                 came_temperature: float | None = None) -> dict:
         """The plan side of ``method`` (a method or token change)."""
+        checkpoint = self._read(checkpoint, features, image_size)
         c = self.c
         v = plan_view(*self._tools(checkpoint), image, caption, method, token,
                       settings=settings_of(regions, came_temperature=came_temperature),
@@ -229,28 +242,33 @@ class AlignCallbacks:
                 c.token_marginals: v.token_marginals}
 
     def on_token(self, image: Any, caption: str | None, checkpoint: str,
+                 features: str | None = None, image_size: float | None = None,
                  method: str = DEFAULT_METHOD, token: int | None = None, regions: str = "grid",
                  came_temperature: float | None = None) -> dict:
         """The column of ``token`` on the image."""
-        shown = self.on_plan(image, caption, checkpoint, method, token, regions,
-                             came_temperature)
+        shown = self.on_plan(image, caption, checkpoint, features, image_size, method, token,
+                             regions, came_temperature)
         return {self.c.token_map: shown[self.c.token_map]}
 
     def on_lambda(self, image: Any, caption: str | None, checkpoint: str,
+                  features: str | None = None, image_size: float | None = None,
                   lambda_local: float = DEFAULT_LAMBDA, regions: str = "grid",
                   came_temperature: float | None = None) -> dict:
         """The score table at ``lambda_local``."""
+        checkpoint = self._read(checkpoint, features, image_size)
         settings = settings_of(regions, came_temperature=came_temperature,
                                lambda_local=lambda_local)
         return {self.c.scores: scores_view(*self._tools(checkpoint), image, caption,
                                            settings=settings)[0]}
 
     def on_download(self, image: Any, caption: str | None, checkpoint: str,
+                    features: str | None = None, image_size: float | None = None,
                     phrase: str | None = None, method: str = DEFAULT_METHOD,
                     regions: str = "grid", shared_scale: bool = DEFAULT_SHARED_SCALE,
                     lambda_local: float = DEFAULT_LAMBDA, token: int | None = None,
                     came_temperature: float | None = None, explainers: bool = False) -> dict:
         """The files of the view on show (:func:`align_downloads`)."""
+        checkpoint = self._read(checkpoint, features, image_size)
         settings = settings_of(regions, shared_scale, came_temperature, explainers,
                                lambda_local)
         return {self.c.files: align_downloads(*self._tools(checkpoint), image, caption, phrase,
