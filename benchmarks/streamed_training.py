@@ -38,16 +38,20 @@ from pathlib import Path
 PER_SHARD = 1000
 
 
-def _tree_pss(proc) -> int:
-    """The proportional set size of ``proc`` and its children together: a page a forked
-    DataLoader worker shares with its parent counts once, not twice as in a sum of RSS."""
-    total = 0
+def _memory(proc) -> tuple[int, int, int]:
+    """The proportional set size of ``proc`` and its children together (a page a forked
+    DataLoader worker shares with its parent counts once, not twice as in a sum of RSS), and
+    the children's (the workers') summed resident and unique set sizes."""
+    tree = rss = uss = 0
     for p in [proc, *proc.children(recursive=True)]:
         try:
-            total += p.memory_full_info().pss
+            info = p.memory_full_info()
         except Exception:  # a worker that ended between the listing and the read
-            pass
-    return total
+            continue
+        tree += info.pss
+        if p.pid != proc.pid:
+            rss, uss = rss + info.rss, uss + info.uss
+    return tree, rss, uss
 
 
 def child(spec: dict) -> dict:
@@ -59,11 +63,11 @@ def child(spec: dict) -> dict:
     from otviz.train.loop import ENCODING, INDEXING, train_method
 
     torch.set_num_threads(spec["threads"])
-    proc, peak, done = psutil.Process(), [0], threading.Event()
+    proc, peak, done = psutil.Process(), [0, 0, 0], threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], _tree_pss(proc))
+            peak[:] = map(max, peak, _memory(proc))
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -91,6 +95,8 @@ def child(spec: dict) -> dict:
         "index_s": phases.get(INDEXING, [0, 0])[1],
         "wall_s": wall,
         "peak_pss_tree_mb": peak[0] / 2**20,
+        "peak_rss_workers_mb": peak[1] / 2**20,
+        "peak_uss_workers_mb": peak[2] / 2**20,
         "peak_rss_main_mb": hwm / 1024,
         "data_summary": result.data_summary,
     }
@@ -185,12 +191,15 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "backbone's loading included). Peak PSS: the training process and its workers "
         "together (proportional set size, sampled every 100 ms); main RSS: the process's own "
         "VmHWM (mapped cache pages included), the steadier figure: PSS divides a shared "
-        "library's pages among every process mapping it, other jobs' too. load: the machine's "
-        "1-minute load average before / after the row (2 cores shared with other jobs: "
+        "library's pages among every process mapping it, other jobs' too. workers RSS / USS: "
+        "the DataLoader workers' peak resident set (pages shared with the main process "
+        "included) and unique set (pages only they hold: what a worker copied). load: the "
+        "machine's 1-minute load average before / after the row (2 cores shared with other jobs: "
         "pairs/s move with it).", "",
         "| run | pairs | steps | pairs/s (steps) | cache build s | index s | wall s | "
-        "peak PSS MB (all) | peak RSS MB (main) | feature cache MB | load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "peak PSS MB (all) | peak RSS MB (main) | workers RSS / USS MB | feature cache MB | "
+        "load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cache = f"{r['cache_mb']:.1f}" if r["cache_written"] else "none"
@@ -198,6 +207,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             f"| {r['name']} | {r['pairs']} | {r['steps']} | {r['pairs_per_s_steps']:.1f} | "
             f"{r['encode_s']:.1f} | {r['index_s']:.1f} | {r['wall_s']:.1f} | "
             f"{r['peak_pss_tree_mb']:.0f} | {r['peak_rss_main_mb']:.0f} | "
+            f"{r['peak_rss_workers_mb']:.0f} / {r['peak_uss_workers_mb']:.0f} | "
             f"{cache} | {r['load_1min'][0]:.1f} / {r['load_1min'][1]:.1f} |")
     return "\n".join(lines) + "\n"
 
