@@ -114,7 +114,7 @@ def run_child(spec: dict) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/streamed_training")
-    p.add_argument("--cached-pairs", type=int, default=5000)
+    p.add_argument("--cached-pairs", type=int, default=20000)
     p.add_argument("--sizes", default="10000,100000",
                    help="comma-separated pair counts of the streamed memory-bound rows")
     p.add_argument("--shards", default="", help="shard folder (reused if it holds enough)")
