@@ -762,8 +762,13 @@ def test_browse_a_flickr30k_entities_upload_shows_gold_hit_marks(own_page, tmp_p
     open_tab(page, "Browse")
     page.locator("#tab-browse").get_by_label("uploaded folder").check()
     page.locator("#tab-browse input[type=file]").first.set_input_files(str(archive))
-    page.wait_for_function("document.querySelector('#tab-browse').innerText"
-                           ".includes('flickr.zip')")
+    try:
+        page.wait_for_function("document.querySelector('#tab-browse').innerText"
+                               ".includes('flickr.zip')")
+    except Exception as error:  # say what the page showed instead
+        shown = page.evaluate("document.querySelector('#tab-browse').innerText")
+        raise AssertionError(f"the upload is not listed; the Browse tab shows:\n"
+                             f"{shown[:3000]}") from error
     click_once_uploaded(page, page.get_by_role("button", name="Load", exact=True))
     try:
         page.wait_for_function("/[✓✗] [0-9.]+/.test(document.querySelector('#browse-table')"
