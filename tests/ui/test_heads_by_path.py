@@ -31,7 +31,6 @@ from otviz.errors import InputError
 from otviz.eval.browse import BrowseCache
 from otviz.methods import METHODS
 from otviz.suite import ALIGN_METHODS
-from otviz.towers.shrunken import register_shrunken
 from otviz.ui.align.choices import resolve_phrase
 from otviz.ui.align.views import align_view
 from otviz.ui.anchors_tab import anchor_maps_view
@@ -331,7 +330,7 @@ def vit(tmp_path_factory) -> dict:
     --pretrained FILE --data SHARDS ... --publish DIR``: issue 51's end-to-end route; the
     streamed run writes no feature cache)."""
     root = tmp_path_factory.mktemp("server-only-folder")
-    name = register_shrunken("ViT-B-16", tmp_path_factory.mktemp("hf"))
+    name = "ViT-B-16"
     files = []
     for seed in (0, 1):
         torch.manual_seed(seed)
