@@ -324,7 +324,7 @@ def test_the_command_line_gives_each_folder_to_the_model_before_it(tiny_heads, m
 # ------------------------------------------------------------------------ a real CLIP file
 @pytest.fixture(scope="module")
 def vit(tmp_path_factory) -> dict:
-    """A random (shrunken) ViT-B-16 saved to two weight files of different seeds, and
+    """A random full-size ViT-B-16 saved to two weight files of different seeds, and
     ConceptOT heads trained for 2 steps on the first at ``clearclip`` from world samples
     written as webdataset shards, streamed (``otviz train --open-clip-model NAME
     --pretrained FILE --data SHARDS ... --publish DIR``: issue 51's end-to-end route; the
