@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import io
 import textwrap
+import threading
 import tokenize
 import types
 import typing
@@ -38,10 +40,24 @@ def _is_rule(comment: str) -> bool:
     return comment.lstrip("# ").startswith("---")
 
 
+#: CPython 3.11's ``ast.parse`` is not thread-safe: two server threads parsing at once fail
+#: with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905), as the
+#: Train tab's form did under concurrent requests. A class's docs are parsed once, under
+#: this lock, and kept.
+_PARSE_LOCK = threading.Lock()
+
+
 def field_docs(cls: type) -> dict[str, FieldDoc]:
     """Each field of dataclass ``cls``: the comment on its line plus the comment-only lines
     right below it, and the title of the last ``# ---- title`` rule above it. Empty when the
-    source cannot be read."""
+    source cannot be read. Read once per class (:data:`_PARSE_LOCK`); a fresh dict each call."""
+    with _PARSE_LOCK:
+        docs = _parsed_field_docs(cls)
+    return dict(docs)
+
+
+@functools.cache
+def _parsed_field_docs(cls: type) -> dict[str, FieldDoc]:
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
