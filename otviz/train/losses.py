@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from otviz.errors import InputError
 from otviz.methods.base import (
     LOCAL_CONTRASTIVE,
     NO_LOCAL,
@@ -132,6 +133,19 @@ def negative_pairs(rows: Tensor, neg: HardNegatives) -> tuple[Tensor, Tensor]:
     return image_idx, text_idx
 
 
+def check_alignable(batch: PairBatch) -> None:
+    """Refuse a training batch with a pair that has nothing to align (an all-False token or
+    patch mask): its positive would be scored :data:`~otviz.methods.base.NO_ALIGNMENT` and
+    its loss be of order ``1e30``, a step that wrecks the head rather than a datum; the
+    boundary's caption rule (a letter or digit) keeps such pairs out of every loader, so
+    one reaching here is a caller's batch, named by its rows."""
+    empty = ~batch.token_mask.any(1) | ~batch.patch_mask.any(1)
+    if bool(empty.any()):
+        rows = empty.nonzero().flatten().tolist()
+        raise InputError(f"training batch: pair(s) {rows[:8]} have no content token or no "
+                         "patch (an all-False token_mask or patch_mask row): nothing to align")
+
+
 @dataclass
 class StepTerms:
     """Detached terms of one step on one process.
@@ -193,6 +207,7 @@ class TrainObjective(nn.Module):
             rows: this process's positives (indices into the batch).
         """
         cfg = self.config
+        check_alignable(batch)
         g_loss, sim = global_term(
             batch.image_global, batch.text_global, cfg.global_loss, self.logit_scale, self.head
         )

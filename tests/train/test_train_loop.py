@@ -16,6 +16,7 @@ import otviz.methods  # noqa: F401  (registers every method)
 from otviz.checkpoints.heads import head_meta, load_method_checkpoint
 from otviz.checkpoints.store import CheckpointError, load_checkpoint
 from otviz.cli.train import build_parser, main
+from otviz.errors import InputError
 from otviz.methods.base import METHODS, build_method
 from otviz.patch_grid.masks import random_boxes
 from otviz.train.config import TrainConfig
@@ -57,6 +58,18 @@ def fixed_batch(config: TrainConfig, source: TensorPairs):
     batch.regions = random_boxes(batch.grid, config.n_regions, seed=0, batch_size=batch.size)
     excluded = positive_mask(source.image_ids[idx], source.text_ids[idx])
     return batch, excluded, idx
+
+
+@pytest.mark.parametrize("mask", ["token_mask", "patch_mask"])
+def test_a_batch_pair_with_nothing_to_align_is_refused_by_its_row(tmp_path: Path, mask: str):
+    config = tiny(tmp_path, method="dense_uot")
+    source = TensorPairs.random(8, seed=3, dtype=torch.float64)
+    objective = objective_for(config, source)
+    batch, excluded, rows = fixed_batch(config, source)
+    assert torch.isfinite(objective(batch, excluded, rows)[0])
+    getattr(batch, mask)[5] = False
+    with pytest.raises(InputError, match=r"pair\(s\) \[5\] have no content token or no patch"):
+        objective(batch, excluded, rows)
 
 
 @pytest.mark.parametrize(
