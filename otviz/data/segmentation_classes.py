@@ -74,3 +74,19 @@ COCO_STUFF_NAMES = (
     "structural-other", "table", "tent", "textile-other", "towel", "tree", "vegetable",
     "wall-brick", "wall-concrete", "wall-other", "wall-panel", "wall-stone", "wall-tile",
     "wall-wood", "water-other", "waterdrops", "window-blind", "window-other", "wood")
+#: COCO-Object's 80 object classes (``cls_coco_object.txt`` lines 2-81, first names: line 2
+#: is "person, person in shirt, ..."; its line 1, 26 stuff words for the background, is not
+#: used: a threshold decides it), in the label order of SCLIP's ``COCOObjectDataset``
+#: (``custom_datasets.py`` line 42: background, then COCO-Stuff's first 80 classes).
+COCO_OBJECT_NAMES = (
+    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat",
+    "traffic light", "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat",
+    "dog", "horse", "sheep", "cow", "elephant", "bear", "zebra", "giraffe", "backpack",
+    "umbrella", "handbag", "tie", "suitcase", "frisbee", "skis", "snowboard", "sports ball",
+    "kite", "baseball bat", "baseball glove", "skateboard", "surfboard", "tennis racket",
+    "bottle", "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple",
+    "sandwich", "orange", "broccoli", "carrot", "hot dog", "pizza", "donut", "cake",
+    "chair", "couch", "potted plant", "bed", "dining table", "toilet", "tv", "laptop",
+    "mouse", "remote", "keyboard", "cell phone", "microwave", "oven", "toaster", "sink",
+    "refrigerator", "book", "clock", "vase", "scissors", "teddy bear", "hair drier",
+    "toothbrush")

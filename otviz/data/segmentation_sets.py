@@ -7,7 +7,8 @@ Each set as mmsegmentation's dataset class lays it out and the dense-CLIP papers
 whose pixel values are labels, 255 void. Label 0 is read one of three ways
 (:class:`SegmentationLayout`'s ``zero``):
 
-* ``"background"``: a scored background class, decided by a threshold (VOC21, Context60);
+* ``"background"``: a scored background class, decided by a threshold (VOC21, Context60,
+  COCO-Object);
 * ``"void"``: ignored, label ``k`` the class ``k - 1`` (mmseg's ``reduce_zero_label``: VOC20,
   Context59, ADE20K);
 * ``"class"``: the first class, label ``k`` the class ``k`` (train-id masks: Cityscapes,
@@ -46,6 +47,7 @@ from otviz.data.grounding_sets.items import (
 from otviz.data.segmentation_classes import (
     ADE20K_NAMES,
     CITYSCAPES_NAMES,
+    COCO_OBJECT_NAMES,
     COCO_STUFF_NAMES,
     CONTEXT_NAMES,
     VOC_CLASSES,
@@ -80,9 +82,21 @@ _VOC = dict(images="JPEGImages", masks="SegmentationClass", image_suffix=".jpg",
 _CONTEXT = dict(images="JPEGImages", masks="SegmentationClassContext", image_suffix=".jpg",
                 mask_suffix=".png", listing="ImageSets/SegmentationContext/{split}.txt",
                 split="val", names=CONTEXT_NAMES)
+#: COCO-Object (GroupViT's and TCL's background plus COCO's 80 object classes) as SCLIP,
+#: ClearCLIP and NACLIP read it: SCLIP's ``custom_datasets.py`` lines 42-75
+#: (``COCOObjectDataset``: ``img_suffix='.jpg'``, ``seg_map_suffix='_instanceTrainIds.png'``,
+#: 0 background, ``k`` the ``k``-th object class, 255 void) and ``configs/cfg_coco_object.py``
+#: lines 11-33 (``reduce_zero_label=False``, ``img_path='images/val2017'``,
+#: ``seg_map_path='annotations/val2017'``; the same in ClearCLIP's and NACLIP's
+#: ``configs/cfg_coco_object.py``). Their background threshold (``prob_thd`` on the softmax
+#: over classes): 0.1 in SCLIP's (line 7) and NACLIP's (line 6), 0.4 in ClearCLIP's (line 6);
+#: otviz applies its own rule to every set (:mod:`otviz.eval.segmentation_metrics`).
+COCO_OBJECT = SegmentationLayout("images/{split}", "annotations/{split}", ".jpg",
+                                 "_instanceTrainIds.png", None, "val2017", COCO_OBJECT_NAMES,
+                                 ("background", *COCO_OBJECT_NAMES), "background")
 #: ``--dataset KIND:PATH`` -> the layout (mmseg's ``PascalVOCDataset``,
 #: ``PascalContextDataset(59)``, ``ADE20KDataset``, ``CityscapesDataset``,
-#: ``COCOStuffDataset``).
+#: ``COCOStuffDataset``; SCLIP's ``COCOObjectDataset``, :data:`COCO_OBJECT`).
 LAYOUTS: dict[str, SegmentationLayout] = {
     "voc": SegmentationLayout(**_VOC, classes=VOC_CLASSES, zero="background"),
     "voc20": SegmentationLayout(**_VOC, classes=VOC_CLASSES[1:], zero="void"),
@@ -97,6 +111,7 @@ LAYOUTS: dict[str, SegmentationLayout] = {
     "coco-stuff": SegmentationLayout("images/{split}", "annotations/{split}", ".jpg",
                                      "_labelTrainIds.png", None, "val2017", COCO_STUFF_NAMES,
                                      COCO_STUFF_NAMES, "class"),
+    "coco-object": COCO_OBJECT,
 }
 #: The set kinds of ``--dataset``.
 SEGMENTATION_KINDS = tuple(LAYOUTS)

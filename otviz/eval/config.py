@@ -76,7 +76,7 @@ class EvalConfig:
     dataset: str = ""  # KIND:PATH of a real grounding set (flickr30k, refcoco, refcoco+,
     # refcocog, vg): its grounding table instead of the world's tables (grounding.json/.md/.csv);
     # or of a segmentation set in its published layout (voc, voc20, context60, context59,
-    # ade20k, cityscapes, coco-stuff): its segmentation table (segmentation.json/.md)
+    # ade20k, cityscapes, coco-stuff, coco-object): its segmentation table (segmentation.json/.md)
     split: str = ""  # split of --dataset ("" : test, testA for refcoco/+, all for vg)
     images: str = ""  # image folder of --dataset ("" : the layout's own, under PATH)
     limit: NonNegativeInt = 0  # --dataset: read the first N images of the split (0 : all)
@@ -111,7 +111,7 @@ class EvalConfig:
         if "segmentation" in names:
             raise ValueError("--tables segmentation needs a segmentation set with masks "
                              "(--dataset voc:DIR, voc20:, context60:, context59:, ade20k:, "
-                             "cityscapes:, coco-stuff:)")
+                             "cityscapes:, coco-stuff:, coco-object:)")
         return ["grounding"] + (["trust"] if "trust" in names else [])
 
     def seed_list(self) -> list[int]:

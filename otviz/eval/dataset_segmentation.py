@@ -1,5 +1,5 @@
 """``otviz eval --dataset voc:DIR`` (and ``voc20:``, ``context60:``, ``context59:``,
-``ade20k:``, ``cityscapes:``, ``coco-stuff:``): the segmentation table
+``ade20k:``, ``cityscapes:``, ``coco-stuff:``, ``coco-object:``): the segmentation table
 (:mod:`otviz.eval.segmentation`) on a segmentation set in its published layout
 (:mod:`otviz.data.segmentation_sets`).
 
@@ -85,7 +85,8 @@ PROMPT = "a photo of a {}."
 
 def segmentation_spec(spec: str) -> tuple[str, str] | None:
     """``(kind, path)`` when ``spec`` names a segmentation set (``voc:PATH``, ``voc20:``,
-    ``context60:``, ``context59:``, ``ade20k:``, ``cityscapes:``, ``coco-stuff:``), else
+    ``context60:``, ``context59:``, ``ade20k:``, ``cityscapes:``, ``coco-stuff:``,
+    ``coco-object:``), else
     ``None``; :class:`InputError` for such a kind without a path."""
     kind, _, path = spec.partition(":")
     if kind not in SEGMENTATION_KINDS:

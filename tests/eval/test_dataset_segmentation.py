@@ -192,11 +192,13 @@ def _write_set(root: Path, images: dict[str, tuple[str, np.ndarray]], rng: np.ra
         Image.fromarray(mask, mode="L").save(root / key)
 
 
-@pytest.mark.parametrize("kind", ["cityscapes", "ade20k"])
+@pytest.mark.parametrize("kind", ["cityscapes", "ade20k", "coco-object"])
 def test_scanned_layouts_count_their_labels(kind: str, tmp_path: Path) -> None:
-    """Cityscapes (train ids: label k is class k, nested city folders) and ADE20K (label 0
-    void, k the class k - 1; 150 names in several captions of the tiny CLIP): pixels per
-    class are the masks' counts, the gold masks score 1."""
+    """Cityscapes (train ids: label k is class k, nested city folders), ADE20K (label 0
+    void, k the class k - 1; 150 names in several captions of the tiny CLIP) and
+    COCO-Object (SCLIP's layout: ``images/val2017/<id>.jpg``,
+    ``annotations/val2017/<id>_instanceTrainIds.png``, 0 background, k the k-th of COCO's 80
+    object classes): pixels per class are the masks' counts, the gold masks score 1."""
     from otviz.data.segmentation_sets import LAYOUTS
 
     rng = np.random.default_rng(2)
@@ -218,11 +220,14 @@ def test_scanned_layouts_count_their_labels(kind: str, tmp_path: Path) -> None:
                         cache_dir=str(tmp_path / "cache"))
     (table,), _ = run_segmentation_eval(config)
     labels = np.concatenate([m.ravel() for _, m in masks.values()])
-    shift = 0 if kind == "cityscapes" else 1
+    shift = 1 if kind == "ade20k" else 0
     expected = {c: int((labels == k + shift).sum()) for k, c in enumerate(layout.classes)}
     gold = next(r for r in table.rows if r["name"] == "gold_masks")
     assert gold["pixels"] == expected and gold["miou"] == 1.0
     assert 0.0 <= next(r for r in table.rows if r["name"] == "conceptot")["miou"] <= 1.0
+    if kind == "coco-object":
+        assert layout.classes[0] == "background" and len(layout.classes) == 81
+        assert any("traffic light" in n and "and background" in n for n in table.notes)
 
 
 def test_class_chunks_fit_the_context() -> None:
