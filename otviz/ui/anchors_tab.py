@@ -272,8 +272,10 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
     gr.Markdown(HOW_TO_READ)
 
     @user_errors
-    def on_bank(checkpoint: str, words: str, projection: str):
-        view = anchor_bank_view(ctx, checkpoint, words, projection)
+    def on_bank(checkpoint: str,
+                features: str | None, image_size: float | None, words: str, projection: str):
+        view = anchor_bank_view(ctx, ctx.read_as(checkpoint, features, image_size), words,
+                                projection)
         choices = [(str(k), int(k)) for k in range(len(view.order))]
         return (
             view.matrix_figure, view.affinity_figure, view.scatter, view.table, view.summary,
@@ -281,14 +283,16 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
         )
 
     @user_errors
-    def on_maps(image, caption: str, checkpoint: str, top_k: int, picked: list[int],
-                per_map_scale: bool):
-        view = anchor_maps_view(ctx, checkpoint, image, caption, top_k, picked, per_map_scale)
+    def on_maps(image, caption: str, checkpoint: str,
+                features: str | None, image_size: float | None, top_k: int,
+                picked: list[int], per_map_scale: bool):
+        view = anchor_maps_view(ctx, ctx.read_as(checkpoint, features, image_size), image,
+                                caption, top_k, picked, per_map_scale)
         return view.figure, view.files
 
-    bank_in = [shared.checkpoint, words, projection]
+    bank_in = [*shared.backbone, words, projection]
     bank_out = [matrix_plot, affinity_plot, scatter_plot, table, summary, bank_pending, picked]
-    maps_in = [shared.image, shared.caption, shared.checkpoint, n_top, picked, per_map]
+    maps_in = [shared.image, shared.caption, *shared.backbone, n_top, picked, per_map]
     maps_out = [maps_plot, maps_pending]
     offer_downloads(run.click(on_bank, bank_in, bank_out, api_name="anchors"), bank_pending,
                     bank_files)
@@ -301,8 +305,9 @@ def build_anchors_tab(ctx: AppContext, shared: SharedInputs) -> None:
         offer_downloads(control.input(on_maps, maps_in, maps_out, api_visibility="private"),
                         maps_pending, map_files)
     @user_errors
-    def on_reset(checkpoint: str) -> str:
-        ctx.explainer(checkpoint)  # an unknown checkpoint or reading is a message
+    def on_reset(checkpoint: str, features: str | None, image_size: float | None) -> str:
+        # an unknown checkpoint or reading is a message
+        ctx.explainer(ctx.read_as(checkpoint, features, image_size))
         return default_words(checkpoint)
 
-    reset.click(on_reset, [shared.checkpoint], [words], api_name="default_words")
+    reset.click(on_reset, shared.backbone, [words], api_name="default_words")

@@ -70,8 +70,8 @@ APP_CSS = ('label[data-testid="block-label"].float { position: static !important
            '#shared-image { display: flex; flex-direction: column; }\n'
            '#shared-image > .image-container { flex: 1 1 0; min-height: 0; }\n'
            # a narrow page (760 px) stacks the image above the caption and pickers, so that
-           # the checkpoint picker's value (" · features layer:8 · 448 px") fits on its line,
-           # and the block slider's label never wraps beside its number box
+           # the checkpoint picker's entry fits on its line, and the block slider's label
+           # never wraps beside its number box
            '@media (max-width: 900px) {\n'
            '  #shared-inputs { flex-wrap: wrap; }\n'
            '  #shared-inputs > * { min-width: 100% !important; }\n'
@@ -95,7 +95,8 @@ def tab_id(title: str) -> str:
 
 
 def build_shared_inputs(ctx: AppContext) -> SharedInputs:
-    """The image, caption and checkpoint picker every view reads, with the examples."""
+    """The image, caption, checkpoint picker and reading controls every view reads, with
+    the examples."""
     choices = ctx.checkpoint_choices()
     with gr.Row(elem_id="shared-inputs"):
         image = CheckedImage(label="Image", type="numpy", image_mode="RGB", height=260,
@@ -123,8 +124,8 @@ def build_shared_inputs(ctx: AppContext) -> SharedInputs:
                 # the config names no file of the server's (Gradio's cache by absolute path)
                 picker.dataset.samples = inline_samples(picker.dataset.samples)
     image.upload(on_upload, image, image, api_visibility="private", preprocess=False)
-    return SharedInputs(image, caption, checkpoint, picker, reading.features_value,
-                        reading.size_value)
+    return SharedInputs(image, caption, checkpoint, reading.features_value, reading.size_value,
+                        picker)
 
 
 def build_app(

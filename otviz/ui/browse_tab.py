@@ -339,9 +339,11 @@ def build_browse_tab(
     trusted = TrustValues(server_budget())
     gr.Markdown(HOW_TO_READ)
 
-    def show(checkpoint, source, n_images, split, files, methods, method_a, method_b,
-             hit_filter, kinds, order, trust_metric, trust_keep, page, per_page):
+    def show(checkpoint, features, image_size, source, n_images, split, files, methods,
+             method_a, method_b, hit_filter, kinds, order, trust_metric, trust_keep, page,
+             per_page):
         notes: list[str] = []
+        checkpoint = ctx.read_as(checkpoint, features, image_size)
         table = load_table(ctx, sources, checkpoint, source, n_images, split, files,
                            explainers_needed([*(methods or []), method_a, method_b]), notes)
         suite = ctx.suite(checkpoint)
@@ -366,15 +368,16 @@ def build_browse_tab(
             return show(*args[:-2], current + delta, args[-1])
         return turn
 
-    def on_select(checkpoint, source, n_images, split, files, methods, method_a, method_b,
-                  shown, evt: gr.SelectData):
+    def on_select(checkpoint, features, image_size, source, n_images, split, files, methods,
+                  method_a, method_b, shown, evt: gr.SelectData):
+        checkpoint = ctx.read_as(checkpoint, features, image_size)
         table = load_table(ctx, sources, checkpoint, source, n_images, split, files,
                            explainers_needed([*(methods or []), method_a, method_b]))
         image, caption, phrase = open_row(table, shown, evt.index[0])
         return (image, caption, gr.Dropdown(choices=[(phrase, phrase)], value=phrase),
                 gr.Tabs(selected=align.tab_id))
 
-    source_inputs = [shared.checkpoint, source, n_images, split, files]
+    source_inputs = [*shared.backbone, source, n_images, split, files]
     inputs = [*source_inputs, methods, a, b, hit_filter, kinds, order, trust_metric,
               trust_keep, page, per_page]
     outputs = [grid, frame, status, page, rows]

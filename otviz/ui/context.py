@@ -262,13 +262,21 @@ class SharedInputs:
 
     image: gr.Image
     caption: gr.Textbox
+    #: The picker: its value names the model and head set only.
     checkpoint: gr.Dropdown
+    #: The reading the reading controls show (hidden), the ``features`` and ``image_size``
+    #: parameters of every endpoint that reads a backbone
+    #: (:func:`otviz.ui.reading.named_reading`).
+    features: gr.Textbox
+    image_size: gr.Number
     #: The shipped examples under them (``None`` where none are shipped).
     examples: gr.Examples | None = None
-    #: The reading the reading controls show, as the ``features`` and ``image_size``
-    #: parameters of the endpoints that take it by name (:func:`otviz.ui.reading.named_reading`).
-    features: gr.Textbox | None = None
-    image_size: gr.Number | None = None
+
+    @property
+    def backbone(self) -> list[gr.components.Component]:
+        """The inputs naming the backbone an endpoint reads, in its parameters' order:
+        ``checkpoint, features, image_size`` (:meth:`AppContext.read_as` reads them)."""
+        return [self.checkpoint, self.features, self.image_size]
 
 
 @dataclass
@@ -460,9 +468,10 @@ class AppContext:
 
     def read_as(self, checkpoint: str, features: str | None,
                 image_size: float | None) -> str:
-        """The picker value that reads ``checkpoint``'s entry with the reading named by the
-        ``features`` and ``image_size`` parameters (:func:`~otviz.ui.reading.named_reading`,
-        the native side this entry's)."""
+        """The value (this context's key) that reads the picker entry ``checkpoint`` with the
+        reading named by the ``features`` and ``image_size`` parameters
+        (:func:`~otviz.ui.reading.named_reading`, the native side this entry's): every
+        endpoint's callback reads its backbone through it (:attr:`SharedInputs.backbone`)."""
         native = self.sizes(split_reading(checkpoint)[0])[0]
         return named_reading(checkpoint, features, image_size, native)
 

@@ -254,11 +254,12 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
     pending = gr.State()
     gr.Markdown(HOW_TO_READ)
 
-    def shown(image, caption: str, checkpoint: str, regions: str, node: int | None,
-              tau: float | None, keep_node: bool):
+    def shown(image, caption: str, checkpoint: str,
+              features: str | None, image_size: float | None, regions: str,
+              node: int | None, tau: float | None, keep_node: bool):
         # the browser sends an empty number field as 0: both mean "the method's tau"
-        view = phrases_view(ctx, checkpoint, image, caption, regions,
-                            node if keep_node else None, tau or None)
+        view = phrases_view(ctx, ctx.read_as(checkpoint, features, image_size), image,
+                            caption, regions, node if keep_node else None, tau or None)
         return (
             gr.Dropdown(choices=view.choices, value=view.node), view.tree_figure,
             view.regions_figure, view.subset_figure, view.summary_table, view.node_table,
@@ -266,18 +267,22 @@ def build_phrases_tab(ctx: AppContext, shared: SharedInputs) -> None:
         )
 
     @user_errors
-    def on_show(image, caption: str, checkpoint: str, regions: str, node: int | None,
-                tau: float | None):
+    def on_show(image, caption: str, checkpoint: str,
+                features: str | None, image_size: float | None, regions: str,
+                node: int | None, tau: float | None):
         """The click: the caption's phrases from its root (``node`` is not read)."""
-        return shown(image, caption, checkpoint, regions, node, tau, keep_node=False)
+        return shown(image, caption, checkpoint, features, image_size, regions, node, tau,
+                     keep_node=False)
 
     @user_errors
-    def on_node(image, caption: str, checkpoint: str, regions: str, node: int | None,
-                tau: float | None):
+    def on_node(image, caption: str, checkpoint: str,
+                features: str | None, image_size: float | None, regions: str,
+                node: int | None, tau: float | None):
         """An edit: the phrases with the picked ``node`` kept."""
-        return shown(image, caption, checkpoint, regions, node, tau, keep_node=True)
+        return shown(image, caption, checkpoint, features, image_size, regions, node, tau,
+                     keep_node=True)
 
-    inputs = [shared.image, shared.caption, shared.checkpoint, kind, picker, tau]
+    inputs = [shared.image, shared.caption, *shared.backbone, kind, picker, tau]
     outputs = [picker, tree_plot, regions_plot, subset_plot, summary, per_node, note, pending]
     offer_downloads(run.click(on_show, inputs, outputs, api_name="phrases"), pending, files)
     # the node picker's edit is the endpoint that keeps a node; the other edits run it again

@@ -474,7 +474,10 @@ def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
     gr.Markdown(HOW_TO_READ)
 
     @user_errors
-    def on_run(image, caption: str, checkpoint: str, variants: str, lambda_local: float):
+    def on_run(image, caption: str, checkpoint: str,
+               features: str | None, image_size: float | None, variants: str,
+               lambda_local: float):
+        checkpoint = ctx.read_as(checkpoint, features, image_size)
         explainer = ctx.explainer(checkpoint)
         summary, table, score, *rest = probe_view(explainer, ctx.suite(checkpoint), image,
                                                   caption, variants, lambda_local)
@@ -482,7 +485,9 @@ def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
             SCORES_TITLE, explainer.backbone)), *rest)
 
     @user_errors
-    def on_batch(checkpoint: str, lambda_local: float):
+    def on_batch(checkpoint: str,
+                 features: str | None, image_size: float | None, lambda_local: float):
+        checkpoint = ctx.read_as(checkpoint, features, image_size)
         explainer = ctx.explainer(checkpoint)
         summary, table, *rest = batch_view(explainer, ctx.suite(checkpoint), lambda_local)
         return (summary, gr.Dataframe(table, label=titled(BATCH_TITLE, explainer.backbone)),
@@ -490,10 +495,10 @@ def build_probe_tab(ctx: AppContext, shared: SharedInputs) -> None:
 
     offer_downloads(run.click(
         on_run,
-        [shared.image, shared.caption, shared.checkpoint, custom, lam],
+        [shared.image, shared.caption, *shared.backbone, custom, lam],
         [summary, captions, scores, bars, matrix, pending],
         api_name="probe",
     ), pending, files)
-    offer_downloads(batch.click(on_batch, [shared.checkpoint, lam],
+    offer_downloads(batch.click(on_batch, [*shared.backbone, lam],
                                 [batch_summary, batch_table, batch_plot, pending],
                                 api_name="probe_batch"), pending, files)

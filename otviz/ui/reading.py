@@ -2,14 +2,16 @@
 ``last``, ``layer:K``, the dense last-block paths) and the input size, one choice for every
 view.
 
-The choice travels with the checkpoint picker's value, the one input every view already
-takes, as trailing parts: ``"ViT-B-16 / openai · training-free · features layer:8 · 448
-px"`` (:func:`with_reading`); the default reading (``last`` at the tower's native size)
-adds nothing, so the picker's entries are read as before. :func:`split_reading` parses it
-back, checking each part like any input (a bad one is a :class:`~otviz.errors.UserInputError`
-naming ``features`` or ``image size``); the app's context then keys every cache (encoded
-images, method suites, the Align view's grids) by the whole value, so a new reading
-encodes once and is kept like a new image.
+Every endpoint that reads a backbone takes the choice as its own ``features`` and
+``image_size`` parameters beside ``checkpoint``, the picker's entry (model and head set
+only); :func:`named_reading` checks them and refuses a reading written into the checkpoint
+the old way (``"... · features layer:8 · 448 px"``). Inside the app the choice is appended to
+the entry as trailing parts (:func:`with_reading`; the default reading, ``last`` at the
+tower's native size, adds nothing) and :func:`split_reading` parses it back, checking each
+part like any input (a bad one is a :class:`~otviz.errors.UserInputError` naming
+``features`` or ``image size``); the app's context keys every cache (encoded images, method
+suites, the Align view's grids) by that value, so a new reading encodes once and is kept
+like a new image.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ class Reading:
 
 DEFAULT_READING = Reading()
 
+#: What an endpoint says to a checkpoint value with a reading written into it.
+READING_IN_CHECKPOINT = ("checkpoint: the value carries a reading (a features or px part); "
+                         "pass the reading as the features and image_size parameters and "
+                         "the checkpoint as its picker entry")
+
 
 def split_reading(value: str) -> tuple[str, Reading]:
     """``(picker entry, reading)`` of a picker value: the trailing ``features ...`` and
@@ -87,20 +94,18 @@ def with_reading(entry: str, reading: Reading) -> str:
 
 def named_reading(checkpoint: str, features: str | None, image_size: float | None,
                   native: int) -> str:
-    """The picker value (:func:`with_reading`) an endpoint that takes the reading as its own
-    ``features`` and ``image_size`` parameters reads: ``checkpoint`` names the model and
-    head set, ``features`` a source as written (empty: ``last``), ``image_size`` a side in
-    pixels (empty, 0 or ``native``: the tower's native side). A reading written into
-    ``checkpoint`` the old way is refused unless it is the one the parameters name (the
-    page's own picker still shows it), so an API caller's suffix never overrides them."""
-    entry, carried = split_reading(checkpoint)
+    """The value (:func:`with_reading`) an endpoint reads from its ``checkpoint``,
+    ``features`` and ``image_size`` parameters: ``checkpoint`` a picker entry (model and
+    head set), ``features`` a source as written (empty: ``last``), ``image_size`` a side in
+    pixels (empty, 0 or ``native``: the tower's native side). A checkpoint with a reading
+    written into it the old way (a ``features ...`` or ``... px`` part) is refused, naming
+    the parameters to use instead."""
+    entry = split_reading(checkpoint)[0]  # a malformed part names its control
+    if entry != (checkpoint or ""):
+        raise InputError(READING_IN_CHECKPOINT)
     side = _side(str(image_size).removesuffix(".0")) if image_size else None
     reading = Reading(_source(features) if (features or "").strip() else "last",
                       None if side == native else side)
-    if carried not in (DEFAULT_READING, reading):
-        raise InputError("checkpoint: the value carries a reading (a features or px part); "
-                         "pass the reading as the features and image_size parameters and "
-                         "the checkpoint as its picker entry")
     return entry + reading.suffix
 
 

@@ -2,13 +2,13 @@
 picker: where every view's patch features come from (the last block, block K, or a dense
 last-block path: MaskCLIP, SCLIP, ClearCLIP, NACLIP) and the side the image tower runs at.
 
-They write their choice into the checkpoint picker's value (:mod:`otviz.ui.reading`), the
-input every view reads, and into two hidden fields that the endpoints taking the reading as
-their own ``features`` and ``image_size`` parameters read (``/align``); a pick in the
-checkpoint picker keeps the choice where the new backbone offers it, and a pick of a
-trained head set opens it at the reading its heads were trained on. A line under them says
-what a head-set entry draws (:meth:`~otviz.ui.context.AppContext.heads_note`: its
-provenance, or why its methods are drawn training-free at this reading).
+The checkpoint picker names the model and head set only; the controls show the reading and
+write it into two hidden fields, the ``features`` and ``image_size`` parameters of every
+endpoint that reads a backbone (:mod:`otviz.ui.reading`). A pick in the checkpoint picker
+keeps the choice where the new backbone offers it, and a pick of a trained head set opens it
+at the reading its heads were trained on. A line under them says what a head-set entry draws
+(:meth:`~otviz.ui.context.AppContext.heads_note`: its provenance, or why its methods are
+drawn training-free at this reading).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from otviz.ui.context import AppContext
-from otviz.ui.reading import Reading, split_reading, with_reading
+from otviz.ui.reading import DEFAULT_READING, Reading, split_reading, with_reading
 
 #: The features picker's labels for the sources towers give (ImageTower.sources()).
 SOURCE_LABELS = {
@@ -42,16 +42,17 @@ class ReadingControls:
     layer: gr.Slider
     image_size: gr.Dropdown
     note: gr.Markdown
-    #: The reading shown, as the ``features`` and ``image_size`` parameters of the endpoints
-    #: that take it by name (hidden; written with the picker's value).
+    #: The reading shown, as the ``features`` and ``image_size`` parameters of every endpoint
+    #: that reads a backbone (hidden).
     features_value: gr.Textbox
     size_value: gr.Number
 
 
 @dataclass
 class ControlState:
-    """What the controls show for one backbone: the picker value that reads ``reading``,
-    the feature sources its tower gives (``form`` the one shown), its depth for the layer
+    """What the controls show for one backbone: the value the views read it at (the
+    picker's entry with the reading: :func:`~otviz.ui.reading.with_reading`), the feature
+    sources its tower gives (``form`` the one shown), its depth for the layer
     slider (``layer`` shown) and the input sides it offers (``side`` shown)."""
 
     value: str
@@ -122,11 +123,13 @@ def size_choices(sizes: list[int]) -> list[tuple[str, int]]:
 
 
 def build_reading_controls(ctx: AppContext, checkpoint: gr.Dropdown) -> ReadingControls:
-    """The controls, on the initial checkpoint's backbone, wired to ``checkpoint``, and the
-    line under them: a change of any rewrites its value; a pick of another entry keeps the
-    choice where that backbone offers it, a pick of a head set opens it at its heads'
-    reading (:func:`picked_reading`). Their events are the page's own (no API endpoint)."""
-    state = control_state(ctx, checkpoint.value, split_reading(checkpoint.value)[1])
+    """The controls, on the initial checkpoint's backbone at the default reading, wired to
+    ``checkpoint``, and the line under them: a change of any rewrites the hidden
+    ``features`` and ``image_size`` fields; a pick of another entry keeps the choice where
+    that backbone offers it, a pick of a head set opens it at its heads' reading
+    (:func:`picked_reading`). The picker's value is left as picked (the entry). Their events
+    are the page's own (no API endpoint)."""
+    state = control_state(ctx, checkpoint.value, DEFAULT_READING)
     with gr.Row():
         features = gr.Dropdown(state.sources, value=state.form, label="Patch features from",
                                interactive=True, elem_id="shared-features", scale=2)
@@ -143,8 +146,7 @@ def build_reading_controls(ctx: AppContext, checkpoint: gr.Dropdown) -> ReadingC
 
     def shown(s: ControlState) -> tuple:
         reading = split_reading(s.value)[1]
-        return (gr.Dropdown(value=s.value, allow_custom_value=True),
-                gr.Dropdown(choices=s.sources, value=s.form),
+        return (gr.Dropdown(choices=s.sources, value=s.form),
                 gr.Slider(maximum=slider_top(s.depth), value=s.layer,
                           visible=s.form == LAYER_FORM),
                 gr.Dropdown(choices=s.sizes, value=s.side),
@@ -160,6 +162,6 @@ def build_reading_controls(ctx: AppContext, checkpoint: gr.Dropdown) -> ReadingC
 
     for control in controls:
         control.input(on_pick if control is checkpoint else on_change, controls,
-                      [*controls, note, features_value, size_value], api_visibility="private",
-                      show_progress="hidden")
+                      [features, layer, size, note, features_value, size_value],
+                      api_visibility="private", show_progress="hidden")
     return ReadingControls(features, layer, size, note, features_value, size_value)

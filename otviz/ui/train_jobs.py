@@ -218,14 +218,14 @@ class TrainingJob:
         backbone, reading = split_reading(self.checkpoint)
         entry = register_head_set(self.ctx, self.registry, backbone,
                                   "trained here: " + "+".join(heads), heads, head_sets_cap())
-        entry += reading.suffix  # the heads read the backbone as they were trained
-        with self._lock:
+        with self._lock:  # the picker's entry; the controls name the reading
             self._entry, self._phase = entry, "evaluating"
         if not self.evaluate or self.stop_event.is_set():
             return
+        read = entry + reading.suffix  # the heads read the backbone as they were trained
         free = self.ctx.suite(self.checkpoint)
-        trained = self.ctx.suite(entry)
-        explainer = self.ctx.explainer(entry)
+        trained = self.ctx.suite(read)
+        explainer = self.ctx.explainer(read)
         names = list(heads)
         before = run_batch_probe(explainer, _subset(free, names, "free")).accuracy()
         after = run_batch_probe(explainer, _subset(trained, names, "trained")).accuracy()

@@ -232,9 +232,10 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
     job_id = gr.State(None)
 
     @user_errors
-    def on_start(checkpoint, source, folder, uploads, methods, **recipe_v):
+    def on_start(checkpoint, features, image_size, source, folder, uploads, methods,
+                 **recipe_v):
         request = train_request(source, folder, uploads, methods, recipe_v)
-        job = jobs.start(request, checkpoint)
+        job = jobs.start(request, ctx.read_as(checkpoint, features, image_size))
         for update in follow_job(ctx, job):
             yield (job.id, *update)
 
@@ -244,7 +245,7 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
             raise InputError("no run of yours is in progress")
         return "**Stopping** after the current step ..."
 
-    inputs = [shared.checkpoint, source, folder, uploads, methods]
+    inputs = [*shared.backbone, source, folder, uploads, methods]
     outputs = [job_id, bar, status, curves, metrics, metrics_plot, files, shared.checkpoint]
     # its own concurrency group: a second requester is answered at once (busy), not queued
     start.click(on_start, inputs, outputs, inputs_kwargs=recipe, api_name="train",

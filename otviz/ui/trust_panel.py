@@ -334,7 +334,8 @@ def build_trust_panel(ctx: AppContext, inputs: list[Any],
                       resolve: Callable[[Encoded, str | None], list[int]]) -> None:
     """Add the panel (an accordion, closed) to the enclosing Align view, or the line saying
     why this server has none (:func:`~otviz.ui.trust_browse.trust_unavailable`).
-    ``inputs``: the image, caption, checkpoint, phrase and *Explainers too* components;
+    ``inputs``: the image, caption, checkpoint, features, image size, phrase and
+    *Explainers too* components;
     ``resolve``: the phrase value -> its caption words."""
     reason = trust_unavailable()
     if reason is not None:  # no Quantus here: one line says so instead of the panel
@@ -349,7 +350,8 @@ def build_trust_panel(ctx: AppContext, inputs: list[Any],
                              elem_id="align-trust-table")
         gr.Markdown(HOW_TO_READ)
 
-    def on_trust(image, caption, checkpoint, phrase, explainers=False):
+    def on_trust(image, caption, checkpoint, features, image_size, phrase, explainers=False):
+        checkpoint = ctx.read_as(checkpoint, features, image_size)
         explainer, suite = ctx.explainer(checkpoint), ctx.suite(checkpoint)
         budget = server_budget()
         try:  # a pair aligned before: its panel parts not cached are admitted in trust_rows

@@ -70,20 +70,23 @@ def build_words_tab(ctx: AppContext, shared: SharedInputs) -> None:
     gr.Markdown(HOW_TO_READ)
 
     @user_errors
-    def on_run(image: np.ndarray | None, caption: str, checkpoint: str):
-        explainer = ctx.explainer(checkpoint)
+    def on_run(image: np.ndarray | None, caption: str, checkpoint: str,
+               features: str | None, image_size: float | None):
+        explainer = ctx.explainer(ctx.read_as(checkpoint, features, image_size))
         choices = word_choices(explainer, image, caption)
         grid_fig, phrase_fig = words_figures(explainer, image, caption, None)
         return gr.CheckboxGroup(choices=choices, value=[choices[0][1]]), phrase_fig, grid_fig
 
     @user_errors
-    def on_pick(image: np.ndarray | None, caption: str, checkpoint: str, picked: list[int]):
-        explainer = ctx.explainer(checkpoint)  # an unknown checkpoint or reading: a message
+    def on_pick(image: np.ndarray | None, caption: str, checkpoint: str,
+                features: str | None, image_size: float | None, picked: list[int]):
+        # an unknown checkpoint or reading: a message
+        explainer = ctx.explainer(ctx.read_as(checkpoint, features, image_size))
         if not picked:
             return gr.skip(), gr.skip()
         grid_fig, phrase_fig = words_figures(explainer, image, caption, picked)
         return phrase_fig, grid_fig
 
-    inputs = [shared.image, shared.caption, shared.checkpoint]
+    inputs = [shared.image, shared.caption, *shared.backbone]
     run.click(on_run, inputs, [picker, phrase_plot, grid_plot], api_name="words")
     picker.input(on_pick, [*inputs, picker], [phrase_plot, grid_plot], api_name="words_pick")

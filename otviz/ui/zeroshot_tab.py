@@ -383,16 +383,16 @@ def build_zeroshot_tab(ctx: AppContext, shared: SharedInputs) -> None:
         return "\n".join(world_classes(task))
 
     @user_errors
-    def on_run(checkpoint, source, files, task, seed, n_images, layout, classes, template,
-               prior_preset, prior_text, rate):
-        return zero_shot_view(ctx.explainer(checkpoint).backbone, source, files, task, seed,
-                              n_images, layout, classes, template, prior_preset, prior_text,
-                              rate)
+    def on_run(checkpoint, features, image_size, source, files, task, seed, n_images, layout,
+               classes, template, prior_preset, prior_text, rate):
+        backbone = ctx.explainer(ctx.read_as(checkpoint, features, image_size)).backbone
+        return zero_shot_view(backbone, source, files, task, seed, n_images, layout, classes,
+                              template, prior_preset, prior_text, rate)
 
     task.change(on_task, task, classes, api_name="zero_shot_classes")
     offer_downloads(run.click(
         on_run,
-        [shared.checkpoint, source, files, task, seed, n_images, layout, classes, template,
+        [*shared.backbone, source, files, task, seed, n_images, layout, classes, template,
          preset, prior_text, rate],
         [summary, table, acc_plot, sel_plot, gallery, pending],
         api_name="zero_shot",

@@ -165,11 +165,11 @@ def build_controls(ctx: AppContext, shared: SharedInputs) -> AlignControls:
         with gr.Column():
             prepare = gr.Button("Prepare downloads")
             files = gr.File(label="Downloads", file_count="multiple")
-    build_trust_panel(ctx, [shared.image, shared.caption, shared.checkpoint, phrase, explainers],
+    build_trust_panel(ctx, [shared.image, shared.caption, *shared.backbone, phrase, explainers],
                       shown_words)
     gr.Markdown(HOW_TO_READ)
     return AlignControls(
-        shared.image, shared.caption, shared.checkpoint, shared.features, shared.image_size,
+        shared.image, shared.caption, *shared.backbone,
         run, regions, shared_scale,
         lambda_local, came_temperature, quotas, explainers, phrase, grid, prefetched,
         shown_token, swapped, method, plan, token, token_map, patch_marginals,
