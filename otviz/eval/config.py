@@ -19,8 +19,10 @@ from otviz.knobs import (
     ListOf,
     NonNegative,
     NonNegativeInt,
+    OneOf,
     OTCLIPLosses,
 )
+from otviz.text.templates import TEMPLATE_SETS
 
 ALIGNMENT_TABLES = ("retrieval", "probe", "grounding", "anchors", "cost")
 CLASSIFICATION_TABLES = ("zero_shot", "long_tailed", "selective")
@@ -33,6 +35,7 @@ ON_REQUEST_TABLES = ("trust", "segmentation")
 DATASET_TABLES = ("grounding", "trust", "segmentation")
 TRAINING_FREE = "training-free"
 Tables = Annotated[str, ListOf(TABLES + ON_REQUEST_TABLES, ("all",))]
+Templates = Annotated[str, OneOf(tuple(TEMPLATE_SETS))]
 
 
 def known_names(text: str, known: tuple[str, ...], what: str) -> list[str]:
@@ -96,6 +99,9 @@ class EvalConfig:
     slide: str = ""  # --dataset segmentation sets: sliding window SHORT:CROP:STRIDE in px
     # (SCLIP: 336:224:112; the image resized to a shorter side SHORT, CROP windows every
     # STRIDE, maps averaged where they overlap); "" : each image one resize
+    templates: Templates = "single"  # --tables segmentation: the prompts an explainer reads a
+    # class from: single ("a photo of a {}." on a data set; the phrase as written on the world)
+    # or imagenet80 (CLIP's 80 ImageNet templates, their unit embeddings averaged, as SCLIP)
 
     def table_names(self) -> list[str]:
         if self.tables == "all":

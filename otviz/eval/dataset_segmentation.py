@@ -8,8 +8,15 @@ Every image is read with captions listing the candidate classes' names (SCLIP's 
 needs (:func:`class_chunks`: one for VOC on a 77-token CLIP), so an alignment method's plan
 between the image's patches and a caption's tokens gives each of its classes a mass per
 patch: the class's phrase map, read as a segmentation like every other row. An explainer
-reads each class from the prompt ``"a photo of a {name}."`` (CLIP's template; one template,
-not the 80 of the ImageNet ensemble: an explainer encodes one text per phrase). The image
+reads each class from a text embedding (``--templates``, :mod:`otviz.text.templates`):
+``single``, the prompt ``"a photo of a {name}."`` (CLIP's template); ``imagenet80``, the
+class's ensemble of CLIP's 80 ImageNet templates (each filled template's unit embedding,
+averaged, normalised: SCLIP's ``clip_segmentor.py`` lines 37-42), its 80 encodes per class
+made once per run. A method's plan is between the patches and the caption's tokens, not a
+class embedding: it reads the caption listing the bare names under either setting (a
+template ensemble for a plan would be the mean of one plan's class maps per template: 80
+times the captions, e.g. 240 plans per VOC image on a 77-token CLIP instead of 1; not
+done). The image
 is resized to the model's input without cropping (or read in sliding windows,
 :mod:`otviz.eval.sliding_window`, with ``--slide``), its maps drawn back
 onto the mask's own pixels, so every labelled pixel of the set is scored at its original
@@ -36,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from otviz.backbone import Backbone
 from otviz.checkpoints.identity import backbone_fingerprint
@@ -62,12 +70,14 @@ from otviz.eval.segmentation import (
     RowCounts,
     ScoredImage,
     candidate_rows,
+    prompts_reading,
     reading,
     row_token_maps,
     rule_note,
     scored_rows,
     segmentation_columns,
     segmented,
+    template_embeddings,
 )
 from otviz.eval.segmentation_metrics import THRESHOLD, SegmentationCounts
 from otviz.eval.sliding_window import SlideWindow, image_windows, pasted_maps, windowed
@@ -76,11 +86,12 @@ from otviz.eval.world_set import EvalSet, GroundingProbeDataset, model_input_siz
 from otviz.explainers import explainer_names
 from otviz.process_group import barrier, gathered, setup, teardown
 from otviz.suite import MethodSuite
+from otviz.text.templates import SINGLE_TEMPLATE, TEMPLATE_SETS
 from otviz.text.words import split_words
 
 StageProgress = Callable[[str, int, int], None]
-#: The prompt an explainer encodes for a class (CLIP's "a photo of a {}." template).
-PROMPT = "a photo of a {}."
+#: The prompt an explainer encodes for a class under ``--templates single``.
+PROMPT = SINGLE_TEMPLATE
 
 
 def segmentation_spec(spec: str) -> tuple[str, str] | None:
@@ -121,19 +132,22 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
     try:
         backbone = dataset_backbone(config)
         chunks = class_chunks(backbone, data.names)
-        grounding = data.as_grounding(PROMPT, chunks)
+        single = config.templates == "single"
+        grounding = data.as_grounding(PROMPT if single else "{}", chunks)
         suite, suite_note = dataset_suite(backbone, config, grounding)
         to_device(backbone, str(info.device) if info.distributed else config.device)
         backbone = one_space(backbone, suite)
         frame = model_input_size(backbone)
         kept, unreadable = decodable_items(data)
         shards = [kept[s : s + config.shard] for s in range(0, len(kept), config.shard)]
+        text = (None if single or not config.explainers else template_embeddings(
+            backbone, data.names, TEMPLATE_SETS[config.templates]))
         job = _Job(data, grounding, chunks, slide, suite, backbone, frame, config, progress
-                   if info.is_main else None)
+                   if info.is_main else None, text)
         identity = {"backbone": backbone_fingerprint(backbone), "suite": suite.label,
                     "methods": list(suite.methods), "explainers": config.explainers,
                     "seed": config.seed, "frame": list(frame), "slide": config.slide,
-                    "chunks": chunks}
+                    "chunks": chunks, "templates": config.templates, "counts": 2}
         if len({json.dumps(i, sort_keys=True, default=str)
                 for i in gathered(identity, info)}) > 1:
             raise InputError("the processes of this torchrun job do not load the same model "
@@ -159,7 +173,7 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
         total = [_summed(a, b) for a, b in zip(total, other["rows"], strict=True)]
     cut = sorted({c for r in results for c in r["cut"]})
     per = len(chunks)
-    table = _table(data, total, len(kept), reading(backbone), slide)
+    table = _table(data, total, len(kept), reading(backbone), slide, config.templates)
     if per > 1:
         table.notes.append(f"the {len(data.names)} class names in {per} captions per image "
                            "(each within the text tower's context): a method's plan shares an "
@@ -193,6 +207,7 @@ class _Job:
     frame: tuple[int, int]
     config: EvalConfig
     progress: StageProgress | None
+    text: Tensor | None = None  # the classes' [C, E] ensembled embeddings (explainers)
     done: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -213,8 +228,14 @@ def _shard_counts(job: _Job, k: int, part: list[int]) -> dict[str, Any]:
               for ws, i in zip(per_window, part, strict=True)]
     cut = sorted({data.names[c] for ws in per_window for w in ws for c, r in enumerate(w)
                   if r < 0})
+    text = None
+    if job.text is not None:  # each phrase query's class: its index in its window's rows
+        of_row = torch.empty(q.image.numel(), dtype=torch.long)
+        for c, r in ((c, r) for ws in per_window for w in ws for c, r in enumerate(w) if r >= 0):
+            of_row[r] = c
+        text = job.text[of_row]
     maps = row_token_maps(job.suite, evalset, q, explainer_names(config.explainers),
-                          config.chunk, job.progress, seed=config.seed + k)
+                          config.chunk, job.progress, config.seed + k, text)
     draw = partial(pasted_maps, geometry=evalset.geometry, windows=own, rows=per_window,
                    labels_size=[im.gold.shape for im in images])
     return {"rows": segmented(maps, images, draw, len(data.classes), THRESHOLD,
@@ -285,10 +306,14 @@ def _summed(a: RowCounts, b: RowCounts) -> RowCounts:
 
 
 def _table(data: SegmentationSet, rows: list[RowCounts], n: int, read: str,
-           slide: SlideWindow | None) -> Table:
+           slide: SlideWindow | None, templates: str) -> Table:
     fmt, split = data.source["format"], data.source["split"]
     table = Table("segmentation", f"Open-vocabulary segmentation of {n} {fmt} {split} images "
-                  f"({len(data.classes)} classes; {read})", segmentation_columns(data.classes))
+                  f"({len(data.classes)} classes; {read}; {prompts_reading(templates)})",
+                  segmentation_columns(data.classes))
+    prompt = (f"'{PROMPT.format('{name}')}'" if templates == "single" else
+              f"the class's {templates} ensemble (each template's unit text embedding, "
+              "averaged, normalised; SCLIP)")
     table.rows = scored_rows(rows, data.classes)
     pixels = table.rows[-1]["pixels"]
     table.notes += [
@@ -296,7 +321,7 @@ def _table(data: SegmentationSet, rows: list[RowCounts], n: int, read: str,
                                                   "; background pixels void"),
         rule_note(THRESHOLD, data.background),
         "methods: each class's phrase map of the plan between the patches and the caption "
-        "listing the class names; explainers: the map of 'a photo of a {name}.'; " + (
+        f"listing the class names (no template); explainers: the map of {prompt}; " + (
             "each image resized to the model's input without cropping, no sliding window"
             if slide is None else
             f"sliding window: each image resized to a shorter side of {slide.short} px (the "

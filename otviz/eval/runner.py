@@ -135,7 +135,7 @@ def _run(config: EvalConfig, names: list[str], progress: StageProgress | None) -
         if "segmentation" in names:
             tables["segmentation"] = segmentation_table(
                 suite, test, explainer_names(config.explainers), chunk=config.chunk,
-                progress=progress)
+                progress=progress, templates=config.templates)
         if "anchors" in names:
             tables["anchors"] = A.anchor_table(suite)
         if "cost" in names:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -52,9 +53,10 @@ from otviz.eval.segmentation_metrics import (
 )
 from otviz.eval.table import Column, Table
 from otviz.eval.world_set import EvalSet
-from otviz.explainers import EXPLAINERS, explain_pairs, unavailable
+from otviz.explainers import EXPLAINERS, explain_pairs, phrase_embeddings, unavailable
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import METHOD_LABELS, MethodSuite, flat_map_reasons
+from otviz.text.templates import TEMPLATE_SETS, ensembled
 from otviz.world import SHAPES
 from otviz.world.render import object_labels
 
@@ -177,13 +179,26 @@ def segmentation_row(label: str, name: str, counts: SegmentationCounts,
             "union": [int(v) for v in counts.union()], **flags}
 
 
+def template_embeddings(backbone: Backbone, texts: Sequence[str], templates: Sequence[str]
+                        ) -> Tensor:
+    """``[P, E]`` unit embeddings of ``texts``, each the ensemble of ``templates`` filled
+    with it (:func:`otviz.text.templates.ensembled`), every distinct text encoded once."""
+    unique = list(dict.fromkeys(texts))
+    where = {t: k for k, t in enumerate(unique)}
+    embedded = ensembled(partial(phrase_embeddings, backbone), unique, templates)
+    return embedded[[where[t] for t in texts]]
+
+
 def row_token_maps(
     suite: MethodSuite, data: EvalSet, q: PhraseQueries, explainers: Sequence[str] = (),
     chunk: int = CHUNK, progress: StageProgress | None = None, seed: int | None = None,
+    text: Tensor | None = None,
 ) -> list[RowMaps]:
     """``(label, name, flags, [P, N] maps)`` of every row the grounding table scores: the
     methods with a patch-token plan, the explainers (an unavailable one: its note instead
-    of maps), the model-free baselines (:func:`~otviz.eval.alignment_tables.baseline_maps`)."""
+    of maps; ``text``: the phrase queries' ``[P, E]`` embeddings they read, e.g.
+    :func:`template_embeddings`, else each phrase's text encoded), the model-free baselines
+    (:func:`~otviz.eval.alignment_tables.baseline_maps`)."""
     out: list[RowMaps] = []
     for name, entry in suite.methods.items():
         if not entry.method.has_plan:
@@ -197,7 +212,8 @@ def row_token_maps(
         note = unavailable(data.backbone, name)
         out.append((EXPLAINERS[name].label, name, {"explainer": True},
                     note if note is not None
-                    else explain_pairs(data.backbone, name, images, q.texts).maps))
+                    else explain_pairs(data.backbone, name, images, q.texts,
+                                       text=text).maps))
     return out + [(label, name, {"baseline": True}, maps)
                   for label, name, maps in baseline_maps(data, q, seed)]
 
@@ -236,20 +252,32 @@ def rule_note(threshold: float, background: bool) -> str:
             "predicted; void pixels (255) count nowhere")
 
 
+def prompts_reading(templates: str) -> str:
+    """What a table's title says of the prompts its explainers read (``--templates``)."""
+    if templates == "single":
+        return "one prompt a class"
+    return f"prompts: {templates} ensemble of {len(TEMPLATE_SETS[templates])} templates"
+
+
 def segmentation_table(
     suite: MethodSuite, data: EvalSet, explainers: Sequence[str] = (),
     threshold: float = THRESHOLD, chunk: int = CHUNK, progress: StageProgress | None = None,
-    seed: int | None = None,
+    seed: int | None = None, templates: str = "single",
 ) -> Table:
-    """The world's segmentation table (module docstring) on ``data``."""
+    """The world's segmentation table (module docstring) on ``data``; ``templates``
+    (:data:`~otviz.text.templates.TEMPLATE_SETS`): ``"single"`` reads each phrase as
+    written, an ensemble gives each explainer the phrase's ensembled embedding
+    (:func:`template_embeddings`)."""
     q = phrase_queries(data)
     images = world_images(data, q)
-    counts = segmented(row_token_maps(suite, data, q, explainers, chunk, progress, seed),
+    text = (template_embeddings(data.backbone, q.texts, TEMPLATE_SETS[templates])
+            if templates != "single" and explainers else None)
+    counts = segmented(row_token_maps(suite, data, q, explainers, chunk, progress, seed, text),
                        images, lambda maps: token_maps(maps, data.geometry),
                        len(WORLD_CLASSES), threshold)
     table = Table("segmentation", f"Open-vocabulary segmentation of {data.n_images} world "
                   f"{data.split} images ({q.image.numel()} phrases as classes; "
-                  f"{reading(data.backbone)})",
+                  f"{reading(data.backbone)}; {prompts_reading(templates)})",
                   segmentation_columns(WORLD_CLASSES))
     table.rows = scored_rows(counts, WORLD_CLASSES)
     pixels = table.rows[-1]["pixels"]

@@ -36,14 +36,16 @@ class ExplainerMaps:
 
 def explain_pairs(
     backbone: Backbone, name: str, images: Sequence[ImageInput], phrases: Sequence[str],
-    chunk: int = CHUNK,
+    chunk: int = CHUNK, text: Tensor | None = None,
 ) -> ExplainerMaps:
     """The explainer ``name``'s ``[P, N]`` maps of the pairs ``(images[p], phrases[p])`` on
-    the backbone's patch grid, ``chunk`` pairs per call (images are preprocessed per chunk)."""
+    the backbone's patch grid, ``chunk`` pairs per call (images are preprocessed per chunk);
+    ``text``: the phrases' ``[P, E]`` unit embeddings when given (e.g. a prompt-template
+    ensemble, :func:`otviz.text.templates.ensembled`), else :func:`phrase_embeddings`."""
     if len(images) != len(phrases):
         raise ValueError(f"{len(images)} images but {len(phrases)} phrases")
     explainer = get_explainer(name, backbone.model, backbone.image_tower)
-    text = phrase_embeddings(backbone, phrases)
+    text = phrase_embeddings(backbone, phrases) if text is None else text.to(backbone.device)
     parts, start = [], time.perf_counter()
     for s in range(0, len(phrases), chunk):
         pixels = backbone.image_tensor(list(images[s : s + chunk]))

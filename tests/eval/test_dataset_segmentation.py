@@ -124,6 +124,26 @@ def test_voc21_with_a_sliding_window(voc, tmp_path: Path) -> None:
     assert stamp["config"]["slide"] == "40:32:16"
 
 
+def test_voc21_with_the_imagenet_templates(voc, tmp_path: Path) -> None:
+    """``--templates imagenet80``: named in the title and the stamp's config; the methods'
+    rows (a plan reads the caption of the bare names under either setting) and the sanity
+    rows equal the single-prompt run's; the explainers read the ensembled embeddings."""
+    root, _ = voc
+    single = _run(root, "voc", tmp_path / "one", tmp_path)
+    out = tmp_path / "out"
+    table = _run(root, "voc", out, tmp_path, "--templates", "imagenet80")
+    assert "imagenet80 ensemble of 80 templates" in table["title"]
+    assert "one prompt a class" in single["title"]
+    stamp = json.loads((out / "segmentation.json").read_text())["stamp"]
+    assert stamp["config"]["templates"] == "imagenet80"
+    before = {r["name"]: r for r in single["rows"]}
+    for row in table["rows"]:
+        if row["name"] in (*METHODS.split(","), "gold_masks", "uniform", "centre_prior"):
+            assert row == before[row["name"]], row["name"]
+        elif row["name"] in ("maskclip", "legrad"):
+            assert 0.0 <= row["miou"] <= 1.0
+
+
 def test_voc20_voids_the_background(voc, tmp_path: Path) -> None:
     root, masks = voc
     table = _run(root, "voc20", tmp_path / "out", tmp_path)
