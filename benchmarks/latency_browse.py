@@ -80,8 +80,8 @@ def main() -> None:
                ssr_mode=False)
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=False)
-        form = [checkpoint, WORLD_SOURCE, args.images, "test", None, methods, DEFAULT_A,
-                DEFAULT_B, ALL_ROWS, [], IOU_UP]
+        form = [checkpoint, "last", 0, WORLD_SOURCE, args.images, "test", None, methods,
+                DEFAULT_A, DEFAULT_B, ALL_ROWS, [], IOU_UP]
         t0 = time.perf_counter()
         client.predict(*form, 1, 12, api_name="/browse")
         client_first_s = time.perf_counter() - t0

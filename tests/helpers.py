@@ -278,12 +278,14 @@ TINY_TRAIN_RECIPE = {"n_train": 64, "eps": 0.05, "tau_v": 0.1, "tau_t": 0.1, "ta
 
 
 def train_api_args(checkpoint: str, source: str, folder: str, uploads: list,
-                   methods: list[str], **recipe) -> list:
-    """The ``/train`` endpoint's arguments: the data and methods, then the form's recipe
-    in its order (its defaults, changed where ``recipe`` says)."""
+                   methods: list[str], features: str = "last", image_size: int = 0,
+                   **recipe) -> list:
+    """The ``/train`` endpoint's arguments: the checkpoint and its reading (``features``,
+    ``image_size``: 0 the native side), the data and methods, then the form's recipe in its
+    order (its defaults, changed where ``recipe`` says)."""
     from otviz.ui.train_form import form_fields
 
     specs = form_fields()
     assert set(recipe) <= {s.name for s in specs}, set(recipe)
-    return [checkpoint, source, folder, uploads, methods,
+    return [checkpoint, features, image_size, source, folder, uploads, methods,
             *(recipe.get(s.name, s.default) for s in specs)]

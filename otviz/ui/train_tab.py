@@ -234,8 +234,8 @@ def build_train_tab(ctx: AppContext, shared: SharedInputs, jobs: TrainingJobs | 
     @user_errors
     def on_start(checkpoint, features, image_size, source, folder, uploads, methods,
                  **recipe_v):
-        request = train_request(source, folder, uploads, methods, recipe_v)
-        job = jobs.start(request, ctx.read_as(checkpoint, features, image_size))
+        checkpoint = ctx.read_as(checkpoint, features, image_size)  # heads train on it
+        job = jobs.start(train_request(source, folder, uploads, methods, recipe_v), checkpoint)
         for update in follow_job(ctx, job):
             yield (job.id, *update)
 

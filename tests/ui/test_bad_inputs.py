@@ -111,11 +111,11 @@ def view_args(view: str, image, caption: str, checkpoint: str) -> tuple[tuple, d
         return (), {"image": image, "caption": caption, "checkpoint": checkpoint,
                     "method": "conceptot", "regions": "grid", "shared_scale": True,
                     "lambda_local": 0.5}
-    return {
-        "words": (image, caption, checkpoint),
-        "phrases": (image, caption, checkpoint, "grid", None, None),
-        "probe": (image, caption, checkpoint, "", 0.5),
-        "anchor_maps": (image, caption, checkpoint, 4, [], False),
+    return {  # the checkpoint, then its reading: the last block at the native size
+        "words": (image, caption, checkpoint, "last", 0),
+        "phrases": (image, caption, checkpoint, "last", 0, "grid", None, None),
+        "probe": (image, caption, checkpoint, "last", 0, "", 0.5),
+        "anchor_maps": (image, caption, checkpoint, "last", 0, 4, [], False),
     }[view], {}
 
 
@@ -672,9 +672,8 @@ def test_odd_readings_are_messages_naming_the_control(client, example, checkpoin
     args, kwargs = view_args(view, handle_file(example[0]), example[1],
                              f"{checkpoint} · {tail}")
     message = outcome(client, f"/{view}", *args, **kwargs)
-    # Align takes the reading by name: a well-formed old-style one is refused, naming them
-    said = (named, READING_BY_NAME) if view == "align" else (named,)
-    assert message is not None and any(s in message for s in said), message
+    # every view takes the reading by name: a well-formed old-style one is refused, naming them
+    assert message is not None and any(s in message for s in (named, READING_BY_NAME)), message
     assert UNEXPECTED not in message and not any(tag in message for tag in RAW_HTML)
 
 
@@ -705,26 +704,28 @@ def test_a_reading_the_tower_lacks_is_refused_by_train_before_it_starts(client, 
     run admitted that fails seconds later (issue 50.6)."""
     runs_before = set(live_app.jobs.runs_root.glob("*"))
     message = outcome(client, "/train", *train_api_args(
-        f"{checkpoint} · features layer:99", "world", "", [], ["filip"], **TINY_TRAIN_RECIPE))
+        checkpoint, "world", "", [], ["filip"], features="layer:99", **TINY_TRAIN_RECIPE))
     assert message is not None and message.startswith("features:"), message
     assert set(live_app.jobs.runs_root.glob("*")) == runs_before  # no run folder made
 
 
-@pytest.mark.parametrize("picked", ["no such checkpoint", "otviz-tiny (embedded) · "
-                                    "training-free · features layer:99"])
-def test_the_word_endpoints_answer_an_unknown_checkpoint_or_source(client, example, picked):
+@pytest.mark.parametrize(("picked", "features"), [
+    ("no such checkpoint", "last"), ("otviz-tiny (embedded) · training-free", "layer:99")])
+def test_the_word_endpoints_answer_an_unknown_checkpoint_or_source(client, example, picked,
+                                                                   features):
     """``/default_words`` and ``/words_pick`` (with no word picked too) say what is wrong
-    with the checkpoint value, as every view does (issue 50.6)."""
-    expected = "features:" if "features" in picked else "unknown checkpoint"
-    messages = [outcome(client, "/default_words", picked),
-                outcome(client, "/words_pick", handle_file(example[0]), example[1], picked, [])]
+    with the checkpoint value or its reading, as every view does (issue 50.6)."""
+    expected = "features:" if features != "last" else "unknown checkpoint"
+    messages = [outcome(client, "/default_words", picked, features, 0),
+                outcome(client, "/words_pick", handle_file(example[0]), example[1], picked,
+                        features, 0, [])]
     assert all(m is not None and expected in m for m in messages), messages
 
 
 @pytest.mark.parametrize("seed", [-1e9, -1, 2.0**40])
 def test_a_world_seed_out_of_range_is_refused_naming_the_field(client, checkpoint, seed):
-    message = outcome(client, "/zero_shot", checkpoint, "world batch", [], "shape", seed, 4,
-                      "balanced", "circle\nsquare", "a photo of a {}", "uniform", "", 0.5)
+    message = outcome(client, "/zero_shot", checkpoint, "last", 0, "world batch", [], "shape",
+                      seed, 4, "balanced", "circle\nsquare", "a photo of a {}", "uniform", "", 0.5)
     assert message is not None and message.startswith("seed"), message
     assert UNEXPECTED not in message
 

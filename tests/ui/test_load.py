@@ -108,7 +108,7 @@ def test_expensive_load_is_bounded_and_align_keeps_its_time(live_app, example, t
 
     pngs = _variants(path, N_EXPENSIVE)
     images = [upload(url, f"v{k}.png", png) for k, png in enumerate(pngs)]
-    trust = [[file_data(p, f"v{k}.png"), caption, checkpoint, phrase, False]
+    trust = [[file_data(p, f"v{k}.png"), caption, checkpoint, "last", 0, phrase, False]
              for k, p in enumerate(images)]
     archive = flat_bmp_zip(tmp_path / "flat.zip")
     zipped = upload(url, "flat.zip", archive.read_bytes())

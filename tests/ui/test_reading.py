@@ -1,6 +1,7 @@
 """The features picker, layer slider and input-size control (issue 41, items 2 and 3, the
-app's side): the choice travels in the checkpoint picker's value, is checked like any input,
-and every view reads the backbone that way. Each view's maps on a non-default reading equal
+app's side; issue 53.4): the choice travels as every endpoint's ``features`` and
+``image_size`` parameters, inside the app as the context's value (the entry with the reading
+appended), is checked like any input, and every view reads the backbone that way. Each view's maps on a non-default reading equal
 those of a context whose backbone *is* ``Backbone.with_features(...)`` (the source's own
 features) and differ from the default's."""
 
@@ -110,16 +111,17 @@ def test_the_named_parameters_give_the_picker_value_they_read():
         named_reading(ENTRY, "sclip", -1, 224)
 
 
-@pytest.mark.parametrize("old", [" · features sclip", " · 448 px", " · features sclip · 448 px"])
+@pytest.mark.parametrize("old", [" · features sclip", " · 448 px", " · features sclip · 448 px",
+                                 " · features last", " · 224 px"])
 def test_a_reading_in_the_checkpoint_is_refused_naming_the_parameters(old):
-    """An old-style value (the reading written into the checkpoint) is refused unless it is
-    the reading the parameters name (the page's picker still shows it)."""
-    with pytest.raises(UserInputError, match="^checkpoint:.*features and image_size param"):
-        named_reading(ENTRY + old, None, None, 224)
-    with pytest.raises(UserInputError, match="features and image_size parameters"):
-        named_reading(ENTRY + old, "naclip", 336, 224)
+    """An old-style value (the reading written into the checkpoint) is refused, even the
+    reading the parameters name and the default written out: the page's picker names the
+    model and head set only."""
     entry, reading = split_reading(ENTRY + old)
-    assert named_reading(ENTRY + old, reading.features, reading.image_size, 224) == ENTRY + old
+    assert entry == ENTRY
+    for features, side in ((None, None), ("naclip", 336), (reading.features, reading.image_size)):
+        with pytest.raises(UserInputError, match="^checkpoint:.*features and image_size param"):
+            named_reading(ENTRY + old, features, side, 224)
 
 
 @pytest.fixture(scope="module")
@@ -178,9 +180,10 @@ def test_every_view_draws_the_sources_maps(contexts, sample):
     assert changed == {"align", "words", "anchors", "phrases", "probe"}
 
 
-def test_a_control_change_rewrites_the_picker_value(ctx):
+def test_a_control_change_writes_the_named_reading_and_leaves_the_picker(ctx):
     """The controls' page events (no API endpoint): block K shows the slider and writes
-    ``layer:K``; another backbone pick keeps the choice; the size control writes its side."""
+    ``layer:K``; another backbone pick keeps the choice; the size control writes its side;
+    the picker is no output of theirs (its value names the model and head set only)."""
     import gradio as gr
 
     from otviz.ui.reading_controls import build_reading_controls
@@ -190,17 +193,16 @@ def test_a_control_change_rewrites_the_picker_value(ctx):
         controls = build_reading_controls(ctx, picker)
     events = [f for f in blocks.fns.values() if f.fn is not None]
     assert len(events) == 4 and all(f.api_visibility == "private" for f in events)
+    assert all(picker._id not in [c._id for c in f.outputs] for f in events)
     on_change = events[0].fn
     assert controls.features.value == "last" and not controls.layer.visible
-    side = ctx.sizes(ENTRY)[1]
-    value, features, layer, size, _, *named = on_change(ENTRY, "layer:K", 3, side)
-    assert value.value == f"{ENTRY} · features layer:3 · {side} px"
-    assert named == ["layer:3", side]  # /align's features and image_size, fed by the page
     assert (controls.features_value.value, controls.size_value.value) == ("last", 0)
+    side = ctx.sizes(ENTRY)[1]
+    features, layer, size, _, *named = on_change(ENTRY, "layer:K", 3, side)
+    assert named == ["layer:3", side]  # every endpoint's features and image_size
     assert layer.visible and layer.value == 3 and features.value == "layer:K"
+    assert size.value == side
     picked = f"{ENTRY.split(' · ')[0]} · training-free, ConceptOT faithful"
-    value, *_ = on_change(picked, "layer:K", 3, side)  # a pick keeps the reading
-    assert value.value == f"{picked} · features layer:3 · {side} px"
-    value, _, layer, size, _, *named = on_change(value.value, "maskclip", 3, ctx.sizes(ENTRY)[0])
-    assert value.value == f"{picked} · features maskclip" and not layer.visible
-    assert named == ["maskclip", 0]  # the native side: 0
+    assert on_change(picked, "layer:K", 3, side)[-2:] == ("layer:3", side)  # a pick keeps it
+    _, layer, size, _, *named = on_change(picked, "maskclip", 3, ctx.sizes(ENTRY)[0])
+    assert not layer.visible and named == ["maskclip", 0]  # the native side: 0

@@ -562,7 +562,7 @@ def test_the_public_api_names_its_parameters_in_words(align_blocks):
                              "lambda_local", "token", "came_temperature", "explainers"],
     }
     if trust_unavailable() is None:  # the Trust panel's endpoint, where Quantus is here
-        expected["/align_trust"] = [*pair[:3], "phrase", "explainers"]
+        expected["/align_trust"] = [*pair, "phrase", "explainers"]
     assert api_parameters(align_blocks) == expected
     returns = align_blocks.get_api_info()["named_endpoints"]["/align"]["returns"]
     assert [r["label"] for r in returns] == [

@@ -203,8 +203,9 @@ def test_choice_checks_log_one_line(client, example, checkpoint, caplog, capfd):
     calls = {
         "/align_plan": ((), {**pair, "method": "evil", "token": 0}),
         "/align_token": ((), {**pair, "method": "conceptot", "token": 999}),
-        "/browse": ((checkpoint, "evil source", 96, "test", [], ["conceptot"], "conceptot",
-                     "filip", "all rows", [], "set order", NO_METRIC, ALL, 1, 12), {}),
+        "/browse": ((checkpoint, "last", 0, "evil source", 96, "test", [], ["conceptot"],
+                     "conceptot", "filip", "all rows", [], "set order", NO_METRIC, ALL, 1, 12),
+                    {}),
     }
     for api, (args, named) in calls.items():
         with pytest.raises(AppError, match="is not one of its choices"):
