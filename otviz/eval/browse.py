@@ -251,6 +251,42 @@ def score_heatmaps(
 
 
 @torch.no_grad()
+def query_heatmaps(
+    suite: MethodSuite, data: EvalSet, queries: BrowseQueries,
+    load_image: Callable[[int], np.ndarray], methods: Sequence[str] = ALIGN_METHODS,
+    explainers: Sequence[str] = (), phrases: Sequence[str] | None = None,
+) -> tuple[Tensor, tuple[str, ...], dict[str, str]]:
+    """``(heatmaps [P, K, N] float64, names, unavailable)``: every method's phrase heatmap of
+    every query (batched through the set's cached features,
+    :func:`~otviz.eval.alignment_tables.phrase_heatmaps`), then each of ``explainers``'
+    (:mod:`otviz.explainers`: from the image and the phrase text, ``phrases`` or the items'),
+    the ``K`` names in that order. An explainer that cannot read the backbone's tower gets
+    no column, its note in ``unavailable``."""
+    missing = [m for m in methods if m not in suite.methods]
+    if missing:
+        raise InputError(f"the checkpoint has no {', '.join(missing)}")
+    unavailable = {e: note for e in explainers
+                   if (note := explainer_unavailable(data.backbone, e)) is not None}
+    explainers = [e for e in explainers if e not in unavailable]
+    images = [load_image(int(j)) for j in queries.image] if explainers else []
+    phrases = list(phrases) if phrases is not None else [it.phrase for it in queries.items]
+    heats = torch.stack([
+        phrase_heatmaps(suite.methods[m], data, queries.image, queries.text, queries.select)
+        for m in methods
+    ] + [explain_pairs(data.backbone, e, images, phrases).maps.double() for e in explainers],
+        dim=1)
+    return heats, (*methods, *explainers), unavailable
+
+
+def method_boxes(heatmaps: Tensor, geometries: Sequence[TokenGeometry], threshold: float
+                 ) -> Tensor:
+    """``[P, K, 4]`` pixel boxes of ``[P, K, N]`` heatmaps, query ``p``'s on
+    ``geometries[p]`` (:func:`~otviz.patch_grid.boxes.heatmap_boxes`)."""
+    P, K = heatmaps.shape[:2]
+    return heatmap_boxes(heatmaps.reshape(P * K, -1),
+                         [g for g in geometries for _ in range(K)], threshold).reshape(P, K, 4)
+
+
 def browse_table(
     suite: MethodSuite,
     data: EvalSet,
@@ -261,37 +297,22 @@ def browse_table(
     threshold: float = 0.5,
     explainers: Sequence[str] = (),
 ) -> BrowseTable:
-    """Every method's heatmap of every query (batched through the set's cached features),
-    then each of ``explainers``' (:mod:`otviz.explainers`: from the image and the phrase text),
-    with its box and, where the queries have gold boxes (one image size for the set), hit
-    and IoU. ``image_sizes`` is ``[n_images, 2]`` ``(width, height)``. An explainer that
-    cannot read the backbone's tower gets no column, its note in ``unavailable``."""
-    missing = [m for m in methods if m not in suite.methods]
-    if missing:
-        raise InputError(f"the checkpoint has no {', '.join(missing)}")
-    unavailable = {e: note for e in explainers
-                   if (note := explainer_unavailable(data.backbone, e)) is not None}
-    explainers = [e for e in explainers if e not in unavailable]
-    images = [load_image(int(j)) for j in queries.image] if explainers else []
-    phrases = [it.phrase for it in queries.items]
-    heats = torch.stack([
-        phrase_heatmaps(suite.methods[m], data, queries.image, queries.text, queries.select)
-        for m in methods
-    ] + [explain_pairs(data.backbone, e, images, phrases).maps for e in explainers],
-        dim=1).float()
-    methods = (*methods, *explainers)
+    """Every method's and explainer's heatmap of every query (:func:`query_heatmaps`), with
+    its box and, where the queries have gold boxes (one image size for the set), hit and
+    IoU. ``image_sizes`` is ``[n_images, 2]`` ``(width, height)``."""
+    heats, names, unavailable = query_heatmaps(suite, data, queries, load_image, methods,
+                                               explainers)
+    heats = heats.float()
     sizes = image_sizes[queries.image]
     geometries = [data.backbone.geometry_on(int(w), int(h)) for w, h in sizes.tolist()]
-    P, K = heats.shape[:2]
-    boxes = heatmap_boxes(heats.reshape(P * K, -1),
-                          [g for g in geometries for _ in range(K)], threshold).reshape(P, K, 4)
+    boxes = method_boxes(heats, geometries, threshold)
     hits = iou = None
     if queries.gold is not None:
         scored = [score_heatmaps(heats[:, k], geometries, queries.gold, threshold)
-                  for k in range(K)]
+                  for k in range(len(names))]
         hits = torch.stack([s[0] for s in scored], dim=1)
         iou = torch.stack([s[1] for s in scored], dim=1)
-    return BrowseTable(queries.items, tuple(methods), geometries, heats, boxes, sizes,
+    return BrowseTable(queries.items, names, geometries, heats, boxes, sizes,
                        queries.gold, hits, iou, load_image, threshold, unavailable)
 
 

@@ -1,0 +1,187 @@
+"""Browse on a PASCAL VOC 2012 folder in its published layout written here (palette masks
+with void bands, two image sizes): one row per (image, class in its gold mask); each row's
+IoU recomputed from the gold and predicted masks; the predictions the segmentation table's
+own (their counts summed over the set equal ``otviz eval --dataset voc:DIR``'s, row by
+row); pointing in the gold mask against brute force; the drawing paints the gold mask's
+pixels exactly; the kinds detected from the layout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from otviz.cli import evaluate
+from otviz.data.segmentation_classes import VOC_NAMES
+from otviz.data.segmentation_sets import VOC_CLASSES, VOID
+from otviz.eval.browse_segmentation import (
+    detect_segmentation_kind,
+    pointing_in_mask,
+    segmentation_set_browse,
+)
+from otviz.eval.config import EvalConfig
+from otviz.eval.dataset_models import dataset_backbone, dataset_suite
+from otviz.eval.dataset_segmentation import PROMPT, class_chunks
+from otviz.eval.grounding_metrics import expected_hits
+from otviz.eval.segmentation_metrics import SegmentationCounts
+from otviz.patch_grid.tokens import TokenGeometry
+from otviz.text.words import split_words
+from otviz.viz.browse_masks import (
+    CLASS_COLOUR,
+    OTHER_COLOUR,
+    TITLE_PX,
+    VOID_COLOUR,
+    panel_x,
+    row_masks_image,
+)
+from tests.eval.test_dataset_segmentation import write_voc
+
+METHODS = ("filip", "dense_uot", "conceptot")
+
+
+def _masks() -> dict[str, np.ndarray]:
+    """Two images (64x48 and 40x56): background, two classes each with a void band, one of
+    them touching the border."""
+    a = np.zeros((48, 64), dtype=np.uint8)
+    a[4:20, 6:30] = VOID
+    a[5:19, 7:29] = 15  # person
+    a[30:48, 40:64] = VOID
+    a[31:48, 41:64] = 12  # dog
+    b = np.zeros((56, 40), dtype=np.uint8)
+    b[10:40, 5:25] = VOID
+    b[11:39, 6:24] = 1  # aeroplane
+    b[44:52, 28:38] = 20  # tvmonitor, no void band
+    return {"2008_000001": a, "2008_000002": b}
+
+
+@pytest.fixture(scope="module")
+def voc(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
+    root = tmp_path_factory.mktemp("segbrowse") / "VOC2012"
+    masks = _masks()
+    write_voc(root, masks, np.random.default_rng(0))
+    return root, masks
+
+
+@pytest.fixture(scope="module")
+def browsed(voc, tmp_path_factory):
+    """The Browse table on the suite ``otviz eval --dataset voc:`` builds (the tiny CLIP,
+    training-free methods fitted on the set's class captions)."""
+    root, _ = voc
+    config = EvalConfig(dataset=f"voc:{root}", tables="segmentation", methods=",".join(METHODS))
+    backbone = dataset_backbone(config)
+    from otviz.data.segmentation_sets import load_segmentation_set
+
+    data = load_segmentation_set("voc", root)
+    suite, _ = dataset_suite(backbone, config,
+                             data.as_grounding(PROMPT, class_chunks(backbone, data.names)))
+    cache = tmp_path_factory.mktemp("segbrowse-cache")
+    table, notes = segmentation_set_browse(suite, root, "voc", cache, methods=METHODS)
+    return table, notes, cache
+
+
+def test_one_row_per_class_in_the_gold_mask(voc, browsed) -> None:
+    _, masks = voc
+    table, notes, _ = browsed
+    assert notes == []
+    expected = [(i, VOC_NAMES[v - 1]) for i, m in enumerate(masks.values())
+                for v in np.unique(m) if v not in (0, VOID)]
+    assert [(it.image, it.phrase) for it in table.items] == expected
+    assert table.methods == METHODS
+    for q, it in enumerate(table.items):
+        words = [w.text for w in split_words(it.caption)]
+        assert words[it.start:it.end] == it.phrase.split()
+        assert tuple(table.image_sizes[q].tolist()) == masks[list(masks)[it.image]].shape[::-1]
+
+
+def test_each_row_s_iou_is_its_class_iou_from_the_masks(voc, browsed) -> None:
+    _, masks = voc
+    table, _, _ = browsed
+    golds = list(masks.values())
+    for q, it in enumerate(table.items):
+        gold, label = golds[it.image], table.labels[q]
+        assert np.array_equal(table.gold_labels(q), gold)
+        assert table.gold[q].tolist() == _box(gold == label)
+        keep = gold != VOID
+        for k in range(len(METHODS)):
+            pred = table.predicted_labels(q, k)
+            inter = ((gold == label) & (pred == label) & keep).sum()
+            union = (((gold == label) | (pred == label)) & keep).sum()
+            assert float(table.iou[q, k]) == pytest.approx(inter / union, abs=1e-6)
+
+
+def test_predictions_are_the_segmentation_table_s(voc, browsed, tmp_path) -> None:
+    """The per-image predictions summed over the set give the counts of ``otviz eval
+    --dataset voc:DIR --tables segmentation``, method by method."""
+    root, masks = voc
+    table, _, cache = browsed
+    out = tmp_path / "out"
+    assert evaluate.main(["--dataset", f"voc:{root}", "--tables", "segmentation",
+                          "--methods", ",".join(METHODS), "--threads", "1", "--quiet",
+                          "--cache-dir", str(cache), "--out", str(out)]) == 0
+    rows = {r["name"]: r for r in json.loads((out / "segmentation.json").read_text())[
+        "tables"]["segmentation"]["rows"]}
+    first = {it.image: q for q, it in reversed(list(enumerate(table.items)))}
+    for k, name in enumerate(METHODS):
+        counts = SegmentationCounts(len(VOC_CLASSES))
+        for image, gold in enumerate(masks.values()):
+            counts.add(gold, table.predicted_labels(first[image], k), np.arange(21))
+        assert [int(v) for v in counts.intersect] == rows[name]["intersect"], name
+        assert [int(v) for v in counts.union()] == rows[name]["union"], name
+
+
+def test_pointing_in_the_mask_against_brute_force() -> None:
+    """A 4x4 token grid on a 40x40 image: strict when every tied peak's centre is on a mask
+    pixel, tolerant within 15 px of one; a flat map is a hit only when every token is."""
+    geometry = TokenGeometry.cell_centred((4, 4), (40, 40))
+    mask = torch.zeros(40, 40, dtype=torch.bool)
+    mask[0:10, 0:10] = True  # token 0's cell
+    heat = torch.zeros(4, 16, dtype=torch.float64)
+    heat[0, 0] = 1  # on the mask
+    heat[1, 1] = 1  # centre (15, 5): 5 px from the mask
+    heat[2, 15] = 1  # centre (35, 35): far
+    strict, near = pointing_in_mask(heat, geometry, mask)
+    centres = geometry.centres()
+    inside = mask[centres[:, 1].long(), centres[:, 0].long()]
+    dist = torch.stack([(centres[:, 0] - 9).clamp_min(0), (centres[:, 1] - 9).clamp_min(0)]
+                       ).amax(0)
+    assert strict.tolist() == (expected_hits(heat, inside.expand(4, -1)) == 1).tolist()
+    assert near.tolist() == (expected_hits(heat, (dist <= 15).expand(4, -1)) == 1).tolist()
+    assert strict.tolist() == [True, False, False, False]
+    assert near.tolist() == [True, True, False, False]
+
+
+def test_the_drawing_shows_the_gold_mask_s_pixels_exactly(voc, browsed) -> None:
+    _, masks = voc
+    table, _, _ = browsed
+    for q, it in enumerate(table.items):
+        gold, label = list(masks.values())[it.image], table.labels[q]
+        height, width = gold.shape
+        image = row_masks_image(table, q, ["conceptot", "filip"])
+        assert image.shape == (TITLE_PX + height, panel_x(3, width) - 6, 3)
+        expected = np.empty((height, width, 3), dtype=np.uint8)
+        expected[:] = OTHER_COLOUR
+        expected[gold == label] = CLASS_COLOUR
+        expected[gold == VOID] = VOID_COLOUR
+        assert np.array_equal(image[TITLE_PX:, :width], expected)
+        pred = table.predicted_labels(q, table.method_index("filip"))
+        shown = image[TITLE_PX:, panel_x(2, width):panel_x(2, width) + width]
+        assert np.array_equal(np.all(shown == CLASS_COLOUR, axis=2),
+                              (pred == label) & (gold != VOID))
+        assert np.array_equal(np.all(shown == VOID_COLOUR, axis=2), gold == VOID)
+
+
+def test_the_kind_is_detected_from_the_layout(voc, tmp_path) -> None:
+    root, masks = voc
+    assert detect_segmentation_kind(root) == "voc"
+    renamed = tmp_path / "voc20"
+    write_voc(renamed, masks, np.random.default_rng(0))
+    assert detect_segmentation_kind(renamed) == "voc20"
+    assert detect_segmentation_kind(tmp_path) is None
+
+
+def _box(mask: np.ndarray) -> list[float]:
+    ys, xs = np.nonzero(mask)
+    return [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
