@@ -45,6 +45,7 @@ from otviz.eval.alignment_tables import (
     phrase_heatmaps,
     phrase_queries,
 )
+from otviz.eval.grounding_metrics import TOLERANCE_PX
 from otviz.eval.segmentation_metrics import (
     THRESHOLD,
     VOID,
@@ -143,11 +144,13 @@ def gold_maps(j: int, image: ScoredImage) -> Tensor:
 def segment(images: Sequence[ScoredImage], pixel_maps: PixelMaps, n_classes: int,
             threshold: float = THRESHOLD, background: bool = True) -> SegmentationCounts:
     """The counts of ``images`` segmented by ``pixel_maps``
-    (:func:`~otviz.eval.segmentation_metrics.predict_labels`)."""
+    (:func:`~otviz.eval.segmentation_metrics.predict_labels`), and each candidate's
+    pointing game on the same pixel maps (:meth:`SegmentationCounts.point`)."""
     counts = SegmentationCounts(n_classes)
     for j, image in enumerate(images):
-        pred = predict_labels(pixel_maps(j, image), threshold, background)
-        counts.add(image.gold, pred, image.classes)
+        maps = pixel_maps(j, image)
+        counts.add(image.gold, predict_labels(maps, threshold, background), image.classes)
+        counts.point(maps, image.gold, image.classes)
     return counts
 
 
@@ -161,20 +164,33 @@ def iou_key(name: str) -> str:
 
 
 def segmentation_columns(classes: Sequence[str]) -> list[Column]:
-    """Method, mIoU, pixel accuracy, then each class's IoU."""
+    """Method, mIoU, the per-class pointing game in both conventions, pixel accuracy, then
+    each class's IoU."""
     return ([Column("method", "Method", "text"), Column("miou", "mIoU"),
+             Column("pointing", "Pointing game (per class)"),
+             Column("pointing_tol", f"Pointing, {TOLERANCE_PX:g} px tolerance (per class)"),
              Column("acc", "Pixel acc.")] + [Column(iou_key(c), c) for c in classes])
 
 
 def segmentation_row(label: str, name: str, counts: SegmentationCounts,
                      classes: Sequence[str], **flags: bool) -> dict:
-    """One row: mIoU, pixel accuracy, per-class IoU (NaN: never labelled nor predicted)
-    and per class its labelled pixels (``pixels``), intersection and union."""
+    """One row: mIoU, the pointing game averaged per class (``pointing``, ``pointing_tol``),
+    pixel accuracy, per-class IoU (NaN: never labelled nor predicted) and per class its
+    labelled pixels (``pixels``), its pointing trials (image-candidate pairs) and
+    accuracies (NaN: no trial), intersection and union."""
     iou = counts.iou()
+
+    def per_class(values: np.ndarray) -> dict[str, float]:
+        return {c: float(v) for c, v in zip(classes, values, strict=True)}
+
     return {"method": label, "name": name, "miou": counts.miou(),
+            "pointing": counts.pointing(), "pointing_tol": counts.pointing(tolerant=True),
             "acc": counts.pixel_accuracy(),
             **{iou_key(c): float(v) for c, v in zip(classes, iou, strict=True)},
             "pixels": {c: int(v) for c, v in zip(classes, counts.labelled, strict=True)},
+            "pointing_trials": {c: int(v) for c, v in zip(classes, counts.trials, strict=True)},
+            "pointing_per_class": per_class(counts.class_pointing()),
+            "pointing_tol_per_class": per_class(counts.class_pointing(tolerant=True)),
             "intersect": [int(v) for v in counts.intersect],
             "union": [int(v) for v in counts.union()], **flags}
 
@@ -249,7 +265,11 @@ def rule_note(threshold: float, background: bool) -> str:
                  "threshold, read on scaled maps)")
     return (f"segmentation: {rule}; IoU per class from the pixels summed over the set "
             "(mmseg), not a mean of per-image IoUs; mIoU over the classes labelled or "
-            "predicted; void pixels (255) count nowhere")
+            "predicted; void pixels (255) count nowhere; pointing (TorchRay's per-class "
+            "pointing game): per image and candidate with labelled pixels, the peak of its map "
+            "on the image's pixels on them (strict) or closer than "
+            f"{TOLERANCE_PX:g} px (tolerant), a tie scored as the expected hit; accuracy per "
+            "class, then the mean over the classes with a trial")
 
 
 def prompts_reading(templates: str) -> str:

@@ -27,6 +27,21 @@ the background, ``k`` the ``k``-th candidate) with a map ``classes`` to the set'
 so that two instances of one class in one image (two circles) are told apart: a pixel of
 one predicted as the other counts in the class's union, not its intersection. Where each
 local label is its own class (VOC) this is the usual confusion-matrix IoU.
+
+**Pointing per class** (:meth:`SegmentationCounts.point`), TorchRay's pointing game on sets
+with classes (facebookresearch/TorchRay, ``torchray/benchmark/pointing_game.py``): per
+image and candidate with labelled pixels (on a data set, per image and class present), the
+peak of its map on the image's pixels is a hit in the strict convention (``pointing``) when
+it lies on the candidate's labelled pixels, in the tolerant one (``pointing_tol``) when it
+lies closer than :data:`TOLERANCE_PX` px to one of them (TorchRay's ``evaluate``, lines
+58-87: a disc of squared radius below ``tolerance**2``, default 15, line 50, around the
+point meeting the mask). Accuracy per class is hits over trials, the figure their mean over
+the classes (``class_accuracies`` and ``accuracy``, lines 106-118; TorchRay averages over
+every class of VOC07 or COCO14, each with trials there: otviz over the classes with a trial,
+NaN when none). A tie for the peak is otviz's pointing-game rule
+(:func:`~otviz.eval.grounding_metrics.expected_hits`, read on pixels): the expected hit over
+the tied maxima, so a flat map scores the chance of a random pixel; TorchRay takes one
+maximiser. Void pixels are not the candidate's: a peak there is a strict miss.
 """
 
 from __future__ import annotations
@@ -36,12 +51,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from scipy.ndimage import distance_transform_edt
 from torch import Tensor
+
+from otviz.eval.grounding_metrics import TOLERANCE_PX, expected_hits, peak_tokens
 
 #: The label of pixels that count nowhere (VOC's boundary band, mmseg's ``ignore_index``).
 VOID = 255
 #: The background threshold on a min-max scaled map (the grounding table's box threshold).
 THRESHOLD = 0.5
+#: :class:`SegmentationCounts`' per-class arrays.
+_KEYS = ("intersect", "labelled", "predicted", "hits", "hits_tol", "trials")
 
 
 def scaled_maps(maps: Tensor) -> Tensor:
@@ -69,19 +89,43 @@ def predict_labels(maps: Tensor, threshold: float = THRESHOLD, background: bool 
     return labels.cpu().numpy().astype(np.int64)
 
 
+def pointing_shares(maps: Tensor, gold: np.ndarray, tolerance: float = TOLERANCE_PX
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(strict, tolerant, present)``, each ``[k]``, of ``[k, H, W]`` candidate maps on
+    ``gold`` local labels (candidate ``c`` labelled ``c + 1``; module docstring): the
+    expected hit of each map's peak on the candidate's pixels and within ``tolerance`` px
+    of them (0 where ``present`` is False: the candidate has no labelled pixel)."""
+    k = maps.shape[0]
+    strict, tolerant = np.zeros(k), np.zeros(k)
+    present = np.asarray([(gold == c + 1).any() for c in range(k)], dtype=bool)
+    if not present.any():
+        return strict, tolerant, present
+    tied = peak_tokens(maps[torch.from_numpy(present)].reshape(int(present.sum()), -1))
+    for row, c in enumerate(np.flatnonzero(present)):
+        inside = gold == c + 1
+        near = distance_transform_edt(~inside) < tolerance
+        both = torch.from_numpy(np.stack([inside.ravel(), near.ravel()]))
+        strict[c], tolerant[c] = expected_hits(tied[row].expand(2, -1), both).tolist()
+    return strict, tolerant, present
+
+
 @dataclass
 class SegmentationCounts:
     """Per-class pixel counts over a set (module docstring): ``intersect`` ``I_c``,
-    ``labelled`` ``G_c`` and ``predicted`` ``P_c``, float64 ``[n_classes]``."""
+    ``labelled`` ``G_c`` and ``predicted`` ``P_c``, and the pointing game's ``hits``
+    (strict), ``hits_tol`` (tolerant) and ``trials``, float64 ``[n_classes]``."""
 
     n_classes: int
     intersect: np.ndarray = field(init=False)
     labelled: np.ndarray = field(init=False)
     predicted: np.ndarray = field(init=False)
+    hits: np.ndarray = field(init=False)
+    hits_tol: np.ndarray = field(init=False)
+    trials: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        self.intersect, self.labelled, self.predicted = (np.zeros(self.n_classes)
-                                                         for _ in range(3))
+        for key in _KEYS:
+            setattr(self, key, np.zeros(self.n_classes))
 
     def add(self, gold: np.ndarray, pred: np.ndarray, classes: Sequence[int] | np.ndarray
             ) -> None:
@@ -97,26 +141,49 @@ class SegmentationCounts:
         self.predicted += np.bincount(cls[p], minlength=n)
         self.intersect += np.bincount(cls[g[g == p]], minlength=n)
 
+    def point(self, maps: Tensor, gold: np.ndarray, classes: Sequence[int] | np.ndarray,
+              tolerance: float = TOLERANCE_PX) -> None:
+        """Count one image's pointing game (:func:`pointing_shares`): each candidate with
+        labelled pixels a trial of its class ``classes[c + 1]``."""
+        strict, tolerant, present = pointing_shares(maps, gold, tolerance)
+        cls = np.asarray(classes, dtype=np.int64)[1:][present]
+        np.add.at(self.trials, cls, 1.0)
+        np.add.at(self.hits, cls, strict[present])
+        np.add.at(self.hits_tol, cls, tolerant[present])
+
     def merged(self, other: SegmentationCounts) -> SegmentationCounts:
         """The counts of both (e.g. two shards of a set)."""
         if other.n_classes != self.n_classes:
             raise ValueError(f"{self.n_classes} classes but {other.n_classes}")
         out = SegmentationCounts(self.n_classes)
-        for key in ("intersect", "labelled", "predicted"):
+        for key in _KEYS:
             setattr(out, key, getattr(self, key) + getattr(other, key))
         return out
 
     def as_dict(self) -> dict[str, list[float]]:
         """The counts as JSON-ready lists (:meth:`from_dict` reads them back)."""
-        return {"intersect": self.intersect.tolist(), "labelled": self.labelled.tolist(),
-                "predicted": self.predicted.tolist()}
+        return {key: getattr(self, key).tolist() for key in _KEYS}
 
     @classmethod
     def from_dict(cls, values: dict[str, list[float]]) -> SegmentationCounts:
         out = cls(len(values["labelled"]))
-        for key in ("intersect", "labelled", "predicted"):
+        for key in _KEYS:
             setattr(out, key, np.asarray(values[key], dtype=np.float64))
         return out
+
+    def class_pointing(self, tolerant: bool = False) -> np.ndarray:
+        """``[n_classes]`` pointing accuracy per class (strict, or ``tolerant``), NaN for a
+        class without a trial."""
+        hits = self.hits_tol if tolerant else self.hits
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.trials > 0, hits / np.where(self.trials > 0, self.trials, 1),
+                            np.nan)
+
+    def pointing(self, tolerant: bool = False) -> float:
+        """The per-class pointing accuracy averaged over the classes with a trial (module
+        docstring; NaN when none has one)."""
+        acc = self.class_pointing(tolerant)
+        return float(np.nanmean(acc)) if np.isfinite(acc).any() else float("nan")
 
     def union(self) -> np.ndarray:
         return self.labelled + self.predicted - self.intersect

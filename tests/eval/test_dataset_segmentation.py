@@ -97,6 +97,16 @@ def test_voc21_pixels_gold_and_every_method(voc, tmp_path: Path) -> None:
     assert rows["gold_masks"]["miou"] == 1.0
     for name in (*METHODS.split(","), "maskclip", "legrad", "uniform", "centre_prior"):
         assert 0.0 <= rows[name]["miou"] <= 1.0, name
+        assert 0.0 <= rows[name]["pointing"] <= rows[name]["pointing_tol"] <= 1.0, name
+    # pointing: one trial per (image, object class present), the gold masks always hit
+    trials = {c: sum(int((m == k).any()) for m in masks.values()) if k else 0
+              for k, c in enumerate(VOC_CLASSES)}
+    assert rows["gold_masks"]["pointing_trials"] == trials
+    assert rows["gold_masks"]["pointing"] == rows["gold_masks"]["pointing_tol"] == 1.0
+    # the uniform map: every pixel tied, so a class scores its pixels' share of its images
+    chance = [np.mean([(m == k).sum() / m.size for m in masks.values() if (m == k).any()])
+              for k in range(1, 21) if trials[VOC_CLASSES[k]]]
+    assert rows["uniform"]["pointing"] == pytest.approx(np.mean(chance))
     # the uniform map: background everywhere; its IoU is the background's share
     present = [c for c in VOC_CLASSES if expected[c]]
     share = expected["background"] / sum(expected.values())

@@ -115,7 +115,13 @@ def test_world_sanity_rows_and_pixels(world_table) -> None:
                                                     len(labelled))
     for name in ("filip", "dense_uot", "conceptot", "maskclip", "centre_prior"):
         assert 0.0 <= rows[name]["miou"] <= 1.0
+        assert 0.0 <= rows[name]["pointing"] <= rows[name]["pointing_tol"] <= 1.0
     assert set(SHAPES) <= {k[4:] for k in rows["conceptot"] if k.startswith("iou_")}
+    # pointing: one trial per phrase whose object has labelled pixels, by its shape
+    gold = rows["gold_masks"]
+    assert gold["pointing"] == gold["pointing_tol"] == 1.0
+    assert sum(gold["pointing_trials"].values()) == sum(len(s.phrases) for s in data.samples)
+    assert gold["pointing_trials"]["background"] == 0
 
 
 def test_world_images_label_each_object_by_its_phrase(world_table) -> None:
@@ -144,3 +150,57 @@ def test_a_flat_token_map_stays_flat_once_drawn() -> None:
     drawn = token_maps(maps, geometry)(0, image)
     assert (drawn.amax(dim=(1, 2)) == drawn.amin(dim=(1, 2))).all()
     assert (predict_labels(drawn) == 0).all()
+
+
+def _near(mask: np.ndarray, tolerance: float) -> np.ndarray:
+    """The pixels closer than ``tolerance`` to a pixel of ``mask``, by brute force."""
+    rows, cols = np.nonzero(mask)
+    r, c = np.indices(mask.shape)
+    d2 = (r[..., None] - rows) ** 2 + (c[..., None] - cols) ** 2
+    return (d2 < tolerance**2).any(axis=-1)
+
+
+def test_pointing_per_class_closed_form() -> None:
+    """TorchRay's per-class pointing game on two 20 x 20 images, by hand: class A (blocks
+    rows/cols 0-3) pointed 7 px below its block (strict miss, tolerant hit), then by a flat
+    map (the chance of a random pixel: 16/400 strict, the share of pixels closer than 15 px
+    tolerant); class B hit at its centre; class C (one pixel) pointed exactly 15 px away
+    (TorchRay's disc is open: a miss), and a candidate with no pixel is no trial."""
+    size = 20
+    one = np.zeros((size, size), dtype=np.int64)
+    one[:4, :4], one[10:, 10:], one[19, 0] = 1, 2, 3
+    one[0, 19] = VOID
+    maps = torch.zeros(4, size, size, dtype=torch.float64)
+    maps[0, 10, 0] = 1.0  # A: 7 px below (3, 0)
+    maps[1, 15, 15] = 1.0  # B: inside
+    maps[2, 4, 0] = 1.0  # C: 15 px above (19, 0)
+    maps[3, 0, 19] = 1.0  # D: nothing labelled D (its peak on a void pixel)
+    two = np.zeros((size, size), dtype=np.int64)
+    two[:4, :4] = 1
+    flat = torch.ones(1, size, size, dtype=torch.float64)
+    counts = SegmentationCounts(5)
+    counts.point(maps, one, [0, 1, 2, 3, 4])
+    counts.point(flat, two, [0, 1])
+    share = _near(two == 1, 15).mean()
+    np.testing.assert_array_equal(counts.trials, [0, 2, 1, 1, 0])
+    np.testing.assert_allclose(counts.hits, [0, 16 / 400, 1, 0, 0])
+    np.testing.assert_allclose(counts.hits_tol, [0, 1 + share, 1, 0, 0])
+    acc = counts.class_pointing()
+    assert np.isnan(acc[[0, 4]]).all()
+    assert counts.pointing() == pytest.approx((16 / 400 / 2 + 1 + 0) / 3)
+    assert counts.pointing(tolerant=True) == pytest.approx(((1 + share) / 2 + 1 + 0) / 3)
+    # shards add up; the JSON form reads back
+    both = counts.merged(SegmentationCounts.from_dict(counts.as_dict()))
+    np.testing.assert_allclose(both.hits_tol, 2 * counts.hits_tol)
+    assert both.pointing() == pytest.approx(counts.pointing())
+
+
+def test_pointing_on_an_exact_tie_takes_the_expected_hit() -> None:
+    """Two tied maxima, one on the class's pixels: the expected hit 1/2 (otviz's tie rule)."""
+    gold = np.zeros((30, 30), dtype=np.int64)
+    gold[0, 0] = 1
+    maps = torch.zeros(1, 30, 30, dtype=torch.float64)
+    maps[0, 0, 0] = maps[0, 29, 29] = 2.0  # the other 41 px away
+    counts = SegmentationCounts(2)
+    counts.point(maps, gold, [0, 1])
+    assert counts.hits[1] == 0.5 and counts.hits_tol[1] == 0.5
