@@ -85,7 +85,9 @@ _CONTEXT = dict(images="JPEGImages", masks="SegmentationClassContext", image_suf
 #: COCO-Object (GroupViT's and TCL's background plus COCO's 80 object classes) as SCLIP,
 #: ClearCLIP and NACLIP read it: SCLIP's ``custom_datasets.py`` lines 42-75
 #: (``COCOObjectDataset``: ``img_suffix='.jpg'``, ``seg_map_suffix='_instanceTrainIds.png'``,
-#: 0 background, ``k`` the ``k``-th object class, 255 void) and ``configs/cfg_coco_object.py``
+#: 0 background, ``k`` the ``k``-th object class, 255 void; masks written from COCO-Stuff
+#: 164k by GroupViT's converter, NACLIP's ``datasets/cvt_coco_object.py``: thing ids 0-90 to
+#: 1-80, stuff and unlabelled ids to 0) and ``configs/cfg_coco_object.py``
 #: lines 11-33 (``reduce_zero_label=False``, ``img_path='images/val2017'``,
 #: ``seg_map_path='annotations/val2017'``; the same in ClearCLIP's and NACLIP's
 #: ``configs/cfg_coco_object.py``). Their background threshold (``prob_thd`` on the softmax
