@@ -326,14 +326,15 @@ def test_the_tab_builds_in_the_app_and_opens_rows_in_align(ctx, checkpoint, sour
     tabs = {b.label: b for b in app.blocks.values() if isinstance(b, gr.Tab)}
     assert tabs[BROWSE_TITLE].id == tab_id(BROWSE_TITLE)
     # the first page and a picked page: the same form, by its components' names
-    form = ["checkpoint", "source", "n_images", "split", "files", "methods", "method_a",
-            "method_b", "hit_filter", "kinds", "order", "trust_metric", "trust_keep", "page",
-            "per_page"]
+    form = ["checkpoint", "features", "image_size", "source", "n_images", "split", "files",
+            "methods", "method_a", "method_b", "hit_filter", "kinds", "order", "trust_metric",
+            "trust_keep", "page", "per_page"]
     endpoints = api_parameters(app)
     assert endpoints["/browse"] == endpoints["/browse_page"] == form
     # the page's table is the view's, titled with the reading its maps were drawn on
     on_browse = next(f.fn for f in app.fns.values() if f.api_name == "browse")
-    args = {"checkpoint": checkpoint, "source": WORLD_SOURCE, "n_images": N_IMAGES,
+    args = {"checkpoint": checkpoint, "features": "last", "image_size": 0,
+            "source": WORLD_SOURCE, "n_images": N_IMAGES,
             "split": "test", "files": None, "methods": ["filip"], "method_a": "filip",
             "method_b": "filip", "hit_filter": B.ALL_ROWS, "kinds": [], "order": B.SET_ORDER,
             "trust_metric": NO_METRIC, "trust_keep": ALL, "page": 1, "per_page": 12}

@@ -126,12 +126,11 @@ def test_a_pick_opens_the_heads_at_their_reading(by_path):
         controls = build_reading_controls(ctx, picker)
     on_pick = next(f.fn for f in blocks.fns.values() if f.fn is not None)
     assert not controls.note.visible
-    value, features, _, _, note, named, _ = on_pick(entry, "last", 0, None)
-    assert value.value == f"{entry}{SEPARATOR}features {TRAINED_ON}" and named == TRAINED_ON
-    assert features.value == TRAINED_ON
+    features, _, _, note, named, side = on_pick(entry, "last", 0, None)
+    assert (named, side) == (TRAINED_ON, 0) and features.value == TRAINED_ON
     assert note.visible and note.value.startswith("Trained heads (conceptot): world, 8 pairs")
-    value, features, _, _, note, *_ = on_pick(FREE, TRAINED_ON, 0, None)
-    assert value.value == f"{FREE}{SEPARATOR}features {TRAINED_ON}" and not note.visible
+    features, _, _, note, named, _ = on_pick(FREE, TRAINED_ON, 0, None)
+    assert named == TRAINED_ON and not note.visible
 
 
 def test_every_view_reads_the_heads_by_path(by_path, tiny_heads, sample, tmp_path):
@@ -230,9 +229,9 @@ def test_the_block_slider_starts_mid_network(ctx):
     events, controls = _events(ctx, SHIPPED)
     assert controls.layer.value == 2 and not controls.layer.visible
     on_change = events[1].fn  # the features control's
-    value, features, layer, _, note, *_ = on_change(SHIPPED, LAYER_FORM, controls.layer.value,
-                                                    ctx.sizes(SHIPPED)[0])
-    assert value.value == f"{SHIPPED}{SEPARATOR}features layer:2" and layer.visible
+    features, layer, _, note, named, _ = on_change(SHIPPED, LAYER_FORM, controls.layer.value,
+                                                   ctx.sizes(SHIPPED)[0])
+    assert named == "layer:2" and layer.visible
     assert note.visible and "drawn training-free" in note.value
 
 

@@ -25,11 +25,8 @@ from otviz.ui.anchors_tab import (
     default_words,
     untrained_words,
 )
-from otviz.ui.context import (
-    COMMON_CONCEPTS,
-    EMBEDDED,
-    SharedInputs,
-)
+from otviz.ui.app import build_shared_inputs
+from otviz.ui.context import COMMON_CONCEPTS, EMBEDDED
 from otviz.viz.anchors import anchor_matrix_figure, cluster_order, embed_2d
 from otviz.viz.panels import heat_fields
 from otviz.world.vocab import COLOURS, SHAPES, SIZES
@@ -243,13 +240,14 @@ def test_errors_are_clean(ctx, checkpoint, image):
 
 def test_builder_wires_into_blocks(ctx):
     with gr.Blocks() as demo:
-        shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
+        shared = build_shared_inputs(ctx)
         build_anchors_tab(ctx, shared)
     # a control's edit runs its endpoint again and is not an endpoint of its own
     assert api_parameters(demo) == {
-        "/anchors": ["checkpoint", "words", "projection"],
-        "/anchor_maps": ["image", "caption", "checkpoint", "top_k", "picked", "per_map_scale"],
-        "/default_words": ["checkpoint"],
+        "/anchors": ["checkpoint", "features", "image_size", "words", "projection"],
+        "/anchor_maps": ["image", "caption", "checkpoint", "features", "image_size", "top_k",
+                         "picked", "per_map_scale"],
+        "/default_words": ["checkpoint", "features", "image_size"],
     }
 
 

@@ -78,6 +78,17 @@ def test_every_view_reads_the_shared_inputs(built):
     for name in ("anchors", "zero_shot", "train"):
         assert picker._id in [c._id for c in fns[name].inputs], name
     assert picker._id in [c._id for c in fns["train"].outputs]  # new heads reach the picker
+    # the reading: the controls' hidden fields, right after the picker, on every reader
+    hidden = [b for b in app.blocks.values() if getattr(b, "label", None) in (
+        "features", "image_size") and b.visible is False]
+    assert [type(b) for b in hidden] == [gr.Textbox, gr.Number]
+    readers = [fn for fn in app.fns.values() if picker._id in [c._id for c in fn.inputs]
+               and "shared-features" not in [c.elem_id for c in fn.inputs]]  # not the controls'
+    assert len(readers) > 20
+    for fn in readers:
+        ids = [c._id for c in fn.inputs]
+        at = ids.index(picker._id)
+        assert ids[at:at + 3] == [picker._id, *(b._id for b in hidden)], fn.name
 
 
 #: Names an endpoint's parameter must not have: Gradio's positional ``param_N`` (a callback
@@ -217,6 +228,85 @@ def test_align_draws_the_reading_its_parameters_name(client, example, live_app):
         client.predict(image=handle_file(path), caption=caption,
                        checkpoint=with_reading(checkpoint, Reading("sclip")),
                        api_name="/align")
+
+
+#: The public endpoints that read a backbone (checked against the app's API info).
+BACKBONE_READERS = ["/align_trust", "/align", "/align_phrase", "/align_plan", "/align_token",
+                    "/align_scores", "/align_downloads", "/anchors", "/anchor_maps",
+                    "/default_words", "/phrases", "/phrases_node", "/probe", "/probe_batch",
+                    "/zero_shot", "/words", "/words_pick", "/browse", "/browse_page", "/train"]
+
+
+def test_every_endpoint_taking_a_checkpoint_takes_the_reading_by_name(built):
+    """Issue 53.4: every public endpoint of the app's API info with a ``checkpoint``
+    parameter lists ``features`` and ``image_size`` right after it, with /align's types and
+    defaults (``last``; 0, the native side); :data:`BACKBONE_READERS` is that list."""
+    from otviz.ui.trust_browse import trust_unavailable
+
+    info = built[1].get_api_info()["named_endpoints"]
+    takers = [name for name, e in info.items()
+              if "checkpoint" in [p["parameter_name"] for p in e["parameters"]]]
+    readers = [n for n in BACKBONE_READERS if n != "/align_trust" or trust_unavailable() is None]
+    assert sorted(takers) == sorted(readers)
+
+    def reading(name: str) -> list[dict]:
+        params = info[name]["parameters"]
+        at = [p["parameter_name"] for p in params].index("checkpoint")
+        return params[at + 1:at + 3]
+
+    align = reading("/align")
+    assert [(p["parameter_name"], p["parameter_default"], p["python_type"]["type"])
+            for p in align] == [("features", "last", "str"), ("image_size", 0, "int")]
+    assert {name: reading(name) for name in takers} == dict.fromkeys(takers, align)
+
+
+#: A checkpoint value with the reading written into it the old way.
+OLD_STYLE = " · features sclip · 448 px"
+
+
+@pytest.mark.parametrize("endpoint", BACKBONE_READERS)
+def test_every_endpoint_refuses_a_reading_in_the_checkpoint(client, example, live_app,
+                                                            endpoint):
+    """A suffixed checkpoint sent to any endpoint that reads a backbone is refused with the
+    message naming the ``features`` and ``image_size`` parameters (nothing else computed:
+    every other required parameter is left empty), never read as that reading."""
+    from otviz.ui.reading import READING_IN_CHECKPOINT
+
+    info = live_app.blocks.get_api_info()["named_endpoints"]
+    if endpoint not in info:
+        pytest.skip(f"{endpoint} is not served here (no Quantus)")
+    path, caption = example
+    given = {"image": handle_file(path), "caption": caption}
+    required = {p["parameter_name"]: given.get(p["parameter_name"])
+                for p in info[endpoint]["parameters"] if not p["parameter_has_default"]}
+    checkpoint = live_app.ctx.checkpoint_choices()[0] + OLD_STYLE
+    with pytest.raises(AppError) as refused:
+        client.predict(**required, checkpoint=checkpoint, features="sclip", image_size=448,
+                       api_name=endpoint)
+    assert READING_IN_CHECKPOINT in str(refused.value), str(refused.value)
+
+
+def test_a_view_draws_the_reading_its_parameters_name(client, example, live_app):
+    """Probe's endpoint at ``features="sclip"``, ``image_size`` the doubled side: the score
+    table is the in-process view's at that reading, not the default's (Align's own:
+    :func:`test_align_draws_the_reading_its_parameters_name`)."""
+    from otviz.ui.probe_tab import probe_view
+    from otviz.ui.reading import Reading, with_reading
+
+    path, caption = example
+    ctx, rgb = live_app.ctx, np.asarray(Image.open(path).convert("RGB"))
+    checkpoint = ctx.checkpoint_choices()[0]
+    side = ctx.sizes(checkpoint)[2]
+
+    def table(value: str) -> list[list]:
+        frame = probe_view(ctx.explainer(value), ctx.suite(value), rgb, caption, "", 0.5)[2]
+        return json.loads(frame.to_json(orient="values"))
+
+    out = client.predict(image=handle_file(path), caption=caption, checkpoint=checkpoint,
+                         features="sclip", image_size=side, variants="", lambda_local=0.5,
+                         api_name="/probe")
+    read = table(with_reading(checkpoint, Reading("sclip", side)))
+    assert out[2]["value"]["data"] == read and read != table(checkpoint)
 
 
 def test_no_monitoring_page_and_no_summary_rebuilt_per_event(client, example, live_app,

@@ -23,7 +23,7 @@ from otviz.ot.powerset import exact_r2t, exact_t2r, nla_t1, nla_t2
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.text.parse import phrase_nodes
 from otviz.text.tree import Tree
-from otviz.ui.context import SharedInputs
+from otviz.ui.app import build_shared_inputs
 from otviz.ui.phrases_tab import (
     build_phrases_tab,
     node_label,
@@ -253,10 +253,10 @@ def test_errors_are_clean(ctx, checkpoint, image):
 
 def test_builder_wires_into_blocks(ctx):
     with gr.Blocks() as demo:
-        shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
+        shared = build_shared_inputs(ctx)
         build_phrases_tab(ctx, shared)
     # the click and the node picker's edit; the other edits run the latter again
-    named = ["image", "caption", "checkpoint", "regions", "node", "tau"]
+    named = ["image", "caption", "checkpoint", "features", "image_size", "regions", "node", "tau"]
     assert api_parameters(demo) == {"/phrases": named, "/phrases_node": named}
 
 

@@ -19,7 +19,7 @@ from PIL import Image
 from otviz.eval.probe import probe_accuracy
 from otviz.explain import InputError
 from otviz.suite import ALIGN_METHODS, METHOD_LABELS
-from otviz.ui.context import SharedInputs
+from otviz.ui.app import build_shared_inputs
 from otviz.ui.probe_tab import (
     MAX_CUSTOM,
     SCORE_COLUMNS,
@@ -207,11 +207,12 @@ def test_errors_are_clean(tools, image, image_ok, caption, custom, lam, message)
 
 def test_builder_wires_the_tab(ctx):
     with gr.Blocks() as demo:
-        shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
+        shared = build_shared_inputs(ctx)
         with gr.Tab(TAB_TITLE):
             build_probe_tab(ctx, shared)
     # the single and batch probes (each with its downloads step, not an endpoint)
     assert api_parameters(demo) == {
-        "/probe": ["image", "caption", "checkpoint", "variants", "lambda_local"],
-        "/probe_batch": ["checkpoint", "lambda_local"],
+        "/probe": ["image", "caption", "checkpoint", "features", "image_size", "variants",
+                   "lambda_local"],
+        "/probe_batch": ["checkpoint", "features", "image_size", "lambda_local"],
     }

@@ -33,7 +33,7 @@ from otviz.ot.zeroshot import (
     selective_predict,
     zero_shot_predict,
 )
-from otviz.ui.context import SharedInputs
+from otviz.ui.app import build_shared_inputs
 from otviz.ui.zeroshot_tab import (
     CUSTOM,
     LAYOUTS,
@@ -303,12 +303,13 @@ def test_non_image_and_huge_uploads_are_refused(tmp_path):
 
 def test_builder_wires_the_tab(ctx):
     with gr.Blocks() as demo:
-        shared = SharedInputs(gr.Image(), gr.Textbox(), gr.Dropdown(ctx.checkpoint_choices()))
+        shared = build_shared_inputs(ctx)
         with gr.Tab(TAB_TITLE):
             build_zeroshot_tab(ctx, shared)
     # the task's classes and the run (its downloads step is not an endpoint)
     assert api_parameters(demo) == {
         "/zero_shot_classes": ["task"],
-        "/zero_shot": ["checkpoint", "source", "files", "task", "seed", "n_images", "layout",
-                       "classes", "template", "prior_preset", "prior_text", "rate"],
+        "/zero_shot": ["checkpoint", "features", "image_size", "source", "files", "task", "seed",
+                       "n_images", "layout", "classes", "template", "prior_preset", "prior_text",
+                       "rate"],
     }
