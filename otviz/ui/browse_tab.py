@@ -45,6 +45,11 @@ from otviz.eval.browse import (
     select_rows,
     world_browse,
 )
+from otviz.eval.browse_segmentation import (
+    SegmentationBrowseTable,
+    detect_segmentation_kind,
+    segmentation_set_browse,
+)
 from otviz.explain import InputError
 from otviz.explainers import explainer_choices, explainers_needed
 from otviz.suite import method_choices
@@ -58,6 +63,7 @@ from otviz.ui.shutdown import refuse_if_stopping
 from otviz.ui.trust_browse import TrustValues, trust_controls, trust_sort
 from otviz.ui.upload_cache import discarded_if_refused, lone_archive
 from otviz.viz.browse import browse_frame, browse_page_image
+from otviz.viz.browse_masks import row_masks_image
 from otviz.viz.tables import POINTING_LABELS, titled
 
 TAB_TITLE = "Browse"
@@ -86,8 +92,15 @@ every row the first time it is picked; the pointing game in both conventions,
 *{POINTING_LABELS['pointing']}* and *{POINTING_LABELS['pointing_tol']}*, see the picker's
 line), keeping the better or worse half if asked. The table's title names the reading
 (model, features, input size) the maps were drawn on. Click a row of the table to open that
-image and phrase in Align. The first load encodes and solves every method on every image
-(seconds); paging, filters and sorting then read the kept results."""
+image and phrase in Align. *An uploaded segmentation set* (any set `otviz eval --dataset`
+reads, in its published layout: VOC, Context, ADE20K, ...; a folder named `voc20` or
+`context59` is read without background) gives a row per class in each image's gold mask:
+the number is that class's IoU between the method's predicted mask (the segmentation
+table's argmax with its background threshold) and the gold mask, ✓ a peak inside the gold
+mask; clicking a row draws, below the table, the gold mask beside each method's predicted
+mask (void pixels cream) and puts the image in Align. The first load encodes and solves
+every method on every image (seconds); paging, filters and sorting then read the kept
+results."""
 
 
 @dataclass
@@ -177,11 +190,13 @@ def load_table(
 
     def compute() -> BrowseTable:
         with discarded_if_refused(lone_archive(paths)), sources.uploads.unpacked(paths) as root:
+            kind = detect_segmentation_kind(root)  # a segmentation set: gold masks
             layout = detect_layout(root)  # a grounding data set: gold boxes and hits
-            if layout is not None:
-                table, skipped = grounding_set_browse(suite, root, layout, sources.features_dir,
-                                                      sources.max_images, explainers=explainers,
-                                                      progress=stop_check)
+            if kind is not None or layout is not None:
+                table, skipped = (segmentation_set_browse if kind is not None else
+                                  grounding_set_browse)(
+                    suite, root, kind or layout, sources.features_dir, sources.max_images,
+                    explainers=explainers, progress=stop_check)
                 sources.roots[key] = root
                 if skipped:
                     sources.notes[key] = "; ".join(skipped)
@@ -297,6 +312,17 @@ def open_row(table: BrowseTable, rows: list[int], index: int) -> tuple[np.ndarra
     return image, item.caption, f"span:{item.start}:{item.end}"
 
 
+def row_masks(table: BrowseTable, rows: list[int], index: int, methods: list[str] | None
+              ) -> np.ndarray | None:
+    """Table row ``index`` of a segmentation set's table: its class's gold mask beside each
+    of ``methods``' predicted mask, at the image's size
+    (:func:`~otviz.viz.browse_masks.row_masks_image`); ``None`` for another table."""
+    if not isinstance(table, SegmentationBrowseTable):
+        return None
+    shown = [m for m in methods or [] if m not in table.unavailable]
+    return row_masks_image(table, rows[int(index)], shown)
+
+
 def build_browse_tab(
     ctx: AppContext, shared: SharedInputs, align: AlignTarget,
     sources: BrowseSources | None = None,
@@ -335,6 +361,8 @@ def build_browse_tab(
                     elem_id="browse-grid")
     frame = gr.Dataframe(label=TABLE_TITLE, interactive=False,
                          elem_id="browse-table")
+    masks = gr.Image(label="Opened row: gold class mask beside each method's predicted mask",
+                     format="png", interactive=False, elem_id="browse-masks")
     rows = gr.State([])
     trusted = TrustValues(server_budget())
     gr.Markdown(HOW_TO_READ)
@@ -374,8 +402,9 @@ def build_browse_tab(
         table = load_table(ctx, sources, checkpoint, source, n_images, split, files,
                            explainers_needed([*(methods or []), method_a, method_b]))
         image, caption, phrase = open_row(table, shown, evt.index[0])
+        drawn = row_masks(table, shown, evt.index[0], methods)
         return (image, caption, gr.Dropdown(choices=[(phrase, phrase)], value=phrase),
-                gr.Tabs(selected=align.tab_id))
+                gr.skip() if drawn is not None else gr.Tabs(selected=align.tab_id), drawn)
 
     source_inputs = [*shared.backbone, source, n_images, split, files]
     inputs = [*source_inputs, methods, a, b, hit_filter, kinds, order, trust_metric,
@@ -391,5 +420,5 @@ def build_browse_tab(
     nxt.click(user_errors(step(1)), inputs, outputs, **hidden)
     align.link.after(frame.select(
         user_errors(on_select), [*source_inputs, methods, a, b, rows],
-        [shared.image, shared.caption, align.link.phrase, align.tabs], **hidden,
+        [shared.image, shared.caption, align.link.phrase, align.tabs, masks], **hidden,
     ), **hidden)
