@@ -413,21 +413,23 @@ def test_rejected_requests_leave_no_files(ctx, cache_dir, tmp_path):
 
 def test_heads_train_on_the_pages_reading_and_are_offered_with_it(ctx, cache_dir, tmp_path):
     """Picked with a reading (the features picker, the size control), the Train tab trains
-    on it: the config carries it, the head records it, the picker entry reads it, and the
-    same entry on the default reading draws the training-free methods, saying why."""
+    on it: the config carries it, the head records it, the picker entry (model and head set
+    only: issue 53.4) read at it draws the head, and the same entry on the default reading
+    draws the training-free methods, saying why."""
     jobs = jobs_for(ctx, tmp_path, cache_dir)
-    reading = " · features layer:2"
     job = jobs.start(train_request_of(["filip"], max_steps=1, **SMALL),
-                     ctx.checkpoint_choices()[0] + reading)
+                     ctx.read_as(ctx.checkpoint_choices()[0], "layer:2", 0))
     status = wait(job)
     assert status.state == "finished", status.error
     assert (job.configs[0].features, job.configs[0].image_size) == ("layer:2", 0)
     # the set's name gets " #N" when an earlier test of this context trained "filip" too
-    name = status.picker_entry.removeprefix(f"{EMBEDDED} · ").removesuffix(reading)
-    assert status.picker_entry == f"{EMBEDDED} · {name}{reading}"
+    name = status.picker_entry.removeprefix(f"{EMBEDDED} · ")
+    assert status.picker_entry == f"{EMBEDDED} · {name}"
     assert re.fullmatch(r"trained here: filip( #\d+)?", name), name
-    suite = ctx.suite(status.picker_entry)  # the head on the reading it was trained on
+    assert status.picker_entry in ctx.checkpoint_choices()
+    # the head on the reading it was trained on
+    suite = ctx.suite(ctx.read_as(status.picker_entry, "layer:2", None))
     assert suite.methods["filip"].source == f"trained ({name})"
-    elsewhere = status.picker_entry.removesuffix(reading)
+    elsewhere = status.picker_entry
     assert ctx.suite(elsewhere).methods["filip"].source == "training-free"
     assert "trained on features layer:2" in ctx.heads_note(elsewhere)
