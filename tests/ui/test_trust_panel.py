@@ -102,7 +102,8 @@ def test_the_panel_s_table_title_names_its_reading(ctx, checkpoint) -> None:
     app = build_app(ctx)
     on_trust = next(f.fn for f in app.fns.values() if f.api_name == "align_trust")
     example = load_examples()[0]
-    steps = on_trust(str(example.image_path), example.caption, checkpoint, None, False)
+    steps = on_trust(str(example.image_path), example.caption, checkpoint, "last", 0, None,
+                     False)
     table, _ = next(steps)
     steps.close()
     backbone = ctx.explainer(checkpoint).backbone
