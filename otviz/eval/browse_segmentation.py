@@ -16,12 +16,11 @@ the same counts over the set), void pixels counting nowhere. The background clas
 and no row; a class the text tower's context cut has no map, its rows are left out and
 counted in the notes.
 
-Pointing, with the pointing game's tie rule (:func:`~otviz.eval.grounding_metrics.
-expected_hits`, a sure hit shown): ``pointing`` when the peak token's centre lies on a pixel
-of the class's gold mask, ``pointing_tol`` when it lies within
-:data:`~otviz.eval.grounding_metrics.TOLERANCE_PX` pixels (each axis) of one. A row's gold
-box is the enclosing box of its class's pixels (drawn on the image; the trust sort's
-localisation metrics read it).
+Pointing is the segmentation table's too, TorchRay's per-class pointing game on the same
+pixel maps (:func:`~otviz.eval.segmentation_metrics.pointing_shares`): ``pointing`` the
+expected hit of the map's peak on the class's gold pixels, ``pointing_tol`` within 15 px of
+them; Browse's ✓ (``hits``) is a sure strict hit. A row's gold box is the enclosing box of
+its class's pixels (drawn on the image; the trust sort's localisation metrics read it).
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from otviz.data.datasets import DatasetError
@@ -52,9 +50,13 @@ from otviz.eval.browse import (
 )
 from otviz.eval.dataset_models import decodable_items
 from otviz.eval.dataset_segmentation import PROMPT, class_chunks
-from otviz.eval.grounding_metrics import TOLERANCE_PX, expected_hits
 from otviz.eval.segmentation import ScoredImage, candidate_rows, token_maps
-from otviz.eval.segmentation_metrics import THRESHOLD, SegmentationCounts, predict_labels
+from otviz.eval.segmentation_metrics import (
+    THRESHOLD,
+    SegmentationCounts,
+    pointing_shares,
+    predict_labels,
+)
 from otviz.eval.world_set import EvalSet, GroundingProbeDataset, model_input_size
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.suite import ALIGN_METHODS, MethodSuite
@@ -73,14 +75,16 @@ class SegmentationBrowseTable(BrowseTable):
         data: the set (its gold masks, read back per row).
         labels: per row, its class's local label in the image's labels
             (:meth:`~otviz.data.segmentation_sets.SegmentationSet.load_labels`).
-        near: ``[P, K]`` sure pointing hits within the tolerance (``pointing_tol``).
+        pointing: ``[P, K]`` float64, the expected strict pointing hit (``hits``: where 1).
+        pointing_tol: ``[P, K]`` float64, the same within the tolerance.
         predictions: ``(image, method index)`` -> the predicted local labels ``uint8
             [H, W]``, zlib-compressed.
     """
 
     data: SegmentationSet
     labels: list[int]
-    near: Tensor
+    pointing: Tensor
+    pointing_tol: Tensor
     predictions: dict[tuple[int, int], bytes]
 
     def gold_labels(self, row: int) -> np.ndarray:
@@ -178,8 +182,8 @@ class _Rows:
         self.labels: list[int] = []
         self.heats: list[Tensor] = []
         self.iou: list[Tensor] = []
-        self.hits: list[Tensor] = []
-        self.near: list[Tensor] = []
+        self.pointing: list[Tensor] = []
+        self.pointing_tol: list[Tensor] = []
         self.gold: list[Tensor] = []
         self.geometries: list[TokenGeometry] = []
         self.sizes: list[tuple[int, int]] = []
@@ -196,15 +200,17 @@ class _Rows:
         gold = data.load_labels(i)
         height, width = gold.shape
         scored = ScoredImage(local, gold, data.local_classes())
-        ious = []
+        ious, shares = [], []
         for k in range(heats.shape[1]):
-            pred = predict_labels(token_maps(heats[:, k], frame)(i, scored), THRESHOLD,
-                                  data.background)
+            maps = token_maps(heats[:, k], frame)(i, scored)
+            pred = predict_labels(maps, THRESHOLD, data.background)
             counts = SegmentationCounts(len(data.classes))
             counts.add(gold, pred, scored.classes)
             ious.append(torch.from_numpy(counts.iou()))
+            shares.append(torch.from_numpy(np.stack(pointing_shares(maps, gold)[:2], 1)))
             self.predictions[(i, k)] = zlib.compress(pred.astype(np.uint8).tobytes())
         geometry = frame.scaled(width, height)
+        hit = torch.stack(shares, 1)  # [candidates, K, 2]
         present = [int(v) for v in np.unique(gold) if 1 <= v <= len(local)]
         for label in present:
             c = label - 1
@@ -217,20 +223,18 @@ class _Rows:
             self.items.append(BrowseItem(i, item.caption, data.names[c], phrase.start,
                                          phrase.end, frozenset()))
             self.labels.append(label)
-            heat = heats[local[c]]  # [K, N]
-            self.heats.append(heat)
+            self.heats.append(heats[local[c]])  # [K, N]
             self.iou.append(torch.stack([v[int(scored.classes[label])] for v in ious]))
-            mask = torch.from_numpy(gold == label)
-            strict, near = pointing_in_mask(heat, geometry, mask)
-            self.hits.append(strict)
-            self.near.append(near)
-            self.gold.append(mask_box(mask))
+            self.pointing.append(hit[c, :, 0])
+            self.pointing_tol.append(hit[c, :, 1])
+            self.gold.append(mask_box(torch.from_numpy(gold == label)))
             self.geometries.append(geometry)
             self.sizes.append((width, height))
 
     def table(self, data: SegmentationSet, names: tuple[str, ...],
               unavailable: dict[str, str], threshold: float) -> SegmentationBrowseTable:
         heats = torch.stack(self.heats).float()
+        pointing = torch.stack(self.pointing)
 
         def load(i: int) -> np.ndarray:
             return np.asarray(data.load_image(i))
@@ -239,28 +243,9 @@ class _Rows:
             self.items, names, self.geometries, heats,
             method_boxes(heats, self.geometries, threshold),
             torch.tensor(self.sizes, dtype=torch.long), torch.stack(self.gold),
-            torch.stack(self.hits), torch.stack(self.iou).float(), load, threshold,
-            unavailable, data=data, labels=self.labels, near=torch.stack(self.near),
-            predictions=self.predictions)
-
-
-def pointing_in_mask(heatmaps: Tensor, geometry: TokenGeometry, mask: Tensor,
-                     tolerance: float = TOLERANCE_PX) -> tuple[Tensor, Tensor]:
-    """``(strict [K], near [K])`` bool: the sure pointing hits of ``[K, N]`` heatmaps on an
-    image whose tokens look where ``geometry`` says, against a gold ``mask`` ``[H, W]``: the
-    tied peaks' centres all on a mask pixel, or all within ``tolerance`` pixels (each
-    axis: the mask grown by a square) of one (:func:`~otviz.eval.grounding_metrics.
-    expected_hits` equal to 1)."""
-    height, width = mask.shape
-    centres = geometry.centres()
-    x = centres[:, 0].floor().long().clamp(0, width - 1)
-    y = centres[:, 1].floor().long().clamp(0, height - 1)
-    t = int(tolerance)
-    grown = F.max_pool2d(mask[None, None].float(), 2 * t + 1, stride=1, padding=t)[0, 0] > 0
-    k = heatmaps.shape[0]
-    strict = expected_hits(heatmaps, mask[y, x].expand(k, -1)) == 1
-    near = expected_hits(heatmaps, grown[y, x].expand(k, -1)) == 1
-    return strict, near
+            pointing == 1, torch.stack(self.iou).float(), load, threshold, unavailable,
+            data=data, labels=self.labels, pointing=pointing,
+            pointing_tol=torch.stack(self.pointing_tol), predictions=self.predictions)
 
 
 def mask_box(mask: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
 """An opened Browse row of a segmentation set (:mod:`otviz.eval.browse_segmentation`): its
 class's gold mask beside each chosen method's predicted mask, every panel at the image's own
 size (one pixel per label), under a title line with the method's class IoU and its pointing
-hits in both conventions.
+hits in both conventions (the segmentation table's, :func:`share_mark`).
 
 A panel paints the row's class in :data:`CLASS_COLOUR`, every other pixel black and the gold
 labels' void pixels (255, which count nowhere) in VOC's own void colour, :data:`VOID_COLOUR`
@@ -36,6 +36,12 @@ def class_mask_panel(labels: np.ndarray, label: int, void: np.ndarray) -> np.nda
     return out
 
 
+def share_mark(share: float) -> str:
+    """A pointing hit's mark: ✓ a sure hit, ✗ a sure miss, else the expected hit (a tie
+    for the peak across the mask's edge)."""
+    return "✓" if share == 1 else "✗" if share == 0 else f"{share:.2f}"
+
+
 def panel_x(index: int, width: int) -> int:
     """The left edge of panel ``index`` (0: the gold mask) on a row of ``width``-wide
     panels; every panel starts :data:`TITLE_PX` from the top."""
@@ -52,8 +58,8 @@ def row_masks_image(table: SegmentationBrowseTable, row: int, methods: Sequence[
     panels = [("gold mask", class_mask_panel(gold, label, void))]
     for name in methods:
         k = table.method_index(name)
-        marks = " ".join(f"{'✓' if bool(hits[row, k]) else '✗'}{tag}" for tag, hits in
-                         (("", table.hits), (f" {TOLERANCE_PX:g}px", table.near)))
+        marks = " ".join(f"{share_mark(float(v[row, k]))}{tag}" for tag, v in
+                         (("", table.pointing), (f" {TOLERANCE_PX:g}px", table.pointing_tol)))
         title = f"{method_label(name)} IoU {float(table.iou[row, k]):.2f} {marks}"
         panels.append((title, class_mask_panel(table.predicted_labels(row, k), label, void)))
     canvas = Image.new("RGB", (panel_x(len(panels), width) - GAP_PX, TITLE_PX + height),

@@ -2,8 +2,9 @@
 with void bands, two image sizes): one row per (image, class in its gold mask); each row's
 IoU recomputed from the gold and predicted masks; the predictions the segmentation table's
 own (their counts summed over the set equal ``otviz eval --dataset voc:DIR``'s, row by
-row); pointing in the gold mask against brute force; the drawing paints the gold mask's
-pixels exactly; the kinds detected from the layout."""
+row), and so is the rows' pointing (averaged per class, the table's per-class pointing
+game); the drawing paints the gold mask's pixels exactly; the kinds detected from the
+layout."""
 
 from __future__ import annotations
 
@@ -17,17 +18,11 @@ import torch
 from otviz.cli import evaluate
 from otviz.data.segmentation_classes import VOC_NAMES
 from otviz.data.segmentation_sets import VOC_CLASSES, VOID
-from otviz.eval.browse_segmentation import (
-    detect_segmentation_kind,
-    pointing_in_mask,
-    segmentation_set_browse,
-)
+from otviz.eval.browse_segmentation import detect_segmentation_kind, segmentation_set_browse
 from otviz.eval.config import EvalConfig
 from otviz.eval.dataset_models import dataset_backbone, dataset_suite
 from otviz.eval.dataset_segmentation import PROMPT, class_chunks
-from otviz.eval.grounding_metrics import expected_hits
 from otviz.eval.segmentation_metrics import SegmentationCounts
-from otviz.patch_grid.tokens import TokenGeometry
 from otviz.text.words import split_words
 from otviz.viz.browse_masks import (
     CLASS_COLOUR,
@@ -112,9 +107,11 @@ def test_each_row_s_iou_is_its_class_iou_from_the_masks(voc, browsed) -> None:
             assert float(table.iou[q, k]) == pytest.approx(inter / union, abs=1e-6)
 
 
-def test_predictions_are_the_segmentation_table_s(voc, browsed, tmp_path) -> None:
+def test_predictions_and_pointing_are_the_segmentation_table_s(voc, browsed, tmp_path
+                                                               ) -> None:
     """The per-image predictions summed over the set give the counts of ``otviz eval
-    --dataset voc:DIR --tables segmentation``, method by method."""
+    --dataset voc:DIR --tables segmentation``, and the rows' pointing (both conventions)
+    averaged per class its per-class pointing game, method by method."""
     root, masks = voc
     table, _, cache = browsed
     out = tmp_path / "out"
@@ -130,27 +127,13 @@ def test_predictions_are_the_segmentation_table_s(voc, browsed, tmp_path) -> Non
             counts.add(gold, table.predicted_labels(first[image], k), np.arange(21))
         assert [int(v) for v in counts.intersect] == rows[name]["intersect"], name
         assert [int(v) for v in counts.union()] == rows[name]["union"], name
-
-
-def test_pointing_in_the_mask_against_brute_force() -> None:
-    """A 4x4 token grid on a 40x40 image: strict when every tied peak's centre is on a mask
-    pixel, tolerant within 15 px of one; a flat map is a hit only when every token is."""
-    geometry = TokenGeometry.cell_centred((4, 4), (40, 40))
-    mask = torch.zeros(40, 40, dtype=torch.bool)
-    mask[0:10, 0:10] = True  # token 0's cell
-    heat = torch.zeros(4, 16, dtype=torch.float64)
-    heat[0, 0] = 1  # on the mask
-    heat[1, 1] = 1  # centre (15, 5): 5 px from the mask
-    heat[2, 15] = 1  # centre (35, 35): far
-    strict, near = pointing_in_mask(heat, geometry, mask)
-    centres = geometry.centres()
-    inside = mask[centres[:, 1].long(), centres[:, 0].long()]
-    dist = torch.stack([(centres[:, 0] - 9).clamp_min(0), (centres[:, 1] - 9).clamp_min(0)]
-                       ).amax(0)
-    assert strict.tolist() == (expected_hits(heat, inside.expand(4, -1)) == 1).tolist()
-    assert near.tolist() == (expected_hits(heat, (dist <= 15).expand(4, -1)) == 1).tolist()
-    assert strict.tolist() == [True, False, False, False]
-    assert near.tolist() == [True, True, False, False]
+        for key, shares in (("pointing", table.pointing), ("pointing_tol", table.pointing_tol)):
+            for c, cls in enumerate(VOC_CLASSES):
+                mine = [float(shares[q, k]) for q in range(len(table)) if table.labels[q] == c]
+                if mine:
+                    assert np.mean(mine) == pytest.approx(
+                        rows[name][f"{key}_per_class"][cls]), (name, key, cls)
+        assert torch.equal(table.hits[:, k], table.pointing[:, k] == 1)
 
 
 def test_the_drawing_shows_the_gold_mask_s_pixels_exactly(voc, browsed) -> None:
