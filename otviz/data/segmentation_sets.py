@@ -209,24 +209,27 @@ class SegmentationSet:
         return h.hexdigest()
 
     def as_grounding(self, prompt: str = "{}", chunks: list[tuple[int, int]] | None = None,
-                     separator: str = ", ") -> GroundingSet:
+                     separator: str = ", ", template: str = "{}") -> GroundingSet:
         """The set as a grounding set for the alignment methods: per image, one caption per
         chunk ``(start, end)`` of the candidate classes (default: one chunk of all), listing
-        their names joined by ``separator``; each name a phrase whose text is ``prompt``
-        filled with it (what an explainer encodes) and whose box is the whole image (unused
-        by the segmentation). Items run image by image, chunk by chunk."""
+        their names, each filled into ``template`` (e.g. ``"a photo of a {}."``), joined by
+        ``separator``; each name's words a phrase whose text is ``prompt`` filled with it
+        (what an explainer encodes) and whose box is the whole image (unused by the
+        segmentation). Items run image by image, chunk by chunk."""
         chunks = chunks or [(0, len(self.names))]
+        before = template.index("{}")
         captions = []
         for start, end in chunks:
             names = self.names[start:end]
-            caption = separator.join(names)
+            pieces = [template.format(n) for n in names]
+            caption = separator.join(pieces)
             spans, at = [], 0
-            for name in names:
-                span = word_span(caption, at, at + len(name))
+            for name, piece in zip(names, pieces, strict=True):
+                span = word_span(caption, at + before, at + before + len(name))
                 if span is None:
                     raise MalformedDatasetError(f"class name {name!r} has no word")
                 spans.append(span)
-                at += len(name) + len(separator)
+                at += len(piece) + len(separator)
             captions.append((caption, names, spans))
         items = [GroundingItem(it.image, it.size, caption, tuple(
             GoldPhrase(s, e, prompt.format(n), ((0.0, 0.0, float(it.size[0]),
@@ -234,7 +237,8 @@ class SegmentationSet:
             for n, (s, e) in zip(names, spans, strict=True)), f"{it.key}#{k}")
             for it in self.items for k, (caption, names, spans) in enumerate(captions)]
         return GroundingSet(items, self.skipped, {**self.source, "images": len(self.items),
-                                                  "chunks": [list(c) for c in chunks]})
+                                                  "chunks": [list(c) for c in chunks],
+                                                  "template": template})
 
 
 def read_class_mask(path: Path, name: str, size: tuple[int, int], top: int) -> np.ndarray:

@@ -12,11 +12,13 @@ reads each class from a text embedding (``--templates``, :mod:`otviz.text.templa
 ``single``, the prompt ``"a photo of a {name}."`` (CLIP's template); ``imagenet80``, the
 class's ensemble of CLIP's 80 ImageNet templates (each filled template's unit embedding,
 averaged, normalised: SCLIP's ``clip_segmentor.py`` lines 37-42), its 80 encodes per class
-made once per run. A method's plan is between the patches and the caption's tokens, not a
-class embedding: it reads the caption listing the bare names under either setting (a
-template ensemble for a plan would be the mean of one plan's class maps per template: 80
-times the captions, e.g. 240 plans per VOC image on a 77-token CLIP instead of 1; not
-done). The image
+made once per run. A method's plan is between the patches and a caption's tokens, not a
+class embedding: under ``single`` it reads the captions listing the bare names; under an
+ensemble, per template, captions listing the names filled into it (``"a bad photo of a
+aeroplane., a bad photo of a bicycle., ..."``, each name's words the class's phrase, cut to
+the context like the bare names), and a class's map is the mean over the templates of its
+phrase maps (:func:`template_mean`): as many plans per image as the templates' captions
+(VOC on a 77-token CLIP: about 3 a template, 240 for the 80, against 1). The image
 is resized to the model's input without cropping (or read in sliding windows,
 :mod:`otviz.eval.sliding_window`, with ``--slide``), its maps drawn back
 onto the mask's own pixels, so every labelled pixel of the set is scored at its original
@@ -55,7 +57,7 @@ from otviz.data.segmentation_sets import (
     load_segmentation_set,
 )
 from otviz.errors import InputError
-from otviz.eval.alignment_tables import phrase_queries
+from otviz.eval.alignment_tables import PhraseQueries, phrase_queries
 from otviz.eval.config import EvalConfig
 from otviz.eval.dataset_models import (
     dataset_backbone,
@@ -68,8 +70,11 @@ from otviz.eval.dataset_models import (
 from otviz.eval.runner import _atomic_write, write_tables
 from otviz.eval.segmentation import (
     RowCounts,
+    RowMaps,
     ScoredImage,
     candidate_rows,
+    method_token_maps,
+    other_token_maps,
     prompts_reading,
     reading,
     row_token_maps,
@@ -80,7 +85,13 @@ from otviz.eval.segmentation import (
     template_embeddings,
 )
 from otviz.eval.segmentation_metrics import THRESHOLD, SegmentationCounts
-from otviz.eval.sliding_window import SlideWindow, image_windows, pasted_maps, windowed
+from otviz.eval.sliding_window import (
+    SlideWindow,
+    Windows,
+    image_windows,
+    pasted_maps,
+    windowed,
+)
 from otviz.eval.table import Table
 from otviz.eval.world_set import EvalSet, GroundingProbeDataset, model_input_size
 from otviz.explainers import explainer_names
@@ -140,10 +151,13 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
         frame = model_input_size(backbone)
         kept, unreadable = decodable_items(data)
         shards = [kept[s : s + config.shard] for s in range(0, len(kept), config.shard)]
-        text = (None if single or not config.explainers else template_embeddings(
-            backbone, data.names, TEMPLATE_SETS[config.templates]))
+        templates = () if single else TEMPLATE_SETS[config.templates]
+        text = (template_embeddings(backbone, data.names, templates)
+                if templates and config.explainers else None)
+        templated = [(data.as_grounding("{}", own, template=t), len(own)) for t, own in (
+            (t, class_chunks(backbone, [t.format(n) for n in data.names])) for t in templates)]
         job = _Job(data, grounding, chunks, slide, suite, backbone, frame, config, progress
-                   if info.is_main else None, text)
+                   if info.is_main else None, text, templated)
         identity = {"backbone": backbone_fingerprint(backbone), "suite": suite.label,
                     "methods": list(suite.methods), "explainers": config.explainers,
                     "seed": config.seed, "frame": list(frame), "slide": config.slide,
@@ -208,22 +222,67 @@ class _Job:
     config: EvalConfig
     progress: StageProgress | None
     text: Tensor | None = None  # the classes' [C, E] ensembled embeddings (explainers)
+    #: per template of an ensemble: the grounding set of its filled names, captions an image
+    templated: list[tuple[GroundingSet, int]] = field(default_factory=list)
     done: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+WindowRows = list[list[list[int]]]
+
+
+def _queries(job: _Job, part: list[int], own: list[Windows], grounding: GroundingSet,
+             per: int) -> tuple[EvalSet, PhraseQueries, WindowRows]:
+    """The images ``part`` of ``grounding`` (``per`` captions an image) read in their
+    windows ``own``: the set, its phrase queries and, per image and window, the query row
+    of each class (-1: cut by the context)."""
+    probe = GroundingProbeDataset(windowed(
+        [grounding.items[i * per + c] for i in part for c in range(per)], own,
+        {**grounding.source, "slide": job.config.slide, "items": part}, grounding), job.frame)
+    evalset = EvalSet(probe, job.backbone, FeatureCache(job.config.cache_dir))
+    q = phrase_queries(evalset)
+    rows = iter(candidate_rows(evalset, q))  # per item (image, window, chunk)
+    return evalset, q, [[sum((next(rows) for _ in range(per)), []) for _ in win.boxes]
+                        for win in own]
+
+
+def template_mean(maps: Sequence[tuple[Tensor, WindowRows]], target: WindowRows, n: int
+                  ) -> Tensor:
+    """``[n, N]``: at each row ``target[j][w][c]`` the mean of the template maps
+    ``maps[t][0][maps[t][1][j][w][c]]`` of class ``c`` in window ``w`` of image ``j`` over the
+    templates that kept the class (an all-zero map where none did)."""
+    total = torch.zeros(n, maps[0][0].shape[1], dtype=torch.float64)
+    count = torch.zeros(n, dtype=torch.float64)
+    for template_maps, rows in maps:
+        pairs = [(r, s) for tj, sj in zip(target, rows, strict=True)
+                 for tw, sw in zip(tj, sj, strict=True)
+                 for r, s in zip(tw, sw, strict=True) if r >= 0 and s >= 0]
+        if pairs:
+            at, src = (torch.tensor(x) for x in zip(*pairs, strict=True))
+            total.index_add_(0, at, template_maps[src].double())
+            count.index_add_(0, at, torch.ones(len(pairs), dtype=torch.float64))
+    return total / count.clamp_min(1)[:, None]
+
+
+def _templated_method_maps(job: _Job, part: list[int], own: list[Windows], target: WindowRows,
+                           n: int) -> list[RowMaps]:
+    """The methods' rows under a template ensemble: per template, each method's class maps
+    on the captions of its filled names, then their mean (:func:`template_mean`) on the
+    rows ``target`` of the bare names' queries."""
+    per_method: dict[str, tuple[str, dict[str, bool], list[tuple[Tensor, WindowRows]]]] = {}
+    for grounding, per in job.templated:
+        evalset, q, rows = _queries(job, part, own, grounding, per)
+        for label, name, flags, maps in method_token_maps(job.suite, evalset, q,
+                                                          job.config.chunk, job.progress):
+            per_method.setdefault(name, (label, flags, []))[2].append((maps, rows))
+    return [(label, name, flags, template_mean(maps, target, n))
+            for name, (label, flags, maps) in per_method.items()]
 
 
 def _shard_counts(job: _Job, k: int, part: list[int]) -> dict[str, Any]:
     """Shard ``k`` (images ``part``): every row's counts and the classes the context cut."""
-    data, per, config = job.data, len(job.chunks), job.config
+    data, config = job.data, job.config
     own = [image_windows(data.items[i].size, job.slide) for i in part]
-    probe = GroundingProbeDataset(windowed(
-        [job.grounding.items[i * per + c] for i in part for c in range(per)], own,
-        {**job.grounding.source, "slide": config.slide, "items": part}, job.grounding),
-        job.frame)
-    evalset = EvalSet(probe, job.backbone, FeatureCache(config.cache_dir))
-    q = phrase_queries(evalset)
-    rows = iter(candidate_rows(evalset, q))  # per item (image, window, chunk)
-    per_window = [[sum((next(rows) for _ in range(per)), []) for _ in win.boxes]
-                  for win in own]
+    evalset, q, per_window = _queries(job, part, own, job.grounding, len(job.chunks))
     images = [ScoredImage(ws[0], data.load_labels(i), data.local_classes())
               for ws, i in zip(per_window, part, strict=True)]
     cut = sorted({data.names[c] for ws in per_window for w in ws for c, r in enumerate(w)
@@ -234,8 +293,13 @@ def _shard_counts(job: _Job, k: int, part: list[int]) -> dict[str, Any]:
         for c, r in ((c, r) for ws in per_window for w in ws for c, r in enumerate(w) if r >= 0):
             of_row[r] = c
         text = job.text[of_row]
-    maps = row_token_maps(job.suite, evalset, q, explainer_names(config.explainers),
-                          config.chunk, job.progress, config.seed + k, text)
+    explainers = explainer_names(config.explainers)
+    if job.templated:
+        maps = (_templated_method_maps(job, part, own, per_window, q.image.numel())
+                + other_token_maps(evalset, q, explainers, config.seed + k, text))
+    else:
+        maps = row_token_maps(job.suite, evalset, q, explainers, config.chunk, job.progress,
+                              config.seed + k, text)
     draw = partial(pasted_maps, geometry=evalset.geometry, windows=own, rows=per_window,
                    labels_size=[im.gold.shape for im in images])
     return {"rows": segmented(maps, images, draw, len(data.classes), THRESHOLD,
@@ -311,9 +375,12 @@ def _table(data: SegmentationSet, rows: list[RowCounts], n: int, read: str,
     table = Table("segmentation", f"Open-vocabulary segmentation of {n} {fmt} {split} images "
                   f"({len(data.classes)} classes; {read}; {prompts_reading(templates)})",
                   segmentation_columns(data.classes))
-    prompt = (f"'{PROMPT.format('{name}')}'" if templates == "single" else
+    single = templates == "single"
+    prompt = (f"'{PROMPT.format('{name}')}'" if single else
               f"the class's {templates} ensemble (each template's unit text embedding, "
               "averaged, normalised; SCLIP)")
+    plan = ("listing the class names" if single else "listing the class names filled into "
+            "each template, the class's phrase maps averaged over the templates")
     table.rows = scored_rows(rows, data.classes)
     pixels = table.rows[-1]["pixels"]
     table.notes += [
@@ -321,7 +388,7 @@ def _table(data: SegmentationSet, rows: list[RowCounts], n: int, read: str,
                                                   "; background pixels void"),
         rule_note(THRESHOLD, data.background),
         "methods: each class's phrase map of the plan between the patches and the caption "
-        f"listing the class names (no template); explainers: the map of {prompt}; " + (
+        f"{plan}; explainers: the map of {prompt}; " + (
             "each image resized to the model's input without cropping, no sliding window"
             if slide is None else
             f"sliding window: each image resized to a shorter side of {slide.short} px (the "

@@ -211,10 +211,16 @@ def row_token_maps(
     text: Tensor | None = None,
 ) -> list[RowMaps]:
     """``(label, name, flags, [P, N] maps)`` of every row the grounding table scores: the
-    methods with a patch-token plan, the explainers (an unavailable one: its note instead
-    of maps; ``text``: the phrase queries' ``[P, E]`` embeddings they read, e.g.
-    :func:`template_embeddings`, else each phrase's text encoded), the model-free baselines
-    (:func:`~otviz.eval.alignment_tables.baseline_maps`)."""
+    methods with a patch-token plan (:func:`method_token_maps`), then the explainers and
+    the model-free baselines (:func:`other_token_maps`)."""
+    return (method_token_maps(suite, data, q, chunk, progress)
+            + other_token_maps(data, q, explainers, seed, text))
+
+
+def method_token_maps(suite: MethodSuite, data: EvalSet, q: PhraseQueries, chunk: int = CHUNK,
+                      progress: StageProgress | None = None) -> list[RowMaps]:
+    """The rows of the methods with a patch-token plan: each phrase query's phrase map
+    (:func:`~otviz.eval.alignment_tables.phrase_heatmaps`)."""
     out: list[RowMaps] = []
     for name, entry in suite.methods.items():
         if not entry.method.has_plan:
@@ -223,6 +229,16 @@ def row_token_maps(
             lambda d, t, name=name: progress(f"segmentation {name}", d, t))
         out.append((METHOD_LABELS.get(name, name), name, {}, phrase_heatmaps(
             entry, data, q.image, data.positives[q.image], q.select, chunk, stage)))
+    return out
+
+
+def other_token_maps(data: EvalSet, q: PhraseQueries, explainers: Sequence[str] = (),
+                     seed: int | None = None, text: Tensor | None = None) -> list[RowMaps]:
+    """The rows of the explainers (an unavailable one: its note instead of maps; ``text``:
+    the phrase queries' ``[P, E]`` embeddings they read, e.g. :func:`template_embeddings`,
+    else each phrase's text encoded) and of the model-free baselines
+    (:func:`~otviz.eval.alignment_tables.baseline_maps`)."""
+    out: list[RowMaps] = []
     images = [data.samples[int(j)].image for j in q.image]
     for name in explainers:
         note = unavailable(data.backbone, name)
