@@ -26,6 +26,7 @@ from PIL import Image
 from otviz.ui.align import align_view, phrase_choices, phrase_view
 from otviz.ui.examples import load_examples
 from otviz.ui.phrase_grids import SWAP_JS, encode_jpeg
+from otviz.ui.reading_controls import best_block, control_state, reading_of
 
 #: Chromium's headless shell (the browser without its window system: a page load took 1.7-1.9 s
 #: of CPU against 2.3-3.2 s for the full browser, measured on the 2-core machine), else the
@@ -284,14 +285,20 @@ def test_align_shows_the_heatmap_grid_and_the_plan(page, live_app, shots):
 
 def test_align_at_a_picked_reading_draws_that_reading(own_page, live_app):
     """The features picker feeds ``/align``'s ``features`` and ``image_size`` (issue 53.4):
-    after a pick of another source, the page's Align click (the picker's value still shows
-    the reading) is served, and its plan is the in-process view's at that reading."""
+    after a pick of another source the checkpoint picker still names the model and head set
+    only, the page's Align click is served, and its plan is the in-process view's at that
+    reading."""
     page = own_page
-    default = page.locator("#shared-checkpoint input").input_value()
+    features = "document.querySelector('#shared-features input').value"
+    default, shown = (page.locator("#shared-checkpoint input").input_value(),
+                      page.evaluate(features))
     pick_option(page, "shared-features", nth=1)  # the first source after "last"
-    page.wait_for_function(
-        f"document.querySelector('#shared-checkpoint input').value !== {default!r}")
-    value = page.locator("#shared-checkpoint input").input_value()
+    page.wait_for_function(f"{features} !== {shown!r}")
+    assert page.locator("#shared-checkpoint input").input_value() == default
+    tower = live_app.ctx.explainer(default).backbone.image_tower
+    # the reading the controls now show (block K: the slider's start), as the views read it
+    value = control_state(live_app.ctx, default,
+                          reading_of(tower.sources()[1], best_block(tower.depth), None)).value
     open_tab(page, "Align")
     with page.expect_response(is_prefetch_answer):  # after this click's results (not the
         page.get_by_role("button", name="Align", exact=True).click()  # example's) landed

@@ -1,5 +1,6 @@
 """The page at 760 px (issue 50.7): the checkpoint picker's value is readable to its end
-with a reading on it (it was cut at "… · features layer", the size hidden) and the block
+with a reading picked (it was cut at "… · features layer", the size hidden; since issue 53.4
+the value names the model and head set only, the controls show the reading) and the block
 slider's label stays on one line; the examples gallery shows its inline thumbnails. Headless
 Chromium, as tests/test_browser.py drives it."""
 
@@ -19,6 +20,7 @@ MEASURE = """() => {
   const label = document.querySelector('#shared-layer label > span');
   const line = parseFloat(getComputedStyle(label).lineHeight) || 20;
   return {value: input.value, shown: input.clientWidth, needed: input.scrollWidth,
+          size: document.querySelector('#shared-image-size input').value,
           labelLines: label.getBoundingClientRect().height / line,
           thumbnails: [...document.querySelectorAll('[data-testid^="dataset-cell"] img')]
                         .map(img => img.naturalWidth)};
@@ -39,15 +41,17 @@ def test_at_760_px_the_picker_value_and_the_block_label_are_readable(browser, li
     try:
         page.goto(live_app.url)
         page.wait_for_selector("#shared-checkpoint input")
+        entry = page.locator("#shared-checkpoint input").input_value()
         pick(page, "shared-features", "Home", "ArrowDown")  # block K: the entry after "last"
         page.wait_for_selector("#shared-layer label > span", state="visible")
         pick(page, "shared-image-size", "End")
-        page.wait_for_function("document.querySelector('#shared-checkpoint input').value"
-                               ".endsWith(' px')")
+        page.wait_for_function("!document.querySelector('#shared-image-size input').value"
+                               ".includes('native')")
         seen = page.evaluate(MEASURE)
     finally:
         page.close()
-    assert " · features layer:" in seen["value"], seen
+    assert seen["value"] == entry == live_app.ctx.default_checkpoint(), seen
+    assert seen["size"].endswith(" px"), seen
     assert seen["needed"] <= seen["shown"], seen
     assert seen["labelLines"] < 1.5, seen
     assert seen["thumbnails"] and all(w > 0 for w in seen["thumbnails"]), seen
