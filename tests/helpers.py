@@ -54,6 +54,24 @@ def torchrun(args: list[str], timeout: float) -> str:
     return stdout
 
 
+def fresh_process_group(name: str) -> None:
+    """In a process of a ``torchrun`` job whose first process group is gone, create another
+    (gloo), its keys under ``name`` in the job's store, so that one job (one start-up of
+    torchrun and its interpreters, about 14 s of CPU on the 2-core machine) serves several
+    parts. A second group made the default way reuses the first one's key names (torch
+    numbers groups from 0 again once the last is destroyed), reads its stale addresses and
+    can wait forever to connect."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(minutes=10))
+    dist.init_process_group("gloo", store=dist.PrefixStore(name, store),
+                            rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
+
+
 def random_tiny_clip(path: Path, seed: int) -> Path:
     """A randomly initialised small tiny-CLIP checkpoint (no shipped weights needed)."""
     from otviz.tiny_clip.model import create_tiny_clip, save_tiny_clip, tiny_clip_config

@@ -5,18 +5,15 @@ their last digits), with any number of DataLoader workers; no feature cache writ
 stopped mid-epoch resumes from its state's step (recorded with the position in the epoch)
 to the uninterrupted curve; an image that passes its header but does not decode drops its row
 and is named; the issue's command on a random-weight ViT-B/16 file publishes heads that
-record the file's weights and the reading; ``torchrun`` with 2 processes gives the 1-process
-curve.
-
-Run as a script, this file is one torchrun process (the last test launches it)."""
+record the file's weights and the reading. (``torchrun`` with 2 processes gives the
+1-process curve: tests/train/test_train_ddp.py, whose one job runs every data-parallel
+training check.)"""
 
 from __future__ import annotations
 
 import dataclasses
 import io
 import json
-import os
-import sys
 import tarfile
 from pathlib import Path
 
@@ -187,27 +184,3 @@ def test_a_vit_b16_weight_file_trains_from_shards_at_its_reading(
     meta = head_meta(tmp_path / "heads" / "conceptot")
     assert meta["backbone"] == json.loads(json.dumps(backbone_fingerprint(backbone)))
     assert meta["backbone"]["features"] == "clearclip"
-
-
-def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
-    make_data(tmp_path)
-    helpers.torchrun([__file__, str(tmp_path)], timeout=600)
-    two = json.loads((tmp_path / "ddp.json").read_text())
-    one = train_method(config(tmp_path, out=str(tmp_path / "one"), max_steps=3))
-    assert two["notes"][0].endswith("2 process(es)")
-    for key in ("loss", "local", "global", "grad_norm"):
-        assert [h[key] for h in two["history"]] == pytest.approx(curve(one, key), rel=1e-4)
-
-
-def worker(root: str) -> None:
-    """One torchrun process: 3 streamed steps, each process decoding its own rows."""
-    torch.set_num_threads(1)
-    result = train_method(config(Path(root), out=str(Path(root) / "ddp"), max_steps=3,
-                                 workers=1))
-    if os.environ["RANK"] == "0":  # the job's group is gone with train_method
-        (Path(root) / "ddp.json").write_text(json.dumps(
-            {"history": result.history, "notes": result.notes}))
-
-
-if __name__ == "__main__":
-    worker(sys.argv[1])

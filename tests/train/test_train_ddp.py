@@ -1,14 +1,19 @@
-"""Data-parallel training, one engine for heads and pre-training: ``torchrun`` with 2 CPU
-processes (gloo, DistributedDataParallel) gives the heads' loss curve of 1 process, through
-the API and through the command-line entry; a tiny-CLIP pre-training run in the same
-``torchrun`` job gives, bit for bit, the curve of ``pretrain(processes=2)``, which starts its
-own job (:func:`otviz.train.distributed.launch`).
+"""Data-parallel training, one engine for heads, pre-training and streamed shards: one
+``torchrun`` job of 2 CPU processes (gloo) gives, part after part,
 
-The test launches this file under ``python -m torch.distributed.run --nproc-per-node 2``
-(one start-up of two processes per part keeps it short); run as a script, it is the worker:
-it trains the cases below on the same seeded random features in every process (rank 0
-writes the curves to a JSON file) and pre-trains a tiny CLIP, then runs the command-line
-entry on the world through a random tiny-CLIP backbone and the feature cache.
+- through the command-line entry, run as ``torchrun -m otviz train`` runs it (its own
+  process group; rank 0 builds the feature cache while the other waits), the final loss of
+  the same command in one process;
+- in a second process group of the same job (:func:`tests.helpers.fresh_process_group`):
+  the heads' loss curves of 1 process through the API (DistributedDataParallel); a tiny-CLIP
+  pre-training run with, bit for bit, the curve of ``pretrain(processes=2)``, which starts
+  its own job (:func:`otviz.train.distributed.launch`); and training streamed from
+  webdataset shards (``tests/train/test_streamed.py``'s data), each process decoding its
+  own rows, with the 1-process curve.
+
+One job for all the parts: each start-up of a ``torchrun`` job (its launcher and two
+interpreters importing torch and open_clip) costs about 14 s of CPU on the 2-core machine.
+Run as a script, this file is one process of that job.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from otviz.train.pairs import TensorPairs
 from otviz.train.pretrain import pretrain
 from otviz.train.pretrain_config import PretrainConfig
 from tests import helpers
+from tests.train import test_streamed
 from tests.train.test_pretrain import SMOKE
 
 # (method, overrides): Eq. 9-10 with mined negatives and a trainable global head (sharded
@@ -57,8 +63,9 @@ def config(out: Path, method: str, **overrides) -> TrainConfig:
     return TrainConfig(**values)
 
 
-#: A short pre-training run (``processes`` 1: under torchrun the job's size wins).
-PRETRAIN = dict(SMOKE, steps=6, n_train=128, n_test=16, save_every=0)
+#: A short pre-training run (``processes`` 1: under torchrun the job's size wins): 4 steps
+#: of 32 pairs, 2 batches an epoch.
+PRETRAIN = dict(SMOKE, steps=4, n_train=64, n_test=16, save_every=0)
 
 
 def source() -> TensorPairs:
@@ -81,38 +88,33 @@ def cli_args(root: Path) -> list[str]:
             "--quiet", "--backbone", str(root / "bb"), "--cache-dir", str(root / "cache")]
 
 
-def worker(out: str, part: str) -> None:
-    """One torchrun process. ``part == "cases"``: every case trains data-parallel in a
-    process group created here (train_method joins it); ``"cli"``: the command-line entry
-    runs as ``torchrun -m otviz train`` would run it, creating its own group (rank 0
-    builds the feature cache while the other waits). Each part gets fresh processes: a
-    second gloo group in the same processes, on the same torchrun store, can read the
-    first group's stale addresses and wait forever to connect."""
+def streamed_config(root: Path, out: str, workers: int) -> TrainConfig:
+    """3 streamed steps on ``tests/train/test_streamed.py``'s shards."""
+    return test_streamed.config(root / "streamed", out=str(root / "streamed" / out),
+                                max_steps=3, workers=workers)
+
+
+def worker(out: str) -> None:
+    """One torchrun process: the command-line run, then the API's parts in a second group
+    (rank 0 writes the heads' and the streamed curves to ``ddp.json``)."""
     import torch.distributed as dist
 
     from otviz.cli.train import main
 
     torch.set_num_threads(1)
     root = Path(out)
-    if part == "cli":
-        main([*cli_args(root), "--out", str(root / "cli-ddp")])
-        return
-    dist.init_process_group("gloo")
+    main([*cli_args(root), "--out", str(root / "cli-ddp")])  # its group ends with it
+    helpers.fresh_process_group("api")
     results = run_cases(root / "runs")
+    pretrain(PretrainConfig(**PRETRAIN, out=str(root / "pretrain-torchrun")))
+    streamed = train_method(streamed_config(root, "ddp", workers=1))
+    results["streamed"] = {"history": streamed.history, "notes": streamed.notes}
     if dist.get_rank() == 0:
         (root / "ddp.json").write_text(json.dumps(results))
-    pretrain(PretrainConfig(**PRETRAIN, out=str(root / "pretrain-torchrun")))
     dist.destroy_process_group()
 
 
-def torchrun(*args: str) -> str:
-    """``torchrun --standalone --nproc-per-node 2 <args>``; its output. ~20 s on a quiet
-    2-core machine; the limit only guards against a hung process group (it took over 180 s
-    once while other training jobs shared the two cores)."""
-    return helpers.torchrun(list(args), timeout=900)
-
-
-def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
+def test_two_processes_give_the_one_process_curves(tmp_path: Path) -> None:
     from otviz.checkpoints.heads import head_meta
     from otviz.checkpoints.store import load_meta
     from otviz.cli.train import main
@@ -120,8 +122,9 @@ def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
 
     torch.set_num_threads(1)
     random_tiny_clip(tmp_path / "bb", 0)
-    torchrun(__file__, str(tmp_path), "cases")
-    stdout = torchrun(__file__, str(tmp_path), "cli")
+    test_streamed.make_data(tmp_path / "streamed")
+    # ~25 s on a quiet 2-core machine; the limit only guards against a hung process group
+    stdout = helpers.torchrun([__file__, str(tmp_path)], timeout=900)
     assert stdout.count("trained dense_uot for 3 steps") == 2  # both processes finished
 
     assert main([*cli_args(tmp_path), "--out", str(tmp_path / "cli-one")]) == 0
@@ -136,6 +139,7 @@ def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
     job, own = (load_meta(tmp_path / name) for name in ("pretrain-torchrun", "pretrain-launched"))
     assert job["recipe"] == own["recipe"] | {"out": job["recipe"]["out"]}  # processes: 2
     assert [e["loss"] for e in job["log"]] == [e["loss"] for e in own["log"]]
+    assert len({e["loss"] for e in own["log"]}) > 1
 
     single = run_cases(tmp_path / "single")
     for method, _ in CASES:
@@ -149,6 +153,15 @@ def test_two_processes_give_the_one_process_curve(tmp_path: Path) -> None:
         losses = [h["loss"] for h in single[method]["history"]]
         assert len(set(losses)) > 1  # the curve moves: equality is not trivial
 
+    # streamed: the tolerance of test_streamed.py (the backbone encodes each process's rows
+    # in batches of another size, which moves float32 sums in their last digits)
+    one = train_method(streamed_config(tmp_path, "one", workers=0))
+    assert ddp["streamed"]["notes"][0].endswith("2 process(es)")
+    for key in ("loss", "local", "global", "grad_norm"):
+        got = [h[key] for h in ddp["streamed"]["history"]]
+        assert got == pytest.approx(test_streamed.curve(one, key), rel=1e-4), key
+    assert len(set(test_streamed.curve(one))) > 1
+
 
 if __name__ == "__main__":
-    worker(sys.argv[1], sys.argv[2])
+    worker(sys.argv[1])
