@@ -134,11 +134,31 @@ def segmentation_set_browse(
     left out."""
     try:
         full = load_segmentation_set(kind, root, limit=max_images)
-    except DatasetError as e:
+        rows, names, unavailable, unreadable = _browsed(suite, full, cache_dir, explainers,
+                                                        progress, methods)
+    except DatasetError as e:  # the set's layout, or a mask read on the way
         raise InputError(f"cannot read the {kind} folder: {e}") from None
+    notes = [f"{kind}: skipped " + ", ".join(f"{n} {why}" for why, n in
+                                             sorted(full.skipped.counts.items()))
+             ] if full.skipped.counts else []
+    notes += [f"{kind}: {len(unreadable)} image(s) do not decode, left out"] if unreadable else []
+    if rows.cut:
+        notes.append(f"{rows.cut} (image, class) row(s) not shown: the text tower's context "
+                     "cut the class from the caption (no map)")
+    if not rows.items:
+        raise InputError(f"{kind}: no image has a labelled class with a map to browse")
+    return rows.table(names, unavailable, threshold), notes
+
+
+def _browsed(suite: MethodSuite, full: SegmentationSet, cache_dir: str | Path,
+             explainers: Sequence[str], progress: Progress | None, methods: Sequence[str]
+             ) -> tuple[_Rows, tuple[str, ...], dict[str, str], list[str]]:
+    """``(rows, method names, unavailable explainers, undecodable images)`` of the set's
+    images that decode, :data:`BLOCK_IMAGES` at a time."""
     kept, unreadable = decodable_items(full)
     if not kept:
-        raise InputError(f"{kind}: no image decodes ({'; '.join(unreadable[:3])})")
+        raise InputError(f"{full.source['format']}: no image decodes "
+                         f"({'; '.join(unreadable[:3])})")
     data = full.subset(kept)
     chunks = class_chunks(suite.backbone, data.names)
     grounding = data.as_grounding(PROMPT, chunks)
@@ -148,7 +168,7 @@ def segmentation_set_browse(
     per = len(chunks)
     item_rows = candidate_rows(evalset, q)
     candidates = [sum(item_rows[i * per : (i + 1) * per], []) for i in range(len(data))]
-    rows = _Rows()
+    rows = _Rows(data)
     for start in range(0, len(data), BLOCK_IMAGES):
         block = range(start, min(start + BLOCK_IMAGES, len(data)))
         needed = sorted({r for i in block for r in candidates[i] if r >= 0})
@@ -161,23 +181,15 @@ def segmentation_set_browse(
             [q.texts[r] for r in needed])
         for i in block:
             local = [at.get(r, -1) for r in candidates[i]]
-            rows.add_image(data, grounding, chunks, i, local, heats, evalset.geometry)
-    notes = [f"{kind}: skipped " + ", ".join(f"{n} {why}" for why, n in
-                                             sorted(full.skipped.counts.items()))
-             ] if full.skipped.counts else []
-    notes += [f"{kind}: {len(unreadable)} image(s) do not decode, left out"] if unreadable else []
-    if rows.cut:
-        notes.append(f"{rows.cut} (image, class) row(s) not shown: the text tower's context "
-                     "cut the class from the caption (no map)")
-    if not rows.items:
-        raise InputError(f"{kind}: no image has a labelled class with a map to browse")
-    return rows.table(data, names, unavailable, threshold), notes
+            rows.add_image(grounding, chunks, i, local, heats, evalset.geometry)
+    return rows, names, unavailable, unreadable
 
 
 class _Rows:
     """The rows of a segmentation Browse table, gathered image by image."""
 
-    def __init__(self) -> None:
+    def __init__(self, data: SegmentationSet) -> None:
+        self.data = data
         self.items: list[BrowseItem] = []
         self.labels: list[int] = []
         self.heats: list[Tensor] = []
@@ -190,13 +202,13 @@ class _Rows:
         self.predictions: dict[tuple[int, int], bytes] = {}
         self.cut = 0
 
-    def add_image(self, data: SegmentationSet, grounding: GroundingSet,
-                  chunks: list[tuple[int, int]], i: int, local: list[int], heats: Tensor,
-                  frame: TokenGeometry) -> None:
+    def add_image(self, grounding: GroundingSet, chunks: list[tuple[int, int]], i: int,
+                  local: list[int], heats: Tensor, frame: TokenGeometry) -> None:
         """Image ``i``'s predictions (every method's, the table's protocol) and its rows:
         ``local[c]`` the row of ``heats`` (``[Q, K, N]``) holding candidate ``c``'s maps,
         ``frame`` the token geometry on the model's input, ``grounding`` the set's class
         captions, ``len(chunks)`` per image."""
+        data = self.data
         gold = data.load_labels(i)
         height, width = gold.shape
         scored = ScoredImage(local, gold, data.local_classes())
@@ -231,8 +243,9 @@ class _Rows:
             self.geometries.append(geometry)
             self.sizes.append((width, height))
 
-    def table(self, data: SegmentationSet, names: tuple[str, ...],
-              unavailable: dict[str, str], threshold: float) -> SegmentationBrowseTable:
+    def table(self, names: tuple[str, ...], unavailable: dict[str, str], threshold: float
+              ) -> SegmentationBrowseTable:
+        data = self.data
         heats = torch.stack(self.heats).float()
         pointing = torch.stack(self.pointing)
 

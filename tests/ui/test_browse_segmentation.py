@@ -1,7 +1,8 @@
 """The Browse tab on an uploaded PASCAL VOC 2012 folder (a .zip in its published layout):
 the /browse endpoint shows a row per class in a gold mask, its mark the row's mask IoU, and
 a click on a row draws the gold mask beside the predictions, the gold panel pixel for pixel;
-a folder named ``voc20`` is read without background."""
+a folder named ``voc20`` is read without background; a hostile mask is refused naming it,
+an id escaping the upload skipped and said."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 import pytest
+from PIL import Image
 
 from otviz.data.segmentation_sets import VOID
 from otviz.eval import browse as B
 from otviz.eval.browse_segmentation import SegmentationBrowseTable
+from otviz.explain import InputError
 from otviz.ui.app import build_app
 from otviz.ui.browse_tab import UPLOAD_SOURCE, BrowseSources, load_table, row_masks
 from otviz.ui.trust_browse import ALL, NO_METRIC
@@ -89,3 +92,47 @@ def test_a_folder_named_voc20_has_no_background(ctx, checkpoint, sources, tmp_pa
                        files=[str(_zipped(tmp_path, "voc20"))])
     assert isinstance(table, SegmentationBrowseTable) and not table.data.background
     assert all(0 not in np.unique(table.predicted_labels(q, 0)) for q in range(len(table)))
+
+
+@pytest.mark.parametrize("bad", ["size", "values"])
+def test_a_hostile_mask_is_refused_naming_it_and_leaves_nothing(ctx, checkpoint, sources,
+                                                                tmp_path, bad) -> None:
+    """A class mask of another size than its image, or holding a label VOC does not have,
+    is refused naming the file; the refused upload leaves no unpacked folder."""
+    root = tmp_path / "VOC2012"
+    masks = _masks()
+    masks["2008_000002"] = (np.zeros((20, 30), dtype=np.uint8) if bad == "size"
+                            else np.full((56, 40), 77, dtype=np.uint8))
+    write_voc(root, masks, np.random.default_rng(0))
+    if bad == "size":  # the image keeps its own size
+        Image.new("RGB", (40, 56)).save(root / "JPEGImages" / "2008_000002.jpg")
+    archive = tmp_path / "bad.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for f in sorted(root.rglob("*")):
+            if f.is_file():
+                z.write(f, f"VOC2012/{f.relative_to(root)}")
+    kept = sources.uploads.entries()
+    with pytest.raises(InputError) as refused:
+        load_table(ctx, sources, checkpoint, UPLOAD_SOURCE, files=[str(archive)])
+    assert str(refused.value).startswith("cannot read the voc folder: 2008_000002.png: ")
+    assert ("class mask is 30x20, its image 40x56" if bad == "size" else
+            "holds values [77]") in str(refused.value)
+    assert sources.uploads.entries() == kept
+
+
+def test_an_id_outside_the_upload_is_skipped_and_said(ctx, checkpoint, sources,
+                                                      tmp_path) -> None:
+    root = tmp_path / "VOC2012"
+    write_voc(root, _masks(), np.random.default_rng(0))
+    listing = root / "ImageSets/Segmentation/val.txt"
+    listing.write_text(listing.read_text() + "../../../etc/passwd\n")
+    archive = tmp_path / "escape.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for f in sorted(root.rglob("*")):
+            if f.is_file():
+                z.write(f, f"VOC2012/{f.relative_to(root)}")
+    notes: list[str] = []
+    table = load_table(ctx, sources, checkpoint, UPLOAD_SOURCE, files=[str(archive)],
+                       notes=notes)
+    assert {it.image for it in table.items} == {0, 1}
+    assert notes == ["voc: skipped 1 missing image"]  # as a missing one: no path told
