@@ -7,7 +7,8 @@ box: :func:`world_queries`), from a grounding data set in a published layout (Fl
 Entities, RefCOCO, Visual Genome: every phrase with a box, its images fitted to the model's
 input, the same queries: :func:`grounding_set_browse`) or from an image-caption folder
 (each image's first caption, its base noun phrases from the parse tree, no gold box:
-:func:`folder_queries`). Features
+:func:`folder_queries`); a segmentation set's rows, one per class in a gold mask scored by
+its mask IoU, are :mod:`otviz.eval.browse_segmentation`'s. Features
 come from the on-disk feature cache (:class:`~otviz.eval.world_set.EvalSet`); heatmaps of
 all methods are computed once, batched (:func:`browse_table`), and kept in memory
 (:class:`BrowseCache`), so filtering, sorting and paging only index tensors.
