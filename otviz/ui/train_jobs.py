@@ -100,7 +100,8 @@ class JobStatus:
 class TrainingJob:
     """One run of one or more methods in a background thread, on ``backbone``: the picked
     backbone's label with the page's reading (:mod:`otviz.ui.reading`), which the heads are
-    trained on, probed on and offered with; ``planned`` steps each, guessed at ``step_s``
+    trained and probed on (the picker's new entry names the model and head set only; a pick
+    of it opens the reading its heads record); ``planned`` steps each, guessed at ``step_s``
     seconds a step until the run measures its own (:class:`RunEstimate`)."""
 
     def __init__(self, ctx: AppContext, backbone: str, configs: list[TrainConfig],
