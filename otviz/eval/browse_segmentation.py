@@ -154,7 +154,8 @@ def _browsed(suite: MethodSuite, full: SegmentationSet, cache_dir: str | Path,
              explainers: Sequence[str], progress: Progress | None, methods: Sequence[str]
              ) -> tuple[_Rows, tuple[str, ...], dict[str, str], list[str]]:
     """``(rows, method names, unavailable explainers, undecodable images)`` of the set's
-    images that decode, :data:`BLOCK_IMAGES` at a time."""
+    images that decode, :data:`BLOCK_IMAGES` at a time, ``progress`` called after each
+    block (images done, images)."""
     kept, unreadable = decodable_items(full)
     if not kept:
         raise InputError(f"{full.source['format']}: no image decodes "
@@ -182,6 +183,8 @@ def _browsed(suite: MethodSuite, full: SegmentationSet, cache_dir: str | Path,
         for i in block:
             local = [at.get(r, -1) for r in candidates[i]]
             rows.add_image(grounding, chunks, i, local, heats, evalset.geometry)
+        if progress is not None:  # the served app's stop check, between blocks too
+            progress(block.stop, len(data))
     return rows, names, unavailable, unreadable
 
 

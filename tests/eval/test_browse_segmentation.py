@@ -17,7 +17,7 @@ import torch
 
 from otviz.cli import evaluate
 from otviz.data.segmentation_classes import VOC_NAMES
-from otviz.data.segmentation_sets import VOC_CLASSES, VOID
+from otviz.data.segmentation_sets import VOC_CLASSES, VOID, load_segmentation_set
 from otviz.eval.browse_segmentation import detect_segmentation_kind, segmentation_set_browse
 from otviz.eval.config import EvalConfig
 from otviz.eval.dataset_models import dataset_backbone, dataset_suite
@@ -61,19 +61,22 @@ def voc(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
 
 
 @pytest.fixture(scope="module")
-def browsed(voc, tmp_path_factory):
-    """The Browse table on the suite ``otviz eval --dataset voc:`` builds (the tiny CLIP,
-    training-free methods fitted on the set's class captions)."""
+def suite(voc):
+    """The suite ``otviz eval --dataset voc:`` builds (the tiny CLIP, training-free methods
+    fitted on the set's class captions)."""
     root, _ = voc
     config = EvalConfig(dataset=f"voc:{root}", tables="segmentation", methods=",".join(METHODS))
     backbone = dataset_backbone(config)
-    from otviz.data.segmentation_sets import load_segmentation_set
-
     data = load_segmentation_set("voc", root)
-    suite, _ = dataset_suite(backbone, config,
-                             data.as_grounding(PROMPT, class_chunks(backbone, data.names)))
+    return dataset_suite(backbone, config,
+                         data.as_grounding(PROMPT, class_chunks(backbone, data.names)))[0]
+
+
+@pytest.fixture(scope="module")
+def browsed(voc, suite, tmp_path_factory):
+    """``(table, notes, feature cache)`` of the Browse table on ``suite``."""
     cache = tmp_path_factory.mktemp("segbrowse-cache")
-    table, notes = segmentation_set_browse(suite, root, "voc", cache, methods=METHODS)
+    table, notes = segmentation_set_browse(suite, voc[0], "voc", cache, methods=METHODS)
     return table, notes, cache
 
 
@@ -168,3 +171,18 @@ def test_the_kind_is_detected_from_the_layout(voc, tmp_path) -> None:
 def _box(mask: np.ndarray) -> list[float]:
     ys, xs = np.nonzero(mask)
     return [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
+
+
+def test_progress_is_called_after_each_block_of_images(voc, suite, browsed, monkeypatch
+                                                        ) -> None:
+    """The served app's stop check runs between blocks of images (here one image each)."""
+    from otviz.eval import browse_segmentation
+
+    root, masks = voc
+    table, _, cache = browsed
+    monkeypatch.setattr(browse_segmentation, "BLOCK_IMAGES", 1)
+    calls: list[tuple[int, int]] = []
+    again, _ = segmentation_set_browse(suite, root, "voc", cache, methods=METHODS,
+                                       progress=lambda done, total: calls.append((done, total)))
+    assert [c for c in calls if c[1] == len(masks)][-2:] == [(1, 2), (2, 2)]
+    assert torch.equal(again.iou, table.iou) and torch.equal(again.hits, table.hits)
