@@ -7,15 +7,19 @@ server's compute budget as on a Space (one expensive slot), aligns the first exa
 (model and suites loaded, the pair encoded, as after a person's first click), then times
 
 * *idle*: Align clicks (all methods, explainers off) on images no click saw, median of 3;
-* *flood*: ``--trust`` Trust-panel requests, each from its own session (raw API calls), on
-  the aligned pair (``same pair``) or each on an image of its own (``own images``), and
-  0.3 s after they are sent one Align click on an image no click saw.
+* *flood*: ``--trust`` Trust-panel requests, each from its own session (raw API calls sent
+  by a process of their own, as from other machines: the clicking person's client shares no
+  interpreter with them), on the aligned pair (``same pair``) or each on an image of its own
+  (``own images``), and 0.3 s after they are sent one Align click on an image no click saw.
+
+The ratio is the flood's click over the same run's idle median; the table gives each run's
+and, per tree, the median with the range over its rounds and both floods.
 
 Usage: ``python benchmarks/trust_flood_align.py --tree old=PATH --tree new=PATH [--rounds 2]
 [--trust 34]``: the trees alternate within each round; writes
 ``benchmarks/trust_flood_align.json`` and the Markdown table next to it, with the load
 average. ``--one`` (internal) is one measurement on the tree on ``PYTHONPATH``, ``--drive``
-(internal) its client side.
+(internal) its client side, ``--flood`` (internal) the Trust requests' process.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -115,25 +120,49 @@ def drive(url: str, checkpoint: str, phrase: str, n_trust: int) -> dict:
 
     first = str(example.image_path)
     align(first)
+    trust_data = _by_name(client, "/align_trust", caption=example.caption,
+                          checkpoint=checkpoint, phrase=phrase, explainers=False)
     out: dict = {"idle_s": [align(fresh_image()) for _ in range(3)]}
     for flood in FLOODS:
         images = [uploaded(first if flood == "same pair" else fresh_image())
                   for _ in range(n_trust)]
         target = fresh_image()
-        answers: list[str] = []
-        threads = [threading.Thread(target=_trust, args=(
-            url, [image, example.caption, checkpoint, phrase, False], answers))
-            for image in images]
-        for t in threads:
-            t.start()
+        sender = subprocess.Popen([sys.executable, __file__, "--flood", url],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        sender.stdin.write(json.dumps([trust_data(image) for image in images]) + "\n")
+        sender.stdin.flush()
+        sender.stdout.readline()  # its requests are being sent
         time.sleep(0.3)
         seconds = align(target)
-        for t in threads:
-            t.join()
-        out[flood] = {"align_s": seconds,
-                      "served": sum("event: complete" in a for a in answers),
-                      "refused": sum("event: error" in a for a in answers)}
+        answers = json.loads(sender.communicate()[0].strip().splitlines()[-1])
+        out[flood] = {"align_s": seconds, **answers}
     return out
+
+
+def flood(url: str, requests: list[list]) -> dict:
+    """The Trust requests of one flood (each ``data`` list its own raw API call, from a
+    thread of this process), a line on stdout once they are all being sent; how many were
+    served and refused."""
+    answers: list[str] = []
+    threads = [threading.Thread(target=_trust, args=(url, data, answers)) for data in requests]
+    for t in threads:
+        t.start()
+    print("sent", flush=True)
+    for t in threads:
+        t.join()
+    return {"served": sum("event: complete" in a for a in answers),
+            "refused": sum("event: error" in a for a in answers)}
+
+
+def _by_name(client, endpoint: str, **values) -> Callable[[dict], list]:
+    """The raw API's ``data`` list of ``endpoint`` for an uploaded image, from the values
+    named (each other parameter at its default): the trees' endpoints differ in their
+    parameters (the reading, ``features`` and ``image_size``, became parameters of their
+    own)."""
+    params = client.view_api(print_info=False, return_format="dict")["named_endpoints"][
+        endpoint]["parameters"]
+    return lambda image: [image if p["parameter_name"] == "image" else values.get(
+        p["parameter_name"], p.get("parameter_default")) for p in params]
 
 
 def _trust(url: str, data: list, answers: list[str]) -> None:
@@ -178,7 +207,16 @@ def markdown(result: dict) -> str:
             served = ", ".join(f"{r[f]['served']} / {r[f]['refused']}" for f in FLOODS)
             lines.append(f"| {tree} ({result['commits'][tree]}) | {k + 1} | {idle:.2f} | "
                          f"{' | '.join(cells)} | {served} |")
+    lines += ["", "| tree | ratio: median [min, max] over rounds and floods |", "|---|---|"]
+    for tree, runs in result["trees"].items():
+        r = ratios(runs)
+        lines.append(f"| {tree} | {statistics.median(r):.1f}x [{min(r):.1f}, {max(r):.1f}] |")
     return "\n".join(lines) + "\n"
+
+
+def ratios(runs: list[dict]) -> list[float]:
+    """Every flood's click over its run's idle median."""
+    return [r[f]["align_s"] / statistics.median(r["idle_s"]) for r in runs for f in FLOODS]
 
 
 def _commit(path: str) -> str:
@@ -194,12 +232,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trust", type=int, default=34)
     parser.add_argument("--one", action="store_true")
     parser.add_argument("--drive", nargs=3, metavar=("URL", "CHECKPOINT", "PHRASE"))
+    parser.add_argument("--flood", metavar="URL")
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(measure(args.trust)))
         return 0
     if args.drive:
         print(json.dumps(drive(*args.drive, args.trust)))
+        return 0
+    if args.flood:
+        print(json.dumps(flood(args.flood, json.loads(sys.stdin.readline()))))
         return 0
     trees = dict(t.split("=", 1) for t in args.tree)
     load = lambda: "/".join(f"{x:.1f}" for x in os.getloadavg())  # noqa: E731

@@ -16,6 +16,7 @@ from otviz.ui.align import build_align_tab
 from otviz.ui.anchors_tab import build_anchors_tab
 from otviz.ui.browse_tab import TAB_TITLE as BROWSE_TITLE
 from otviz.ui.browse_tab import AlignTarget, BrowseSources, build_browse_tab
+from otviz.ui.cheap_events import watch_queue
 from otviz.ui.context import AppContext, SharedInputs, on_space, remote_models
 from otviz.ui.examples import inline_samples, load_examples
 from otviz.ui.inputs import CheckedImage, guard_callbacks, on_upload
@@ -170,7 +171,8 @@ def upload_limit() -> str:
 def serve_options(app: gr.Blocks, max_file_size: str | int | None = None) -> dict:
     """Queue ``app`` as this server runs it (one event at a time on a Space's small shared
     CPU, a bounded queue, no monitoring summary: :func:`without_monitoring`, sessions that
-    copy the page's initial configs: :func:`~otviz.ui.sessions.remember_initial_configs`)
+    copy the page's initial configs: :func:`~otviz.ui.sessions.remember_initial_configs`,
+    cheap events counted from the moment they join: :func:`~otviz.ui.cheap_events.watch_queue`)
     and return the ``launch`` options every server uses: the upload limit
     (:func:`upload_limit` unless given), :data:`APP_CSS` and Gradio's monitoring pages
     turned off."""
@@ -178,6 +180,7 @@ def serve_options(app: gr.Blocks, max_file_size: str | int | None = None) -> dic
               max_size=QUEUE_SIZE)
     without_monitoring(app)
     remember_initial_configs(app)  # a visitor's first request holds no other one up
+    watch_queue(app)  # expensive work steps aside while a cheap event is queued or runs
     return {"max_file_size": max_file_size or upload_limit(), "css": APP_CSS,
             "enable_monitoring": False}
 

@@ -55,7 +55,7 @@ from otviz.explainers import EXPLAINERS, unavailable
 from otviz.suite import METHOD_LABELS, MethodSuite, flat_map_reasons
 from otviz.text.tree import Tree
 from otviz.ui.budget import ComputeBudget, CostModel, server_budget, visitor
-from otviz.ui.cheap_events import CHEAP
+from otviz.ui.cheap_events import StepAside, yielding
 from otviz.ui.context import AppContext
 from otviz.ui.examples import Example, load_examples
 from otviz.ui.inputs import user_errors
@@ -223,8 +223,9 @@ def trust_rows(
     if budget is not None and missing:
         admitted = budget.admit(visitor(), "the trust metrics", panel_cost(budget.costs, missing))
     with admitted:
-        if missing:  # work to do: a cheap event running now goes first
-            CHEAP.step_aside()
+        step = StepAside()  # a cheap event in progress goes first (bounded in all)
+        if missing:
+            step()
         phrases, target = panel_phrases(encoded, words)
         row = panel_row(explainer, encoded, phrases, target, settings)
         for name, keys in PASSES:
@@ -233,9 +234,10 @@ def trust_rows(
                 if part is None:
                     refuse_if_stopping("the trust metrics")
                     yield list(rows), _progress(name, source, k, len(sources))
-                    CHEAP.step_aside()
-                    part = _score_part(row, source, keys, settings, maps,
-                                       budget and budget.costs)
+                    step()
+                    with yielding(row.scorer, step):  # and before each model call
+                        part = _score_part(row, source, keys, settings, maps,
+                                           budget and budget.costs)
                     cache.put((*base, source.name, name), part)
                 merged = _merge(rows[k] if k < len(rows) else None, source, part, settings)
                 rows[k:k + 1] = [merged]  # the fast pass appends row k, the slow one
