@@ -7,7 +7,8 @@
 - in a second process group of the same job (:func:`tests.helpers.fresh_process_group`):
   the heads' loss curves of 1 process through the API (DistributedDataParallel); a tiny-CLIP
   pre-training run with, bit for bit, the curve of ``pretrain(processes=2)``, which starts
-  its own job (:func:`otviz.train.distributed.launch`); and training streamed from
+  its own job (:func:`otviz.train.distributed.launch`: every step reported, the held-out
+  retrieval on rank 0, the token rows one union over the processes); and training streamed from
   webdataset shards (``tests/train/test_streamed.py``'s data), each process decoding its
   own rows, with the 1-process curve.
 
@@ -118,6 +119,8 @@ def test_two_processes_give_the_one_process_curves(tmp_path: Path) -> None:
     from otviz.checkpoints.heads import head_meta
     from otviz.checkpoints.store import load_meta
     from otviz.cli.train import main
+    from otviz.eval.held_out import HeldOutRetrieval
+    from otviz.tiny_clip.model import load_tiny_clip
     from tests.helpers import random_tiny_clip
 
     torch.set_num_threads(1)
@@ -134,12 +137,22 @@ def test_two_processes_give_the_one_process_curves(tmp_path: Path) -> None:
 
     ddp = json.loads((tmp_path / "ddp.json").read_text())
 
-    launched = dict(PRETRAIN, processes=2)
-    pretrain(PretrainConfig(**launched, out=str(tmp_path / "pretrain-launched")))
+    steps = []
+    launched = PretrainConfig(**dict(PRETRAIN, processes=2),
+                              out=str(tmp_path / "pretrain-launched"))
+    metrics = pretrain(launched, progress=lambda step, total, info: steps.append(step),
+                       held_out=HeldOutRetrieval)
+    assert steps == list(range(1, PRETRAIN["steps"] + 1))  # rank 0's reports, relayed
+    assert metrics["processes"] == 2 and "i2t_r1" in metrics  # held out on rank 0
     job, own = (load_meta(tmp_path / name) for name in ("pretrain-torchrun", "pretrain-launched"))
-    assert job["recipe"] == own["recipe"] | {"out": job["recipe"]["out"]}  # processes: 2
+    assert own["recipe"]["processes"] == 2
+    assert job["recipe"] == own["recipe"] | {"out": job["recipe"]["out"]}
     assert [e["loss"] for e in job["log"]] == [e["loss"] for e in own["log"]]
     assert len({e["loss"] for e in own["log"]}) > 1
+    # every token row either of the world's vocabulary or zero: one union over processes
+    model, _ = load_tiny_clip(tmp_path / "pretrain-launched")
+    rows = model.text.token_embedding.weight.abs().sum(1) > 0
+    assert 20 < int(rows.sum()) < 200
 
     single = run_cases(tmp_path / "single")
     for method, _ in CASES:

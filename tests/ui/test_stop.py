@@ -98,8 +98,10 @@ def test_sigterm_mid_training_stops_the_run_and_the_server(tmp_path):
     try:
         client = api_client(app.url)
         checkpoint = f"{EMBEDDED}{SEPARATOR}{TRAINING_FREE}"
+        # 64 pairs to encode before the first step; 2000 steps, far more than the 2 s before
+        # the signal
         client.submit(*train_api_args(checkpoint, "world", "", [], ["conceptot"],
-                                      n_train=256, batch_size=64, epochs=100),
+                                      n_train=64, batch_size=32, max_steps=2000),
                       api_name="/train")
         deadline = time.monotonic() + 120  # until its steps have begun (encoding done)
         while "conceptot: local loss" not in app.log.read_text():
