@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.helpers import ROOT, child_env
+from tests.helpers import ROOT
 
 PACKAGE = ROOT / "otviz"
 
@@ -177,14 +175,14 @@ def test_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_training_modules_load_without_the_command_line() -> None:
-    """Importing the training engines loads no ``otviz.cli`` module (checked in a fresh
-    interpreter, where nothing else imported it first)."""
+def test_training_modules_load_without_the_command_line(preloaded_python) -> None:
+    """Importing the training engines loads no ``otviz.cli`` module (checked in an
+    interpreter where nothing of otviz was imported first: :mod:`tests.preloaded`)."""
     code = ("import sys, otviz.train.loop, otviz.train.pretrain\n"
             "print(sorted(m for m in sys.modules if m.startswith('otviz.cli')))")
-    out = subprocess.run([sys.executable, "-c", code], env=child_env(), cwd=ROOT,
-                         capture_output=True, text=True, timeout=300, check=True).stdout
-    assert out.strip() == "[]"
+    done = preloaded_python.run(code, ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"
 
 
 def test_docs_layout_names_every_folder_and_module_of_the_package():
