@@ -123,7 +123,7 @@ def server_round_trip(url: str, checkpoint: str, repeats: int) -> float:
         image = {"path": path, "meta": {"_type": "gradio.FileData"}}
         times = []
         for k in range(repeats + 1):
-            body = {"data": [image, example.caption, checkpoint, "grid", False,
+            body = {"data": [image, example.caption, checkpoint, "last", 0, "grid", False,
                              f"span:{k % 4}:{k % 4 + 1}", 1.0, False, None], "fn_index": fn,
                     "session_hash": f"breakdown-{k}", "trigger_id": None, "event_data": None}
             start = time.perf_counter()

@@ -790,7 +790,8 @@ def test_a_server_path_posing_as_an_upload_is_refused(live_app, checkpoint, secr
     posing = {"path": str(secret), "meta": {"_type": "gradio.FileData"}}
     train = train_api_args(checkpoint, "upload", "", [posing], ["filip"], **TINY_TRAIN_RECIPE)
     with _OPENED.watch() as opened:
-        streams = [raw_api_call(live_app.url, "words", [posing, "a red circle", checkpoint]),
+        streams = [raw_api_call(live_app.url, "words",
+                                [posing, "a red circle", checkpoint, "last", 0]),
                    raw_api_call(live_app.url, "train", train)]
     for stream in streams:
         assert "event: error" in stream and "event: complete" not in stream, stream

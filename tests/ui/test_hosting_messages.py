@@ -153,8 +153,9 @@ def test_browse_reads_an_image_named_with_html_as_align_does(live_app, tmp_path,
     csv = upload(url, "captions.csv", f'path,caption\n"{name}",{e.caption}\n'.encode())
     files = [file_data(image, name), file_data(csv, "captions.csv")]
     browse = raw_api_call(url, "browse", [
-        checkpoint, "uploaded folder", 8, "test", files, ["conceptot"], "conceptot", "filip",
-        "all rows", [], "set order", "no trust metric", "all rows", 1, 4])
-    align = raw_api_call(url, "words", [file_data(image, name), e.caption, checkpoint])
+        checkpoint, "last", 0, "uploaded folder", 8, "test", files, ["conceptot"], "conceptot",
+        "filip", "all rows", [], "set order", "no trust metric", "all rows", 1, 4])
+    align = raw_api_call(url, "words", [file_data(image, name), e.caption, checkpoint, "last",
+                                        0])
     assert "event: complete" in align, align
     assert "event: complete" in browse, browse

@@ -165,12 +165,13 @@ def test_a_refused_upload_leaves_nothing_in_the_cache(live_app, example, checkpo
         path = upload(live_app.url, name, data)
         assert Path(path).exists() and Path(path).is_relative_to(get_upload_folder())
         uploaded = file_data(path, name)
+        read = [checkpoint, "last", 0]  # the checkpoint and its reading
         args = {
-            "words": [uploaded, example[1], checkpoint],
-            "phrases": [uploaded, example[1], checkpoint, "grid", None, None],
-            "zero_shot": [checkpoint, "uploaded images", [uploaded], "shape", 0, 32, "balanced",
+            "words": [uploaded, example[1], *read],
+            "phrases": [uploaded, example[1], *read, "grid", None, None],
+            "zero_shot": [*read, "uploaded images", [uploaded], "shape", 0, 32, "balanced",
                           "circle\nsquare", "a photo of a {}", "uniform", "", 0.5],
-            "browse": [checkpoint, "uploaded folder", 96, "test", [uploaded], ["conceptot"],
+            "browse": [*read, "uploaded folder", 96, "test", [uploaded], ["conceptot"],
                        "conceptot", "filip", "all rows", [], "set order", NO_METRIC, ALL, 1,
                        12],
         }[api]
@@ -189,7 +190,7 @@ def test_an_expired_upload_is_told_so(live_app, example, checkpoint):
     path = upload(live_app.url, "old.png", _png(80, 80))
     Path(path).unlink()  # as Gradio's schedule removes it
     refused, message = _call(live_app.url, "words", [file_data(path, "old.png"), example[1],
-                                                     checkpoint])
+                                                     checkpoint, "last", 0])
     assert refused and message == "old.png is no longer on the server (expired): upload it again"
 
 
