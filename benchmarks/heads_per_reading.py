@@ -66,8 +66,11 @@ def training_free(label: str) -> dict[str, tuple[float, int]]:
     return out
 
 
-def best_reading(label: str) -> str:
-    """The best training-free source of ``label`` other than ``last`` (module docstring)."""
+def best_reading(label: str, chosen: dict[str, str] | None = None) -> str:
+    """The best training-free source of ``label`` other than ``last`` (module docstring), or
+    the one ``chosen`` names for it (``--best``: a choice made on earlier per-source runs)."""
+    if chosen and label in chosen:
+        return chosen[label]
     scores = training_free(label)
     return max((s for s in scores if s != "last"), key=lambda s: scores[s][0])
 
@@ -132,7 +135,8 @@ def collect(methods: list[str], seeds: list[int], args: argparse.Namespace) -> N
     figures of the per-source runs."""
     rows, missing = [], []
     for method in methods:
-        label, best = method_class(method).label, best_reading(method_class(method).label)
+        label = method_class(method).label
+        best = best_reading(label, args.best)
         scores = {s: _scores(method, s, seeds, args.runs) for s in ("last", best)}
         if any(v is None for v in scores.values()):
             missing.append(method)
@@ -191,13 +195,18 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=Path("runs/heads-reading"))
     parser.add_argument("--out", default="benchmarks/heads_per_reading")
     parser.add_argument("--collect", action="store_true", help="only gather finished runs")
+    parser.add_argument("--best", default="", help="per-method best reading instead of the "
+                        "per-source runs' choice, e.g. conceptot=layer:2 (the committed table: "
+                        "its choices were made on the 100-image runs)")
     args = parser.parse_args()
     args.n_train = {k: int(v) for k, v in (p.split("=") for p in args.n_train.split(",") if p)}
+    args.best = {method_class(k).label: v
+                 for k, v in (p.split("=", 1) for p in args.best.split(",") if p)}
     methods, seeds = args.methods.split(","), [int(s) for s in args.seeds.split(",")]
     if not args.collect:
         flags = recipes()
         plan = [(m, s, seed, flags[m]) for m in methods for seed in seeds
-                for s in ("last", best_reading(method_class(m).label))]
+                for s in ("last", best_reading(method_class(m).label, args.best))]
         with ThreadPoolExecutor(args.jobs) as pool:
             for future in [pool.submit(_job, *job, args) for job in plan]:
                 future.result()
