@@ -324,7 +324,9 @@ def segmentation_table(
         "of one shape in one image told apart",
         rule_note(threshold, True),
         "methods: the phrase map of the plan (mass from each patch to the phrase's tokens), "
-        "or the method's own phrase map; explainers: the phrase's map from its text; "
+        "or the method's own phrase map; explainers: the phrase's map from its text" + (
+            "" if templates == "single" else
+            f" (its {templates} ensemble: the templates filled with it)") + "; "
         "drawn on the pixels bilinearly between token centres",
         "labelled pixels: " + ", ".join(f"{c} {n:,}" for c, n in pixels.items()),
         "sanity rows: gold masks (the labels as maps: 100), uniform map (background "
