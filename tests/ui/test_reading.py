@@ -1,9 +1,9 @@
 """The features picker, layer slider and input-size control (issue 41, items 2 and 3, the
 app's side; issue 53.4): the choice travels as every endpoint's ``features`` and
 ``image_size`` parameters, inside the app as the context's value (the entry with the reading
-appended), is checked like any input, and every view reads the backbone that way. Each view's maps on a non-default reading equal
-those of a context whose backbone *is* ``Backbone.with_features(...)`` (the source's own
-features) and differ from the default's."""
+appended), is checked like any input, and every view reads the backbone that way. Each
+view's maps on a non-default reading equal those of a context whose backbone *is*
+``Backbone.with_features(...)`` (the source's own features) and differ from the default's."""
 
 from __future__ import annotations
 
