@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from otviz.errors import InputError
 from otviz.knobs import feature_source_parts
 
-#: Between the parts of a picker value (the context's ``SEPARATOR``).
+#: Between the parts of a value (the context's ``SEPARATOR``).
 SEPARATOR = " · "
 FEATURES_PREFIX = "features "
 SIZE_SUFFIX = " px"
@@ -40,7 +40,7 @@ class Reading:
 
     @property
     def suffix(self) -> str:
-        """The parts this reading adds to a picker value (none for the default)."""
+        """The parts this reading adds to a picker entry (none for the default)."""
         parts = [] if self.features == "last" else [f"{FEATURES_PREFIX}{self.features}"]
         parts += [] if self.image_size is None else [f"{self.image_size}{SIZE_SUFFIX}"]
         return "".join(SEPARATOR + part for part in parts)
@@ -63,7 +63,7 @@ READING_IN_CHECKPOINT = ("checkpoint: the value carries a reading (a features or
 
 
 def split_reading(value: str) -> tuple[str, Reading]:
-    """``(picker entry, reading)`` of a picker value: the trailing ``features ...`` and
+    """``(picker entry, reading)`` of a value read at a reading: the trailing ``features ...`` and
     ``... px`` parts are the reading, at most one of each, checked
     (:func:`otviz.knobs.feature_source_parts`, a block index written in ASCII digits; a
     size a positive whole number of pixels in ASCII digits), the rest is the entry."""
@@ -87,7 +87,7 @@ def split_reading(value: str) -> tuple[str, Reading]:
 
 
 def with_reading(entry: str, reading: Reading) -> str:
-    """The picker value of ``entry`` read with ``reading`` (:func:`split_reading`'s
+    """The value that reads ``entry`` with ``reading`` (:func:`split_reading`'s
     inverse; any reading already on ``entry`` is replaced)."""
     return split_reading(entry)[0] + reading.suffix
 

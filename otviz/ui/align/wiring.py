@@ -108,7 +108,7 @@ class AlignCallbacks:
         return self.ctx.explainer(checkpoint), self.ctx.suite(checkpoint)
 
     def _read(self, checkpoint: str, features: str | None, image_size: float | None) -> str:
-        """The picker value read at the named reading (:meth:`AppContext.read_as`)."""
+        """The entry read at the named reading (:meth:`AppContext.read_as`)."""
         return self.ctx.read_as(checkpoint, features, image_size)
 
     @staticmethod
