@@ -411,6 +411,31 @@ def test_rejected_requests_leave_no_files(ctx, cache_dir, tmp_path):
     assert not any((tmp_path / "runs").rglob("*"))
 
 
+def test_the_train_endpoint_trains_on_the_reading_its_parameters_name(ctx, cache_dir, tmp_path):
+    """``/train``'s ``features`` and ``image_size`` (issue 53.4), as the page's hidden fields
+    send them: the run's config carries that reading (``Reading.train_fields``), and a
+    checkpoint with the reading written into it is refused before any run starts."""
+    from otviz.ui.app import build_shared_inputs
+    from otviz.ui.reading import READING_IN_CHECKPOINT
+    from otviz.ui.train_form import form_fields
+    from otviz.ui.train_tab import build_train_tab
+
+    jobs = jobs_for(ctx, tmp_path, cache_dir)
+    with gr.Blocks() as blocks:
+        build_train_tab(ctx, build_shared_inputs(ctx), jobs)
+    on_start = next(f.fn for f in blocks.fns.values() if f.api_name == "train")
+    recipe = {**{s.name: s.default for s in form_fields()}, **SMALL, "max_steps": 1}
+    entry, side = ctx.checkpoint_choices()[0], ctx.sizes(ctx.checkpoint_choices()[0])[1]
+    with pytest.raises(gr.Error, match=re.escape(READING_IN_CHECKPOINT)):
+        next(on_start(f"{entry} · features layer:1", "layer:1", 0, WORLD, "", [],
+                      ["filip"], **recipe))
+    assert jobs.current() is None
+    list(on_start(entry, "layer:1", side, WORLD, "", [], ["filip"], **recipe))  # to its end
+    job = jobs.current()
+    assert wait(job).state == "finished", job.status().error
+    assert (job.configs[0].features, job.configs[0].image_size) == ("layer:1", side)
+
+
 def test_heads_train_on_the_pages_reading_and_are_offered_with_it(ctx, cache_dir, tmp_path):
     """Picked with a reading (the features picker, the size control), the Train tab trains
     on it: the config carries it, the head records it, the picker entry (model and head set
