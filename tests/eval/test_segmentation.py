@@ -6,6 +6,7 @@ class equal to the rendered masks' counts)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -82,15 +83,35 @@ def test_object_labels_are_the_shapes_coverage() -> None:
 
 
 @pytest.fixture(scope="module")
-def world_table():
+def world_suite():
     from otviz.eval.runner import build_suite, load_backbone
     from otviz.eval.world_set import EvalSet
 
     torch.manual_seed(0)
     backbone = load_backbone()
     suite = build_suite(backbone, "training-free", ("filip", "dense_uot", "conceptot"))
-    data = EvalSet.build(backbone, 8, "test", 0, ".cache/otviz-features")
+    return suite, EvalSet.build(backbone, 8, "test", 0, ".cache/otviz-features")
+
+
+@pytest.fixture(scope="module")
+def world_table(world_suite):
+    suite, data = world_suite
     return data, segmentation_table(suite, data, explainers=("maskclip",))
+
+
+def test_world_with_the_imagenet_templates(world_suite, world_table) -> None:
+    """``templates="imagenet80"`` on the world: named in the title; the methods read the
+    world's captions (rows unchanged), the explainer the phrases' ensembled embeddings."""
+    suite, data = world_suite
+    table = segmentation_table(suite, data, explainers=("maskclip",), templates="imagenet80")
+    assert "prompts: imagenet80 ensemble of 80 templates" in table.title
+    assert "one prompt a class" in world_table[1].title
+    before = {r["name"]: r for r in world_table[1].rows}
+    rows = {r["name"]: r for r in table.rows}
+    for name in ("filip", "dense_uot", "conceptot", "gold_masks", "uniform"):  # NaN-aware
+        assert json.dumps(rows[name], sort_keys=True) == json.dumps(before[name],
+                                                                    sort_keys=True), name
+    assert rows["maskclip"]["intersect"] != before["maskclip"]["intersect"]
 
 
 def test_world_sanity_rows_and_pixels(world_table) -> None:
