@@ -222,7 +222,8 @@ class _Rows:
             counts = SegmentationCounts(len(data.classes))
             counts.add(gold, pred, scored.classes)
             ious.append(torch.from_numpy(counts.iou()))
-            shares.append(torch.from_numpy(np.stack(pointing_shares(maps, gold)[:2], 1)))
+            shares.append(torch.from_numpy(np.stack(pointing_shares(maps, scored.targets)[:2],
+                                                              1)))
             self.predictions[(i, k)] = zlib.compress(pred.astype(np.uint8).tobytes())
         geometry = frame.scaled(width, height)
         hit = torch.stack(shares, 1)  # [candidates, K, 2]

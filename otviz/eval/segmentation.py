@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 
 import numpy as np
 import torch
@@ -49,6 +49,7 @@ from otviz.eval.grounding_metrics import TOLERANCE_PX
 from otviz.eval.segmentation_metrics import (
     THRESHOLD,
     VOID,
+    PointingTargets,
     SegmentationCounts,
     predict_labels,
 )
@@ -76,6 +77,12 @@ class ScoredImage:
     rows: list[int]
     gold: np.ndarray
     classes: np.ndarray
+
+    @cached_property
+    def targets(self) -> PointingTargets:
+        """The pointing game's targets on ``gold`` (one distance transform a candidate
+        present), computed once and shared by every map scored on this image."""
+        return PointingTargets.of(self.gold, len(self.rows))
 
 
 def candidate_rows(data: EvalSet, q: PhraseQueries) -> list[list[int]]:
@@ -150,7 +157,7 @@ def segment(images: Sequence[ScoredImage], pixel_maps: PixelMaps, n_classes: int
     for j, image in enumerate(images):
         maps = pixel_maps(j, image)
         counts.add(image.gold, predict_labels(maps, threshold, background), image.classes)
-        counts.point(maps, image.gold, image.classes)
+        counts.point(maps, image.targets, image.classes)
     return counts
 
 

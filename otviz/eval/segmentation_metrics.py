@@ -66,13 +66,12 @@ _KEYS = ("intersect", "labelled", "predicted", "hits", "hits_tol", "trials")
 
 def scaled_maps(maps: Tensor) -> Tensor:
     """``[k, H, W]`` maps each scaled to ``[0, 1]`` by its own minimum and maximum (in double
-    precision); a flat map (one value everywhere) becomes 0 everywhere."""
+    precision); a flat map (one value everywhere) becomes 0 everywhere (its values minus its
+    minimum are all 0, divided by 1)."""
     flat = maps.reshape(maps.shape[0], -1).double()
     low, high = flat.amin(dim=1, keepdim=True), flat.amax(dim=1, keepdim=True)
     span = high - low
-    out = torch.where(span > 0, (flat - low) / torch.where(span > 0, span, 1),
-                      torch.zeros_like(flat))
-    return out.reshape(maps.shape)
+    return ((flat - low) / torch.where(span > 0, span, 1)).reshape(maps.shape)
 
 
 def predict_labels(maps: Tensor, threshold: float = THRESHOLD, background: bool = True
@@ -82,30 +81,59 @@ def predict_labels(maps: Tensor, threshold: float = THRESHOLD, background: bool 
     (background) where that value is below ``threshold`` when ``background``."""
     if maps.shape[0] == 0:
         return np.zeros(tuple(maps.shape[1:]), dtype=np.int64)
-    best, arg = scaled_maps(maps).max(dim=0)
-    labels = arg + 1
+    best, labels = scaled_maps(maps).max(dim=0)
+    labels += 1
     if background:
-        labels = torch.where(best < threshold, torch.zeros_like(labels), labels)
+        labels.masked_fill_(best < threshold, 0)
     return labels.cpu().numpy().astype(np.int64)
 
 
-def pointing_shares(maps: Tensor, gold: np.ndarray, tolerance: float = TOLERANCE_PX
+@dataclass(frozen=True)
+class PointingTargets:
+    """Where a peak scores on one image's gold local labels, computed once per image and
+    shared by every map scored on it (each method's, each explainer's): ``present[c]``
+    whether candidate ``c`` (labelled ``c + 1``) has labelled pixels, and for each present
+    one ``pixels[row]`` ``[2, H * W]`` bool: its labelled pixels (strict) and the pixels
+    closer than ``tolerance`` px to one of them (tolerant; TorchRay's open disc, module
+    docstring)."""
+
+    present: np.ndarray
+    pixels: Tensor
+
+    @classmethod
+    def of(cls, gold: np.ndarray, k: int, tolerance: float = TOLERANCE_PX) -> PointingTargets:
+        """The targets of ``k`` candidates on ``gold``: one distance transform a candidate
+        present."""
+        present = np.asarray([(gold == c + 1).any() for c in range(k)], dtype=bool)
+        rows = []
+        for c in np.flatnonzero(present):
+            inside = gold == c + 1
+            near = distance_transform_edt(~inside) < tolerance
+            rows.append(np.stack([inside.ravel(), near.ravel()]))
+        pixels = (torch.from_numpy(np.stack(rows)) if rows
+                  else torch.zeros(0, 2, gold.size, dtype=torch.bool))
+        return cls(present, pixels)
+
+
+def pointing_shares(maps: Tensor, gold: np.ndarray | PointingTargets,
+                    tolerance: float = TOLERANCE_PX
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(strict, tolerant, present)``, each ``[k]``, of ``[k, H, W]`` candidate maps on
-    ``gold`` local labels (candidate ``c`` labelled ``c + 1``; module docstring): the
-    expected hit of each map's peak on the candidate's pixels and within ``tolerance`` px
-    of them (0 where ``present`` is False: the candidate has no labelled pixel)."""
+    ``gold`` local labels (candidate ``c`` labelled ``c + 1``; module docstring), or on their
+    :class:`PointingTargets` already computed (``tolerance`` is then theirs): the expected
+    hit of each map's peak on the candidate's pixels and within ``tolerance`` px of them (0
+    where ``present`` is False: the candidate has no labelled pixel)."""
     k = maps.shape[0]
+    targets = (gold if isinstance(gold, PointingTargets)
+               else PointingTargets.of(gold, k, tolerance))
+    present = targets.present
     strict, tolerant = np.zeros(k), np.zeros(k)
-    present = np.asarray([(gold == c + 1).any() for c in range(k)], dtype=bool)
     if not present.any():
         return strict, tolerant, present
     tied = peak_tokens(maps[torch.from_numpy(present)].reshape(int(present.sum()), -1))
-    for row, c in enumerate(np.flatnonzero(present)):
-        inside = gold == c + 1
-        near = distance_transform_edt(~inside) < tolerance
-        both = torch.from_numpy(np.stack([inside.ravel(), near.ravel()]))
-        strict[c], tolerant[c] = expected_hits(tied[row].expand(2, -1), both).tolist()
+    shares = expected_hits(tied[:, None].expand(-1, 2, -1).reshape(-1, tied.shape[1]),
+                           targets.pixels.reshape(-1, tied.shape[1])).reshape(-1, 2)
+    strict[present], tolerant[present] = shares[:, 0].numpy(), shares[:, 1].numpy()
     return strict, tolerant, present
 
 
@@ -141,10 +169,11 @@ class SegmentationCounts:
         self.predicted += np.bincount(cls[p], minlength=n)
         self.intersect += np.bincount(cls[g[g == p]], minlength=n)
 
-    def point(self, maps: Tensor, gold: np.ndarray, classes: Sequence[int] | np.ndarray,
-              tolerance: float = TOLERANCE_PX) -> None:
-        """Count one image's pointing game (:func:`pointing_shares`): each candidate with
-        labelled pixels a trial of its class ``classes[c + 1]``."""
+    def point(self, maps: Tensor, gold: np.ndarray | PointingTargets,
+              classes: Sequence[int] | np.ndarray, tolerance: float = TOLERANCE_PX) -> None:
+        """Count one image's pointing game (:func:`pointing_shares`; ``gold`` its labels or
+        their :class:`PointingTargets`): each candidate with labelled pixels a trial of its
+        class ``classes[c + 1]``."""
         strict, tolerant, present = pointing_shares(maps, gold, tolerance)
         cls = np.asarray(classes, dtype=np.int64)[1:][present]
         np.add.at(self.trials, cls, 1.0)
