@@ -26,7 +26,8 @@ from otviz.boundary.images import check_headers
 from otviz.boundary.paths import NOT_FOUND
 from otviz.data.datasets import DatasetError, load_image_captions
 from otviz.data.feature_cache import FeatureCache
-from otviz.data.grounding_sets import detect_layout
+from otviz.data.grounding_sets import detect_layout, load_grounding_set
+from otviz.data.segmentation_sets import load_segmentation_set
 from otviz.data.upload_store import UploadStore
 from otviz.eval.browse import (
     ALL_ROWS,
@@ -55,6 +56,7 @@ from otviz.explainers import explainer_choices, explainers_needed
 from otviz.suite import method_choices
 from otviz.ui.align import AlignLink
 from otviz.ui.app_dirs import FEATURES, UPLOADS, UPLOADS_CAP_BYTES, app_dir, cache_cap_bytes
+from otviz.ui.browse_budget import admitted_upload, upload_plan
 from otviz.ui.budget import server_budget, visitor
 from otviz.ui.context import AppContext, SharedInputs
 from otviz.ui.events import on_edit
@@ -189,15 +191,22 @@ def load_table(
     key = (checkpoint, source, tuple(paths), explainers)
 
     def compute() -> BrowseTable:
+        budget = server_budget()
         with discarded_if_refused(lone_archive(paths)), sources.uploads.unpacked(paths) as root:
             kind = detect_segmentation_kind(root)  # a segmentation set: gold masks
             layout = detect_layout(root)  # a grounding data set: gold boxes and hits
             if kind is not None or layout is not None:
-                table, skipped = (segmentation_set_browse if kind is not None else
-                                  grounding_set_browse)(
-                    suite, root, kind or layout, sources.features_dir, sources.max_images,
-                    explainers=explainers, progress=stop_check)
+                plan = upload_plan(budget, "grounding" if kind is None else "segmentation",
+                                   set_size(root, kind, layout, sources.max_images),
+                                   len(explainers))
+                with admitted_upload(budget, plan, len(explainers)):
+                    table, skipped = (segmentation_set_browse if kind is not None else
+                                      grounding_set_browse)(
+                        suite, root, kind or layout, sources.features_dir,
+                        sources.max_images if plan.note is None else plan.n_images,
+                        explainers=explainers, progress=stop_check)
                 sources.roots[key] = root
+                skipped += [plan.note] if plan.note else []
                 if skipped:
                     sources.notes[key] = "; ".join(skipped)
                 return table
@@ -210,14 +219,15 @@ def load_table(
                                  ) from None
             shown = first_captions(folder, sources.max_images)
             check_headers(shown.image_paths)  # every bad image named at once
-            table = with_explainers(lambda: folder_browse(
-                suite, shown, sources.features_dir, explainers=explainers,
-                progress=stop_check),
-                len(shown.image_paths), explainers)
+            plan = upload_plan(budget, "folder", len(shown.image_paths), len(explainers))
+            shown = first_captions(shown, plan.n_images)
+            with admitted_upload(budget, plan, len(explainers)):
+                table = folder_browse(suite, shown, sources.features_dir,
+                                      explainers=explainers, progress=stop_check)
         sources.roots[key] = root
-        note = skipped_note(folder.n_images, sources.max_images)
-        if note:
-            sources.notes[key] = note
+        notes = [skipped_note(folder.n_images, sources.max_images), plan.note]
+        if any(notes):
+            sources.notes[key] = "; ".join(n for n in notes if n)
         return table
 
     if not paths:
@@ -229,6 +239,19 @@ def load_table(
     if notes is not None and key in sources.notes:
         notes.append(sources.notes[key])
     return table
+
+
+def set_size(root: Path, kind: str | None, layout: tuple[str, str] | None, limit: int) -> int:
+    """The images (at most ``limit``) of the segmentation set ``kind`` or the grounding set
+    ``layout`` at ``root``, from its listing (no image decoded); a set that cannot be read
+    is refused as its table would refuse it."""
+    try:
+        if kind is not None:
+            return len(load_segmentation_set(kind, root, limit=limit))
+        assert layout is not None
+        return len(load_grounding_set(layout[0], root, layout[1], limit=limit))
+    except DatasetError as e:
+        raise InputError(f"cannot read the {kind or layout[0]} folder: {e}") from None
 
 
 def with_explainers(compute: Callable[[], BrowseTable], n_images: int,

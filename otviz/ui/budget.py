@@ -99,9 +99,11 @@ class CostModel:
         **{f"metric:{k}": v for k, v in SEED_METRIC_S.items()}})
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def unit(self, kind: str) -> float:
+    def unit(self, kind: str, seed: float | None = None) -> float:
+        """Seconds per unit of ``kind``: measured, else ``seed``, else the dearest unit
+        known."""
         with self._lock:
-            return self.seconds.get(kind, max(self.seconds.values()))
+            return self.seconds.get(kind, max(self.seconds.values()) if seed is None else seed)
 
     def record(self, kind: str, seconds_per_unit: float) -> None:
         """Fold one measurement (seconds per unit of ``kind``) into the estimate."""

@@ -376,10 +376,11 @@ def test_a_server_stop_ends_a_table_load_at_its_next_batch(ctx, checkpoint, capt
 
     fresh = BrowseSources(B.BrowseCache(), tmp_path / "features", tmp_path / "uploads")
     monkeypatch.setattr(shutdown, "stopping", lambda: True)
-    for source, args in [(WORLD_SOURCE, {"n_images": 2}),
-                         (UPLOAD_SOURCE, {"files": [str(caption_zip)]})]:
-        with pytest.raises(InputError, match="loading the table not finished: the server is "
-                                             "stopping"):
+    for source, args, what in [
+            (WORLD_SOURCE, {"n_images": 2}, "loading the table not finished"),
+            (UPLOAD_SOURCE, {"files": [str(caption_zip)]},  # refused before it starts
+             "the Browse table of the upload not finished")]:
+        with pytest.raises(InputError, match=f"{what}: the server is stopping"):
             load_table(ctx, fresh, checkpoint, source, **args)
     monkeypatch.setattr(shutdown, "stopping", lambda: False)
     assert len(load_table(ctx, fresh, checkpoint, WORLD_SOURCE, 2).items) > 0
