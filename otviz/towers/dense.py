@@ -42,8 +42,10 @@ path's terms as the authors' code computes them (repository, file, lines):
   ``resclip_segmentor.py`` L24 (``arch='wo_resi'``, ``gaussian_std=5.``);
   ``configs/cfg_voc21.py`` L10 (``attn_rcs_weights=[2.0, 0.3]``; ADE20K and Context60 use
   the same, the other sets ``lambda`` 0.2-0.6). Its semantic feedback refinement (SFR,
-  L334-346), which reweights the attention by a first segmentation against the data set's
-  class names, is not applied: a feature source sees no text, hence the name. A tower of
+  L334-346), which reweights the ``k k^T`` logits by a first segmentation against the data
+  set's class names, is not part of this source (a feature source sees no text, hence the
+  name); given a fixed class set it is :mod:`otviz.towers.resclip_sfr`
+  (``feedback`` here; :meth:`otviz.towers.base.ImageTower.encode_with_classes`). A tower of
   fewer than 10 blocks cannot give it.
 
 * SC-CLIP (Bai et al., 2024, ``scclip``): the last block's attention ``A = (softmax(3 (M -
@@ -77,6 +79,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from otviz.towers.resclip_sfr import Feedback
 from otviz.towers.scclip import DEPTH as SCCLIP_DEPTH
 from otviz.towers.scclip import self_adjusting_attention
 
@@ -131,13 +134,17 @@ def neighbourhood_bias(grid: tuple[int, int], prefix: int, sigma: float = NACLIP
 
 
 def dense_attention(kind: str, q: Tensor, k: Tensor, scale: float, grid: tuple[int, int],
-                    cross: Tensor | None = None) -> Tensor:
+                    cross: Tensor | None = None, feedback: Feedback | None = None) -> Tensor:
     """``[B, heads, T, T]`` the path's ``A`` (module docstring) for per-head ``q, k``
     ``[B, heads, T, d]``; the patches are the last ``h * w`` tokens of ``T``; ``cross`` the
     mean intermediate attention ``R`` that ResCLIP's RCS reads, or SC-CLIP's block-8
-    similarities ``M`` ``[B, T, T]`` (``None`` for the others). MaskCLIP's
+    similarities ``M`` ``[B, T, T]`` (``None`` for the others); ``feedback`` ResCLIP's SFR
+    on ``resclip-rcs``'s ``s k k^T`` before ``Omega`` and the softmax
+    (:meth:`otviz.towers.resclip_sfr.Feedback.refined_logits`). MaskCLIP's
     ``A = I`` is not built here: each family reads its value path (open_clip:
     :func:`otviz.towers.vit.value_path`; timm: the block under a self-only mask)."""
+    if feedback is not None and kind != "resclip-rcs":
+        raise ValueError(f"ResCLIP's feedback refines resclip-rcs, not {kind!r}")
     if kind == "sclip":
         a = (torch.softmax(scale * q @ q.transpose(-1, -2), dim=-1)
              + torch.softmax(scale * k @ k.transpose(-1, -2), dim=-1))
@@ -145,7 +152,10 @@ def dense_attention(kind: str, q: Tensor, k: Tensor, scale: float, grid: tuple[i
         a = torch.softmax(scale * q @ q.transpose(-1, -2), dim=-1)
     elif kind in ("naclip", "resclip-rcs"):
         omega = neighbourhood_bias(grid, q.shape[-2] - grid[0] * grid[1]).to(k)
-        a = torch.softmax(scale * k @ k.transpose(-1, -2) + omega, dim=-1)
+        logits = scale * k @ k.transpose(-1, -2)
+        if feedback is not None:
+            logits = feedback.refined_logits(logits)
+        a = torch.softmax(logits + omega, dim=-1)
         if kind == "resclip-rcs":
             a = RESCLIP_TAU * ((1 - RESCLIP_LAMBDA) * a + RESCLIP_LAMBDA * cross)
     elif kind == "scclip":

@@ -60,6 +60,7 @@ from otviz.towers.facts import (
     FamilyUnsupportedError,
     tokens_to_map,
 )
+from otviz.towers.resclip_sfr import Feedback
 from otviz.towers.scclip import scclip_tokens
 from otviz.towers.sources import FeatureSource
 
@@ -94,15 +95,15 @@ def block_qkv(block: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def attention_branch(block: nn.Module, x: Tensor, kind: str, grid: tuple[int, int],
-                     cross: Tensor | None = None) -> Tensor:
+                     cross: Tensor | None = None, feedback: Feedback | None = None) -> Tensor:
     """``drop_path1(ls1(proj(norm(A v) * gate)))``: the attention branch of a timm ``Block``
     on tokens ``x`` with its softmax replaced by the dense path ``kind``'s ``A``
     (:func:`otviz.towers.dense.dense_attention`; ``cross`` the intermediate attention
-    ResCLIP's RCS reads)."""
+    ResCLIP's RCS reads, ``feedback`` its SFR)."""
     attn: Attention = block.attn
     b, t, _ = x.shape
     q, k, v = block_qkv(block, x)
-    a = dense_attention(kind, q, k, attn.scale, grid, cross).to(v)
+    a = dense_attention(kind, q, k, attn.scale, grid, cross, feedback).to(v)
     out = attn.norm((a @ v).transpose(1, 2).reshape(b, t, attn.num_heads * attn.head_dim))
     gate = getattr(attn, "gate", None)
     if gate is not None:
@@ -181,9 +182,16 @@ class TimmTower(ImageTower):
             stop_early=True, output_fmt="NLC", intermediates_only=True)
         return [torch.cat([o[1], o[0]], dim=1) if isinstance(o, tuple) else o for o in outs]
 
-    def _dense(self, pixels: Tensor, kind: str) -> Tensor:
+    def resclip_patches(self, pixels: Tensor, feedback: Feedback | None) -> Tensor:
+        """``[B, N, width]`` ``resclip-rcs``'s patches with the last block's logits refined
+        by ResCLIP's SFR ``feedback`` (``None``: ``resclip-rcs`` itself;
+        :func:`otviz.towers.resclip_sfr.encode_with_classes` calls it)."""
+        return self._dense(pixels, "resclip-rcs", feedback)
+
+    def _dense(self, pixels: Tensor, kind: str, feedback: Feedback | None = None) -> Tensor:
         """``[B, N, width]`` the last block rewritten as the dense path ``kind`` from the
-        model's current parameters, through the trunk's final norm (module docstring)."""
+        model's current parameters, through the trunk's final norm (module docstring;
+        ``feedback`` ResCLIP's SFR on ``resclip-rcs``)."""
         trunk = self.visual.trunk
         *middle, last = trunk.blocks
         if kind == "scclip":  # every block's output but the last's
@@ -199,7 +207,8 @@ class TimmTower(ImageTower):
             maps = [softmax_attention(*block_qkv(middle[i], y)[:2], middle[i].attn.scale)
                     for i, y in zip(reads, inputs, strict=True)]
             cross = torch.stack(maps).mean(0) if maps else None
-            out = rewritten_block(kind, x, attention_branch(last, x, kind, self.grid, cross),
+            out = rewritten_block(kind, x, attention_branch(last, x, kind, self.grid, cross,
+                                                            feedback),
                                   lambda z: last.drop_path2(last.ls2(last.mlp(last.norm2(z)))))
         return trunk.norm(out)[:, -self.grid[0] * self.grid[1]:]
 

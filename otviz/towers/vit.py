@@ -37,6 +37,7 @@ from otviz.towers.facts import (
     FamilyUnsupportedError,
     tokens_to_map,
 )
+from otviz.towers.resclip_sfr import Feedback
 from otviz.towers.scclip import scclip_tokens
 from otviz.towers.sources import FeatureSource
 
@@ -97,26 +98,27 @@ def block_forward(block: ResidualAttentionBlock, x: Tensor) -> tuple[Tensor, Ten
 
 
 def block_attention_branch(block: ResidualAttentionBlock, x: Tensor, kind: str,
-                           grid: tuple[int, int], cross: Tensor | None = None) -> Tensor:
+                           grid: tuple[int, int], cross: Tensor | None = None,
+                           feedback: Feedback | None = None) -> Tensor:
     """``ls_1(out_proj(A v))``: the attention branch of an open_clip block on tokens ``x``
     with its mixing replaced by the dense path ``kind``
     (:func:`otviz.towers.dense.dense_attention`; ``cross`` the intermediate attention
-    ResCLIP's RCS reads)."""
+    ResCLIP's RCS reads, ``feedback`` its SFR)."""
     mha: nn.MultiheadAttention = block.attn
     if kind == "maskclip":  # A = I: each token's own value, no T x T matrix needed
         return block.ls_1(value_path(mha, block.ln_1(x)))
     b, t, d = x.shape
     q, k, v = block_qkv(block, x)
-    a = dense_attention(kind, q, k, (d // mha.num_heads) ** -0.5, grid, cross)
+    a = dense_attention(kind, q, k, (d // mha.num_heads) ** -0.5, grid, cross, feedback)
     return block.ls_1(mha.out_proj((a @ v).transpose(1, 2).reshape(b, t, d)))
 
 
 def dense_block(block: ResidualAttentionBlock, x: Tensor, kind: str, grid: tuple[int, int],
-                cross: Tensor | None = None) -> Tensor:
+                cross: Tensor | None = None, feedback: Feedback | None = None) -> Tensor:
     """The last block rewritten as the dense path ``kind`` (:mod:`otviz.towers.dense`) from
     the block's current parameters: its attention branch alone, or with the residual and
     feed-forward where the path keeps them (:func:`otviz.towers.dense.rewritten_block`)."""
-    return rewritten_block(kind, x, block_attention_branch(block, x, kind, grid, cross),
+    return rewritten_block(kind, x, block_attention_branch(block, x, kind, grid, cross, feedback),
                            lambda z: block.ls_2(block.mlp(block.ln_2(z))))
 
 
@@ -240,10 +242,19 @@ class VitTower(ImageTower):
         x = torch.cat([cls, x], dim=1) + positions
         return v.ln_pre(v.patch_dropout(x))
 
-    def _tokens(self, pixels: Tensor, source: FeatureSource) -> tuple[Tensor, Tensor]:
+    def resclip_patches(self, pixels: Tensor, feedback: Feedback | None) -> Tensor:
+        """``[B, N, width]`` ``resclip-rcs``'s patches with the last block's logits refined
+        by ResCLIP's SFR ``feedback`` (``None``: ``resclip-rcs`` itself;
+        :func:`otviz.towers.resclip_sfr.encode_with_classes` calls it)."""
+        tokens, _ = self._tokens(pixels, FeatureSource("resclip-rcs"), feedback)
+        return self.norm(tokens[:, -self.grid[0] * self.grid[1]:])
+
+    def _tokens(self, pixels: Tensor, source: FeatureSource,
+                feedback: Feedback | None = None) -> tuple[Tensor, Tensor]:
         """``(tokens [B, T, D], pooled [B, E])``: the tokens ``source`` reads (block
-        ``K``'s output, the last block's, or the last block rewritten as a dense path) and
-        the tower's pooled embedding of its own last block."""
+        ``K``'s output, the last block's, or the last block rewritten as a dense path;
+        ``feedback`` ResCLIP's SFR on ``resclip-rcs``) and the tower's pooled embedding of
+        its own last block."""
         v = self.visual
         *first, last = v.transformer.resblocks
         x = self.embeds(pixels)
@@ -261,7 +272,7 @@ class VitTower(ImageTower):
                 last, z, "scclip", self.grid, mid))
         elif source.kind in DENSE_SOURCES:
             cross = torch.stack(maps).mean(0) if maps else None
-            read = dense_block(last, x, source.kind, self.grid, cross)
+            read = dense_block(last, x, source.kind, self.grid, cross, feedback)
         x = last(x)
         pooled, _ = v._pool(x)
         pooled = pooled @ v.proj if v.proj is not None else pooled
