@@ -9,7 +9,8 @@
   no residual, no feed-forward), ``naclip`` (Hajimiri et al., WACV 2025: neighbourhood
   weighted k-k attention, no feed-forward), ``resclip-rcs`` (Yang et al., CVPR 2025: ResCLIP's
   residual cross-correlation self-attention, blocks 5-8's q-k attention mixed into NACLIP's;
-  its semantic feedback refinement, which needs the class names, not applied);
+  its semantic feedback refinement needs a fixed class set, so it is no source:
+  :func:`otviz.towers.resclip_sfr.encode_with_classes`);
 * ``proxy`` (Lan et al., ECCV 2024, ProxyCLIP): CLIP's last-block values mixed by the
   attention of a second backbone's patch similarities (:mod:`otviz.towers.proxy`; the
   second backbone is named apart: ``Backbone.with_features("proxy", proxy=...)``,
