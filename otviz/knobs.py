@@ -98,10 +98,17 @@ FEATURE_SOURCE_NAMES = ("last", "layer:K", *DENSE_SOURCES, PROXY_SOURCE)
 
 def feature_source_parts(text: str) -> tuple[str, int | None]:
     """``(kind, layer)`` of a feature source written ``last``, ``layer:K`` (K an integer) or a
-    dense path's name; :class:`~otviz.errors.UserInputError` naming every accepted form."""
+    dense path's name; :class:`~otviz.errors.UserInputError` naming every accepted form
+    (``resclip``: why it is no source, and ``resclip-rcs``)."""
     word = str(text).strip().lower()
     if word in ("last", PROXY_SOURCE) or word in DENSE_SOURCES:
         return word, None
+    if word == "resclip":
+        raise UserInputError(
+            "features: resclip (ResCLIP with its semantic feedback refinement) needs a fixed "
+            "class set, and a reading has none (an image's tokens would depend on the caption); "
+            "write resclip-rcs for its RCS alone, or, with a fixed class set, call "
+            "otviz.towers.resclip_sfr.encode_with_classes")
     kind, colon, number = word.partition(":")
     if kind == "layer" and colon:
         try:

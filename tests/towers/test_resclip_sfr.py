@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from otviz.errors import UserInputError
 from otviz.towers import image_tower
 from otviz.towers.resclip_sfr import SfrSettings, encode_with_classes, feedback_matrix
-from otviz.towers.sources import FeatureSource
+from otviz.towers.sources import FeatureSource, parse_feature_source
 from otviz.towers.timm_tower import TimmTower
 from otviz.towers.vit import VitTower
 from tests.towers.conftest import shrunk_backbone
@@ -290,6 +290,9 @@ def test_towers_without_rcs_and_bad_class_sets_or_settings_are_refused(tmp_path)
                 torch.full((2, 512), float("nan")), [[0.0] * 512]):
         with pytest.raises(UserInputError, match="resclip classes"):
             encode_with_classes(deep, torch.zeros(1, 3, 224, 224), bad)
+    for where in (parse_feature_source, backbone.with_features):
+        with pytest.raises(UserInputError, match="resclip .*needs a fixed class set.*resclip-rcs"):
+            where("resclip")
     for knobs in ({"tau": 0.0}, {"weight": 1.5}, {"threshold": -0.1}, {"sigma": float("inf")},
                   {"tau": "2"}, {"same_entity": 1}):
         with pytest.raises(UserInputError, match="resclip"):
