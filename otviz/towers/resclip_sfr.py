@@ -26,13 +26,14 @@ weights ``attn_sfr_weights = [tau_sfr, lambda_sfr]``, ``[2.2, 0.7]`` in
    a 1-D Gaussian over the row-major patch index (kernel ``min(N, 6 sigma + 1)`` made odd,
    zero padding) and divided by its sum plus 1e-8 (L214-235): :func:`feedback_matrix`.
 
-Where otviz differs from that code, and why: the authors' first segmentation is refined by
-PAMR (10 steps, dilations 8 and 16, L278-282) before the argmax; otviz does not implement
-PAMR, so its first labels are the plain argmax. The authors cast ``S / max S`` to float16
-(L478); otviz keeps the tower's dtype. ``max S`` is taken per image (the authors run one
-image a batch). The path check samples, as ``check_path`` does, ``c + 1`` points spaced
-``1 / c_max`` of the segment from ``i`` toward ``j`` (so a short pair's check covers the
-first ``c / c_max`` of its segment), in float32 as there.
+Where otviz differs from that code: the authors' first segmentation is refined by PAMR (10
+steps, dilations 8 and 16, L278-282) before the argmax; PAMR is not implemented here (not
+done yet), so otviz's first labels are the plain argmax. The authors cast ``S / max S`` to
+float16 (L478); otviz keeps the tower's dtype (float64 checks stay exact). ``max S`` is
+taken per image (the authors run one image a batch). The path check samples, as
+``check_path`` does, ``c + 1`` points spaced ``1 / c_max`` of the segment from ``i`` toward
+``j`` (so a short pair's check covers the first ``c / c_max`` of its segment), in float32
+as there.
 
 With ``lambda_sfr = 0`` and ``tau_sfr = 1`` the refined attention is ``resclip-rcs``'s
 exactly; with one class every patch shares the label and ``S`` no longer depends on the
@@ -163,7 +164,7 @@ class Feedback:
     def refined_logits(self, logits: Tensor) -> Tensor:
         """``tau ((1 - weight) logits + weight S / max S)`` for the last block's ``s k k^T``
         ``[B, heads, T, T]``, the patches the last ``N`` tokens (``S`` zero in the prefix
-        tokens' rows and columns; ``clip/model.py`` L474-482; Omega is added after)."""
+        tokens' rows and columns; ``clip/model.py`` L474-486; Omega is added after)."""
         n = self.matrix.shape[-1]
         s = self.matrix / self.matrix.amax(dim=(-2, -1), keepdim=True)
         full = torch.zeros(*logits.shape[:1], *logits.shape[-2:], dtype=logits.dtype,
