@@ -1,7 +1,9 @@
 """An opened Browse row of a segmentation set (:mod:`otviz.eval.browse_segmentation`): its
 class's gold mask beside each chosen method's predicted mask, every panel at the image's own
-size (one pixel per label), under a title line with the method's class IoU and its pointing
-hits in both conventions (the segmentation table's, :func:`share_mark`).
+size (one pixel per label), under two title lines: the method, then its class IoU and its
+pointing hits in both conventions (the segmentation table's, :func:`share_mark`). A panel
+narrower than :data:`MIN_SLOT_PX` (a world render is 80 px) keeps its pixels and gets a slot
+that wide, so its title is never cut before the IoU.
 
 A panel paints the row's class in :data:`CLASS_COLOUR`, every other pixel black and the gold
 labels' void pixels (255, which count nowhere) in VOC's own void colour, :data:`VOID_COLOUR`
@@ -23,7 +25,9 @@ from otviz.viz.panels import BACKGROUND, GAP_PX, TEXT_COLOUR, _clip_text, _font
 CLASS_COLOUR = (40, 220, 60)  # the gold box's green (otviz.viz.browse)
 OTHER_COLOUR = (0, 0, 0)
 VOID_COLOUR = (224, 224, 192)  # PASCAL VOC's palette entry 255
-TITLE_PX = 18
+TITLE_PX = 32
+#: The narrowest slot a panel is given (its title lines fit in it).
+MIN_SLOT_PX = 150
 
 
 def class_mask_panel(labels: np.ndarray, label: int, void: np.ndarray) -> np.ndarray:
@@ -44,8 +48,9 @@ def share_mark(share: float) -> str:
 
 def panel_x(index: int, width: int) -> int:
     """The left edge of panel ``index`` (0: the gold mask) on a row of ``width``-wide
-    panels; every panel starts :data:`TITLE_PX` from the top."""
-    return index * (width + GAP_PX)
+    panels, each in a slot at least :data:`MIN_SLOT_PX` wide; every panel starts
+    :data:`TITLE_PX` from the top."""
+    return index * (max(width, MIN_SLOT_PX) + GAP_PX)
 
 
 def row_masks_image(table: SegmentationBrowseTable, row: int, methods: Sequence[str]
@@ -55,19 +60,21 @@ def row_masks_image(table: SegmentationBrowseTable, row: int, methods: Sequence[
     gold = table.gold_labels(row)
     label, void = table.labels[row], gold == VOID
     height, width = gold.shape
-    panels = [("gold mask", class_mask_panel(gold, label, void))]
+    panels = [(("gold mask", ""), class_mask_panel(gold, label, void))]
     for name in methods:
         k = table.method_index(name)
         marks = " ".join(f"{share_mark(float(v[row, k]))}{tag}" for tag, v in
                          (("", table.pointing), (f" {TOLERANCE_PX:g}px", table.pointing_tol)))
-        title = f"{method_label(name)} IoU {float(table.iou[row, k]):.2f} {marks}"
+        title = (method_label(name), f"IoU {float(table.iou[row, k]):.2f} {marks}")
         panels.append((title, class_mask_panel(table.predicted_labels(row, k), label, void)))
     canvas = Image.new("RGB", (panel_x(len(panels), width) - GAP_PX, TITLE_PX + height),
                        BACKGROUND)
     draw, font = ImageDraw.Draw(canvas), _font(11)
-    for n, (title, panel) in enumerate(panels):
+    slot = max(width, MIN_SLOT_PX)
+    for n, (lines, panel) in enumerate(panels):
         x = panel_x(n, width)
         canvas.paste(Image.fromarray(panel), (x, TITLE_PX))
-        draw.text((x + 2, 3), _clip_text(draw, title, width - 2, font), fill=TEXT_COLOUR,
-                  font=font)
+        for y, line in zip((2, 16), lines, strict=True):
+            draw.text((x + 2, y), _clip_text(draw, line, slot - 2, font), fill=TEXT_COLOUR,
+                      font=font)
     return np.asarray(canvas)
