@@ -12,13 +12,19 @@ server's compute budget as on a Space (one expensive slot), aligns the first exa
   interpreter with them), on the aligned pair (``same pair``) or each on an image of its own
   (``own images``), and 0.3 s after they are sent one Align click on an image no click saw.
 
-The ratio is the flood's click over the same run's idle median; the table gives each run's
-and, per tree, the median with the range over its rounds and both floods.
+The clients (the clicks' and the flood's processes) run in sessions of their own, so that
+Linux's autogroup scheduling does not count their CPU in the server's share of a busy
+machine (on a Space they are other machines); ``flood_cpu_s`` is the flood process's CPU.
+
+The ratio is the flood's click over the same run's idle median, and over the tree's pooled
+idle median (all its runs); the table gives each run's and, per tree, the median with the range
+over its rounds and both floods.
 
 Usage: ``python benchmarks/trust_flood_align.py --tree old=PATH --tree new=PATH [--rounds 2]
 [--trust 34]``: the trees alternate within each round; writes
 ``benchmarks/trust_flood_align.json`` and the Markdown table next to it, with the load
-average. ``--one`` (internal) is one measurement on the tree on ``PYTHONPATH``, ``--drive``
+average, after every measurement (``--render`` rewrites the table from the JSON).
+``--one`` (internal) is one measurement on the tree on ``PYTHONPATH``, ``--drive``
 (internal) its client side, ``--flood`` (internal) the Trust requests' process.
 """
 
@@ -73,7 +79,7 @@ def measure(n_trust: int) -> dict:
     try:
         done = subprocess.run([sys.executable, __file__, "--drive", app.local_url, checkpoint,
                                phrase, "--trust", str(n_trust)],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, start_new_session=True)
     finally:
         app.close()
     if done.returncode:
@@ -104,7 +110,8 @@ def drive(url: str, checkpoint: str, phrase: str, n_trust: int) -> dict:
         path.write_bytes(_png(rgb))
         return str(path)
 
-    client = Client(url, verbose=False, download_files=False)
+    # the default 5 s read timeout cut an old tree's upload under the flood on a loaded machine
+    client = Client(url, verbose=False, download_files=False, httpx_kwargs={"timeout": 300})
 
     def align(path: str) -> float:
         start = time.perf_counter()
@@ -128,7 +135,8 @@ def drive(url: str, checkpoint: str, phrase: str, n_trust: int) -> dict:
                   for _ in range(n_trust)]
         target = fresh_image()
         sender = subprocess.Popen([sys.executable, __file__, "--flood", url],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  start_new_session=True)
         sender.stdin.write(json.dumps([trust_data(image) for image in images]) + "\n")
         sender.stdin.flush()
         sender.stdout.readline()  # its requests are being sent
@@ -151,7 +159,8 @@ def flood(url: str, requests: list[list]) -> dict:
     for t in threads:
         t.join()
     return {"served": sum("event: complete" in a for a in answers),
-            "refused": sum("event: error" in a for a in answers)}
+            "refused": sum("event: error" in a for a in answers),
+            "flood_cpu_s": round(time.process_time(), 2)}
 
 
 def _by_name(client, endpoint: str, **values) -> Callable[[dict], list]:
@@ -190,8 +199,9 @@ def markdown(result: dict) -> str:
         "# The first Align click under a flood of Trust requests",
         "",
         f"Written by `benchmarks/trust_flood_align.py` ({result['rounds']} rounds, the trees "
-        f"alternating; {result['trust']} Trust requests, each from its own session, the "
-        "server's budget as on a Space: one expensive slot). Load average "
+        f"alternating; {result['trust']} Trust requests, each from its own session, sent "
+        "by a process apart from the clicking client's, each client in a session of its own "
+        "(autogroup), the server's budget as on a Space: one expensive slot). Load average "
         f"{result['load_before']} before, {result['load_after']} after. Seconds of the "
         "Align click (idle: median of 3 clicks on fresh images); the ratio is to the idle "
         "median of the same run.",
@@ -207,16 +217,24 @@ def markdown(result: dict) -> str:
             served = ", ".join(f"{r[f]['served']} / {r[f]['refused']}" for f in FLOODS)
             lines.append(f"| {tree} ({result['commits'][tree]}) | {k + 1} | {idle:.2f} | "
                          f"{' | '.join(cells)} | {served} |")
-    lines += ["", "| tree | ratio: median [min, max] over rounds and floods |", "|---|---|"]
+    lines += ["", "Per tree, median [min, max] over its rounds and both floods; its pooled "
+              "idle click is the median of all its runs' idle clicks (a steadier denominator "
+              "under load than a run's own 3).", "",
+              "| tree | pooled idle (s) | flood click (s) | ratio to the run's idle | "
+              "ratio to the pooled idle |", "|---|---:|---|---|---|"]
     for tree, runs in result["trees"].items():
-        r = ratios(runs)
-        lines.append(f"| {tree} | {statistics.median(r):.1f}x [{min(r):.1f}, {max(r):.1f}] |")
+        if runs:
+            pooled = statistics.median(s for r in runs for s in r["idle_s"])
+            clicks = [r[f]["align_s"] for r in runs for f in FLOODS]
+            own = [r[f]["align_s"] / statistics.median(r["idle_s"]) for r in runs for f in FLOODS]
+            lines.append(f"| {tree} | {pooled:.2f} | {_spread(clicks, '')} | "
+                         f"{_spread(own, 'x')} | {_spread([c / pooled for c in clicks], 'x')} |")
     return "\n".join(lines) + "\n"
 
 
-def ratios(runs: list[dict]) -> list[float]:
-    """Every flood's click over its run's idle median."""
-    return [r[f]["align_s"] / statistics.median(r["idle_s"]) for r in runs for f in FLOODS]
+def _spread(values: list[float], unit: str) -> str:
+    return (f"{statistics.median(values):.1f}{unit} [{min(values):.1f}, "
+            f"{max(values):.1f}]")
 
 
 def _commit(path: str) -> str:
@@ -233,12 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", action="store_true")
     parser.add_argument("--drive", nargs=3, metavar=("URL", "CHECKPOINT", "PHRASE"))
     parser.add_argument("--flood", metavar="URL")
+    parser.add_argument("--render", action="store_true",
+                        help="only rewrite the Markdown table from the JSON written")
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(measure(args.trust)))
         return 0
     if args.drive:
         print(json.dumps(drive(*args.drive, args.trust)))
+        return 0
+    if args.render:
+        OUT.with_suffix(".md").write_text(markdown(json.loads(OUT.read_text())))
         return 0
     if args.flood:
         print(json.dumps(flood(args.flood, json.loads(sys.stdin.readline()))))
@@ -251,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for name, path in trees.items():
             result["trees"][name].append(run_tree(path, args.trust))
-    result["load_after"] = load()
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
-    OUT.with_suffix(".md").write_text(markdown(result))
+            result["load_after"] = load()  # written after every measurement
+            OUT.write_text(json.dumps(result, indent=1) + "\n")
+            OUT.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))
     return 0
 
