@@ -47,7 +47,7 @@ from otviz.boundary.images import (  # noqa: F401 (the image boundary, re-export
     to_rgb,
 )
 from otviz.errors import UserInputError
-from otviz.knobs import PROXY_SOURCE
+from otviz.knobs import CLASS_SET_REFUSAL, CLASS_SET_SOURCE, PROXY_SOURCE
 from otviz.methods.base import PairBatch
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.text.tokenizers import word_tokenizer
@@ -56,6 +56,7 @@ from otviz.text.words import Word
 from otviz.tiny_clip.model import DEFAULT_CHECKPOINT, load_tiny_clip
 from otviz.towers import BackboneLoadError, image_tower, text_tower
 from otviz.towers.proxy import ProxyTower, load_proxy
+from otviz.towers.resclip_sfr import ClassSet, check_classes
 from otviz.towers.sources import LAST, FeatureSource, parse_feature_source
 
 Space = Literal["width", "projected"]
@@ -160,10 +161,12 @@ class Backbone:
         self.name = name
         self.info = info or {}
         self.features: FeatureSource = LAST
+        self.classes: ClassSet | None = None  # ResCLIP's class set (``features resclip``)
 
     def with_features(self, features: str | FeatureSource = "last",
                       image_size: int | None = None,
-                      proxy: str | nn.Module | None = None) -> Backbone:
+                      proxy: str | nn.Module | None = None,
+                      classes: ClassSet | None = None) -> Backbone:
         """A view of this backbone (same model, weights, tokenizer and space) whose every
         encode reads the patch features from ``features`` (``last``, ``layer:K``,
         ``maskclip``, ``sclip``, ``clearclip``, ``naclip``, ``resclip-rcs``) with the image
@@ -174,8 +177,18 @@ class Backbone:
         one patch, not a multiple of it, or over the 4 GiB per-image attention cap
         (:meth:`otviz.towers.vit.VitTower.check_side`). ``features="proxy"`` (ProxyCLIP)
         reads the attention of the second backbone ``proxy``: a timm ViT, or its text
-        ``NAME[:SOURCE]`` (:func:`otviz.towers.proxy.load_proxy`); no other source takes one."""
-        source = parse_feature_source(features)
+        ``NAME[:SOURCE]`` (:func:`otviz.towers.proxy.load_proxy`); no other source takes one.
+        ``features="resclip"`` (ResCLIP's RCS with its semantic feedback refinement) reads the
+        fixed class set ``classes`` (:class:`otviz.towers.resclip_sfr.ClassSet`, part of the
+        reading and of its identity), on towers that give ``resclip-rcs``; no other source
+        takes one."""
+        source = parse_feature_source(features, classes=classes is not None)
+        if (source.kind == CLASS_SET_SOURCE) != (classes is not None):
+            raise UserInputError(CLASS_SET_REFUSAL if classes is None else
+                                 f"classes: a class set is read by resclip only, not by {source}")
+        if classes is not None and not isinstance(classes, ClassSet):
+            raise UserInputError("classes: expected a ClassSet (ClassSet.of(embeddings)), got "
+                                 f"{type(classes).__name__}")
         base = self.image_tower
         tower = (base.clip if isinstance(base, ProxyTower) else base).at_size(image_size)
         if (source.kind == PROXY_SOURCE) != (proxy is not None):
@@ -189,7 +202,9 @@ class Backbone:
             tower = ProxyTower(tower, model.to(self.device), name.partition(":")[0])
         tower.check_source(source)
         view = copy.copy(self)
-        view.image_tower, view.features = tower, source
+        if classes is not None:
+            check_classes(classes.embeddings, tower.embed_dim)
+        view.image_tower, view.features, view.classes = tower, source, classes
         if tower.image_size != self.image_tower.image_size:
             view.preprocess = _eval_transform(self.model, tower.image_size[0])
         return view
@@ -336,7 +351,9 @@ class Backbone:
     def forward_tensors(self, pixels: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(patches [B,N,Dv], tokens [B,L,Dt], image_global [B,E], text_global [B,E])`` for
         preprocessed pixels and token ids (differentiable; no ``no_grad`` here)."""
-        patches, image_global = self.image_tower.encode(pixels, self.features)
+        patches, image_global = (self.image_tower.encode(pixels, self.features)
+                                 if self.classes is None else
+                                 self.classes.encode(self.image_tower, pixels))
         tokens, text_global = self.text_tower.encode(ids.to(pixels.device))
         if self.space == "projected":
             patches = self.image_tower.project(patches)

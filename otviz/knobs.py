@@ -93,22 +93,31 @@ HeadStart = Annotated[str, OneOf(HEAD_STARTS)]
 #: backbone named apart, ``--proxy NAME[:SOURCE]``).
 DENSE_SOURCES = ("maskclip", "sclip", "clearclip", "naclip", "resclip-rcs", "scclip")
 PROXY_SOURCE = "proxy"
+#: ResCLIP with its semantic feedback refinement: a source only with a fixed class set, which
+#: only ``otviz eval --dataset KIND:DIR --tables segmentation`` has (the set's class names).
+CLASS_SET_SOURCE = "resclip"
 FEATURE_SOURCE_NAMES = ("last", "layer:K", *DENSE_SOURCES, PROXY_SOURCE)
+#: Why ``resclip`` is refused where there is no fixed class set.
+CLASS_SET_REFUSAL = (
+    "features: resclip (ResCLIP with its semantic feedback refinement) needs a fixed class "
+    "set, and this reading has none (an image's tokens would depend on the caption); it is "
+    "read only by otviz eval --dataset KIND:DIR --tables segmentation (the set's class names) "
+    "or, in Python, with a class set (Backbone.with_features('resclip', classes=...), "
+    "otviz.towers.resclip_sfr.encode_with_classes); write resclip-rcs for its RCS alone")
 
 
-def feature_source_parts(text: str) -> tuple[str, int | None]:
+def feature_source_parts(text: str, classes: bool = False) -> tuple[str, int | None]:
     """``(kind, layer)`` of a feature source written ``last``, ``layer:K`` (K an integer) or a
-    dense path's name; :class:`~otviz.errors.UserInputError` naming every accepted form
-    (``resclip``: why it is no source, and ``resclip-rcs``)."""
+    dense path's name, and ``resclip`` where ``classes`` says a fixed class set comes with it;
+    :class:`~otviz.errors.UserInputError` naming every accepted form (``resclip`` without a
+    class set: why, :data:`CLASS_SET_REFUSAL`)."""
     word = str(text).strip().lower()
     if word in ("last", PROXY_SOURCE) or word in DENSE_SOURCES:
         return word, None
-    if word == "resclip":
-        raise UserInputError(
-            "features: resclip (ResCLIP with its semantic feedback refinement) needs a fixed "
-            "class set, and a reading has none (an image's tokens would depend on the caption); "
-            "write resclip-rcs for its RCS alone, or, with a fixed class set, call "
-            "otviz.towers.resclip_sfr.encode_with_classes")
+    if word == CLASS_SET_SOURCE:
+        if classes:
+            return word, None
+        raise UserInputError(CLASS_SET_REFUSAL)
     kind, colon, number = word.partition(":")
     if kind == "layer" and colon:
         try:
@@ -122,9 +131,15 @@ def feature_source_parts(text: str) -> tuple[str, int | None]:
 
 @dataclass(frozen=True)
 class SourceForm:
-    """The field holds a feature source's text (:func:`feature_source_parts`)."""
+    """The field holds a feature source's text (:func:`feature_source_parts`; ``classes``:
+    ``resclip`` too, the command giving its class set or refusing it with the reason)."""
+
+    classes: bool = False
 
 
 FeatureSourceText = Annotated[str, SourceForm()]
+#: ``otviz eval``'s ``--features``: ``resclip`` is parsed (its segmentation sets give the
+#: class set; every other table refuses it, :data:`CLASS_SET_REFUSAL`).
+ClassSetSourceText = Annotated[str, SourceForm(classes=True)]
 #: An input side in pixels, or 0 for the tower's native size.
 ImageSide = Annotated[int, AtLeast(0)]

@@ -43,7 +43,9 @@ def weights_hash(model: torch.nn.Module) -> str:
 
 def feature_choice(backbone: Any) -> dict[str, Any]:
     """``{"features": ..., "image_size": ...}`` of a backbone whose features are not the
-    default (last block, native size): the keys that differ from it, else ``{}``."""
+    default (last block, native size): the keys that differ from it, else ``{}``; ResCLIP's
+    class set (``classes``: size, digest, SFR settings) and ProxyCLIP's second backbone
+    where the reading has them."""
     choice: dict[str, Any] = {}
     source = str(getattr(backbone, "features", "last"))
     if source != "last":
@@ -52,6 +54,9 @@ def feature_choice(backbone: Any) -> dict[str, Any]:
     if getattr(tower, "side", None) is not None:
         choice["image_size"] = int(tower.side)
         choice["preprocess"] = backbone.preprocess_cfg
+    classes = getattr(backbone, "classes", None)
+    if classes is not None:  # ResCLIP's class set (otviz.towers.resclip_sfr.ClassSet)
+        choice["classes"] = classes.identity()
     proxy = getattr(tower, "proxy", None)
     if proxy is not None:  # ProxyCLIP's second backbone (otviz.towers.proxy)
         choice["proxy"] = {"name": tower.name, "weights": weights_hash(proxy)}

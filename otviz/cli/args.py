@@ -13,11 +13,13 @@ import argparse
 import dataclasses
 import typing
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from otviz.errors import UserInputError
 from otviz.field_docs import FieldDoc, field_docs, field_rules
 from otviz.knobs import (
+    CLASS_SET_SOURCE,
     FEATURE_SOURCE_NAMES,
     AtLeast,
     ListOf,
@@ -94,11 +96,11 @@ def comma_list(rule: ListOf) -> Callable[[str], str]:
     return read
 
 
-def feature_source_text(text: str) -> str:
-    """An argparse ``type`` checking a feature source's text (:class:`SourceForm`); the
-    canonical text is kept."""
+def feature_source_text(text: str, classes: bool = False) -> str:
+    """An argparse ``type`` checking a feature source's text (:class:`SourceForm`, its
+    ``classes``: ``resclip`` admitted); the canonical text is kept."""
     try:
-        kind, layer = feature_source_parts(text)
+        kind, layer = feature_source_parts(text, classes)
     except UserInputError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return kind if layer is None else f"{kind}:{layer}"
@@ -139,8 +141,9 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type,
             kw["choices"] = (*rule.names, *(also or {}).get(f.name, ()))
             kw["metavar"] = None  # argparse shows the choices
         elif isinstance(rule, SourceForm):
-            kw["type"] = feature_source_text
-            kw["metavar"] = "|".join(FEATURE_SOURCE_NAMES)
+            kw["type"] = partial(feature_source_text, classes=rule.classes)
+            kw["metavar"] = "|".join(
+                (*FEATURE_SOURCE_NAMES, CLASS_SET_SOURCE) if rule.classes else FEATURE_SOURCE_NAMES)
         elif isinstance(rule, ListOf):
             kw["type"] = comma_list(rule)
             kw["metavar"] = "A,B,..."

@@ -13,8 +13,8 @@ from typing import Annotated, Any
 from otviz import assets
 from otviz.knobs import (
     OTCLIP_LOSSES,
+    ClassSetSourceText,
     Count,
-    FeatureSourceText,
     ImageSide,
     ListOf,
     NonNegative,
@@ -88,9 +88,10 @@ class EvalConfig:
     model: str = ""  # --dataset: any open_clip model name ("" : the tiny-CLIP --backbone)
     pretrained: str = ""  # --dataset: its pretrained tag or weight file (e.g. openai)
     device: str = ""  # --dataset: torch device of the backbone ("" : cuda when present)
-    features: FeatureSourceText = "last"  # where the patch features come from: last, layer:K
+    features: ClassSetSourceText = "last"  # where the patch features come from: last, layer:K
     # (block K, negative from the end), maskclip, sclip, clearclip, naclip, resclip-rcs, scclip,
-    # proxy (with --proxy) (trained heads are
+    # proxy (with --proxy), resclip (--dataset segmentation sets only: ResCLIP's feedback
+    # refinement against the set's class names, embedded as --templates says) (trained heads are
     # refused on a source they were not trained on: pair another with --heads training-free)
     image_size: ImageSide = 0  # run the image tower at this side in px (0 : its native size;
     # ViTs only, position embeddings interpolated)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -95,10 +95,12 @@ from otviz.eval.sliding_window import (
 from otviz.eval.table import Table
 from otviz.eval.world_set import EvalSet, GroundingProbeDataset, model_input_size
 from otviz.explainers import explainer_names
+from otviz.knobs import CLASS_SET_SOURCE
 from otviz.process_group import barrier, gathered, setup, teardown
 from otviz.suite import MethodSuite
 from otviz.text.templates import SINGLE_TEMPLATE, TEMPLATE_SETS
 from otviz.text.words import split_words
+from otviz.towers.resclip_sfr import ClassSet
 
 StageProgress = Callable[[str, int, int], None]
 #: The prompt an explainer encodes for a class under ``--templates single``.
@@ -141,7 +143,11 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, config.threads))
     try:
-        backbone = dataset_backbone(config)
+        resclip = config.features == CLASS_SET_SOURCE
+        backbone = dataset_backbone(replace(config, features="resclip-rcs") if resclip
+                                    else config)
+        if resclip:
+            backbone = class_set_reading(backbone, data.names, config.templates)
         chunks = class_chunks(backbone, data.names)
         single = config.templates == "single"
         grounding = data.as_grounding(PROMPT if single else "{}", chunks)
@@ -339,6 +345,17 @@ def _read(done: Path | None) -> dict[str, Any] | None:
     return {"cut": record["cut"], "rows": [
         (label, name, flags, c if isinstance(c, str) else SegmentationCounts.from_dict(c))
         for label, name, flags, c in record["rows"]]}
+
+
+def class_set_reading(backbone: Backbone, names: Sequence[str], templates: str) -> Backbone:
+    """``backbone`` (read at ``resclip-rcs``) read at ``resclip`` with the class set of
+    ``names`` embedded as the table's explainers read a class (``templates``: ``single``,
+    :data:`PROMPT`; an ensemble, :func:`~otviz.eval.segmentation.template_embeddings`), at
+    the same input size: ResCLIP's semantic feedback refinement against the set's classes
+    (:mod:`otviz.towers.resclip_sfr`). The class set enters the backbone's identity, so
+    the feature cache and the shard files of another class set are never read."""
+    classes = ClassSet.of(template_embeddings(backbone, names, TEMPLATE_SETS[templates]))
+    return backbone.with_features(CLASS_SET_SOURCE, backbone.image_tower.side, classes=classes)
 
 
 def class_chunks(backbone: Backbone, names: Sequence[str], separator: str = ", "

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from otviz.errors import UserInputError
+from otviz.knobs import CLASS_SET_SOURCE
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.registry import Registry
 from otviz.towers.dense import READS_INTERMEDIATE
@@ -65,7 +66,12 @@ class ImageTower:
 
     def check_source(self, source: FeatureSource) -> FeatureSource:
         """``source`` with a layer index counted from the start; :class:`UserInputError`
-        naming the sources this tower has when it cannot give ``source``."""
+        naming the sources this tower has when it cannot give ``source`` (``resclip``: where
+        it gives ``resclip-rcs``, both of ResCLIP's passes; its class set is the backbone's,
+        :meth:`otviz.backbone.Backbone.with_features`)."""
+        if source.kind == CLASS_SET_SOURCE:
+            self.check_source(FeatureSource("resclip-rcs"))
+            return source
         if source.form not in self.sources():
             needs = READS_INTERMEDIATE.get(source.kind)
             why = (f" ({source} reads intermediate blocks and needs {needs} blocks; this "
@@ -85,8 +91,14 @@ class ImageTower:
     def encode(self, pixels: Tensor, source: FeatureSource = LAST) -> tuple[Tensor, Tensor]:
         """``(patches [B, N, width], pooled [B, E])``: width-space patch tokens read from
         ``source``, row-major on :attr:`grid`, and the tower's own pooled, projected image
-        embedding (:class:`UserInputError` for a source the tower cannot give)."""
-        return self._encode(pixels, self.check_source(source))
+        embedding (:class:`UserInputError` for a source the tower cannot give, and for
+        ``resclip``, whose class set the tower has not:
+        :meth:`otviz.towers.resclip_sfr.ClassSet.encode`)."""
+        source = self.check_source(source)
+        if source.kind == CLASS_SET_SOURCE:
+            raise UserInputError("features: resclip needs its class set; a tower alone has "
+                                 "none (ClassSet.encode(tower, pixels) reads it)")
+        return self._encode(pixels, source)
 
     def _encode(self, pixels: Tensor, source: FeatureSource) -> tuple[Tensor, Tensor]:
         """:meth:`encode` for a source this tower gives (a layer counted from the start)."""

@@ -43,8 +43,9 @@ logits and the smoothed rows are not constant at the grid's ends).
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 import torch
@@ -54,6 +55,8 @@ from torch.nn import functional as F
 from otviz.errors import UserInputError
 from otviz.towers.sources import FeatureSource
 
+#: The source both passes of ResCLIP run (SFR refines its last block the second time).
+RCS = FeatureSource("resclip-rcs")
 #: ResCLIP's ``logit_scale`` of its first segmentation (``resclip_segmentor.py`` L25).
 FIRST_PASS_LOGIT_SCALE = 40.0
 
@@ -209,16 +212,70 @@ def encode_with_classes(tower: RcsTower, pixels: Tensor, classes: Tensor,
                         settings: SfrSettings | None = None) -> Tensor:
     """``[B, N, width]`` ResCLIP (RCS and SFR) patch tokens of ``pixels`` for the fixed class
     set ``classes`` ``[C, E]`` (text embeddings in the tower's joint space): the ``resclip-rcs``
-    pass, :func:`patch_classes` on its projected patches, :func:`feedback_matrix`, then the
-    last block again with its logits refined (``clip/model.py`` L334-360). The tower runs
-    twice (the authors' code runs blocks 1-11 once). :class:`UserInputError` for a tower
-    that cannot give ``resclip-rcs`` (the reason named) and for a malformed class set."""
-    settings = settings or SfrSettings()
-    tower.check_source(FeatureSource("resclip-rcs"))
+    pass, then :func:`refined_patches`. The tower runs twice (the authors' code runs blocks
+    1-11 once). :class:`UserInputError` for a tower that cannot give ``resclip-rcs`` (the
+    reason named) and for a malformed class set."""
+    tower.check_source(RCS)
     classes = check_classes(classes, tower.embed_dim)
-    first = tower.project(tower.resclip_patches(pixels, None))
-    labels = patch_classes(first, classes.to(first), tower.grid, tuple(pixels.shape[-2:]),
-                           settings.threshold)
+    return refined_patches(tower, pixels, tower.resclip_patches(pixels, None), classes,
+                           settings or SfrSettings())
+
+
+def refined_patches(tower: RcsTower, pixels: Tensor, first: Tensor, classes: Tensor,
+                    settings: SfrSettings) -> Tensor:
+    """``[B, N, width]`` the last block run again with SFR's refinement, from the first
+    (``resclip-rcs``) pass's width patches ``first``: :func:`patch_classes` on their
+    projections, :func:`feedback_matrix`, :meth:`Feedback.refined_logits`
+    (``clip/model.py`` L334-360)."""
+    projected = tower.project(first)
+    labels = patch_classes(projected, classes.to(projected), tower.grid,
+                           tuple(pixels.shape[-2:]), settings.threshold)
     matrix = feedback_matrix(labels, settings.sigma, settings.same_entity)
-    feedback = Feedback(matrix, settings.tau, settings.weight)
-    return tower.resclip_patches(pixels, feedback)
+    return tower.resclip_patches(pixels, Feedback(matrix, settings.tau, settings.weight))
+
+
+class EncodingTower(RcsTower, Protocol):
+    """An :class:`RcsTower` that also encodes a source with its pooled embedding
+    (:meth:`otviz.towers.base.ImageTower.encode`)."""
+
+    def encode(self, pixels: Tensor, source: FeatureSource) -> tuple[Tensor, Tensor]: ...
+
+
+@dataclass(frozen=True)
+class ClassSet:
+    """ResCLIP's fixed class set as part of a reading (``features resclip``,
+    :meth:`otviz.backbone.Backbone.with_features` ``classes=``): the class embeddings
+    ``[C, E]``, the SFR ``settings`` and ``digest``, a BLAKE2 hash of both (what the
+    feature cache and the shard files are keyed on, :meth:`identity`). Build with
+    :meth:`of`; two class sets are equal when their digests are."""
+
+    embeddings: Tensor = field(compare=False, repr=False)
+    settings: SfrSettings
+    digest: str
+
+    @classmethod
+    def of(cls, embeddings: object, settings: SfrSettings | None = None) -> ClassSet:
+        """The class set of ``embeddings`` (checked as :func:`check_classes` does, any
+        width; a detached float64 CPU copy is kept, so later changes to the tensor passed
+        never reach it)."""
+        dim = embeddings.shape[-1] if isinstance(embeddings, Tensor) and embeddings.ndim else 0
+        kept = check_classes(embeddings, dim).detach().to("cpu", torch.float64).clone()
+        settings = settings or SfrSettings()
+        h = hashlib.blake2b(digest_size=16)
+        h.update(f"{tuple(kept.shape)}\0{settings!r}\n".encode())
+        h.update(kept.contiguous().numpy().tobytes())
+        return cls(kept, settings, h.hexdigest())
+
+    def identity(self) -> dict[str, object]:
+        """What a feature identity records of this class set: its size, digest, settings."""
+        return {"count": int(self.embeddings.shape[0]), "digest": self.digest,
+                "sfr": asdict(self.settings)}
+
+    def encode(self, tower: EncodingTower, pixels: Tensor) -> tuple[Tensor, Tensor]:
+        """``(patches [B, N, width], pooled [B, E])``: ResCLIP's RCS + SFR patches of
+        ``pixels`` for this class set and the tower's pooled embedding (the first pass is
+        ``resclip-rcs`` through :meth:`encode`, so the pooled embedding comes with it);
+        equal to :func:`encode_with_classes`."""
+        first, pooled = tower.encode(pixels, RCS)
+        classes = check_classes(self.embeddings, tower.embed_dim)
+        return refined_patches(tower, pixels, first, classes, self.settings), pooled

@@ -9,8 +9,10 @@
   no residual, no feed-forward), ``naclip`` (Hajimiri et al., WACV 2025: neighbourhood
   weighted k-k attention, no feed-forward), ``resclip-rcs`` (Yang et al., CVPR 2025: ResCLIP's
   residual cross-correlation self-attention, blocks 5-8's q-k attention mixed into NACLIP's;
-  its semantic feedback refinement needs a fixed class set, so it is no source:
-  :func:`otviz.towers.resclip_sfr.encode_with_classes`);
+  its semantic feedback refinement needs a fixed class set: ``resclip``, a source only with
+  one, :class:`otviz.towers.resclip_sfr.ClassSet`, given to
+  ``Backbone.with_features("resclip", classes=...)``; ``otviz eval --dataset KIND:DIR
+  --tables segmentation`` builds it from the set's class names);
 * ``proxy`` (Lan et al., ECCV 2024, ProxyCLIP): CLIP's last-block values mixed by the
   attention of a second backbone's patch similarities (:mod:`otviz.towers.proxy`; the
   second backbone is named apart: ``Backbone.with_features("proxy", proxy=...)``,
@@ -26,10 +28,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from otviz.errors import UserInputError
-from otviz.knobs import DENSE_SOURCES, FEATURE_SOURCE_NAMES, PROXY_SOURCE, feature_source_parts
+from otviz.knobs import (
+    CLASS_SET_SOURCE,
+    DENSE_SOURCES,
+    FEATURE_SOURCE_NAMES,
+    PROXY_SOURCE,
+    feature_source_parts,
+)
 
 #: The kinds of source; ``layer`` carries a block index.
-SOURCE_KINDS = ("last", "layer", *DENSE_SOURCES, PROXY_SOURCE)
+SOURCE_KINDS = ("last", "layer", *DENSE_SOURCES, PROXY_SOURCE, CLASS_SET_SOURCE)
 
 
 @dataclass(frozen=True)
@@ -61,11 +69,11 @@ class FeatureSource:
 LAST = FeatureSource("last")
 
 
-def parse_feature_source(text: str | FeatureSource) -> FeatureSource:
+def parse_feature_source(text: str | FeatureSource, classes: bool = False) -> FeatureSource:
     """The source written ``text`` (``last``, ``layer:K``, ``maskclip``, ``sclip``,
-    ``clearclip``, ``naclip``, ``resclip-rcs``, ``scclip``, ``proxy``); a :class:`FeatureSource`
-    is returned as is;
+    ``clearclip``, ``naclip``, ``resclip-rcs``, ``scclip``, ``proxy``; ``resclip`` where
+    ``classes`` says a class set comes with it); a :class:`FeatureSource` is returned as is;
     :class:`UserInputError` naming every accepted form otherwise."""
     if isinstance(text, FeatureSource):
         return text
-    return FeatureSource(*feature_source_parts(text))
+    return FeatureSource(*feature_source_parts(text, classes))
