@@ -35,6 +35,11 @@ taken per image (the authors run one image a batch). The path check samples, as
 ``j`` (so a short pair's check covers the first ``c / c_max`` of its segment), in float32
 as there.
 
+As a reading, the class set is a frozen value, :class:`ClassSet` (embeddings, settings, a
+digest that keys the features' identity), given to ``Backbone.with_features("resclip",
+classes=...)``; ``otviz eval --dataset KIND:DIR --tables segmentation --features resclip``
+builds it from the set's class names (:func:`otviz.eval.dataset_segmentation.class_set_reading`).
+
 With ``lambda_sfr = 0`` and ``tau_sfr = 1`` the refined attention is ``resclip-rcs``'s
 exactly; with one class every patch shares the label and ``S`` no longer depends on the
 image, but the refined attention is still not ``resclip-rcs``'s (``tau_sfr`` scales the

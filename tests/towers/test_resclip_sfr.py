@@ -17,7 +17,12 @@ import torch.nn.functional as F
 
 from otviz.errors import UserInputError
 from otviz.towers import image_tower
-from otviz.towers.resclip_sfr import SfrSettings, encode_with_classes, feedback_matrix
+from otviz.towers.resclip_sfr import (
+    ClassSet,
+    SfrSettings,
+    encode_with_classes,
+    feedback_matrix,
+)
 from otviz.towers.sources import FeatureSource, parse_feature_source
 from otviz.towers.timm_tower import TimmTower
 from otviz.towers.vit import VitTower
@@ -210,6 +215,10 @@ def test_resclip_with_a_class_set_is_the_authors_steps(vit_b16, timm_vit12, fami
     assert torch.allclose(ours, expected, atol=1e-5, rtol=0)
     rcs, _ = tower.encode(pixels, FeatureSource(RCS))
     assert (ours - tower.project(rcs)).abs().max() > 1e-3  # ... and the refinement moves it
+    with torch.no_grad():  # the reading's class set (Backbone.with_features classes=) alike
+        read, read_pooled = ClassSet.of(classes, settings).encode(tower, pixels)
+        _, pooled = tower.encode(pixels, FeatureSource(RCS))
+    assert torch.equal(tower.project(read), ours) and torch.equal(read_pooled, pooled)
 
 
 def test_the_path_check_damps_same_label_pairs_split_by_another_label():
