@@ -147,7 +147,8 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
         backbone = dataset_backbone(replace(config, features="resclip-rcs") if resclip
                                     else config)
         if resclip:
-            backbone = class_set_reading(backbone, data.names, config.templates)
+            backbone = class_set_reading(backbone, data.names, config.templates,
+                                         data.background)
         chunks = class_chunks(backbone, data.names)
         single = config.templates == "single"
         grounding = data.as_grounding(PROMPT if single else "{}", chunks)
@@ -201,6 +202,13 @@ def run_segmentation_eval(config: EvalConfig, progress: StageProgress | None = N
     if cut:
         table.notes.append("classes the text tower's context cut from the caption (no map: "
                            f"never predicted by a method): {', '.join(cut)}")
+    if backbone.classes is not None:
+        table.notes.append(
+            "features resclip: ResCLIP's RCS with its semantic feedback refinement against "
+            + ("background and " if data.background else "") + f"the {len(data.names)} class "
+            f"names ({prompts_reading(config.templates)}; class set "
+            f"{backbone.classes.digest[:12]}; no PAMR); the explainers run the model as under "
+            "every source")
     table.notes.append(f"methods: {suite.label}; {suite_note}")
     stamp = {"model": backbone.name, "pretrained": backbone.info.get("pretrained"),
              "backbone_weights": backbone_fingerprint(backbone)["weights"],
@@ -347,14 +355,21 @@ def _read(done: Path | None) -> dict[str, Any] | None:
         for label, name, flags, c in record["rows"]]}
 
 
-def class_set_reading(backbone: Backbone, names: Sequence[str], templates: str) -> Backbone:
+def class_set_reading(backbone: Backbone, names: Sequence[str], templates: str,
+                      background: bool) -> Backbone:
     """``backbone`` (read at ``resclip-rcs``) read at ``resclip`` with the class set of
-    ``names`` embedded as the table's explainers read a class (``templates``: ``single``,
+    ``names``, led by the class ``"background"`` on a set that scores one (``background``),
+    each embedded as the table's explainers read a class (``templates``: ``single``,
     :data:`PROMPT`; an ensemble, :func:`~otviz.eval.segmentation.template_embeddings`), at
     the same input size: ResCLIP's semantic feedback refinement against the set's classes
-    (:mod:`otviz.towers.resclip_sfr`). The class set enters the backbone's identity, so
-    the feature cache and the shard files of another class set are never read."""
-    classes = ClassSet.of(template_embeddings(backbone, names, TEMPLATE_SETS[templates]))
+    (:mod:`otviz.towers.resclip_sfr`). SFR gives its pixels under the threshold class 0,
+    the background in the authors' VOC21 / Context60 / COCO-Object class files (there 26
+    stuff words, SCLIP's ``cls_voc21.txt`` line 1; here the one word); on the other sets
+    class 0 is the set's first class, as there. The class set enters the backbone's
+    identity, so the feature cache and the shard files of another class set are never
+    read."""
+    texts = ["background", *names] if background else list(names)
+    classes = ClassSet.of(template_embeddings(backbone, texts, TEMPLATE_SETS[templates]))
     return backbone.with_features(CLASS_SET_SOURCE, backbone.image_tower.side, classes=classes)
 
 

@@ -67,10 +67,13 @@ def test_table_reads_encode_with_classes(voc: Path, narrow: str, tmp_path: Path,
     torch.manual_seed(0)
     backbone = Backbone.from_pretrained(narrow, None)
     names = load_segmentation_set("voc", voc).names
-    classes = phrase_embeddings(backbone, [f"a photo of a {n}." for n in names]).detach()
+    prompts = [f"a photo of a {n}." for n in ("background", *names)]  # VOC21: class 0
+    classes = phrase_embeddings(backbone, prompts).detach()
     resclip = _table(voc, narrow, "resclip", tmp_path, "resclip")
     assert resclip["stamp"]["backbone_weights"] == weights_hash(backbone.model)
-    assert "features resclip" in resclip["tables"]["segmentation"]["title"]
+    table = resclip["tables"]["segmentation"]
+    assert "features resclip" in table["title"]
+    assert any("against background and the 20 class names" in n for n in table["notes"])
     own = VitTower._encode
 
     def direct(self: VitTower, pixels: torch.Tensor, source: FeatureSource):
