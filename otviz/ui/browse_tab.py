@@ -384,8 +384,9 @@ def build_browse_tab(
                     elem_id="browse-grid")
     frame = gr.Dataframe(label=TABLE_TITLE, interactive=False,
                          elem_id="browse-table")
-    masks = gr.Image(label="Opened row: gold class mask beside each method's predicted mask",
-                     format="png", interactive=False, elem_id="browse-masks")
+    with gr.Column(visible=False) as masks_box:  # shown by a click on a segmentation row
+        masks = gr.Image(label="Opened row: gold class mask beside each method's predicted "
+                         "mask", format="png", interactive=False, elem_id="browse-masks")
     rows = gr.State([])
     trusted = TrustValues(server_budget())
     gr.Markdown(HOW_TO_READ)
@@ -427,14 +428,16 @@ def build_browse_tab(
         image, caption, phrase = open_row(table, shown, evt.index[0])
         drawn = row_masks(table, shown, evt.index[0], methods)
         return (image, caption, gr.Dropdown(choices=[(phrase, phrase)], value=phrase),
-                gr.skip() if drawn is not None else gr.Tabs(selected=align.tab_id), drawn)
+                gr.skip() if drawn is not None else gr.Tabs(selected=align.tab_id), drawn,
+                gr.Column(visible=drawn is not None))
 
     source_inputs = [*shared.backbone, source, n_images, split, files]
     inputs = [*source_inputs, methods, a, b, hit_filter, kinds, order, trust_metric,
               trust_keep, page, per_page]
     outputs = [grid, frame, status, page, rows]
-    load.click(user_errors(first_page), inputs, outputs, api_name="browse")
     hidden = {"api_visibility": "private"}
+    load.click(user_errors(first_page), inputs, outputs, api_name="browse").then(
+        lambda: gr.Column(visible=False), None, masks_box, **hidden)  # a new table: no row open
     for control in (methods, a, b, hit_filter, kinds, order, trust_metric, trust_keep,
                     per_page):
         on_edit(control, user_errors(first_page), inputs, outputs, **hidden)
@@ -443,5 +446,6 @@ def build_browse_tab(
     nxt.click(user_errors(step(1)), inputs, outputs, **hidden)
     align.link.after(frame.select(
         user_errors(on_select), [*source_inputs, methods, a, b, rows],
-        [shared.image, shared.caption, align.link.phrase, align.tabs, masks], **hidden,
+        [shared.image, shared.caption, align.link.phrase, align.tabs, masks, masks_box],
+        **hidden,
     ), **hidden)

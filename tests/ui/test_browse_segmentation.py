@@ -71,13 +71,13 @@ def test_the_tab_opens_a_voc_upload_and_draws_an_opened_row(ctx, checkpoint, sou
                      == "browse-masks")
     on_select = next(f.fn for f in app.fns.values()
                      if any(o is masks_out for o in f.outputs))
-    image, caption, _, tab, drawn = on_select(
+    image, caption, _, tab, drawn, box = on_select(
         *(args[n] for n in ("checkpoint", "features", "image_size", "source", "n_images",
                             "split", "files", "methods", "method_a", "method_b")), rows,
         gr.SelectData(None, {"index": [0, 2], "value": ""}))
     item = table.items[rows[0]]
     assert caption == item.caption and image.shape[:2] == masks[item.image].shape
-    assert tab == gr.skip()
+    assert tab == gr.skip() and box.visible is True  # the masks' box shown (hidden before)
     gold, label = masks[item.image], table.labels[rows[0]]
     expected = np.empty((*gold.shape, 3), dtype=np.uint8)
     expected[:] = OTHER_COLOUR
