@@ -32,6 +32,8 @@ SOURCE_LABELS = {
     "scclip": "SC-CLIP: anomaly fix, block-8 similarity, fusion",
 }
 LAYER_FORM = "layer:K"
+#: The ``features`` parameter of the controls' shown choice, computed in the browser.
+MIRROR_FEATURES = (f"(form, k) => form === {LAYER_FORM!r} ? 'layer:' + Math.round(k) : form")
 
 
 @dataclass
@@ -164,4 +166,11 @@ def build_reading_controls(ctx: AppContext, checkpoint: gr.Dropdown) -> ReadingC
         control.input(on_pick if control is checkpoint else on_change, controls,
                       [features, layer, size, note, features_value, size_value],
                       api_visibility="private", show_progress="hidden")
+    # the hidden fields follow a pick in the browser at once (no server round trip), so a
+    # view's button clicked right after it reads the picked reading; the server's answer
+    # above then corrects what this backbone does not offer
+    for control in (features, layer):
+        control.input(None, [features, layer], features_value, js=MIRROR_FEATURES,
+                      api_visibility="private")
+    size.input(None, size, size_value, js="(side) => side", api_visibility="private")
     return ReadingControls(features, layer, size, note, features_value, size_value)
