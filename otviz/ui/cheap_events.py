@@ -13,7 +13,8 @@ whole part (a map's slow metrics: up to 1.5 s on the 2-core machine).
 
 Issue 50.8: the first Align click took 15.7 s, 14x idle, while 34 Trust requests arrived;
 3.2-6.1x after the page's configs were remembered and the panel stepped aside between its
-parts (benchmarks/trust_flood_align.md).
+parts; with the benchmark's clients apart from the server (as on a Space) and cheap events
+counted from the queue, 1.6x [1.4, 2.2] on the idle machine (benchmarks/trust_flood_align.md).
 """
 
 from __future__ import annotations
