@@ -69,6 +69,12 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     # an upload larger than the app keeps is shrunk before anything is computed on it
     ("ui/inputs.py", "pil-stretch", "to_rgb(image).resize(new, Image.Resampling.LANCZOS)"):
         "shrinks the uploaded photo itself (the geometry is then taken on the shrunk picture)",
+    # ResCLIP's SFR labels its patches as the authors' code does: the patch-class logits
+    # resized to the image (bilinear, align_corners False), then a vote per patch's cell
+    ("towers/resclip_sfr.py", "interpolate", "logits = F.interpolate(logits, size=size, mode="):
+        "reproduces ResCLIP's own first-pass segmentation (clip/model.py, the patch logits "
+        "resized to the image before the per-patch vote): a step of the source's definition, "
+        "not a placement of tokens for a view or a metric",
     # a ViT run at a larger input resizes its position embeddings to the larger grid
     ("towers/vit.py", "interpolate", "patch = F.interpolate(patch, size=grid, mode="):
         "resizes the position-embedding table to the token grid (the geometry of the larger "
