@@ -67,7 +67,7 @@ test: install browser
 	$(BIN)/ruff check otviz tests app.py benchmarks
 	@seed=$${SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
 	echo "pytest: random order seed $$seed (replay: make test SEED=$$seed)"; \
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -p randomly --durations=10 \
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -p randomly --durations=30 \
 		--randomly-seed=$$seed tests
 	$(MAKE) --no-print-directory docs package-check
 
