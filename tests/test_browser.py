@@ -17,6 +17,7 @@ import io
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -294,22 +295,33 @@ def test_align_at_a_picked_reading_draws_that_reading(own_page, live_app):
                       page.evaluate(features))
     pick_option(page, "shared-features", nth=1)  # the first source after "last"
     page.wait_for_function(f"{features} !== {shown!r}")
+    # the controls' server answer (it shows the block slider) has landed, so the answer
+    # awaited after the Align click below is the click's own, not this pick's
+    page.wait_for_selector("#shared-layer", state="visible")
     assert page.locator("#shared-checkpoint input").input_value() == default
     tower = live_app.ctx.explainer(default).backbone.image_tower
     # the reading the controls now show (block K: the slider's start), as the views read it
     value = control_state(live_app.ctx, default,
                           reading_of(tower.sources()[1], best_block(tower.depth), None)).value
     open_tab(page, "Align")
-    with page.expect_response(is_prefetch_answer):  # after this click's results (not the
-        page.get_by_role("button", name="Align", exact=True).click()  # example's) landed
-    rendered_image(page, "#align-grid")
-    heat = plotly_data(page, "align-plan")[0]
     example = load_examples()[0]
     view = align_view(live_app.ctx.explainer(value), live_app.ctx.suite(value),
                       np.asarray(Image.open(example.image_path).convert("RGB")),
                       example.caption)
-    np.testing.assert_allclose(np.asarray(heat["z"], dtype=float), view.plan.data.plan,
-                               rtol=1e-5, atol=1e-7)
+    with page.expect_response(is_prefetch_answer):  # after this click's results (not the
+        page.get_by_role("button", name="Align", exact=True).click()  # example's) landed
+    rendered_image(page, "#align-grid")
+    # the plan shown until the click's own lands may be the page load's (a loaded machine
+    # answers that one late): wait for the reading's plan, a bounded time, then compare
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while True:
+        plan = np.asarray(plotly_data(page, "align-plan")[0]["z"], dtype=float)
+        if (plan.shape == view.plan.data.plan.shape
+                and np.allclose(plan, view.plan.data.plan, rtol=1e-5, atol=1e-7)
+                or time.monotonic() > deadline):
+            break
+        time.sleep(0.5)
+    np.testing.assert_allclose(plan, view.plan.data.plan, rtol=1e-5, atol=1e-7)
 
 
 #: Changed when an output is redrawn: an image's source, a plotly figure's markup size.
