@@ -43,3 +43,30 @@ def shrunk_backbone(model_name: str, hf_dir: Path, space: str = "width", seed: i
 def family(request, hf_dir):
     """``(family, backbone)`` for every family, width space."""
     return request.param, shrunk_backbone(FAMILIES[request.param], hf_dir)
+
+
+@pytest.fixture(scope="module")
+def vit_b16_f64():
+    """A random open_clip ViT-B/16 in float64 and a 224 px input (seeds 0 and 1)."""
+    import open_clip
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = open_clip.create_model("ViT-B-16", pretrained=None).double().eval()
+    pixels = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1)).double()
+    return model, pixels
+
+
+@pytest.fixture(scope="module")
+def deep_timm_vit():
+    """A random 12-block timm ViT (timm's ViT-Ti/16 through open_clip's ``TimmModel``) in
+    float64, and an input: deep enough for ResCLIP's blocks 5-8."""
+    from open_clip.timm_model import TimmModel
+
+    torch.manual_seed(4)
+    torch.set_num_threads(1)
+    model = torch.nn.Module()
+    model.visual = TimmModel("vit_tiny_patch16_224", 32, image_size=224, pool="avg")
+    model = model.double().eval()
+    pixels = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(6)).double()
+    return model, pixels

@@ -28,30 +28,12 @@ RCS_LAYERS, TAU, LAMBDA = (5, 6, 7, 8), 2.0, 0.3  # ResCLIP's RCS (authors' code
 
 
 @pytest.fixture(scope="module")
-def vit_b16():
+def vit_b16(vit_b16_f64):
     """A random ViT-B/16 in float64, an input, and its blocks' tokens (model's own forward)."""
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = open_clip.create_model("ViT-B-16", pretrained=None).double().eval()
-    pixels = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1)).double()
+    model, pixels = vit_b16_f64
     with torch.no_grad():
         blocks = open_clip_blocks(model.visual, pixels)
     return model, pixels, blocks
-
-
-@pytest.fixture(scope="module")
-def deep_timm_vit():
-    """A random 12-block timm ViT (timm's ViT-Ti/16 through open_clip's ``TimmModel``) in
-    float64, and an input: deep enough for ResCLIP's blocks 5-8."""
-    from open_clip.timm_model import TimmModel
-
-    torch.manual_seed(4)
-    torch.set_num_threads(1)
-    model = torch.nn.Module()
-    model.visual = TimmModel("vit_tiny_patch16_224", 32, image_size=224, pool="avg")
-    model = model.double().eval()
-    pixels = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(6)).double()
-    return model, pixels
 
 
 @pytest.fixture(scope="module")

@@ -26,16 +26,6 @@ DINO, DINOV2 = "vit_small_patch16_224.dino", "vit_small_patch14_dinov2"
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
-@pytest.fixture(scope="module")
-def clip():
-    """A random open_clip ViT-B/16 in float64 and a 224 px input."""
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = open_clip.create_model("ViT-B-16", pretrained=None).double().eval()
-    pixels = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1)).double()
-    return model, pixels
-
-
 def random_proxy(name: str, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     return timm.create_model(name, pretrained=False, num_classes=0,
@@ -89,8 +79,8 @@ def reference(model, proxy, pixels: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("name", "grid"), [(DINO, (14, 14)), (DINOV2, (16, 16))])
-def test_proxy_source_is_proxyclips_equations(clip, name, grid):
-    model, pixels = clip
+def test_proxy_source_is_proxyclips_equations(vit_b16_f64, name, grid):
+    model, pixels = vit_b16_f64
     proxy = random_proxy(name, 2)
     tower = ProxyTower(image_tower(model), proxy, name)
     with torch.no_grad():
@@ -124,11 +114,11 @@ def test_a_uniform_image_reads_each_tokens_own_value_not_nan():
     assert torch.equal(proxy_attention(feats)[0], torch.eye(12, dtype=torch.float64))
 
 
-def test_backbone_reads_a_proxy_from_a_local_weight_file_at_448_px(clip, tmp_path):
+def test_backbone_reads_a_proxy_from_a_local_weight_file_at_448_px(vit_b16_f64, tmp_path):
     """``with_features("proxy", 448, proxy="NAME:FILE")`` loads the file into a fresh model and
     equals the reference at 448 px (28 x 28 grids, the proxy's position embeddings resized),
     in float32 (1e-4; float64 to 1e-5 above)."""
-    model = copy.deepcopy(clip[0]).float()  # float32 at 448 px: the suite's time
+    model = copy.deepcopy(vit_b16_f64[0]).float()  # float32 at 448 px: the suite's time
     proxy = random_proxy(DINO, 3).float()
     path = tmp_path / "dino.pth"
     torch.save(proxy.state_dict(), path)
@@ -166,8 +156,8 @@ def test_proxy_loading_failures_say_why_in_one_line(tmp_path):
             assert "hub" not in text.lower() and "connect" not in text.lower()
 
 
-def test_the_proxy_source_and_its_backbone_go_together(clip):
-    model, _ = clip
+def test_the_proxy_source_and_its_backbone_go_together(vit_b16_f64):
+    model, _ = vit_b16_f64
     backbone = Backbone(model, open_clip.get_tokenizer("ViT-B-16"), _eval_transform(model))
     with pytest.raises(UserInputError, match="needs its second backbone"):
         backbone.with_features("proxy")
@@ -177,11 +167,11 @@ def test_the_proxy_source_and_its_backbone_go_together(clip):
         backbone.with_features("proxy", 240, proxy=f"{DINOV2}:random")  # CLIP 16 | 240, 14 not
 
 
-def test_the_fingerprint_names_the_proxy_and_its_weights(clip):
+def test_the_fingerprint_names_the_proxy_and_its_weights(vit_b16_f64):
     """A feature cache or head keyed on a proxy reading is not taken for another proxy's."""
     from otviz.checkpoints.identity import backbone_fingerprint
 
-    model, _ = clip
+    model, _ = vit_b16_f64
     backbone = Backbone(model, open_clip.get_tokenizer("ViT-B-16"), _eval_transform(model))
     prints = [backbone_fingerprint(backbone.with_features("proxy", proxy=random_proxy(DINO, s)))
               for s in (5, 6, 5)]

@@ -46,28 +46,6 @@ RCS = "resclip-rcs"
 PICKED = (0, 37, 90, 150, 195)  # patches whose first-pass features serve as the classes
 
 
-@pytest.fixture(scope="module")
-def vit_b16():
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = open_clip.create_model("ViT-B-16", pretrained=None).double().eval()
-    pixels = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1)).double()
-    return model, pixels
-
-
-@pytest.fixture(scope="module")
-def timm_vit12():
-    from open_clip.timm_model import TimmModel
-
-    torch.manual_seed(4)
-    torch.set_num_threads(1)
-    model = torch.nn.Module()
-    model.visual = TimmModel("vit_tiny_patch16_224", 32, image_size=224, pool="avg")
-    model = model.double().eval()
-    pixels = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(6)).double()
-    return model, pixels
-
-
 # ----------------------------------------------------------------- the reference
 def reference_labels(features, classes, grid, size, threshold) -> list[list[int]]:
     """Each patch's label: cosine logits resized bilinearly to the image, softmax(40 x) over
@@ -198,8 +176,8 @@ def picked_classes(tower, pixels) -> torch.Tensor:
 # ----------------------------------------------------------------- the tests
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["open_clip ViT-B/16", "timm ViT (12 blocks)"])
-def test_resclip_with_a_class_set_is_the_authors_steps(vit_b16, timm_vit12, family):
-    model, pixels = vit_b16 if family.startswith("open_clip") else timm_vit12
+def test_resclip_with_a_class_set_is_the_authors_steps(vit_b16_f64, deep_timm_vit, family):
+    model, pixels = vit_b16_f64 if family.startswith("open_clip") else deep_timm_vit
     tower = image_tower(model)
     reference = open_clip_resclip if family.startswith("open_clip") else timm_resclip
     settings = SfrSettings(threshold=0.3)
@@ -254,8 +232,8 @@ def test_the_refinement_matrix_of_blob_labels_is_the_reference():
 
 
 @pytest.mark.slow
-def test_weight_zero_and_tau_one_is_resclip_rcs_exactly(vit_b16, timm_vit12):
-    for model, pixels in (vit_b16, timm_vit12):
+def test_weight_zero_and_tau_one_is_resclip_rcs_exactly(vit_b16_f64, deep_timm_vit):
+    for model, pixels in (vit_b16_f64, deep_timm_vit):
         tower = image_tower(model)
         with torch.no_grad():
             classes = picked_classes(tower, pixels)
@@ -265,11 +243,11 @@ def test_weight_zero_and_tau_one_is_resclip_rcs_exactly(vit_b16, timm_vit12):
 
 
 @pytest.mark.slow
-def test_one_class_gives_an_image_free_feedback_and_ignores_which_class(vit_b16):
+def test_one_class_gives_an_image_free_feedback_and_ignores_which_class(vit_b16_f64):
     """With one class every patch shares label 0: ``S`` is the same for any image and any
     class embedding (so the features do not depend on the class's text), yet the refined
     attention is not ``resclip-rcs``'s (tau_sfr and the smoothed rows' ends)."""
-    model, pixels = vit_b16
+    model, pixels = vit_b16_f64
     tower = VitTower(model.visual)
     gen = torch.Generator().manual_seed(7)
     one, other = torch.randn(2, 1, tower.embed_dim, generator=gen).double()
