@@ -31,6 +31,7 @@ from otviz.train.pairs import CachedPairs, build_source
 from otviz.train.streamed import StreamedPairs, batch_pairs
 from otviz.world.export import export_shards
 from tests import helpers
+from tests.shared_artifacts import TRAINED_ON, VIT, VitHeads
 
 N, BATCH = 24, 6  # 4 steps an epoch
 
@@ -159,28 +160,18 @@ def test_the_command_line_prints_the_summary_line(tmp_path: Path,
     assert not (tmp_path / "cache").exists()
 
 
-def test_a_vit_b16_weight_file_trains_from_shards_at_its_reading(
-        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """The issue's command on a random-weight ViT-B/16 file, publishing heads that record
-    its weights and reading (one step of 2 pairs: 30 s on 2 busy cores)."""
-    import open_clip
-
+def test_a_vit_b16_weight_file_trains_from_shards_at_its_reading(vit_heads: VitHeads) -> None:
+    """The issue's command on a random-weight ViT-B/16 file (default start: the head starts
+    from the ViT's own projections), publishing heads that record its weights and reading:
+    the run's shared one (:func:`tests.shared_artifacts.vit_heads`: 2 steps of 4 pairs from 2
+    shards, made once a run for this test and the app's)."""
     from otviz.checkpoints.heads import head_meta
     from otviz.checkpoints.identity import backbone_fingerprint
-    from otviz.cli.train import main
 
-    export_shards(tmp_path / "shards", 4, "train", per_shard=2)
-    torch.manual_seed(0)
-    weights = tmp_path / "vit-b-16.bin"
-    torch.save(open_clip.create_model("ViT-B-16").state_dict(), weights)
-    assert main(["--open-clip-model", "ViT-B-16", "--pretrained", str(weights), "--data",
-                 str(tmp_path / "shards"), "--features", "clearclip", "--max-steps", "1",
-                 "--batch-size", "2", "--workers", "0", "--threads", "2", "--out",
-                 str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), "--publish",
-                 str(tmp_path / "heads"), "--quiet"]) == 0
-    assert "shards: 2 listed, 4 pairs, nothing skipped" in capsys.readouterr().out
-    assert not (tmp_path / "cache").exists()
-    backbone = Backbone.from_pretrained("ViT-B-16", str(weights)).with_features("clearclip")
-    meta = head_meta(tmp_path / "heads" / "conceptot")
+    assert "shards: 2 listed, 8 pairs, nothing skipped" in vit_heads.printed
+    assert not vit_heads.cache.exists()
+    backbone = Backbone.from_pretrained(VIT, str(vit_heads.weights)).with_features(TRAINED_ON)
+    meta = head_meta(vit_heads.heads / "conceptot")
     assert meta["backbone"] == json.loads(json.dumps(backbone_fingerprint(backbone)))
     assert meta["backbone"]["features"] == "clearclip"
+    assert meta["method_config"]["start"] == "backbone"  # "auto" on an open_clip ViT

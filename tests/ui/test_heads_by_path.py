@@ -15,7 +15,6 @@ from pathlib import Path
 
 import gradio as gr
 import numpy as np
-import open_clip
 import pytest
 import torch
 from gradio_client import handle_file
@@ -52,31 +51,18 @@ from otviz.ui.reading_controls import (
     build_reading_controls,
     control_state,
 )
-from otviz.world.export import export_shards
-from tests.conftest import launch_locally
-from tests.helpers import ROOT, api_client
+from tests.helpers import ROOT
+from tests.shared_artifacts import TRAINED_ON, VIT, VitFiles, VitHeads, train_heads
 
-SMALL = ["--n-train", "8", "--batch-size", "4", "--max-steps", "2", "--concept-dim", "16",
-         "--start", "random", "--threads", "1", "--device", "cpu", "--quiet"]
-TRAINED_ON = "clearclip"
 FREE = f"{EMBEDDED}{SEPARATOR}{TRAINING_FREE}"
 SHIPPED = f"{EMBEDDED}{SEPARATOR}{SHIPPED_HEADS}"
 
 
-def _train(tmp: Path, *backbone: str) -> Path:
-    """A ConceptOT head trained for 2 steps at ``clearclip`` on ``backbone``'s flags (none:
-    the embedded tiny CLIP), published to ``tmp/my-heads`` with its manifest next to it."""
-    heads = tmp / "my-heads"
-    argv = ["train", "--method", "conceptot", "--features", TRAINED_ON, *SMALL, *backbone,
-            "--cache-dir", str(tmp / "cache"), "--out", str(tmp / "runs"), "--publish",
-            str(heads)]
-    assert otviz_main(argv) == 0
-    return heads
-
-
 @pytest.fixture(scope="module")
 def tiny_heads(tmp_path_factory) -> Path:
-    return _train(tmp_path_factory.mktemp("tiny"))
+    """ConceptOT heads trained for 2 steps at ``clearclip`` on the embedded tiny CLIP, the
+    head started random."""
+    return train_heads(tmp_path_factory.mktemp("tiny"), "--start", "random")
 
 
 @pytest.fixture(scope="module")
@@ -322,47 +308,22 @@ def test_the_command_line_gives_each_folder_to_the_model_before_it(tiny_heads, m
 
 # ------------------------------------------------------------------------ a real CLIP file
 @pytest.fixture(scope="module")
-def vit(tmp_path_factory) -> dict:
-    """A random full-size ViT-B-16 saved to two weight files of different seeds, and
+def vit(vit_files: VitFiles, vit_heads: VitHeads) -> dict:
+    """The run's random full-size ViT-B-16 saved to two weight files of different seeds, and
     ConceptOT heads trained for 2 steps on the first at ``clearclip`` from world samples
     written as webdataset shards, streamed (``otviz train --open-clip-model NAME
     --pretrained FILE --data SHARDS ... --publish DIR``: issue 51's end-to-end route; the
-    streamed run writes no feature cache)."""
-    root = tmp_path_factory.mktemp("server-only-folder")
-    name = "ViT-B-16"
-    files = []
-    for seed in (0, 1):
-        torch.manual_seed(seed)
-        files.append(root / f"vit-{seed}.pt")
-        torch.save(open_clip.create_model(name, pretrained=None).state_dict(), files[-1])
-    export_shards(root / "shards", 8, "train", per_shard=4)
-    heads = _train(root, "--open-clip-model", name, "--pretrained", str(files[0]),
-                   "--data", str(root / "shards"), "--workers", "0")
-    assert not (root / "cache").exists()
-    return {"name": name, "files": files, "heads": heads}
-
-
-@pytest.fixture(scope="module")
-def served(vit, tmp_path_factory):
-    """The app served offline as ``otviz app --model NAME --pretrained vit-0.pt --heads DIR
-    --model NAME --pretrained vit-1.pt --heads DIR``."""
-    from otviz.ui.app import build_app
-    from otviz.ui.upload_cache import own_upload_cache
-
-    own_upload_cache(tmp_path_factory.mktemp("gradio"))
-    models = [ModelSource(vit["name"], str(f)) for f in vit["files"]]
-    ctx = AppContext.default(models, heads_root=tmp_path_factory.mktemp("no-heads"),
-                             heads=[(1, str(vit["heads"])), (2, str(vit["heads"]))],
-                             found_heads=[])
-    app = build_app(ctx)
-    url = launch_locally(app)
-    yield ctx, api_client(url)
-    app.close()
+    streamed run writes no feature cache): :mod:`tests.shared_artifacts`, made once a run."""
+    assert not vit_heads.cache.exists()
+    return {"name": VIT, "files": list(vit_files.files), "heads": vit_heads.heads}
 
 
 def test_the_served_app_draws_the_heads_at_their_reading_and_refuses_other_weights(
-        served, vit, sample, tmp_path, monkeypatch):
-    ctx, client = served
+        vit_app, vit, sample, tmp_path, monkeypatch):
+    """The app served as ``otviz app --model NAME --pretrained vit-0.pt --heads DIR --model
+    NAME --pretrained vit-1.pt --heads DIR`` (:func:`tests.shared_artifacts.vit_app`, which
+    serves a truncated file after them too)."""
+    ctx, client = vit_app
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     good, bad = (next(e for e in ctx.checkpoint_choices()
                       if e.startswith(f"{vit['name']} / {f.name}") and "my-heads" in e)
@@ -404,7 +365,7 @@ def test_listed_heads_go_beside_the_weights_they_record(vit, tmp_path):
     ``vit-0.pt`` in another folder (the same file name), not beside ``vit-1.pt``."""
     moved = tmp_path / "elsewhere" / "vit-0.pt"
     moved.parent.mkdir()
-    shutil.copy(vit["files"][0], moved)
+    os.link(vit["files"][0], moved)
     models = [ModelSource(vit["name"], str(moved)), ModelSource(vit["name"],
                                                                 str(vit["files"][1]))]
     ctx = AppContext.default(models, heads_root=tmp_path / "none",

@@ -6,13 +6,10 @@ that names no server folder, and the embedded model keeps working."""
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 from pathlib import Path
 
 import httpx
-import open_clip
 import pytest
 import torch
 from gradio_client import handle_file
@@ -23,39 +20,22 @@ from otviz.cli.app import build_parser
 from otviz.errors import InputError
 from otviz.suite import ALIGN_METHODS
 from otviz.ui import context as context_module
-from otviz.ui.app import build_app
-from otviz.ui.context import SEPARATOR, TRAINING_FREE, AppContext, remote_models
+from otviz.ui.context import SEPARATOR, TRAINING_FREE, remote_models
 from otviz.ui.model_sources import ModelSource, load_local, parse_model_sources
-from tests.conftest import launch_locally
-from tests.helpers import PLAIN_HTTP, api_client
-
-MODEL = "ViT-B-16"
+from tests.helpers import PLAIN_HTTP
+from tests.shared_artifacts import VIT as MODEL
+from tests.shared_artifacts import VitFiles
 
 
 @pytest.fixture(scope="module")
-def weights(tmp_path_factory) -> dict[str, Path]:
-    """A random ViT-B-16 state dict on disk (seeded), a truncated copy (its first MiB), a
-    foreign file (ViT-B-32's tensors) and a snapshot folder (open_clip_config.json and the
-    weights), each in a folder of its own whose name must not reach a page."""
-    root = tmp_path_factory.mktemp("server-only-folder")
-    torch.manual_seed(0)
-    good = root / "vit-b-16-random.pt"
-    torch.save(open_clip.create_model(MODEL, pretrained=None).state_dict(), good)
-    truncated = root / "vit-b-16-truncated.pt"
-    with good.open("rb") as src, truncated.open("wb") as dst:
-        dst.write(src.read(2**20))
-    foreign = root / "not-vit-b-16.safetensors"  # another model's tensors (names, shapes)
-    from safetensors.torch import save_file
-
-    save_file({"visual.conv1.weight": torch.zeros(64, 3, 7, 7), "logit_scale": torch.ones(())},
-              str(foreign))
-    snapshot = root / "snapshot"
-    snapshot.mkdir()
-    (snapshot / "open_clip_config.json").write_text(json.dumps(
-        {"model_cfg": open_clip.get_model_config(MODEL), "preprocess_cfg": {}}))
-    os.link(good, snapshot / "open_clip_pytorch_model.bin")
-    return {"good": good, "truncated": truncated, "foreign": foreign, "snapshot": snapshot,
-            "missing": root / "gone.pt"}
+def weights(vit_files: VitFiles) -> dict[str, Path]:
+    """The run's random ViT-B-16 files (:func:`tests.shared_artifacts.vit_files`): the seed-0
+    state dict, a truncated copy (its first MiB), a foreign file (ViT-B-32's tensors), a
+    snapshot folder (open_clip_config.json and the weights) and a missing file, in a folder
+    whose name must not reach a page."""
+    return {"good": vit_files.files[0], "truncated": vit_files.truncated,
+            "foreign": vit_files.foreign, "snapshot": vit_files.snapshot,
+            "missing": vit_files.missing}
 
 
 @pytest.fixture
@@ -139,25 +119,12 @@ def test_a_bad_file_is_a_message_naming_the_file_alone(weights, no_network, kind
     assert not no_network
 
 
-@pytest.fixture(scope="module")
-def served(weights, tmp_path_factory):
-    """The app served offline with the embedded model, the random ViT-B-16 from its file
-    and the truncated copy (as ``otviz app --model ViT-B-16 --pretrained FILE`` twice)."""
-    from otviz.ui.upload_cache import own_upload_cache
-
-    own_upload_cache(tmp_path_factory.mktemp("gradio"))
-    ctx = AppContext.default([ModelSource(MODEL, str(weights["good"])),
-                              ModelSource(MODEL, str(weights["truncated"]))],
-                             heads_root=tmp_path_factory.mktemp("no-heads"))
-    app = build_app(ctx)
-    url = launch_locally(app)
-    yield ctx, api_client(url)
-    app.close()
-
-
-def test_the_served_app_aligns_every_method_on_the_local_model(served, weights, example,
+def test_the_served_app_aligns_every_method_on_the_local_model(vit_app, weights, example,
                                                               no_network):
-    ctx, client = served
+    """The app served with the embedded model, the random ViT-B-16 from its file and the
+    truncated copy (:func:`tests.shared_artifacts.vit_app`: as ``otviz app --model ViT-B-16
+    --pretrained FILE`` for each, beside another file and trained heads)."""
+    ctx, client = vit_app
     good = f"{MODEL} / {weights['good'].name} (local weight file){SEPARATOR}{TRAINING_FREE}"
     bad = f"{MODEL} / {weights['truncated'].name} (local weight file){SEPARATOR}{TRAINING_FREE}"
     picker = httpx.get(f"{client.src}config", timeout=30, **PLAIN_HTTP).text
