@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from otviz.ui.train_jobs import TrainingJobs
     from tests.preloaded import PreloadedPython
 
+# The weight files, trained heads and served app shared by the test processes of a run
+pytest_plugins = ["tests.shared_artifacts"]
+
 
 def freeze_heap() -> None:
     """Collect what is garbage, then take every object left out of the garbage collector's
