@@ -8,8 +8,10 @@ import base64
 import io
 import json
 
+import matplotlib
 import numpy as np
 import plotly.graph_objects as go
+from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 from PIL import Image
 
@@ -17,7 +19,7 @@ from otviz.patch_grid.tokens import TokenGeometry
 from otviz.ui.plots import FigurePlot, figure_data_url
 from otviz.viz.heatmaps import heatmap_grid_figure
 from otviz.viz.probe import probe_scores_figure
-from otviz.viz.style import figure_bytes
+from otviz.viz.style import figure_bytes, settle_layout
 
 
 def figures():
@@ -45,7 +47,31 @@ def test_one_layout_pass_draws_what_savefig_draws():
         made.savefig(reference, format="png")  # matplotlib's path: a layout draw, then pixels
         np.testing.assert_array_equal(pixels(figure_bytes(again, "png")),
                                       pixels(reference.getvalue()))
-        assert not isinstance(again.get_layout_engine(), ConstrainedLayoutEngine)  # run, kept
+        assert again.get_layout_engine() is None  # run, its result kept, the engine off
+
+
+def test_a_settled_figure_is_drawn_once_whatever_the_rcparams(monkeypatch):
+    """``savefig`` draws a figure with a layout engine (the placeholder ``"none"`` leaves
+    too) twice; a settled one once, even where the rcParams ask every figure for a layout."""
+    draws = []
+    draw = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda fig, renderer: (draws.append(fig),
+                                                               draw(fig, renderer))[1])
+    for rc in ({}, {"figure.constrained_layout.use": True}, {"figure.autolayout": True}):
+        with matplotlib.rc_context(rc):
+            fig = figures()[1]
+            assert isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+            settle_layout(fig)
+            assert fig.get_layout_engine() is None, rc
+            draws.clear()
+            figure_bytes(fig, "webp")
+            assert len(draws) == 1, rc
+            placeholder = figures()[1]
+            placeholder.get_layout_engine().execute(placeholder)
+            placeholder.set_layout_engine("none")
+            draws.clear()
+            placeholder.savefig(io.BytesIO(), format="webp")
+            assert len(draws) == 2  # what settling saves
 
 
 def test_a_figure_reaches_the_page_as_webp_of_its_size():
