@@ -175,3 +175,40 @@ def test_mprt_shares_one_randomised_model_and_keeps_quantus_values(backbone, mon
         assert np.array_equal(scores.values["mprt"], np.asarray(reference)), source.name
     assert len(resets) == 4 * len(inputs.scorer.units)  # Quantus: once per map
     assert not np.allclose(ours[0].values["mprt"], 1.0)  # a map that does change
+
+
+def test_the_randomised_copy_shares_the_text_side_and_scores_as_a_full_copy(backbone,
+                                                                          monkeypatch) -> None:
+    """MPRT's copy of the model (:meth:`~otviz.eval.trust.adapter.PhraseScorer.__deepcopy__`)
+    shares the text tower and the tokenizer, copies the image tower, leaves the model it
+    copied untouched, and scores every kind of map (a method's, an explainer's reading
+    ``model.visual``) exactly as a copy of everything does."""
+    import copy
+
+    from otviz.eval.trust import metrics as M
+
+    inputs = world_trust_inputs(backbone, seed=5, n=2)
+    scorer, model = inputs.scorer, inputs.scorer.backbone.model
+    suite = MethodSuite.training_free(backbone, WORLD_FIT_CAPTIONS[:20], ("filip",))
+    sources = T.heatmap_sources(suite.methods, ("legrad",))[:2]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    twin = copy.deepcopy(scorer)
+    twin_model = twin.backbone.model
+    assert twin_model is not model and twin_model.visual is not model.visual
+    assert twin.backbone.words is scorer.backbone.words
+    text = [name for name, _ in model.named_parameters() if not name.startswith("visual.")]
+    assert text and all(twin_model.get_parameter(n) is model.get_parameter(n) for n in text)
+    assert all(twin_model.get_parameter(n) is not p for n, p in model.visual.named_parameters(
+        prefix="visual"))
+    assert twin.backbone.image_tower.visual is twin_model.visual  # the adapter reads the copy
+
+    def mprt() -> list[np.ndarray]:
+        M._RANDOMISED.clear()
+        return [trust_scores(scorer, s, inputs.pixels, inputs.targets, None, FAST,
+                             metrics=["mprt"]).values["mprt"] for s in sources]
+
+    shared = mprt()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    monkeypatch.delattr(T.PhraseScorer, "__deepcopy__")  # the default: a copy of everything
+    assert all(np.array_equal(a, b) for a, b in zip(shared, mprt(), strict=True))
+    assert not all(np.allclose(v, 1.0) for v in shared)  # maps that do change

@@ -232,6 +232,26 @@ class PhraseScorer(nn.Module):
         _, image = self.backbone.image_tower.encode(self.normalise(pixels))
         return F.normalize(image, dim=-1).cpu() @ self.text.T.to(image.dtype)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> PhraseScorer:
+        """A copy whose image-tower blocks can be re-initialised without touching this model:
+        Quantus' MPRT deep-copies the model before it resets the layers it randomises (the
+        image blocks in :attr:`units`). What no reset reaches is shared, not copied: every
+        module, parameter and buffer of the CLIP model outside its image tower (the text
+        tower: 63 M parameters on a ViT-B/16) and the tokenizer (its BPE tables were most of
+        the copy's time on the tiny CLIP). The model object itself, its image tower and the
+        adapters are copied, so every path to the image tower (the adapter's, an
+        explainer's ``model.visual``) reaches the copy's blocks."""
+        model = self.backbone.model
+        outside = [item for name, item in (*model.named_modules(), *model.named_parameters(),
+                                           *model.named_buffers())
+                   if name and name.split(".")[0] != "visual"]
+        for item in (*outside, self.backbone.words):
+            memo[id(item)] = item
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return copied
+
     def restricted(self, indices: Sequence[int]) -> PhraseScorer:
         """The same model over the phrases ``indices`` only (their classes renumbered)."""
         other = copy.copy(self)
