@@ -126,14 +126,12 @@ def vit_files(tmp_path_factory: pytest.TempPathFactory) -> VitFiles:
 
 @dataclass(frozen=True)
 class VitHeads:
-    """ConceptOT heads trained on ``weights`` (the seed-0 ViT-B-16 file) from ``shards``
-    (8 world pairs, 2 shards of 4) in ``root``, streamed (``cache`` is the feature cache
-    folder the command was given: a streamed run writes none), published to ``heads``;
-    ``printed`` is what the command printed."""
+    """ConceptOT heads trained on ``weights`` (the seed-0 ViT-B-16 file) from 8 world pairs
+    in 2 webdataset shards of 4, streamed (``cache`` is the feature cache folder the command
+    was given: a streamed run writes none), published to ``heads``; ``printed`` is what the
+    command printed."""
 
-    root: Path
     weights: Path
-    shards: Path
     cache: Path
     heads: Path
     printed: str
@@ -157,7 +155,7 @@ def vit_heads(vit_files: VitFiles, tmp_path_factory: pytest.TempPathFactory) -> 
         (folder / "printed.txt").write_text(printed.getvalue())
 
     root = made_once(tmp_path_factory, "server-only-folder-vit-b-16-heads", make)
-    return VitHeads(root, weights, root / "shards", root / "cache", root / "my-heads",
+    return VitHeads(weights, root / "cache", root / "my-heads",
                     (root / "printed.txt").read_text())
 
 
