@@ -310,10 +310,11 @@ def test_the_command_line_gives_each_folder_to_the_model_before_it(tiny_heads, m
 @pytest.fixture(scope="module")
 def vit(vit_files: VitFiles, vit_heads: VitHeads) -> dict:
     """The run's random full-size ViT-B-16 saved to two weight files of different seeds, and
-    ConceptOT heads trained for 2 steps on the first at ``clearclip`` from world samples
-    written as webdataset shards, streamed (``otviz train --open-clip-model NAME
-    --pretrained FILE --data SHARDS ... --publish DIR``: issue 51's end-to-end route; the
-    streamed run writes no feature cache): :mod:`tests.shared_artifacts`, made once a run."""
+    ConceptOT heads trained for 2 steps on the first at ``clearclip`` (started from its own
+    projections, the default) from world samples written as webdataset shards, streamed
+    (``otviz train --open-clip-model NAME --pretrained FILE --data SHARDS ... --publish
+    DIR``: issue 51's end-to-end route; the streamed run writes no feature cache):
+    :mod:`tests.shared_artifacts`, made once a run."""
     assert not vit_heads.cache.exists()
     return {"name": VIT, "files": list(vit_files.files), "heads": vit_heads.heads}
 
