@@ -15,9 +15,13 @@ the signal dispositions and mask the server had before its imports, which are a 
 interpreter's (whatever an import changed is undone, so a run's own handlers are what
 signals reach). The variables Python reads as it starts (``PYTHON*``) cannot differ from
 the server's: a run asking for others is refused. At its end a run waits for its non-daemon
-threads and runs its ``atexit`` functions, as an interpreter's exit does. A run may have a
-session of its own (``os.setsid``, as ``start_new_session=True``), so that it can be
+threads and runs its ``atexit`` functions, as an interpreter's exit does (ended by an
+uncaught ``KeyboardInterrupt``, it then kills itself with SIGINT, as python does). A run may
+have a session of its own (``os.setsid``, as ``start_new_session=True``), so that it can be
 signalled and its group killed; runs may overlap.
+
+(The servers run with ``OMP_NUM_THREADS=1``, :func:`tests.helpers.child_env`: without it
+torch's import leaves a native thread, OpenMP's, and the server would refuse to fork.)
 """
 
 from __future__ import annotations
@@ -153,18 +157,23 @@ class _Server:
         self.reader.start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            answer = json.loads(line)
-            if "returncode" in answer:
-                with self.changed:
-                    self.exits[answer["pid"]] = answer["returncode"]
-                    self.changed.notify_all()
-            else:
-                self.forks.put(answer)
-        with self.changed:
-            self.ended = True
-            self.changed.notify_all()
-        self.forks.put({"error": f"the preloaded interpreter ended ({self.proc.wait()})"})
+        try:
+            for line in self.proc.stdout:
+                answer = json.loads(line)
+                if "returncode" in answer:
+                    with self.changed:
+                        self.exits[answer["pid"]] = answer["returncode"]
+                        self.changed.notify_all()
+                else:
+                    self.forks.put(answer)
+        finally:  # its end, or a line not of its answers (the waiting calls fail, not hang)
+            with self.changed:
+                self.ended = True
+                self.changed.notify_all()
+            self.forks.put({"error": self.gone()})
+
+    def gone(self) -> str:
+        return f"the preloaded interpreter stopped answering (exit status {self.proc.poll()})"
 
     def fork(self, job: dict) -> int:
         self.proc.stdin.write(json.dumps(job) + "\n")
@@ -180,7 +189,7 @@ class _Server:
         with self.changed:
             self.changed.wait_for(lambda: pid in self.exits or self.ended, timeout)
             if pid not in self.exits and self.ended:
-                raise RuntimeError(f"the preloaded interpreter ended ({self.proc.wait()})")
+                raise RuntimeError(self.gone())
             return self.exits.get(pid)
 
     def close(self) -> None:
