@@ -14,7 +14,7 @@ from matplotlib.patches import Rectangle
 from otviz.explain import Encoded
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.viz.panels import heat_fields
-from otviz.viz.style import HEAT_CMAP, SIMILARITY_CMAP, new_figure
+from otviz.viz.style import HEAT_CMAP, SIMILARITY_CMAP, new_figure, no_ticks
 
 #: Longest side of the heat raster drawn under matplotlib (a pixel raster, not the tokens).
 FIELD_PX = 512
@@ -60,8 +60,7 @@ def draw_heatmap(
         ax.add_patch(
             Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor="#00e5ff", linewidth=2)
         )
-    ax.set_xticks([])
-    ax.set_yticks([])
+    no_ticks(ax)
     if title:
         ax.set_title(title, fontsize=9)
     return mappable

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from otviz.viz.style import DIVERGING_CMAP, SIMILARITY_CMAP, new_figure, plt
+from otviz.viz.style import DIVERGING_CMAP, SIMILARITY_CMAP, new_figure, no_ticks, plt
 
 TRUE_COLOUR = "#222222"
 
@@ -57,7 +57,7 @@ def probe_scores_figure(
         pad = 0.15 * (high - low) or 0.05 * max(abs(high), 1e-3)
         ax.set_ylim(low - pad, high + pad)
         ax.set_title(methods[i], fontsize=8)
-        ax.set_xticks([])
+        no_ticks(ax, y=False)
         ax.tick_params(labelsize=7)
         if i % ncols == 0:
             ax.set_ylabel(ylabel, fontsize=7)

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from otviz.methods.powerclip import EMPTY_SUBSET
 from otviz.patch_grid.tokens import TokenGeometry
 from otviz.viz.heatmaps import FIELD_PX, draw_heatmap
-from otviz.viz.style import HEAT_CMAP, drawable, new_figure
+from otviz.viz.style import HEAT_CMAP, drawable, new_figure, no_ticks
 
 FILL_ALPHA = 0.35
 
@@ -117,8 +117,7 @@ def draw_regions(
             )
     ax.set_xlim(0, width)
     ax.set_ylim(height, 0)
-    ax.set_xticks([])
-    ax.set_yticks([])
+    no_ticks(ax)
     if title:
         ax.set_title(title, fontsize=9)
 
@@ -156,8 +155,7 @@ def best_subset_figure(
     if exact_members is None:
         ax_exact.imshow(image, extent=(0, width, height, 0))
         ax_exact.set_title("exact subset: too many regions to enumerate", fontsize=9)
-        ax_exact.set_xticks([])
-        ax_exact.set_yticks([])
+        no_ticks(ax_exact)
     else:
         chosen = [int(m) for m in np.flatnonzero(exact_members)]
         ids = "{" + ", ".join(map(str, chosen)) + "}" if chosen else "∅ (no region scores > 0)"

@@ -93,3 +93,24 @@ def test_plotly_figures_and_the_frontend_are_gradios():
     assert json.loads(data.plot)["data"][0]["z"] == [[1, 2], [3, 4]]
     assert FigurePlot().postprocess(None) is None
     assert FigurePlot().get_block_name() == "plot"  # the page draws it with gr.Plot's frontend
+
+
+def test_hidden_tick_axes_draw_the_pixels_of_empty_ticks(monkeypatch):
+    """:func:`~otviz.viz.style.no_ticks` hides the axis artists instead of emptying their
+    ticks: the same pixels (heatmap panels with titles and colour bars, bars with a y axis
+    only)."""
+    import otviz.viz.style as style
+
+    def empty_ticks(ax, *, x=True, y=True):
+        if x:
+            ax.set_xticks([])
+        if y:
+            ax.set_yticks([])
+
+    hidden = [pixels(figure_bytes(fig, "png")) for fig in figures()]
+    for module in ("heatmaps", "probe"):
+        monkeypatch.setattr(f"otviz.viz.{module}.no_ticks", empty_ticks)
+    assert style.no_ticks is not empty_ticks
+    emptied = [pixels(figure_bytes(fig, "png")) for fig in figures()]
+    for a, b in zip(hidden, emptied, strict=True):
+        np.testing.assert_array_equal(a, b)
