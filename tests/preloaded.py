@@ -11,9 +11,10 @@ refuses to fork, and the run fails with the reason), so forking it is safe. A ru
 a fresh interpreter starts with: its own ``__main__`` module, ``sys.argv`` and
 ``sys.path[0]`` (``""`` for ``-c``, the script's folder for a script), working folder,
 environment, standard streams (stdin empty), a fresh seed of NumPy's global generator, and
-the signal dispositions and mask the server had before its imports, which are a fresh
-interpreter's (whatever an import changed is undone, so a run's own handlers are what
-signals reach). The variables Python reads as it starts (``PYTHON*``) cannot differ from
+the signal dispositions and mask a ``python`` started by the caller at that moment would
+have (the caller's ignored signals and mask, then Python's start-up rules; whatever an import
+or the server's own start changed is undone, so a run's own handlers are what signals
+reach). The variables Python reads as it starts (``PYTHON*``) cannot differ from
 the server's: a run asking for others is refused. At its end a run waits for its non-daemon
 threads and runs its ``atexit`` functions, as an interpreter's exit does (ended by an
 uncaught ``KeyboardInterrupt``, it then kills itself with SIGINT, as python does). A run may
@@ -40,8 +41,6 @@ from pathlib import Path
 SERVER = r"""
 import atexit, importlib, json, os, select, signal, sys, threading, traceback, types
 
-DISPOSITIONS = {s: signal.getsignal(s) for s in signal.valid_signals()}  # a fresh python's
-MASK = signal.pthread_sigmask(signal.SIG_BLOCK, ())
 for name in sys.argv[1:]:
     importlib.import_module(name)
 
@@ -58,13 +57,26 @@ def single_threaded():
         sys.exit(1)
 
 
+def fresh_dispositions(ignored):
+    # what python started by the caller now begins with: the signals the caller ignores stay
+    # ignored across exec, every other one is back at its default; then Python's own start-up
+    # ignores SIGPIPE and SIGXFSZ and, unless SIGINT is ignored, gives SIGINT
+    # default_int_handler (Python/pylifecycle.c, Modules/signalmodule.c)
+    out = {s: signal.SIG_IGN if s in ignored else signal.SIG_DFL
+           for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)}
+    out[signal.SIGPIPE] = out[signal.SIGXFSZ] = signal.SIG_IGN
+    if signal.SIGINT not in ignored:
+        out[signal.SIGINT] = signal.default_int_handler
+    return out
+
+
 def run(job):
     if job["session"]:
         os.setsid()
-    for signum, handler in DISPOSITIONS.items():  # undo what the imports set
+    for signum, handler in fresh_dispositions(set(job["ignored"])).items():
         if signal.getsignal(signum) != handler:
             signal.signal(signum, handler)
-    signal.pthread_sigmask(signal.SIG_SETMASK, MASK)
+    signal.pthread_sigmask(signal.SIG_SETMASK, job["mask"])
     if "numpy.random" in sys.modules:  # a fresh interpreter seeds it from the OS
         sys.modules["numpy.random"].seed()
     os.chdir(job["cwd"])
@@ -266,7 +278,11 @@ class PreloadedPython:
                              f"{_startup_variables(self.env)}")
         server = self._started()
         job = {"argv": args, "cwd": str(cwd), "env": env, "stdout": str(stdout),
-               "stderr": None if stderr is None else str(stderr), "session": new_session}
+               "stderr": None if stderr is None else str(stderr), "session": new_session,
+               # what a python started from this thread now inherits (ignored signals, mask)
+               "ignored": [int(s) for s in signal.valid_signals()
+                           if signal.getsignal(s) == signal.SIG_IGN],
+               "mask": [int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, ())]}
         return Run(server, server.fork(job), new_session, ["python", *args])
 
     def run(self, code: str, cwd: Path, env: dict[str, str] | None = None,
