@@ -33,8 +33,9 @@ VIT = "ViT-B-16"
 #: The feature source the heads are trained on (not the default ``last``: a head-set entry
 #: opens at the reading it was trained on).
 TRAINED_ON = "clearclip"
-#: The short training run of every trained-heads test: 8 pairs, 2 steps of 4 (a 16-wide
-#: concept space where the head starts random).
+#: The short training run of every trained-heads test: 8 pairs, 2 steps of 4, a 16-wide
+#: concept space (the head's start is each caller's: random on the tiny CLIP, the default on
+#: the ViT-B-16).
 SMALL = ["--n-train", "8", "--batch-size", "4", "--max-steps", "2", "--concept-dim", "16",
          "--threads", "1", "--device", "cpu", "--quiet"]
 
