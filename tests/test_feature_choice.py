@@ -14,9 +14,12 @@ import pytest
 import torch
 
 from otviz.backbone import Backbone
-from otviz.checkpoints.heads import head_meta
+from otviz.checkpoints.heads import head_meta, load_method_checkpoint
+from otviz.checkpoints.identity import training_flags
 from otviz.checkpoints.store import CheckpointError
 from otviz.cli import main
+from otviz.cli.args import dataclass_from_args
+from otviz.cli.train import build_parser as train_parser
 from otviz.data.datasets import WorldDataset
 from otviz.data.feature_cache import FeatureCache
 from otviz.errors import UserInputError
@@ -28,6 +31,7 @@ from otviz.methods import PairBatch
 from otviz.suite import WORLD_FIT_CAPTIONS, MethodSuite, load_head
 from otviz.towers.sources import FeatureSource
 from otviz.towers.vit import MAX_ATTENTION_BYTES
+from otviz.train.config import TrainConfig
 from otviz.ui.examples import load_examples
 from tests.helpers import random_tiny_clip
 
@@ -197,3 +201,35 @@ def test_explain_draws_the_chosen_source(tmp_path):
     assert out.stat().st_size > 0
     with pytest.raises(SystemExit):
         main(["explain", "--example", "0", "--features", "layer:x"])
+
+
+@pytest.mark.parametrize("identity", [
+    {"features": "naclip", "image_size": 448},
+    {"features": "layer:-2"},
+    {},
+    {"features": "proxy", "proxy": {"name": "vit_small_patch16_224", "weights": "0f"}},
+])
+def test_the_refusals_training_flags_train_the_reading_they_name(identity):
+    """A head refused for its reading names ``otviz train`` flags; the train command parses
+    them into a config reading the same features at the same size."""
+    flags = training_flags(identity).replace("[:FILE]", ":random").split()
+    config = dataclass_from_args(TrainConfig, train_parser().parse_args(flags))
+    assert (config.features, config.image_size) == (identity.get("features", "last"),
+                                                    identity.get("image_size", 0))
+    assert config.proxy.startswith(identity.get("proxy", {}).get("name", ""))
+
+
+def test_a_resclip_reading_is_not_told_to_train_a_head_on_resclip(trained_on_source):
+    """Training refuses ``resclip`` (no fixed class set): the refusal of a head on a resclip
+    reading says so and names resclip-rcs, not a command that fails."""
+    assert training_flags({"features": "resclip"}) is None
+    with pytest.raises(SystemExit):
+        train_parser().parse_args(["--features", "resclip"])
+    head = trained_on_source["heads"] / "filip"
+    reading = {**head_meta(head)["backbone"], "features": "resclip"}
+    with pytest.raises(CheckpointError, match="no head is trained on it .*resclip-rcs") as e:
+        load_method_checkpoint(head, reading)
+    assert "--features resclip" not in str(e.value)
+    reading["features"] = "naclip"
+    with pytest.raises(CheckpointError, match="otviz train --features naclip\\)"):
+        load_method_checkpoint(head, reading)

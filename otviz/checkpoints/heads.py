@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-from otviz.checkpoints.identity import backbone_identity, describe_choice
+from otviz.checkpoints.identity import backbone_identity, describe_choice, training_flags
 from otviz.checkpoints.store import (
     CheckpointError,
     load_checkpoint,
@@ -75,10 +75,13 @@ def _check_backbone(path: Path, saved: dict[str, Any], now: dict[str, Any]) -> N
     in-memory features, must be equal as a whole)."""
     if (saved.get("features", "last"), saved.get("image_size")) != (
             now.get("features", "last"), now.get("image_size")):
+        flags = training_flags(now)
+        train = (f"train a head on it (otviz train {flags})" if flags else
+                 "no head is trained on it (training has no fixed class set: read "
+                 "resclip-rcs to train one)")
         raise CheckpointError(
             f"method head {path} was trained on {describe_choice(saved)}; this backbone "
-            f"reads {describe_choice(now)}: train a head on it (otviz train --features "
-            f"{now.get('features', 'last')}) or use the training-free methods "
+            f"reads {describe_choice(now)}: {train} or use the training-free methods "
             "(otviz eval --heads training-free)")
     keys = [k for k in _IDENTITY_KEYS if k in saved]
     differ = [k for k in keys if saved[k] != now.get(k)]

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from otviz.knobs import CLASS_SET_SOURCE, PROXY_SOURCE
+
 
 def backbone_fingerprint(backbone: Any) -> dict[str, Any]:
     """What identifies a backbone's features: a BLAKE2 hash of its weights (every state-dict
@@ -68,6 +70,22 @@ def describe_choice(identity: dict[str, Any]) -> str:
     size = identity.get("image_size")
     return f"features {identity.get('features', 'last')} at " + (
         f"{size} px" if size else "the native size")
+
+
+def training_flags(identity: dict[str, Any]) -> str | None:
+    """The ``otviz train`` flags that train a head reading what ``identity`` reads
+    (``--features naclip --image-size 448``; ``--proxy NAME`` for ProxyCLIP, whose weights
+    the command names again), or ``None`` where no head can be trained on it: ResCLIP with its
+    semantic feedback refinement reads a fixed class set, which training has none of."""
+    features = identity.get("features", "last")
+    if features == CLASS_SET_SOURCE:
+        return None
+    flags = [f"--features {features}"]
+    if identity.get("image_size"):
+        flags.append(f"--image-size {identity['image_size']}")
+    if features == PROXY_SOURCE:
+        flags.append(f"--proxy {(identity.get('proxy') or {}).get('name', 'NAME')}[:FILE]")
+    return " ".join(flags)
 
 
 def backbone_identity(backbone: Any) -> dict[str, Any]:
