@@ -165,6 +165,9 @@ class _Server:
         self.exits: dict[int, int] = {}
         self.ended = False
         self.changed = threading.Condition()
+        #: One job written and its answer read at a time: the answers come in the jobs'
+        #: order, so two threads starting runs at once would otherwise take each other's pid.
+        self.forking = threading.Lock()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -188,9 +191,10 @@ class _Server:
         return f"the preloaded interpreter stopped answering (exit status {self.proc.poll()})"
 
     def fork(self, job: dict) -> int:
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
-        answer = self.forks.get()
+        with self.forking:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            answer = self.forks.get()
         if "error" in answer:
             raise RuntimeError(answer["error"])
         return answer["pid"]

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,16 @@ def test_a_run_past_its_time_is_killed(tmp_path: Path, preloaded_python) -> None
     done = preloaded_python.run("import time; time.sleep(60)", tmp_path, timeout=0.5)
     assert done.returncode == -9
     assert preloaded_python.run("print('next')", tmp_path).stdout == "next\n"
+
+
+def test_runs_started_from_several_threads_at_once_each_get_their_own(
+        tmp_path: Path, preloaded_python) -> None:
+    """Each start writes a job and reads the next answer: without one lock around both, two
+    threads could swap pids (and wait on each other's exit)."""
+    codes = [f"import sys, time; time.sleep({k % 3} / 20); sys.exit({k})" for k in range(12)]
+    with ThreadPoolExecutor(6) as pool:
+        done = list(pool.map(lambda code: preloaded_python.run(code, tmp_path), codes))
+    assert [d.returncode for d in done] == list(range(12))
 
 
 SCRIPT = ("import os, sys\n"
