@@ -8,6 +8,7 @@ import gc
 import os
 import platform
 import socket
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,33 @@ if TYPE_CHECKING:
 
 # The weight files, trained heads and served app shared by the test processes of a run
 pytest_plugins = ["tests.shared_artifacts"]
+
+
+#: The size of :func:`machine_reference`'s dictionary.
+REFERENCE_ITEMS = 200_000
+
+
+def machine_reference() -> float:
+    """Milliseconds this interpreter takes to build a dictionary of 200,000 string keys (the
+    best of three): work that allocates and touches memory, as most of the suite's does
+    (figures, servers, the models' Python). Printed below every run, measured once the tests
+    have ended, so that a run's time can be read against the machine it ran on
+    (docs/testing.md, "Eighth pass": one machine ran the suite 2.4 times as long as the
+    machines of the earlier passes, the same order and code)."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        keys = {str(k): k for k in range(REFERENCE_ITEMS)}
+        best = min(best, time.perf_counter() - start)
+        del keys
+    return 1000 * best
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        terminalreporter.write_line(
+            f"machine reference: {machine_reference():.0f} ms to build a dictionary of "
+            f"{REFERENCE_ITEMS:,} string keys (docs/testing.md, Time)")
 
 
 def freeze_heap() -> None:
