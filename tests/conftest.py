@@ -8,7 +8,8 @@ import gc
 import os
 import platform
 import socket
-import time
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,31 +40,37 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.shared_artifacts"]
 
 
-#: The size of :func:`machine_reference`'s dictionary.
-REFERENCE_ITEMS = 200_000
+#: What :func:`machine_reference` times, in an interpreter of its own (the controller's heap,
+#: large after a run, made the same work up to twice as slow).
+REFERENCE_CODE = """
+import time
+best = float("inf")
+for _ in range(5):
+    start = time.perf_counter()
+    keys = {str(k): k for k in range(200_000)}
+    best = min(best, time.perf_counter() - start)
+    del keys
+print(1000 * best)
+"""
 
 
 def machine_reference() -> float:
-    """Milliseconds this interpreter takes to build a dictionary of 200,000 string keys (the
-    best of three): work that allocates and touches memory, as most of the suite's does
+    """Milliseconds a fresh interpreter takes to build a dictionary of 200,000 string keys
+    (the best of five): work that allocates and touches memory, as most of the suite's does
     (figures, servers, the models' Python). Printed below every run, measured once the tests
     have ended, so that a run's time can be read against the machine it ran on
     (docs/testing.md, "Eighth pass": one machine ran the suite 2.4 times as long as the
     machines of the earlier passes, the same order and code)."""
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        keys = {str(k): k for k in range(REFERENCE_ITEMS)}
-        best = min(best, time.perf_counter() - start)
-        del keys
-    return 1000 * best
+    done = subprocess.run([sys.executable, "-c", REFERENCE_CODE], capture_output=True,
+                          text=True, check=True, timeout=120)
+    return float(done.stdout)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         terminalreporter.write_line(
             f"machine reference: {machine_reference():.0f} ms to build a dictionary of "
-            f"{REFERENCE_ITEMS:,} string keys (docs/testing.md, Time)")
+            "200,000 string keys (docs/testing.md, Time)")
 
 
 def freeze_heap() -> None:
