@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.shared_artifacts"]
 
 
-#: What :func:`machine_reference` times, in an interpreter of its own (the controller's heap,
-#: large after a run, made the same work up to twice as slow).
+#: What :func:`machine_reference` times, in an interpreter of its own (timed in the controller,
+#: whose heap is large after a run, the same work read 106 and 248 ms in two runs).
 REFERENCE_CODE = """
 import time
 best = float("inf")
